@@ -1,0 +1,196 @@
+//! The fixed-size records that travel from a hook to the writer thread.
+//!
+//! Hot: built on the host's CUDA call path, so everything here is `Copy`, heap-free and
+//! written in place. An [`Event`] is small (the queue of them rarely fills); its stack, if
+//! any, lives in a [`StackSlot`] borrowed from a fixed pool and referred to by index, so
+//! that under back-pressure memsnap degrades stacks first and keeps the alloc/free.
+
+use crate::config::FRAME_CAPACITY;
+
+/// What happened. `#[repr(u8)]` and `Copy`: written by hooks, read by the writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Device allocation at `addr` of `size` bytes on `device`; `aux` = stream.
+    Alloc,
+    /// Free of `addr` (size unknown to the hook); `aux` = stream. Recorded before the real
+    /// free so a recycled address can never appear allocated twice.
+    Free,
+    /// Managed (unified) allocation: kept out of `device_traces` (snapshot-format.md §8.2).
+    AllocManaged,
+    /// `cuMemCreate`: physical memory handle `aux` of `size` bytes; `device` < 0 when the
+    /// location is not a device (host NUMA memory, as NCCL makes).
+    MemCreate,
+    /// `cuMemRelease` of handle `aux`.
+    MemRelease,
+    /// `cuMemMap` of `[addr, addr+size)` to handle `aux`.
+    Map,
+    /// `cuMemUnmap` of `[addr, addr+size)`; recorded before the real call.
+    Unmap,
+    /// `cuMemAddressReserve` of `[addr, addr+size)` (virtual only, no memory).
+    Reserve,
+    /// `cuMemAddressFree` of `[addr, addr+size)`.
+    ReserveFree,
+    /// An allocation of `size` bytes failed with out-of-memory; `aux` = free device bytes
+    /// from cuMemGetInfo (or -1 when unknown), `aux2` = stream.
+    Oom,
+    /// A control request (step, dump, signal); `aux` = [`Control`] code, `aux2` = argument.
+    Control,
+}
+
+/// Which CUDA entry point produced an event (written as `user_metadata`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Api {
+    CuMemAlloc,
+    CuMemAllocPitch,
+    CuMemAllocManaged,
+    CuMemAllocAsync,
+    CuMemAllocFromPoolAsync,
+    CuMemFree,
+    CuMemFreeAsync,
+    CuMemCreate,
+    CuMemRelease,
+    CuMemAddressReserve,
+    CuMemAddressFree,
+    CuMemMap,
+    CuMemUnmap,
+    CudaMalloc,
+    CudaMallocAsync,
+    CudaMallocFromPoolAsync,
+    CudaMallocManaged,
+    CudaMallocPitch,
+    CudaMalloc3D,
+    CudaFree,
+    CudaFreeAsync,
+    /// Not a CUDA call: `memsnap_step`, `memsnap_dump`, a signal, the exit handler.
+    Memsnap,
+}
+
+impl Api {
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::CuMemAlloc => "cuMemAlloc",
+            Api::CuMemAllocPitch => "cuMemAllocPitch",
+            Api::CuMemAllocManaged => "cuMemAllocManaged",
+            Api::CuMemAllocAsync => "cuMemAllocAsync",
+            Api::CuMemAllocFromPoolAsync => "cuMemAllocFromPoolAsync",
+            Api::CuMemFree => "cuMemFree",
+            Api::CuMemFreeAsync => "cuMemFreeAsync",
+            Api::CuMemCreate => "cuMemCreate",
+            Api::CuMemRelease => "cuMemRelease",
+            Api::CuMemAddressReserve => "cuMemAddressReserve",
+            Api::CuMemAddressFree => "cuMemAddressFree",
+            Api::CuMemMap => "cuMemMap",
+            Api::CuMemUnmap => "cuMemUnmap",
+            Api::CudaMalloc => "cudaMalloc",
+            Api::CudaMallocAsync => "cudaMallocAsync",
+            Api::CudaMallocFromPoolAsync => "cudaMallocFromPoolAsync",
+            Api::CudaMallocManaged => "cudaMallocManaged",
+            Api::CudaMallocPitch => "cudaMallocPitch",
+            Api::CudaMalloc3D => "cudaMalloc3D",
+            Api::CudaFree => "cudaFree",
+            Api::CudaFreeAsync => "cudaFreeAsync",
+            Api::Memsnap => "memsnap",
+        }
+    }
+}
+
+/// Control requests carried by [`Kind::Control`] events, so they are ordered with the
+/// allocations around them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Control {
+    /// `memsnap_step()`.
+    Step = 1,
+    /// `memsnap_dump(tag)`; `aux2` = index of the tag in the control module's tag table.
+    Dump = 2,
+    /// The dump signal arrived.
+    Signal = 3,
+    /// The process is exiting: final dump, then stop.
+    Exit = 4,
+}
+
+/// No stack slot attached.
+pub const NO_STACK: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Event {
+    pub kind: Kind,
+    pub api: Api,
+    pub device: i32,
+    /// Kernel thread id of the caller.
+    pub tid: u32,
+    /// Index of the [`StackSlot`] holding this event's stack, or [`NO_STACK`].
+    pub stack: u32,
+    pub addr: u64,
+    pub size: u64,
+    pub aux: u64,
+    pub aux2: u64,
+    /// Microseconds since the Unix epoch (vDSO clock read, no syscall).
+    pub time_us: u64,
+}
+
+impl Event {
+    pub const fn new(kind: Kind, api: Api) -> Event {
+        Event {
+            kind,
+            api,
+            device: 0,
+            tid: 0,
+            stack: NO_STACK,
+            addr: 0,
+            size: 0,
+            aux: 0,
+            aux2: 0,
+            time_us: 0,
+        }
+    }
+}
+
+/// One Python frame as seen by the hook: the code object's address and the instruction
+/// position, decoded into a line by the writer (DESIGN.md decision 2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct PyFrameRaw {
+    /// Address of the `PyCodeObject`.
+    pub code: u64,
+    /// Version-specific instruction position (`f_lasti` or the instruction pointer).
+    pub instr: u64,
+    /// A value read from the code object in the hook (e.g. `co_firstlineno`) that the
+    /// writer checks before trusting the object is still the same code.
+    pub check: u32,
+    /// Bit 0: this frame is the first one its `_PyEval_EvalFrameDefault` call ran
+    /// (an "entry" frame); used to place Python frames among native ones.
+    pub flags: u32,
+}
+
+/// A captured stack: raw return addresses and raw Python frames, innermost first.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct StackSlot {
+    pub n_native: u16,
+    pub n_python: u16,
+    /// The walk stopped at the frame limit (the stack is deeper).
+    pub truncated: bool,
+    pub native: [u64; FRAME_CAPACITY],
+    pub python: [PyFrameRaw; FRAME_CAPACITY],
+}
+
+impl StackSlot {
+    pub const EMPTY: StackSlot = StackSlot {
+        n_native: 0,
+        n_python: 0,
+        truncated: false,
+        native: [0; FRAME_CAPACITY],
+        python: [PyFrameRaw { code: 0, instr: 0, check: 0, flags: 0 }; FRAME_CAPACITY],
+    };
+
+    pub fn native(&self) -> &[u64] {
+        &self.native[..(self.n_native as usize).min(FRAME_CAPACITY)]
+    }
+    pub fn python(&self) -> &[PyFrameRaw] {
+        &self.python[..(self.n_python as usize).min(FRAME_CAPACITY)]
+    }
+}

@@ -1,0 +1,1 @@
+//! Snapshot validity checker (stub: being written).

@@ -1,0 +1,1 @@
+//! Pickle reader for snapshots (stub: being written).
