@@ -184,7 +184,12 @@ impl StackSlot {
         n_python: 0,
         truncated: false,
         native: [0; FRAME_CAPACITY],
-        python: [PyFrameRaw { code: 0, instr: 0, check: 0, flags: 0 }; FRAME_CAPACITY],
+        python: [PyFrameRaw {
+            code: 0,
+            instr: 0,
+            check: 0,
+            flags: 0,
+        }; FRAME_CAPACITY],
     };
 
     pub fn native(&self) -> &[u64] {

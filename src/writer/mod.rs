@@ -1,5 +1,589 @@
 //! The writer thread: owns all recorded state, builds and writes snapshots.
 //!
-//! Cold. May allocate, take locks, do I/O; never takes the host down.
+//! Cold. One thread, started on the first CUDA event. It drains the queue (polling with
+//! a short adaptive sleep; hooks never wake it, so they make no syscall), applies events
+//! to [`state::State`], interns stacks while their Python code objects are still alive,
+//! and writes snapshots on exit, out-of-memory, the dump signal, steps, periods and
+//! explicit `memsnap_dump` calls. It may allocate, lock and do I/O; a failure is a warning
+//! on stderr, never the host's problem. A panic in here turns recording off.
 
+pub mod dump;
+pub mod files;
 pub mod stacks;
+pub mod state;
+
+use crate::config::Config;
+use crate::preload::control::{self, API_DUMPS_DONE, EXIT_DONE, OOM_DONE, SIGNAL_PENDING, TAGS};
+use crate::preload::event::{Control, Event, Kind, NO_STACK};
+use crate::preload::guard;
+use crate::preload::hooks::ROUTED;
+use crate::preload::queue::Recorder;
+use crate::snapshot::model::Meta;
+use crate::snapshot::pickle_write;
+use dump::{FrameInterner, meta_int, meta_str};
+use files::{Identity, NameFields, Reason};
+use stacks::StackTable;
+use state::{Live, State};
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::*;
+use std::time::{Duration, Instant};
+
+/// Starts the writer thread.
+pub fn start(rec: &'static Recorder, cfg: Config, wake_fd: i32) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("memsnap-writer".to_string())
+        .spawn(move || {
+            block_signals();
+            guard::mark_thread_internal();
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                Writer::new(rec, cfg, wake_fd).run();
+            }));
+            if outcome.is_err() {
+                eprintln!("memsnap: internal error in the writer thread; recording is off");
+            }
+            rec.writer_alive.store(false, Release);
+            control::turn_off();
+            EXIT_DONE.store(true, Release);
+        })?;
+    Ok(())
+}
+
+/// The dump signal must reach a thread of the program, never this one (heaptrack learned
+/// this: KDE bug 378494), and no other signal should land here either.
+fn block_signals() {
+    // SAFETY: plain sigset manipulation on a local set; pthread_sigmask affects only this thread.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
+
+/// Longest idle sleep between queue polls.
+const MAX_IDLE: Duration = Duration::from_millis(5);
+/// Events applied between checks of the signal flag and timers.
+const BATCH: usize = 8192;
+/// Write-failure warnings printed before going quiet.
+const MAX_WRITE_WARNINGS: u32 = 3;
+
+struct Writer {
+    rec: &'static Recorder,
+    cfg: Config,
+    wake_fd: i32,
+    state: State,
+    stacks: StackTable,
+    interner: FrameInterner,
+    id: Identity,
+    seq: u64,
+    step: u64,
+    written: Vec<PathBuf>,
+    /// Per-device event index where the current recording window began.
+    window_from: Option<Vec<u64>>,
+    last_period: Instant,
+    api_counts: [u64; 32],
+    warned_drops: u64,
+    write_warnings: u32,
+    stats: Option<stats::Stats>,
+}
+
+enum Flow {
+    Continue,
+    Exit,
+}
+
+impl Writer {
+    fn new(rec: &'static Recorder, cfg: Config, wake_fd: i32) -> Writer {
+        let id = Identity::current();
+        let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
+        Writer {
+            rec,
+            state: State::new(cfg.max_entries),
+            stacks: StackTable::new(&cfg),
+            interner: FrameInterner::default(),
+            id,
+            seq: 0,
+            step: 0,
+            written: Vec::new(),
+            window_from: None,
+            last_period: Instant::now(),
+            api_counts: [0; 32],
+            warned_drops: 0,
+            write_warnings: 0,
+            stats,
+            cfg,
+            wake_fd,
+        }
+    }
+
+    fn run(&mut self) {
+        let mut idle = Duration::from_micros(100);
+        if self.cfg.skip == 0 && self.cfg.interval > 0 {
+            self.window_from = Some(self.history_marks());
+        }
+        loop {
+            let mut applied = 0;
+            while applied < BATCH {
+                let Some(ev) = self.rec.pop() else { break };
+                applied += 1;
+                if let Flow::Exit = self.apply(ev) {
+                    return;
+                }
+            }
+            if SIGNAL_PENDING.swap(false, AcqRel) {
+                self.dump(Reason::Signal, "");
+            }
+            if let Some(period) = self.cfg.period {
+                if self.last_period.elapsed() >= period {
+                    self.last_period = Instant::now();
+                    self.dump(Reason::Period, "");
+                    self.write_stats();
+                }
+            }
+            if applied == 0 {
+                self.sleep(idle);
+                idle = (idle * 2).min(MAX_IDLE);
+            } else {
+                idle = Duration::from_micros(100);
+            }
+        }
+    }
+
+    /// Waits for the wake-up eventfd or the timeout.
+    fn sleep(&self, timeout: Duration) {
+        if self.wake_fd < 0 {
+            std::thread::sleep(timeout);
+            return;
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.wake_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().max(1) as i32;
+        // SAFETY: one valid pollfd; then draining our nonblocking eventfd into a local.
+        unsafe {
+            if libc::poll(&mut pfd, 1, ms) > 0 {
+                let mut buf = 0u64;
+                libc::read(self.wake_fd, (&mut buf as *mut u64).cast(), 8);
+            }
+        }
+    }
+
+    fn take_stack(&mut self, ev: &Event) -> Option<stacks::RawStackId> {
+        if ev.stack == NO_STACK {
+            return None;
+        }
+        let id = self
+            .rec
+            .slot(ev.stack)
+            .and_then(|slot| self.stacks.intern(slot));
+        self.rec.release_slot(ev.stack);
+        id
+    }
+
+    fn apply(&mut self, ev: Event) -> Flow {
+        let stack = self.take_stack(&ev);
+        if let Some(c) = self.api_counts.get_mut(ev.api as usize) {
+            *c += 1;
+        }
+        let live = Live {
+            size: ev.size,
+            stream: ev.aux,
+            api: ev.api,
+            stack,
+            time_us: ev.time_us,
+            handle: 0,
+        };
+        match ev.kind {
+            Kind::Alloc => self.state.alloc(ev.device, ev.addr, ev.size, live),
+            Kind::AllocManaged => self.state.managed_alloc(ev.addr, live),
+            Kind::Free => self.state.free(ev.addr, ev.api, ev.aux, ev.time_us, stack),
+            Kind::MemCreate => self.state.mem_create(ev.aux, ev.size, ev.device),
+            Kind::MemRelease => self.state.mem_release(ev.aux),
+            Kind::Map => self.state.map(
+                ev.addr,
+                ev.size,
+                Live {
+                    handle: ev.aux,
+                    stream: 0,
+                    ..live
+                },
+            ),
+            Kind::Unmap => self.state.unmap(ev.addr, ev.size, ev.time_us, stack),
+            Kind::Reserve => self.state.reserve(ev.addr, ev.size),
+            Kind::ReserveFree => self.state.reserve_free(ev.addr),
+            Kind::Oom => {
+                let free = ev.aux as i64;
+                self.state
+                    .oom(ev.device, ev.size, free, ev.aux2, ev.time_us, ev.api, stack);
+                if ev.addr != 0 {
+                    self.dump(Reason::Oom, "");
+                    OOM_DONE.fetch_max(ev.addr, AcqRel);
+                }
+            }
+            Kind::Control => return self.control(ev),
+        }
+        Flow::Continue
+    }
+
+    fn control(&mut self, ev: Event) -> Flow {
+        match ev.aux {
+            x if x == Control::Step as u64 => self.on_step(),
+            x if x == Control::Dump as u64 => {
+                let tag = TAGS
+                    .lock()
+                    .ok()
+                    .and_then(|t| t.get(ev.aux2 as usize).cloned())
+                    .unwrap_or_default();
+                self.dump(Reason::Api, &tag);
+                API_DUMPS_DONE.fetch_add(1, AcqRel);
+            }
+            x if x == Control::Signal as u64 => self.dump(Reason::Signal, ""),
+            x if x == Control::Exit as u64 => {
+                if self.cfg.at_exit {
+                    self.dump(Reason::Exit, "");
+                }
+                self.write_stats();
+                self.report_at_exit();
+                EXIT_DONE.store(true, Release);
+                return Flow::Exit;
+            }
+            _ => {}
+        }
+        Flow::Continue
+    }
+
+    fn history_marks(&self) -> Vec<u64> {
+        self.state.devices.iter().map(|d| d.trace_total).collect()
+    }
+
+    /// `memsnap_step()`: the recording window (SKIP/INTERVAL), EVERY, and stats rows.
+    fn on_step(&mut self) {
+        self.step += 1;
+        let (skip, interval) = (self.cfg.skip, self.cfg.interval);
+        if interval > 0 {
+            if self.step == skip {
+                self.window_from = Some(self.history_marks());
+            }
+            if self.step == skip + interval {
+                self.dump(Reason::Step, "");
+                self.window_from = None;
+            }
+        }
+        if self.cfg.every > 0
+            && self.step % self.cfg.every == 0
+            && !(interval > 0 && self.step == skip + interval)
+        {
+            self.dump(Reason::Step, "");
+        }
+        self.write_stats();
+    }
+
+    fn write_stats(&mut self) {
+        if let Some(stats) = &mut self.stats {
+            stats.row(self.step, &self.state);
+            self.state.reset_peaks();
+        }
+    }
+
+    fn dump(&mut self, reason: Reason, tag: &str) {
+        let window = if reason == Reason::Step {
+            self.window_from.clone()
+        } else {
+            None
+        };
+        let mut snap = dump::build(
+            &self.state,
+            &mut self.stacks,
+            &mut self.interner,
+            window.as_deref(),
+        );
+        self.seq += 1;
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let fields = NameFields {
+            reason,
+            seq: self.seq,
+            step: self.step,
+            tag,
+            time_s: now_s,
+        };
+        snap.allocator_settings = self.allocator_settings();
+        snap.memsnap = self.metadata(reason, tag);
+        self.warn_about_drops();
+        let bytes = pickle_write::to_bytes(&snap);
+        let name = files::expand(&self.cfg.filename, &self.id, &fields);
+        let result = files::folder(&self.cfg, &self.id, &fields)
+            .and_then(|dir| files::write_atomic(&dir, &name, &bytes, self.cfg.overwrite));
+        match result {
+            Ok(path) => self.written.push(path),
+            Err(e) => {
+                self.write_warnings += 1;
+                if self.write_warnings <= MAX_WRITE_WARNINGS {
+                    eprintln!(
+                        "memsnap: could not write the {} snapshot {name} in {}: {e}{}",
+                        reason.as_str(),
+                        self.cfg.folder,
+                        if self.write_warnings == MAX_WRITE_WARNINGS {
+                            " (further failures are silent)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+            }
+        }
+    }
+
+    fn warn_about_drops(&mut self) {
+        let dropped = self.rec.counters.dropped_total();
+        if dropped > 0 && self.warned_drops == 0 {
+            eprintln!(
+                "memsnap: warning: {dropped} events were dropped because the queue was full; \
+                 snapshots may miss allocations (raise MEMSNAP_QUEUE_CAPACITY)"
+            );
+        }
+        self.warned_drops = dropped;
+    }
+
+    fn allocator_settings(&self) -> Vec<(String, Meta)> {
+        let overflowed = self.state.devices.iter().any(|d| d.trace_overflow > 0);
+        vec![
+            meta_str(
+                "PYTORCH_CUDA_ALLOC_CONF",
+                &std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default(),
+            ),
+            (
+                "trace_alloc_max_entries".to_string(),
+                Meta::Int(self.cfg.max_entries as i64),
+            ),
+            ("trace_alloc_overflowed".to_string(), Meta::Bool(overflowed)),
+            meta_str("recorder", "memsnap (CUDA driver/runtime interposer)"),
+        ]
+    }
+
+    fn metadata(&self, reason: Reason, tag: &str) -> Vec<(String, Meta)> {
+        let c = &self.rec.counters;
+        let api_counts: Vec<(String, Meta)> = self
+            .api_counts
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .filter_map(|(i, n)| api_name(i).map(|name| meta_int(name, *n)))
+            .collect();
+        let per_device: Vec<Meta> = self
+            .state
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(d, dev)| {
+                Meta::Dict(vec![
+                    meta_int("device", d as u64),
+                    meta_int("live_bytes", dev.live_bytes),
+                    meta_int(
+                        "live_allocations",
+                        (dev.allocs.len() + dev.mappings.len()) as u64,
+                    ),
+                    meta_int("peak_bytes", dev.peak_ever),
+                    meta_int("vmm_physical_bytes", dev.physical_bytes),
+                    meta_int("events", dev.events),
+                    meta_int("ooms", dev.ooms),
+                    meta_int("history_dropped", dev.trace_overflow),
+                ])
+            })
+            .collect();
+        vec![
+            meta_str("version", env!("CARGO_PKG_VERSION")),
+            meta_int("pid", self.id.pid as u64),
+            meta_str("rank", &self.id.rank),
+            meta_str("local_rank", &self.id.local_rank),
+            meta_str("host", &self.id.host),
+            meta_str("exe", &self.id.exe),
+            meta_str("reason", reason.as_str()),
+            meta_str("tag", tag),
+            meta_int("seq", self.seq),
+            meta_int("step", self.step),
+            meta_int("time_us", crate::preload::record::now_us()),
+            meta_int("events_recorded", c.pushed.load(Relaxed)),
+            meta_int("dropped_events", c.dropped_total()),
+            meta_int("dropped_allocs", c.dropped_allocs.load(Relaxed)),
+            meta_int("dropped_frees", c.dropped_frees.load(Relaxed)),
+            meta_int("events_without_stack", c.stackless.load(Relaxed)),
+            meta_int("unknown_frees", self.state.anomalies.unknown_frees),
+            meta_int("unknown_unmaps", self.state.anomalies.unknown_unmaps),
+            meta_int("repaired_overlaps", self.state.anomalies.repaired_overlaps),
+            meta_int("managed_live_bytes", self.state.managed_bytes()),
+            meta_int("managed_live_allocations", self.state.managed.len() as u64),
+            meta_int("host_mapped_bytes", self.state.host_mappings.values().sum()),
+            meta_int("reserved_va_bytes", self.state.reservations.values().sum()),
+            meta_str("stacks", &format!("{:?}", self.cfg.stacks).to_lowercase()),
+            (
+                "routes".to_string(),
+                Meta::Dict(vec![
+                    meta_int("dlsym", ROUTED.dlsym.load(Relaxed)),
+                    meta_int("cuGetProcAddress", ROUTED.get_proc_address.load(Relaxed)),
+                    meta_int(
+                        "cudaGetDriverEntryPoint",
+                        ROUTED.driver_entry_point.load(Relaxed),
+                    ),
+                ]),
+            ),
+            ("api_calls".to_string(), Meta::Dict(api_counts)),
+            ("devices".to_string(), Meta::List(per_device)),
+        ]
+    }
+
+    /// The one line a user sees at exit: which files, and what to run next.
+    fn report_at_exit(&self) {
+        if self.cfg.quiet {
+            return;
+        }
+        let mut err = io::stderr().lock();
+        match self.written.as_slice() {
+            [] => {
+                let _ = writeln!(
+                    err,
+                    "memsnap: recorded {} events; no snapshot was written",
+                    self.rec.counters.pushed.load(Relaxed)
+                );
+            }
+            files => {
+                let last = files
+                    .last()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default();
+                let listed: Vec<String> = files
+                    .iter()
+                    .rev()
+                    .take(5)
+                    .rev()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                let more = if files.len() > 5 {
+                    format!(" (and {} more)", files.len() - 5)
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    err,
+                    "memsnap: wrote {} snapshot{}: {}{more}. Look at it with: memsnap summary {last} (or open it at https://pytorch.org/memory_viz)",
+                    files.len(),
+                    if files.len() == 1 { "" } else { "s" },
+                    listed.join(", "),
+                );
+            }
+        }
+    }
+}
+
+fn api_name(i: usize) -> Option<&'static str> {
+    use crate::preload::event::Api::*;
+    const ALL: [crate::preload::event::Api; 22] = [
+        CuMemAlloc,
+        CuMemAllocPitch,
+        CuMemAllocManaged,
+        CuMemAllocAsync,
+        CuMemAllocFromPoolAsync,
+        CuMemFree,
+        CuMemFreeAsync,
+        CuMemCreate,
+        CuMemRelease,
+        CuMemAddressReserve,
+        CuMemAddressFree,
+        CuMemMap,
+        CuMemUnmap,
+        CudaMalloc,
+        CudaMallocAsync,
+        CudaMallocFromPoolAsync,
+        CudaMallocManaged,
+        CudaMallocPitch,
+        CudaMalloc3D,
+        CudaFree,
+        CudaFreeAsync,
+        Memsnap,
+    ];
+    ALL.iter().find(|a| **a as usize == i).map(|a| a.name())
+}
+
+/// `MEMSNAP_STATS`: one CSV row per device per step (or period), like KempnerForge's
+/// allocated/peak/reserved/total line.
+mod stats {
+    use super::files::{self, Identity, NameFields, Reason};
+    use super::state::State;
+    use std::fs::{File, OpenOptions};
+    use std::io::Write;
+
+    pub struct Stats {
+        file: Option<File>,
+        path: String,
+        rank: String,
+    }
+
+    impl Stats {
+        pub fn new(template: &str, id: &Identity) -> Stats {
+            let fields = NameFields {
+                reason: Reason::Step,
+                seq: 0,
+                step: 0,
+                tag: "",
+                time_s: 0,
+            };
+            let path = files::expand(template, id, &fields);
+            let file = OpenOptions::new().create(true).append(true).open(&path);
+            let mut file = match file {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    eprintln!("memsnap: cannot open MEMSNAP_STATS file {path}: {e}; no stats");
+                    None
+                }
+            };
+            if let Some(f) = &mut file {
+                if f.metadata().map(|m| m.len() == 0).unwrap_or(false) {
+                    let _ = writeln!(
+                        f,
+                        "time_us,rank,step,device,allocated_bytes,peak_bytes,reserved_bytes,total_bytes,utilization,events,ooms"
+                    );
+                }
+            }
+            Stats {
+                file,
+                path,
+                rank: id.rank.clone(),
+            }
+        }
+
+        pub fn row(&mut self, step: u64, state: &State) {
+            let Some(f) = &mut self.file else { return };
+            let rank = &self.rank;
+            let now = crate::preload::record::now_us();
+            let mut out = String::new();
+            for (d, dev) in state.devices.iter().enumerate() {
+                let total = crate::preload::hooks::device_total(d);
+                // What the process holds from CUDA: allocations, plus VMM physical memory
+                // whether mapped or not.
+                let mapped: u64 = dev.mappings.values().map(|l| l.size).sum();
+                let reserved =
+                    dev.live_bytes - mapped.min(dev.live_bytes) + dev.physical_bytes.max(mapped);
+                let util = if total > 0 {
+                    reserved as f64 / total as f64
+                } else {
+                    0.0
+                };
+                out.push_str(&format!(
+                    "{now},{rank},{step},{d},{},{},{reserved},{total},{util:.4},{},{}\n",
+                    dev.live_bytes, dev.peak_bytes, dev.events, dev.ooms
+                ));
+            }
+            if f.write_all(out.as_bytes()).is_err() {
+                eprintln!(
+                    "memsnap: cannot write MEMSNAP_STATS file {}; no more stats",
+                    self.path
+                );
+                self.file = None;
+            }
+        }
+    }
+}

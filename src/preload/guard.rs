@@ -1,0 +1,78 @@
+//! Thread-local nesting guard: one allocation is one record, whichever route it took.
+//!
+//! Hot. `cudaMalloc` reaches `cuMemAlloc_v2` through a pointer we also hooked; only the
+//! outermost hooked call records. A `const` thread-local `Cell` has no destructor, so it
+//! stays usable during thread teardown, allocates nothing, and can never fail.
+
+use std::cell::Cell;
+
+thread_local! {
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Depth that marks a thread as memsnap's own (the writer): it never records.
+const INTERNAL: u32 = 1 << 30;
+
+/// Held for the duration of a hooked call.
+pub struct Scope {
+    outermost: bool,
+}
+
+impl Scope {
+    #[inline(always)]
+    pub fn enter() -> Scope {
+        let depth = DEPTH.with(|d| {
+            let v = d.get();
+            d.set(v.wrapping_add(1));
+            v
+        });
+        Scope {
+            outermost: depth == 0,
+        }
+    }
+
+    /// Whether this call is the outermost hooked call on this thread (it records).
+    #[inline(always)]
+    pub fn outermost(&self) -> bool {
+        self.outermost
+    }
+}
+
+impl Drop for Scope {
+    #[inline(always)]
+    fn drop(&mut self) {
+        DEPTH.with(|d| d.set(d.get().wrapping_sub(1)));
+    }
+}
+
+/// Marks the current thread as internal for its whole life (the writer thread).
+pub fn mark_thread_internal() {
+    DEPTH.with(|d| d.set(INTERNAL));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_outermost_scope_records() {
+        let a = Scope::enter();
+        assert!(a.outermost());
+        {
+            let b = Scope::enter();
+            assert!(!b.outermost());
+        }
+        drop(a);
+        assert!(Scope::enter().outermost());
+    }
+
+    #[test]
+    fn internal_threads_never_record() {
+        std::thread::spawn(|| {
+            mark_thread_internal();
+            assert!(!Scope::enter().outermost());
+        })
+        .join()
+        .unwrap();
+    }
+}

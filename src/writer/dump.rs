@@ -1,0 +1,187 @@
+//! Builds a [`Snapshot`] from the writer's state.
+//!
+//! Cold (writer thread). Frames and stacks are interned across dumps, so each unique
+//! stack is symbolized once per process and written once per file (the encoder shares it
+//! through the pickle memo).
+
+use crate::snapshot::model::{
+    Action as ModelAction, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, TraceEntry,
+};
+use crate::writer::stacks::{RawStackId, StackTable};
+use crate::writer::state::{Action, Device, Live, State};
+use rustc_hash::FxHashMap;
+
+#[derive(Default)]
+pub struct FrameInterner {
+    frames: Vec<Frame>,
+    frame_ids: FxHashMap<Frame, u32>,
+    stacks: Vec<Vec<u32>>,
+    stack_ids: FxHashMap<Vec<u32>, StackId>,
+    by_raw: FxHashMap<RawStackId, Option<StackId>>,
+}
+
+impl FrameInterner {
+    pub fn stack(&mut self, raw: Option<RawStackId>, table: &mut StackTable) -> Option<StackId> {
+        let raw = raw?;
+        if let Some(&known) = self.by_raw.get(&raw) {
+            return known;
+        }
+        let frames = table.frames(raw);
+        let id = if frames.is_empty() {
+            None
+        } else {
+            let ids: Vec<u32> = frames
+                .iter()
+                .map(|f| match self.frame_ids.get(f) {
+                    Some(&i) => i,
+                    None => {
+                        let i = self.frames.len() as u32;
+                        self.frames.push(f.clone());
+                        self.frame_ids.insert(f.clone(), i);
+                        i
+                    }
+                })
+                .collect();
+            let next = self.stacks.len() as StackId;
+            let id = *self.stack_ids.entry(ids.clone()).or_insert(next);
+            if id == next {
+                self.stacks.push(ids);
+            }
+            Some(id)
+        };
+        self.by_raw.insert(raw, id);
+        id
+    }
+}
+
+fn action(a: Action) -> ModelAction {
+    match a {
+        Action::SegmentAlloc => ModelAction::SegmentAlloc,
+        Action::Alloc => ModelAction::Alloc,
+        Action::FreeRequested => ModelAction::FreeRequested,
+        Action::FreeCompleted => ModelAction::FreeCompleted,
+        Action::SegmentFree => ModelAction::SegmentFree,
+        Action::SegmentMap => ModelAction::SegmentMap,
+        Action::SegmentUnmap => ModelAction::SegmentUnmap,
+        Action::Oom => ModelAction::Oom,
+    }
+}
+
+/// Addresses, sizes and times are below 2^63 (CUDA addresses are below 2^48); the format
+/// wants signed integers (snapshot-format.md §6.3).
+fn int(v: u64) -> i64 {
+    v.min(i64::MAX as u64) as i64
+}
+
+/// The snapshot of the current state. `history_from[d]`, when given, drops device `d`'s
+/// events older than that global event index (a recording window); dropping a prefix
+/// keeps the history valid.
+pub fn build(
+    state: &State,
+    table: &mut StackTable,
+    interner: &mut FrameInterner,
+    history_from: Option<&[u64]>,
+) -> Snapshot {
+    let mut snap = Snapshot::default();
+    for (d, dev) in state.devices.iter().enumerate() {
+        let from = history_from.and_then(|h| h.get(d)).copied().unwrap_or(0);
+        let first_index = dev.trace_total - dev.trace.len() as u64;
+        let skip = from.saturating_sub(first_index) as usize;
+        let trace = dev
+            .trace
+            .iter()
+            .skip(skip)
+            .map(|r| TraceEntry {
+                action: action(r.action),
+                addr: int(r.addr),
+                size: int(r.size),
+                stream: int(r.stream),
+                time_us: int(r.time_us),
+                stack: interner.stack(r.stack, table),
+                device_free: (r.action == Action::Oom).then_some(r.device_free),
+                user_metadata: Some(r.api.name().to_string()),
+            })
+            .collect();
+        snap.device_traces.push(trace);
+        segments(d as i64, dev, table, interner, &mut snap.segments);
+    }
+    snap.frames = interner.frames.clone();
+    snap.stacks = interner.stacks.clone();
+    snap
+}
+
+fn segments(
+    device: i64,
+    dev: &Device,
+    table: &mut StackTable,
+    interner: &mut FrameInterner,
+    out: &mut Vec<Segment>,
+) {
+    let mut segs: Vec<Segment> = Vec::with_capacity(dev.allocs.len() + 4);
+    let mut block = |addr: u64, live: &Live| Block {
+        address: int(addr),
+        size: int(live.size),
+        requested_size: int(live.size),
+        state: BlockState::ActiveAllocated,
+        stack: interner.stack(live.stack, table),
+    };
+    for (&addr, live) in &dev.allocs {
+        let b = block(addr, live);
+        segs.push(Segment {
+            device,
+            address: int(addr),
+            total_size: int(live.size),
+            stream: int(live.stream),
+            segment_type: "large".to_string(),
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            stack: b.stack,
+            blocks: vec![b],
+        });
+    }
+    // Contiguous mappings form one mapped range (as the viewer merges `segment_map`s),
+    // one block per mapping.
+    let mut current: Option<(Segment, u64)> = None;
+    for (&addr, live) in &dev.mappings {
+        let b = block(addr, live);
+        match &mut current {
+            Some((seg, end)) if *end == addr => {
+                seg.total_size += int(live.size);
+                seg.blocks.push(b);
+                *end = addr + live.size;
+            }
+            _ => {
+                if let Some((seg, _)) = current.take() {
+                    segs.push(seg);
+                }
+                current = Some((
+                    Segment {
+                        device,
+                        address: int(addr),
+                        total_size: int(live.size),
+                        stream: 0,
+                        segment_type: "large".to_string(),
+                        segment_pool_id: (0, 0),
+                        is_expandable: true,
+                        stack: b.stack,
+                        blocks: vec![b],
+                    },
+                    addr + live.size,
+                ));
+            }
+        }
+    }
+    if let Some((seg, _)) = current {
+        segs.push(seg);
+    }
+    segs.sort_by_key(|s| s.address);
+    out.extend(segs);
+}
+
+/// Helpers for metadata dictionaries.
+pub fn meta_int(key: &str, v: u64) -> (String, Meta) {
+    (key.to_string(), Meta::Int(int(v)))
+}
+pub fn meta_str(key: &str, v: &str) -> (String, Meta) {
+    (key.to_string(), Meta::Str(v.to_string()))
+}

@@ -1,0 +1,334 @@
+//! Snapshot file names and atomic, private, never-clobbering writes.
+//!
+//! Cold (writer thread). Names come from `MEMSNAP_FOLDER` + `MEMSNAP_FILENAME` templates;
+//! the default never collides across ranks, hosts, processes or repeated dumps. A file is
+//! written to a hidden temporary next to its final name (`O_CREAT|O_EXCL|O_NOFOLLOW`,
+//! mode 0600), then published with `link` (fails if the name exists: nothing is ever
+//! overwritten) or `rename` when `MEMSNAP_OVERWRITE=1`. Readers never see a partial file.
+
+use crate::config::Config;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Why a snapshot was written: `{reason}` in file names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Exit,
+    Oom,
+    Signal,
+    Step,
+    Period,
+    Api,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Exit => "exit",
+            Reason::Oom => "oom",
+            Reason::Signal => "signal",
+            Reason::Step => "step",
+            Reason::Period => "period",
+            Reason::Api => "api",
+        }
+    }
+}
+
+/// Who this process is, for file names and metadata. Read once when recording starts.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub pid: u32,
+    pub rank: String,
+    pub local_rank: String,
+    pub host: String,
+    pub exe: String,
+}
+
+impl Identity {
+    pub fn current() -> Identity {
+        let pid = std::process::id();
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let rank = [
+            "RANK",
+            "LOCAL_RANK",
+            "SLURM_PROCID",
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+        ]
+        .iter()
+        .find_map(|k| env(k))
+        .unwrap_or_else(|| pid.to_string());
+        let local_rank = [
+            "LOCAL_RANK",
+            "SLURM_LOCALID",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MPI_LOCALRANKID",
+        ]
+        .iter()
+        .find_map(|k| env(k))
+        .unwrap_or_else(|| rank.clone());
+        Identity {
+            pid,
+            rank,
+            local_rank,
+            host: hostname(),
+            exe: program_name(),
+        }
+    }
+}
+
+fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// The program's name; for an interpreter (`python3 train.py`, `python -m pkg.mod`) the
+/// script or module, which is what users recognise.
+fn program_name() -> String {
+    let args: Vec<String> = fs::read("/proc/self/cmdline")
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let base = |s: &str| {
+        Path::new(s)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+    };
+    let exe = args
+        .first()
+        .and_then(|a| base(a))
+        .unwrap_or_else(|| "process".to_string());
+    if exe.starts_with("python") {
+        let mut it = args.iter().skip(1);
+        while let Some(a) = it.next() {
+            if a == "-m" {
+                if let Some(m) = it.next() {
+                    return sanitize(m);
+                }
+            } else if a == "-c" {
+                return sanitize(&exe);
+            } else if !a.starts_with('-') {
+                let script = base(a).unwrap_or_default();
+                return sanitize(script.strip_suffix(".py").unwrap_or(&script));
+            }
+        }
+    }
+    sanitize(&exe)
+}
+
+/// Keeps names portable: letters, digits, `.`, `_`, `-`; anything else becomes `_`.
+pub fn sanitize(s: &str) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.is_empty() { "_".to_string() } else { out }
+}
+
+/// Values for one file name.
+pub struct NameFields<'a> {
+    pub reason: Reason,
+    pub seq: u64,
+    pub step: u64,
+    pub tag: &'a str,
+    pub time_s: u64,
+}
+
+/// Expands a template (`{rank}`, `{pid}`, ...; config.rs validated the keys).
+pub fn expand(template: &str, id: &Identity, f: &NameFields) -> String {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            out.push_str(&rest[open..]);
+            return out;
+        };
+        let value = match &after[..close] {
+            "rank" => sanitize(&id.rank),
+            "local_rank" => sanitize(&id.local_rank),
+            "pid" => id.pid.to_string(),
+            "host" => sanitize(&id.host),
+            "exe" => id.exe.clone(),
+            "reason" => f.reason.as_str().to_string(),
+            "seq" => f.seq.to_string(),
+            "step" => f.step.to_string(),
+            "tag" => sanitize(if f.tag.is_empty() {
+                f.reason.as_str()
+            } else {
+                f.tag
+            }),
+            "time" => f.time_s.to_string(),
+            other => format!("{{{other}}}"),
+        };
+        out.push_str(&value);
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The folder for snapshots (templates allowed there too), created private if missing.
+pub fn folder(cfg: &Config, id: &Identity, f: &NameFields) -> io::Result<PathBuf> {
+    let dir = PathBuf::from(expand(&cfg.folder, id, f));
+    if !dir.is_dir() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
+    }
+    Ok(dir)
+}
+
+/// Writes `bytes` to `dir/name` atomically. Without `overwrite`, an existing file is kept
+/// and the new one gets a `-N` suffix before its extension. Returns the final path.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .or_else(|e| {
+            // A temporary left by a crashed earlier run of this pid: replace it.
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                fs::remove_file(&tmp)?;
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&tmp)
+            } else {
+                Err(e)
+            }
+        })?;
+    let written = file.write_all(bytes).and_then(|()| file.flush());
+    drop(file);
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let result = publish(&tmp, dir, name, overwrite);
+    let _ = fs::remove_file(&tmp);
+    result
+}
+
+fn publish(tmp: &Path, dir: &Path, name: &str, overwrite: bool) -> io::Result<PathBuf> {
+    let target = dir.join(name);
+    if overwrite {
+        fs::rename(tmp, &target)?;
+        return Ok(target);
+    }
+    let (stem, ext) = match name.rfind('.') {
+        Some(i) if i > 0 => (&name[..i], &name[i..]),
+        _ => (name, ""),
+    };
+    for n in 0..10_000u32 {
+        let candidate = if n == 0 {
+            target.clone()
+        } else {
+            dir.join(format!("{stem}-{n}{ext}"))
+        };
+        match fs::hard_link(tmp, &candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(_) => {
+                // Filesystems without hard links: check-then-rename (tiny race window).
+                if candidate.symlink_metadata().is_ok() {
+                    continue;
+                }
+                fs::rename(tmp, &candidate)?;
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("{} and 9999 numbered variants exist", target.display()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> Identity {
+        Identity {
+            pid: 42,
+            rank: "3".into(),
+            local_rank: "1".into(),
+            host: "node/7".into(),
+            exe: "train".into(),
+        }
+    }
+
+    #[test]
+    fn expands_every_placeholder() {
+        let f = NameFields {
+            reason: Reason::Oom,
+            seq: 5,
+            step: 12,
+            tag: "before opt",
+            time_s: 99,
+        };
+        let s = expand(
+            "{exe}-{host}-r{rank}-l{local_rank}-p{pid}-{reason}-{seq}-{step}-{tag}-{time}.pickle",
+            &id(),
+            &f,
+        );
+        assert_eq!(s, "train-node_7-r3-l1-p42-oom-5-12-before_opt-99.pickle");
+    }
+
+    #[test]
+    fn never_overwrites_unless_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write_atomic(dir.path(), "snap.pickle", b"one", false).unwrap();
+        let b = write_atomic(dir.path(), "snap.pickle", b"two", false).unwrap();
+        assert_eq!(a, dir.path().join("snap.pickle"));
+        assert_eq!(b, dir.path().join("snap-1.pickle"));
+        assert_eq!(fs::read(&a).unwrap(), b"one");
+        assert_eq!(fs::read(&b).unwrap(), b"two");
+        let c = write_atomic(dir.path(), "snap.pickle", b"three", true).unwrap();
+        assert_eq!(c, a);
+        assert_eq!(fs::read(&a).unwrap(), b"three");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "no temporaries left: {names:?}");
+    }
+
+    #[test]
+    fn files_are_private_and_symlinks_are_not_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("snap.pickle")).unwrap();
+        let p = write_atomic(dir.path(), "snap.pickle", b"data", false).unwrap();
+        assert_eq!(p, dir.path().join("snap-1.pickle"));
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+}

@@ -1,0 +1,576 @@
+//! What is live on each device, and the capped event history, as the writer sees it.
+//!
+//! Cold (writer thread only). Applies events in queue order, which is a real
+//! linearization: frees are queued before the real free, allocations after the real
+//! allocation (snapshot-format.md §8.3). Each allocation is one segment holding one block;
+//! each `cuMemMap` is one block inside a mapped range. The history is kept as a valid
+//! forward history (§7.3), so any suffix of it (the newest `max_entries`) is valid too.
+//!
+//! Robust to lost events: an allocation that overlaps a live one means a free was missed
+//! (dropped under back-pressure); the stale one is closed with synthesized free events
+//! and counted, so the history stays valid and the live set stays right.
+
+use crate::preload::event::Api;
+use crate::writer::stacks::RawStackId;
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Most device ordinals tracked; events for larger ordinals are filed under 0.
+const MAX_DEVICES: usize = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    SegmentAlloc,
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Oom,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct TraceRec {
+    pub action: Action,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub time_us: u64,
+    pub stack: Option<RawStackId>,
+    pub api: Api,
+    /// Only for `Oom`: free device bytes, or -1.
+    pub device_free: i64,
+}
+
+/// A live allocation or mapping.
+#[derive(Clone, Copy, Debug)]
+pub struct Live {
+    pub size: u64,
+    pub stream: u64,
+    pub api: Api,
+    pub stack: Option<RawStackId>,
+    pub time_us: u64,
+    /// VMM handle for mappings, 0 otherwise.
+    pub handle: u64,
+}
+
+#[derive(Default)]
+pub struct Device {
+    pub allocs: BTreeMap<u64, Live>,
+    pub mappings: BTreeMap<u64, Live>,
+    pub trace: VecDeque<TraceRec>,
+    /// Oldest events dropped from `trace` to respect `max_entries`.
+    pub trace_overflow: u64,
+    /// Trace events ever appended (the index of the next one).
+    pub trace_total: u64,
+    pub live_bytes: u64,
+    /// Highest `live_bytes` since the last [`State::reset_peaks`].
+    pub peak_bytes: u64,
+    /// Highest `live_bytes` ever.
+    pub peak_ever: u64,
+    pub events: u64,
+    pub ooms: u64,
+    /// Physical bytes of VMM handles created on this device and not yet freed.
+    pub physical_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Handle {
+    device: i32,
+    size: u64,
+    mapped: u32,
+    released: bool,
+}
+
+/// Corrections and oddities, reported in every snapshot.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct Anomalies {
+    /// Frees of addresses memsnap never saw allocated (allocated before it started, or an
+    /// allocation event was dropped). Passed through, not recorded.
+    pub unknown_frees: u64,
+    /// Live allocations closed because a new one overlapped them (a lost free).
+    pub repaired_overlaps: u64,
+    pub unknown_unmaps: u64,
+}
+
+pub struct State {
+    pub devices: Vec<Device>,
+    handles: FxHashMap<u64, Handle>,
+    pub managed: FxHashMap<u64, Live>,
+    pub host_mappings: BTreeMap<u64, u64>,
+    pub reservations: BTreeMap<u64, u64>,
+    pub anomalies: Anomalies,
+    max_entries: usize,
+}
+
+impl State {
+    pub fn new(max_entries: usize) -> State {
+        State {
+            devices: vec![Device::default()],
+            handles: FxHashMap::default(),
+            managed: FxHashMap::default(),
+            host_mappings: BTreeMap::new(),
+            reservations: BTreeMap::new(),
+            anomalies: Anomalies::default(),
+            max_entries: max_entries.max(1),
+        }
+    }
+
+    fn device(&mut self, device: i32) -> &mut Device {
+        let d = if device < 0 || device as usize >= MAX_DEVICES {
+            0
+        } else {
+            device as usize
+        };
+        if self.devices.len() <= d {
+            self.devices.resize_with(d + 1, Device::default);
+        }
+        &mut self.devices[d]
+    }
+
+    fn push(&mut self, device: i32, rec: TraceRec) {
+        let max = self.max_entries;
+        let dev = self.device(device);
+        dev.trace.push_back(rec);
+        dev.trace_total += 1;
+        if dev.trace.len() > max {
+            dev.trace.pop_front();
+            dev.trace_overflow += 1;
+        }
+    }
+
+    fn add_live(&mut self, device: i32, size: u64) {
+        let dev = self.device(device);
+        dev.live_bytes += size;
+        dev.peak_bytes = dev.peak_bytes.max(dev.live_bytes);
+        dev.peak_ever = dev.peak_ever.max(dev.live_bytes);
+    }
+
+    fn sub_live(&mut self, device: i32, size: u64) {
+        let dev = self.device(device);
+        dev.live_bytes = dev.live_bytes.saturating_sub(size);
+    }
+
+    pub fn reset_peaks(&mut self) {
+        for dev in &mut self.devices {
+            dev.peak_bytes = dev.live_bytes;
+        }
+    }
+
+    /// A device allocation: `segment_alloc` + `alloc`.
+    pub fn alloc(&mut self, device: i32, addr: u64, size: u64, live: Live) {
+        if addr == 0 || size == 0 {
+            return;
+        }
+        let device = device.max(0);
+        self.close_overlaps(device, addr, size, false);
+        let stack = live.stack;
+        let rec = |action| TraceRec {
+            action,
+            addr,
+            size,
+            stream: live.stream,
+            time_us: live.time_us,
+            stack,
+            api: live.api,
+            device_free: -1,
+        };
+        self.push(device, rec(Action::SegmentAlloc));
+        self.push(device, rec(Action::Alloc));
+        let dev = self.device(device);
+        dev.allocs.insert(addr, live);
+        dev.events += 1;
+        self.add_live(device, size);
+    }
+
+    /// A free of `addr`: `free_requested` + `free_completed` + `segment_free` on whichever
+    /// device holds it. `stack` is the free's own stack (context=all), else the
+    /// allocation's is used, as PyTorch does.
+    pub fn free(
+        &mut self,
+        addr: u64,
+        api: Api,
+        stream: u64,
+        time_us: u64,
+        stack: Option<RawStackId>,
+    ) {
+        let found = self
+            .devices
+            .iter()
+            .position(|d| d.allocs.contains_key(&addr));
+        let Some(d) = found else {
+            if self.managed.remove(&addr).is_none() {
+                self.anomalies.unknown_frees += 1;
+            }
+            return;
+        };
+        let Some(live) = self.devices[d].allocs.remove(&addr) else {
+            return;
+        };
+        self.emit_free(
+            d as i32,
+            addr,
+            &live,
+            api,
+            stream,
+            time_us,
+            stack.or(live.stack),
+            Action::SegmentFree,
+        );
+        self.devices[d].events += 1;
+        self.sub_live(d as i32, live.size);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn emit_free(
+        &mut self,
+        device: i32,
+        addr: u64,
+        live: &Live,
+        api: Api,
+        stream: u64,
+        time_us: u64,
+        stack: Option<RawStackId>,
+        segment_action: Action,
+    ) {
+        let stream = if stream == 0 { live.stream } else { stream };
+        let rec = |action| TraceRec {
+            action,
+            addr,
+            size: live.size,
+            stream,
+            time_us,
+            stack,
+            api,
+            device_free: -1,
+        };
+        self.push(device, rec(Action::FreeRequested));
+        self.push(device, rec(Action::FreeCompleted));
+        self.push(device, rec(segment_action));
+    }
+
+    /// Closes live allocations (or mappings) overlapping `[addr, addr+size)`: their free
+    /// was lost. Keeps the history valid and the live set true.
+    fn close_overlaps(&mut self, device: i32, addr: u64, size: u64, mappings: bool) {
+        let end = addr.saturating_add(size);
+        loop {
+            let dev = self.device(device);
+            let map = if mappings { &dev.mappings } else { &dev.allocs };
+            let Some((&start, &live)) = map.range(..end).next_back() else {
+                break;
+            };
+            if start.saturating_add(live.size) <= addr {
+                break;
+            }
+            let (action, api) = if mappings {
+                (Action::SegmentUnmap, Api::CuMemUnmap)
+            } else {
+                (Action::SegmentFree, live.api)
+            };
+            let dev = self.device(device);
+            if mappings {
+                dev.mappings.remove(&start);
+            } else {
+                dev.allocs.remove(&start);
+            }
+            self.emit_free(
+                device,
+                start,
+                &live,
+                api,
+                0,
+                live.time_us,
+                live.stack,
+                action,
+            );
+            self.sub_live(device, live.size);
+            self.anomalies.repaired_overlaps += 1;
+        }
+    }
+
+    pub fn managed_alloc(&mut self, addr: u64, live: Live) {
+        if addr != 0 {
+            self.managed.insert(addr, live);
+        }
+    }
+
+    pub fn mem_create(&mut self, handle: u64, size: u64, device: i32) {
+        self.handles.insert(
+            handle,
+            Handle {
+                device,
+                size,
+                mapped: 0,
+                released: false,
+            },
+        );
+        if device >= 0 {
+            self.device(device).physical_bytes += size;
+        }
+    }
+
+    pub fn mem_release(&mut self, handle: u64) {
+        if let Some(h) = self.handles.get_mut(&handle) {
+            h.released = true;
+            if h.mapped == 0 {
+                self.drop_handle(handle);
+            }
+        }
+    }
+
+    fn drop_handle(&mut self, handle: u64) {
+        if let Some(h) = self.handles.remove(&handle) {
+            if h.device >= 0 {
+                let dev = self.device(h.device);
+                dev.physical_bytes = dev.physical_bytes.saturating_sub(h.size);
+            }
+        }
+    }
+
+    /// `cuMemMap`: a block inside a mapped range: `segment_map` + `alloc`.
+    pub fn map(&mut self, addr: u64, size: u64, live: Live) {
+        if size == 0 {
+            return;
+        }
+        let device = match self.handles.get_mut(&live.handle) {
+            Some(h) => {
+                h.mapped += 1;
+                h.device
+            }
+            None => 0, // mapped a handle created before memsnap started: assume device 0
+        };
+        if device < 0 {
+            self.host_mappings.insert(addr, size);
+            return;
+        }
+        self.close_overlaps(device, addr, size, true);
+        let rec = |action| TraceRec {
+            action,
+            addr,
+            size,
+            stream: live.stream,
+            time_us: live.time_us,
+            stack: live.stack,
+            api: live.api,
+            device_free: -1,
+        };
+        self.push(device, rec(Action::SegmentMap));
+        self.push(device, rec(Action::Alloc));
+        let dev = self.device(device);
+        dev.mappings.insert(addr, live);
+        dev.events += 1;
+        self.add_live(device, size);
+    }
+
+    /// `cuMemUnmap` of a range covering one or more whole mappings.
+    pub fn unmap(&mut self, addr: u64, size: u64, time_us: u64, stack: Option<RawStackId>) {
+        let end = addr.saturating_add(size.max(1));
+        let mut found = false;
+        for d in 0..self.devices.len() {
+            let starts: Vec<u64> = self.devices[d]
+                .mappings
+                .range(addr..end)
+                .map(|(&a, _)| a)
+                .collect();
+            for start in starts {
+                let Some(live) = self.devices[d].mappings.remove(&start) else {
+                    continue;
+                };
+                found = true;
+                self.emit_free(
+                    d as i32,
+                    start,
+                    &live,
+                    Api::CuMemUnmap,
+                    0,
+                    time_us,
+                    stack.or(live.stack),
+                    Action::SegmentUnmap,
+                );
+                self.devices[d].events += 1;
+                self.sub_live(d as i32, live.size);
+                let mut drop_it = false;
+                if let Some(h) = self.handles.get_mut(&live.handle) {
+                    h.mapped = h.mapped.saturating_sub(1);
+                    drop_it = h.released && h.mapped == 0;
+                }
+                if drop_it {
+                    self.drop_handle(live.handle);
+                }
+            }
+        }
+        let host: Vec<u64> = self
+            .host_mappings
+            .range(addr..end)
+            .map(|(&a, _)| a)
+            .collect();
+        for a in &host {
+            self.host_mappings.remove(a);
+        }
+        if !found && host.is_empty() {
+            self.anomalies.unknown_unmaps += 1;
+        }
+    }
+
+    pub fn oom(
+        &mut self,
+        device: i32,
+        size: u64,
+        device_free: i64,
+        stream: u64,
+        time_us: u64,
+        api: Api,
+        stack: Option<RawStackId>,
+    ) {
+        let device = device.max(0);
+        self.push(
+            device,
+            TraceRec {
+                action: Action::Oom,
+                addr: 0,
+                size,
+                stream,
+                time_us,
+                stack,
+                api,
+                device_free,
+            },
+        );
+        let dev = self.device(device);
+        dev.ooms += 1;
+        dev.events += 1;
+    }
+
+    pub fn reserve(&mut self, addr: u64, size: u64) {
+        self.reservations.insert(addr, size);
+    }
+
+    pub fn reserve_free(&mut self, addr: u64) {
+        self.reservations.remove(&addr);
+    }
+
+    /// Bytes in live managed allocations.
+    pub fn managed_bytes(&self) -> u64 {
+        self.managed.values().map(|l| l.size).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(size: u64) -> Live {
+        Live {
+            size,
+            stream: 0,
+            api: Api::CudaMalloc,
+            stack: None,
+            time_us: 1,
+            handle: 0,
+        }
+    }
+
+    fn actions(s: &State, d: usize) -> Vec<(Action, u64, u64)> {
+        s.devices[d]
+            .trace
+            .iter()
+            .map(|r| (r.action, r.addr, r.size))
+            .collect()
+    }
+
+    #[test]
+    fn alloc_then_free_is_the_five_event_model() {
+        let mut s = State::new(100);
+        s.alloc(0, 0x1000, 512, live(512));
+        s.free(0x1000, Api::CudaFree, 0, 2, None);
+        assert_eq!(
+            actions(&s, 0),
+            vec![
+                (Action::SegmentAlloc, 0x1000, 512),
+                (Action::Alloc, 0x1000, 512),
+                (Action::FreeRequested, 0x1000, 512),
+                (Action::FreeCompleted, 0x1000, 512),
+                (Action::SegmentFree, 0x1000, 512),
+            ]
+        );
+        assert_eq!(s.devices[0].live_bytes, 0);
+        assert_eq!(s.devices[0].peak_ever, 512);
+    }
+
+    #[test]
+    fn frees_find_the_right_device_and_unknown_frees_are_counted() {
+        let mut s = State::new(100);
+        s.alloc(1, 0x2000, 100, live(100));
+        s.free(0x2000, Api::CudaFree, 0, 2, None);
+        s.free(0x9999, Api::CudaFree, 0, 2, None);
+        assert_eq!(s.devices.len(), 2);
+        assert_eq!(s.devices[1].trace.len(), 5);
+        assert!(s.devices[0].trace.is_empty());
+        assert_eq!(s.anomalies.unknown_frees, 1);
+    }
+
+    #[test]
+    fn a_lost_free_is_repaired_when_the_address_comes_back() {
+        let mut s = State::new(100);
+        s.alloc(0, 0x1000, 4096, live(4096));
+        s.alloc(0, 0x1800, 100, live(100)); // overlaps: the free of 0x1000 was lost
+        assert_eq!(s.anomalies.repaired_overlaps, 1);
+        assert_eq!(s.devices[0].allocs.len(), 1);
+        assert_eq!(s.devices[0].live_bytes, 100);
+        let a = actions(&s, 0);
+        assert_eq!(
+            a[2..5].iter().map(|x| x.0).collect::<Vec<_>>(),
+            [
+                Action::FreeRequested,
+                Action::FreeCompleted,
+                Action::SegmentFree
+            ]
+        );
+    }
+
+    #[test]
+    fn history_keeps_the_newest_entries() {
+        let mut s = State::new(4);
+        for i in 0..3 {
+            s.alloc(0, 0x1000 * (i + 1), 10, live(10));
+        }
+        assert_eq!(s.devices[0].trace.len(), 4);
+        assert_eq!(s.devices[0].trace_overflow, 2);
+        assert_eq!(s.devices[0].trace.front().map(|r| r.addr), Some(0x2000));
+    }
+
+    #[test]
+    fn mappings_follow_their_handle_device_and_unmap_covers_several() {
+        let mut s = State::new(100);
+        s.mem_create(7, 2 << 20, 1);
+        s.mem_create(8, 2 << 20, 1);
+        s.mem_create(9, 2 << 20, -1); // host NUMA memory
+        let m = |h| Live {
+            handle: h,
+            api: Api::CuMemMap,
+            ..live(2 << 20)
+        };
+        s.map(0x10_0000_0000, 2 << 20, m(7));
+        s.map(0x10_0020_0000, 2 << 20, m(8));
+        s.map(0x20_0000_0000, 2 << 20, m(9));
+        assert_eq!(s.devices[1].mappings.len(), 2);
+        assert_eq!(s.host_mappings.len(), 1);
+        assert_eq!(s.devices[1].physical_bytes, 4 << 20);
+        s.mem_release(7);
+        assert_eq!(s.devices[1].physical_bytes, 4 << 20, "still mapped");
+        s.unmap(0x10_0000_0000, 4 << 20, 5, None);
+        assert!(s.devices[1].mappings.is_empty());
+        assert_eq!(
+            s.devices[1].physical_bytes,
+            2 << 20,
+            "7 freed on unmap, 8 not released"
+        );
+        let kinds: Vec<Action> = s.devices[1].trace.iter().map(|r| r.action).collect();
+        assert_eq!(
+            kinds.iter().filter(|a| **a == Action::SegmentUnmap).count(),
+            2
+        );
+        assert_eq!(s.devices[1].live_bytes, 0);
+    }
+}
