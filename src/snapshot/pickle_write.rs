@@ -58,6 +58,130 @@ mod op {
 /// Marks a frame or stack that has not been written yet.
 const NOT_WRITTEN: u32 = u32::MAX;
 
+/// Strings every snapshot repeats (keys, actions, states). Each gets the memo slot equal to
+/// its index, reserved up front, so every later use is a 2-byte BINGET even when
+/// thousands of frames were memoized before its first use. Dynamic memo slots start after
+/// them. Explicit BINPUT indices may be chosen freely: Python's memo is a dict, the
+/// viewer's an array indexed by the argument.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum Fixed {
+    Segments,
+    DeviceTraces,
+    AllocatorSettings,
+    ExternalAnnotations,
+    Memsnap,
+    Device,
+    Address,
+    TotalSize,
+    AllocatedSize,
+    ActiveSize,
+    RequestedSize,
+    Stream,
+    SegmentType,
+    SegmentPoolId,
+    IsExpandable,
+    Frames,
+    Blocks,
+    Size,
+    State,
+    Action,
+    Addr,
+    TimeUs,
+    DeviceFree,
+    UserMetadata,
+    CompileContext,
+    NotAvailable,
+    Name,
+    Filename,
+    Line,
+    ActiveAllocated,
+    ActivePendingFree,
+    Inactive,
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    Free,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    SnapshotAction,
+    Oom,
+}
+
+/// Indexed by `Fixed as usize`.
+const FIXED: [&str; 42] = [
+    "segments",
+    "device_traces",
+    "allocator_settings",
+    "external_annotations",
+    "memsnap",
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "stream",
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+    "frames",
+    "blocks",
+    "size",
+    "state",
+    "action",
+    "addr",
+    "time_us",
+    "device_free",
+    "user_metadata",
+    "compile_context",
+    "N/A",
+    "name",
+    "filename",
+    "line",
+    "active_allocated",
+    "active_pending_free",
+    "inactive",
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "free",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+];
+
+fn fixed_action(action: &super::model::Action) -> Option<Fixed> {
+    use super::model::Action as A;
+    Some(match action {
+        A::Alloc => Fixed::Alloc,
+        A::FreeRequested => Fixed::FreeRequested,
+        A::FreeCompleted => Fixed::FreeCompleted,
+        A::Free => Fixed::Free,
+        A::SegmentAlloc => Fixed::SegmentAlloc,
+        A::SegmentFree => Fixed::SegmentFree,
+        A::SegmentMap => Fixed::SegmentMap,
+        A::SegmentUnmap => Fixed::SegmentUnmap,
+        A::Snapshot => Fixed::SnapshotAction,
+        A::Oom => Fixed::Oom,
+        A::Other(_) => return None,
+    })
+}
+
+fn fixed_state(state: super::model::BlockState) -> Fixed {
+    use super::model::BlockState as S;
+    match state {
+        S::ActiveAllocated => Fixed::ActiveAllocated,
+        S::ActivePendingFree => Fixed::ActivePendingFree,
+        S::Inactive => Fixed::Inactive,
+    }
+}
+
 /// Encodes `snap` as a pickle that PyTorch's viewers and `pickle.load` read.
 pub fn to_bytes(snap: &Snapshot) -> Vec<u8> {
     let mut enc = Encoder::new(snap, None);
@@ -85,6 +209,8 @@ struct Encoder<'a, 's> {
     sink: Option<&'s mut dyn Write>,
     /// Next free memo slot.
     memo_len: u32,
+    /// Which [`FIXED`] strings have been written (their slot is their index).
+    fixed_written: [bool; FIXED.len()],
     /// Memo slot of each string already written.
     strings: FxHashMap<&'a str, u32>,
     /// Memo slot of each frame dict, by frame index (`NOT_WRITTEN` if not yet written).
@@ -105,7 +231,8 @@ impl<'a, 's> Encoder<'a, 's> {
                 64 + events * 64
             }),
             sink,
-            memo_len: 0,
+            memo_len: FIXED.len() as u32,
+            fixed_written: [false; FIXED.len()],
             strings: FxHashMap::default(),
             frame_slots: vec![NOT_WRITTEN; snap.frames.len()],
             stack_slots: vec![NOT_WRITTEN; snap.stacks.len()],
@@ -128,7 +255,7 @@ impl<'a, 's> Encoder<'a, 's> {
         self.buf.push(op::EMPTY_DICT);
         self.buf.push(op::MARK);
 
-        self.key("segments");
+        self.key(Fixed::Segments);
         self.buf.push(op::EMPTY_LIST);
         for chunk in snap.segments.chunks(BATCH) {
             self.buf.push(op::MARK);
@@ -139,7 +266,7 @@ impl<'a, 's> Encoder<'a, 's> {
             self.buf.push(op::APPENDS);
         }
 
-        self.key("device_traces");
+        self.key(Fixed::DeviceTraces);
         self.buf.push(op::EMPTY_LIST);
         for chunk in snap.device_traces.chunks(BATCH) {
             self.buf.push(op::MARK);
@@ -157,13 +284,13 @@ impl<'a, 's> Encoder<'a, 's> {
             self.buf.push(op::APPENDS);
         }
 
-        self.key("allocator_settings");
+        self.key(Fixed::AllocatorSettings);
         self.meta_dict(&snap.allocator_settings);
-        self.key("external_annotations");
+        self.key(Fixed::ExternalAnnotations);
         self.buf.push(op::EMPTY_LIST);
         let mut items = 4;
         if !snap.memsnap.is_empty() {
-            self.key("memsnap");
+            self.key(Fixed::Memsnap);
             self.meta_dict(&snap.memsnap);
             items += 1;
         }
@@ -176,46 +303,46 @@ impl<'a, 's> Encoder<'a, 's> {
     fn segment(&mut self, seg: &'a super::model::Segment) {
         self.buf.push(op::EMPTY_DICT);
         self.buf.push(op::MARK);
-        self.key("device");
+        self.key(Fixed::Device);
         self.int(seg.device);
-        self.key("address");
+        self.key(Fixed::Address);
         self.int(seg.address);
-        self.key("total_size");
+        self.key(Fixed::TotalSize);
         self.int(seg.total_size);
-        self.key("allocated_size");
+        self.key(Fixed::AllocatedSize);
         self.int(seg.allocated_size());
-        self.key("active_size");
+        self.key(Fixed::ActiveSize);
         self.int(seg.active_size());
-        self.key("requested_size");
+        self.key(Fixed::RequestedSize);
         self.int(seg.requested_size());
-        self.key("stream");
+        self.key(Fixed::Stream);
         self.int(seg.stream);
-        self.key("segment_type");
+        self.key(Fixed::SegmentType);
         self.string(&seg.segment_type);
-        self.key("segment_pool_id");
+        self.key(Fixed::SegmentPoolId);
         self.int(seg.segment_pool_id.0);
         self.int(seg.segment_pool_id.1);
         self.buf.push(op::TUPLE2);
-        self.key("is_expandable");
+        self.key(Fixed::IsExpandable);
         self.bool(seg.is_expandable);
-        self.key("frames");
+        self.key(Fixed::Frames);
         self.stack(seg.stack);
-        self.key("blocks");
+        self.key(Fixed::Blocks);
         self.buf.push(op::EMPTY_LIST);
         for chunk in seg.blocks.chunks(BATCH) {
             self.buf.push(op::MARK);
             for b in chunk {
                 self.buf.push(op::EMPTY_DICT);
                 self.buf.push(op::MARK);
-                self.key("address");
+                self.key(Fixed::Address);
                 self.int(b.address);
-                self.key("size");
+                self.key(Fixed::Size);
                 self.int(b.size);
-                self.key("requested_size");
+                self.key(Fixed::RequestedSize);
                 self.int(b.requested_size);
-                self.key("state");
-                self.string(b.state.as_str());
-                self.key("frames");
+                self.key(Fixed::State);
+                self.key(fixed_state(b.state));
+                self.key(Fixed::Frames);
                 self.stack(b.stack);
                 self.buf.push(op::SETITEMS);
             }
@@ -227,28 +354,31 @@ impl<'a, 's> Encoder<'a, 's> {
     fn trace_entry(&mut self, ev: &'a super::model::TraceEntry) {
         self.buf.push(op::EMPTY_DICT);
         self.buf.push(op::MARK);
-        self.key("action");
-        self.string(ev.action.as_str());
-        self.key("addr");
+        self.key(Fixed::Action);
+        match fixed_action(&ev.action) {
+            Some(k) => self.key(k),
+            None => self.string(ev.action.as_str()),
+        }
+        self.key(Fixed::Addr);
         self.int(ev.addr);
-        self.key("size");
+        self.key(Fixed::Size);
         self.int(ev.size);
-        self.key("stream");
+        self.key(Fixed::Stream);
         self.int(ev.stream);
-        self.key("time_us");
+        self.key(Fixed::TimeUs);
         self.int(ev.time_us);
-        self.key("frames");
+        self.key(Fixed::Frames);
         self.stack(ev.stack);
         if let Some(free) = ev.device_free {
-            self.key("device_free");
+            self.key(Fixed::DeviceFree);
             self.int(free);
         }
         if let Some(meta) = &ev.user_metadata {
-            self.key("user_metadata");
+            self.key(Fixed::UserMetadata);
             self.string(meta);
         }
-        self.key("compile_context");
-        self.string("N/A");
+        self.key(Fixed::CompileContext);
+        self.key(Fixed::NotAvailable);
         self.buf.push(op::SETITEMS);
     }
 
@@ -296,11 +426,11 @@ impl<'a, 's> Encoder<'a, 's> {
         self.buf.push(op::EMPTY_DICT);
         self.frame_slots[id as usize] = self.put();
         self.buf.push(op::MARK);
-        self.key("name");
+        self.key(Fixed::Name);
         self.string(&frame.name);
-        self.key("filename");
+        self.key(Fixed::Filename);
         self.string(&frame.filename);
-        self.key("line");
+        self.key(Fixed::Line);
         self.int(frame.line);
         self.buf.push(op::SETITEMS);
     }
@@ -340,10 +470,17 @@ impl<'a, 's> Encoder<'a, 's> {
         }
     }
 
-    /// Dict keys are ordinary (memoized) strings.
+    /// A [`FIXED`] string (dict key or well-known value), memoized in its reserved slot.
     #[inline]
-    fn key(&mut self, k: &'static str) {
-        self.string(k);
+    fn key(&mut self, k: Fixed) {
+        let slot = k as usize;
+        if self.fixed_written[slot] {
+            self.get(slot as u32);
+            return;
+        }
+        self.fixed_written[slot] = true;
+        self.raw_string(FIXED[slot]);
+        self.put_at(slot as u32);
     }
 
     /// Every string is memoized: keys, actions and states are written once each, frame
@@ -353,6 +490,15 @@ impl<'a, 's> Encoder<'a, 's> {
             self.get(slot);
             return;
         }
+        self.raw_string(s);
+        let slot = self.memo_len;
+        self.memo_len += 1;
+        self.put_at(slot);
+        self.strings.insert(s, slot);
+    }
+
+    /// The string opcode alone, without memo.
+    fn raw_string(&mut self, s: &str) {
         let bytes = s.as_bytes();
         if bytes.len() < 256 {
             self.buf.push(op::SHORT_BINUNICODE);
@@ -365,8 +511,6 @@ impl<'a, 's> Encoder<'a, 's> {
                 .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         }
         self.buf.extend_from_slice(bytes);
-        let slot = self.put();
-        self.strings.insert(s, slot);
     }
 
     #[inline]
@@ -397,13 +541,18 @@ impl<'a, 's> Encoder<'a, 's> {
     fn put(&mut self) -> u32 {
         let slot = self.memo_len;
         self.memo_len += 1;
+        self.put_at(slot);
+        slot
+    }
+
+    #[inline]
+    fn put_at(&mut self, slot: u32) {
         if slot < 256 {
             self.buf.extend_from_slice(&[op::BINPUT, slot as u8]);
         } else {
             self.buf.push(op::LONG_BINPUT);
             self.buf.extend_from_slice(&slot.to_le_bytes());
         }
-        slot
     }
 
     #[inline]
