@@ -25,7 +25,7 @@ OUT=$(cd "$1" && pwd)
 STATIC_RT_PROGRAMS="static_rt oom threads fork signal demo"
 SHARED_RT_PROGRAMS="shared_rt multi_device expandable"
 DRIVER_PROGRAMS="driver_direct"
-DLOPEN_PROGRAMS="jax_dlsym"
+DLOPEN_PROGRAMS="jax_dlsym driver_checks"
 PLAIN_PROGRAMS="nocuda"
 PY_PROGRAMS="py_alloc.py"
 
