@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# build-fake-cuda.sh OUTDIR: builds the fake CUDA driver and runtime and the test programs.
+#
+#   OUTDIR/lib/libcuda.so.1    fake driver (tests/fake_cuda/fake_cuda.c), + libcuda.so symlink
+#   OUTDIR/lib/libcudart.so.13 fake runtime (tests/fake_cuda/fake_cudart.c), + libcudart.so symlink
+#   OUTDIR/bin/<program>       tests/programs/*.c (and py_alloc.py, copied)
+#   OUTDIR/bin/static_rt_stripped  static_rt without symbols
+#
+# Programs carry no rpath: run them with LD_LIBRARY_PATH=OUTDIR/lib. Uses ${CC:-cc}.
+# Safe to run concurrently: callers serialize on OUTDIR/.build.lock, everything is built in a
+# temporary directory and renamed into place file by file; a stamp of the inputs skips rebuilds.
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUTDIR" >&2
+    exit 2
+fi
+CC=${CC:-cc}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+FAKE=$ROOT/tests/fake_cuda
+PROGS=$ROOT/tests/programs
+mkdir -p "$1"
+OUT=$(cd "$1" && pwd)
+
+STATIC_RT_PROGRAMS="static_rt oom threads fork signal demo"
+SHARED_RT_PROGRAMS="shared_rt multi_device expandable"
+DRIVER_PROGRAMS="driver_direct"
+DLOPEN_PROGRAMS="jax_dlsym driver_checks"
+PLAIN_PROGRAMS="nocuda"
+PY_PROGRAMS="py_alloc.py"
+
+exec 9>"$OUT/.build.lock"
+flock 9
+
+stamp=$({
+    cat "${BASH_SOURCE[0]}" "$FAKE"/*.h "$FAKE"/*.c "$PROGS"/*.h "$PROGS"/*.c "$PROGS"/*.py
+    command -v "$CC"
+    "$CC" --version | head -n 1
+} | sha256sum | cut -d' ' -f1)
+
+up_to_date() {
+    [ -f "$OUT/.stamp" ] && [ "$(cat "$OUT/.stamp")" = "$stamp" ] || return 1
+    for f in lib/libcuda.so.1 lib/libcudart.so.13 bin/static_rt_stripped; do
+        [ -e "$OUT/$f" ] || return 1
+    done
+    for p in $STATIC_RT_PROGRAMS $SHARED_RT_PROGRAMS $DRIVER_PROGRAMS $DLOPEN_PROGRAMS \
+        $PLAIN_PROGRAMS $PY_PROGRAMS; do
+        [ -e "$OUT/bin/$p" ] || return 1
+    done
+}
+if up_to_date; then
+    exit 0
+fi
+
+TMP=$(mktemp -d "$OUT/.tmp.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/lib" "$TMP/bin" "$TMP/obj"
+
+CFLAGS="-std=gnu11 -g -O2 -Wall -Wextra -Werror"
+
+# The driver.
+"$CC" $CFLAGS -fPIC -shared -Wl,-soname,libcuda.so.1 -o "$TMP/lib/libcuda.so.1" \
+    "$FAKE/fake_cuda.c" -lpthread
+ln -s libcuda.so.1 "$TMP/lib/libcuda.so"
+
+# The runtime, shared and static. Neither may link or reference libcuda.
+"$CC" $CFLAGS -fPIC -shared -Wl,-soname,libcudart.so.13 -Wl,--no-undefined \
+    -o "$TMP/lib/libcudart.so.13" "$FAKE/fake_cudart.c" -ldl -lpthread
+ln -s libcudart.so.13 "$TMP/lib/libcudart.so"
+"$CC" $CFLAGS -DFAKE_CUDART_STATIC -fvisibility=hidden -c -o "$TMP/obj/fake_cudart_static.o" \
+    "$FAKE/fake_cudart.c"
+if readelf -d "$TMP/lib/libcudart.so.13" | grep -q 'NEEDED.*libcuda'; then
+    echo "build-fake-cuda: libcudart.so.13 must not link libcuda" >&2
+    exit 1
+fi
+if nm -u "$TMP/obj/fake_cudart_static.o" | grep -Eq ' cu[A-Z]'; then
+    echo "build-fake-cuda: the static runtime references driver symbols directly" >&2
+    exit 1
+fi
+
+for p in $STATIC_RT_PROGRAMS; do
+    "$CC" $CFLAGS -o "$TMP/bin/$p" "$PROGS/$p.c" "$TMP/obj/fake_cudart_static.o" -ldl -lpthread
+    if nm -D "$TMP/bin/$p" | grep -q ' cudaMalloc'; then
+        echo "build-fake-cuda: $p exports or imports cudaMalloc: the runtime is not internal" >&2
+        exit 1
+    fi
+done
+for p in $SHARED_RT_PROGRAMS; do
+    "$CC" $CFLAGS -o "$TMP/bin/$p" "$PROGS/$p.c" -L"$TMP/lib" -lcudart -ldl -lpthread
+done
+for p in $DRIVER_PROGRAMS; do
+    "$CC" $CFLAGS -o "$TMP/bin/$p" "$PROGS/$p.c" -L"$TMP/lib" -lcuda -ldl -lpthread
+done
+for p in $DLOPEN_PROGRAMS $PLAIN_PROGRAMS; do
+    "$CC" $CFLAGS -o "$TMP/bin/$p" "$PROGS/$p.c" -ldl -lpthread
+done
+for p in $PY_PROGRAMS; do
+    cp "$PROGS/$p" "$TMP/bin/$p"
+done
+strip --strip-all -o "$TMP/bin/static_rt_stripped" "$TMP/bin/static_rt"
+
+# Rename into place one file at a time: a concurrent reader sees the old or the new file.
+mkdir -p "$OUT/lib" "$OUT/bin"
+for dir in lib bin; do
+    for f in "$TMP/$dir"/* "$TMP/$dir"/.[!.]*; do
+        [ -e "$f" ] || [ -L "$f" ] || continue
+        mv -fT "$f" "$OUT/$dir/$(basename "$f")"
+    done
+done
+echo "$stamp" >"$TMP/stamp"
+mv -fT "$TMP/stamp" "$OUT/.stamp"
