@@ -58,8 +58,10 @@ mkdir -p "$TMP/lib" "$TMP/bin" "$TMP/obj"
 
 CFLAGS="-std=gnu11 -g -O2 -Wall -Wextra -Werror"
 
-# The driver.
-"$CC" $CFLAGS -fPIC -shared -Wl,-soname,libcuda.so.1 -o "$TMP/lib/libcuda.so.1" \
+# The driver. -Bsymbolic: like NVIDIA's libcuda, the driver's own function table (what
+# cuGetProcAddress hands out) points at its own code, not at whatever a preloaded library
+# exports under the same names; without it an interposer's routing is never exercised.
+"$CC" $CFLAGS -fPIC -shared -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1 -o "$TMP/lib/libcuda.so.1" \
     "$FAKE/fake_cuda.c" -lpthread
 ln -s libcuda.so.1 "$TMP/lib/libcuda.so"
 
