@@ -1,0 +1,284 @@
+//! Shared support for integration tests that run CUDA programs on the fake CUDA driver
+//! (`tests/fake_cuda`, built by `scripts/build-fake-cuda.sh`). Include it with `mod common;`.
+//!
+//! - [`fake_cuda`] builds the fake driver, runtime and test programs once per test process.
+//! - [`run_program`] runs one of them, with or without `libmemsnap.so` preloaded, in a fresh
+//!   `MEMSNAP_FOLDER`, and returns its outputs.
+//! - [`truth`] and [`results`] parse the programs' `truth ...` and `result k=v` lines;
+//!   [`snapshot_files`] and [`python_load_json`] look at what was written.
+//!
+//! Each test binary uses a subset of these items.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long a test program may run before it is killed and the test fails.
+pub const PROGRAM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The fake CUDA build directory (`lib/` and `bin/`), built on first use. Safe when several
+/// test binaries call it at once: the script serializes on a lock file and renames finished
+/// files into place; an input stamp makes later calls cheap.
+pub fn fake_cuda() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-cuda");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-fake-cuda.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .arg(&out)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            output.status.success(),
+            "{} failed ({}):\n{}{}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        out
+    })
+}
+
+/// `OUTDIR/lib`, the directory holding the fake libcuda.so.1 and libcudart.so.13.
+pub fn fake_lib_dir() -> PathBuf {
+    fake_cuda().join("lib")
+}
+
+/// `OUTDIR/bin/<program>`.
+pub fn program_path(program: &str) -> PathBuf {
+    fake_cuda().join("bin").join(program)
+}
+
+/// The `libmemsnap.so` built next to the `memsnap` binary (same `target/<profile>/`).
+pub fn preload_lib() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_memsnap"));
+    let lib = bin
+        .parent()
+        .expect("the memsnap binary has a directory")
+        .join("libmemsnap.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build` first (integration tests build the memsnap binary, \
+         not the cdylib)",
+        lib.display()
+    );
+    lib
+}
+
+/// What a program run produced. `dir` is the run's temporary `MEMSNAP_FOLDER` (kept alive as
+/// long as the `Run` is, even when the caller passed its own `MEMSNAP_FOLDER`).
+pub struct Run {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Run {
+    /// Panics with both outputs unless the program exited with status 0.
+    pub fn assert_success(&self) -> &Self {
+        assert!(
+            self.status.success(),
+            "program failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    pub fn results(&self) -> HashMap<String, String> {
+        results(&self.stdout)
+    }
+
+    pub fn truth(&self) -> Vec<HashMap<String, String>> {
+        truth(&self.stdout)
+    }
+
+    /// The `truth device=<device> ...` line as a map; panics when absent.
+    pub fn truth_device(&self, device: u32) -> HashMap<String, String> {
+        truth_device(&self.stdout, device)
+    }
+}
+
+/// Runs `OUTDIR/bin/<program>` (`*.py` programs with `python3`) with
+/// `LD_LIBRARY_PATH=OUTDIR/lib`, `FAKE_CUDART=OUTDIR/lib/libcudart.so.13`, a fresh temporary
+/// `MEMSNAP_FOLDER` and, when `preload`, `LD_PRELOAD=libmemsnap.so`. Inherited `MEMSNAP_*`,
+/// `FAKE_CUDA_*` and `LD_PRELOAD` variables are removed first; `env` is applied last and wins.
+/// Kills the program and panics after [`PROGRAM_TIMEOUT`].
+pub fn run_program(program: &str, args: &[&str], env: &[(&str, &str)], preload: bool) -> Run {
+    let dir = tempfile::Builder::new()
+        .prefix("memsnap-run-")
+        .tempdir()
+        .expect("create a temporary MEMSNAP_FOLDER");
+    let path = program_path(program);
+    assert!(path.exists(), "no test program {}", path.display());
+    let mut cmd = if program.ends_with(".py") {
+        let mut c = Command::new("python3");
+        c.arg(&path);
+        c
+    } else {
+        Command::new(&path)
+    };
+    cmd.args(args);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("MEMSNAP_") || key.starts_with("FAKE_CUDA") || key == "LD_PRELOAD" {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    cmd.env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env("FAKE_CUDART", fake_lib_dir().join("libcudart.so.13"))
+        .env("MEMSNAP_FOLDER", dir.path())
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    if preload {
+        cmd.env("LD_PRELOAD", preload_lib());
+    }
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", path.display()));
+    let stdout = drain(child.stdout.take().expect("piped stdout"));
+    let stderr = drain(child.stderr.take().expect("piped stderr"));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the test program") {
+            break status;
+        }
+        if started.elapsed() > PROGRAM_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{program} {args:?} still running after {PROGRAM_TIMEOUT:?}: killed\n\
+                 --- stdout\n{}\n--- stderr\n{}",
+                stdout.join().unwrap_or_default(),
+                stderr.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Run {
+        status,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+        dir,
+    }
+}
+
+/// Reads a pipe to its end on its own thread, so a chatty program never blocks on a full pipe.
+fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+fn parse_pairs<'a>(fields: impl Iterator<Item = &'a str>) -> HashMap<String, String> {
+    fields
+        .filter_map(|field| field.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Every `truth k=v k=v ...` line, in order, as a map.
+pub fn truth(stdout: &str) -> Vec<HashMap<String, String>> {
+    stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("truth "))
+        .map(|rest| parse_pairs(rest.split_whitespace()))
+        .collect()
+}
+
+/// The `truth device=<device> ...` line; panics when absent.
+pub fn truth_device(stdout: &str, device: u32) -> HashMap<String, String> {
+    let wanted = device.to_string();
+    truth(stdout)
+        .into_iter()
+        .find(|t| t.get("device") == Some(&wanted))
+        .unwrap_or_else(|| panic!("no truth line for device {device} in:\n{stdout}"))
+}
+
+/// All `result key=value` lines (the value is the rest of the line); later lines win.
+pub fn results(stdout: &str) -> HashMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("result "))
+        .filter_map(|rest| rest.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+        .collect()
+}
+
+/// A numeric field of a parsed line; panics with the key when absent or not a number.
+pub fn num(map: &HashMap<String, String>, key: &str) -> u64 {
+    let value = map
+        .get(key)
+        .unwrap_or_else(|| panic!("no `{key}` in {map:?}"));
+    value
+        .parse()
+        .unwrap_or_else(|e| panic!("`{key}={value}` is not a number: {e}"))
+}
+
+/// The regular files directly inside `dir`, sorted by path.
+pub fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path())
+        .filter(|path| path.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+const PICKLE_TO_JSON: &str = r#"
+import json, math, pickle, sys
+
+def plain(o):
+    if isinstance(o, dict):
+        return {str(k): plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [plain(v) for v in o]
+    if isinstance(o, (bytes, bytearray)):
+        return o.decode("utf-8", "replace")
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    return o
+
+with open(sys.argv[1], "rb") as f:
+    data = pickle.load(f)
+json.dump(plain(data), sys.stdout)
+"#;
+
+/// Loads a pickle with Python's own `pickle` module and returns it as JSON: ints stay ints,
+/// tuples become lists, dict keys become strings. Panics when Python cannot read the file,
+/// which is itself a format check.
+pub fn python_load_json(path: &Path) -> serde_json::Value {
+    let output = Command::new("python3")
+        .arg("-c")
+        .arg(PICKLE_TO_JSON)
+        .arg(path)
+        .output()
+        .expect("run python3");
+    assert!(
+        output.status.success(),
+        "python3 cannot load {}:\n{}",
+        path.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("python's JSON for {} does not parse: {e}", path.display()))
+}
