@@ -1,0 +1,460 @@
+//! libmemsnap.so end to end, on the fake CUDA driver: every route recorded exactly once,
+//! live bytes equal to the driver's own count, the exit/OOM/signal files, fork, threads,
+//! back-pressure, file naming, and every snapshot valid for PyTorch's viewer (checked by
+//! tests/python/check_snapshot.py, which replays the viewer's backward walk).
+
+mod common;
+
+use common::{Run, num, python_load_json, run_program, snapshot_files};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Runs the independent Python checker; panics with its report unless the file is valid.
+fn assert_valid(path: &Path) {
+    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_snapshot.py");
+    let out = Command::new("python3")
+        .arg(&checker)
+        .arg(path)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{} is not a valid snapshot:\n{}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The only snapshot written for `reason`.
+fn file_for(run: &Run, reason: &str) -> PathBuf {
+    let files: Vec<PathBuf> = snapshot_files(run.dir.path())
+        .into_iter()
+        .filter(|p| {
+            // Default names end in `-{reason}-{seq}.pickle`; the program may be called "oom".
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.rsplitn(3, '-').nth(1) == Some(reason)
+        })
+        .collect();
+    assert_eq!(
+        files.len(),
+        1,
+        "expected one {reason} snapshot, found {files:?}\nstderr: {}",
+        run.stderr
+    );
+    files.into_iter().next().unwrap()
+}
+
+/// (bytes, count) of active blocks per device.
+fn live_by_device(snap: &Value) -> BTreeMap<i64, (u64, u64)> {
+    let mut out = BTreeMap::new();
+    for seg in snap["segments"].as_array().unwrap() {
+        let dev = seg["device"].as_i64().unwrap();
+        for b in seg["blocks"].as_array().unwrap() {
+            if b["state"] == "active_allocated" {
+                let e = out.entry(dev).or_insert((0, 0));
+                e.0 += b["size"].as_u64().unwrap();
+                e.1 += 1;
+            }
+        }
+    }
+    out
+}
+
+fn actions(snap: &Value, device: usize, action: &str) -> Vec<Value> {
+    snap["device_traces"][device]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == action)
+        .cloned()
+        .collect()
+}
+
+fn meta(snap: &Value, key: &str) -> u64 {
+    snap["memsnap"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no memsnap.{key}"))
+}
+
+/// Runs `program`, checks its one exit snapshot against the fake driver's truth, and
+/// returns the run and the snapshot.
+fn run_and_match_truth(program: &str, args: &[&str]) -> (Run, Value) {
+    let run = run_program(program, args, &[], true);
+    run.assert_success();
+    let path = file_for(&run, "exit");
+    assert_valid(&path);
+    let snap = python_load_json(&path);
+    let live = live_by_device(&snap);
+    for t in run.truth().iter().filter(|t| t.contains_key("device")) {
+        let dev: i64 = t["device"].parse().unwrap();
+        let bytes = num(t, "live_bytes") + num(t, "mapped_bytes");
+        let (got_bytes, _) = live.get(&dev).copied().unwrap_or((0, 0));
+        assert_eq!(got_bytes, bytes, "{program}: live bytes on device {dev}");
+        if num(t, "mapped_bytes") == 0 {
+            let (_, got_count) = live.get(&dev).copied().unwrap_or((0, 0));
+            assert_eq!(
+                got_count,
+                num(t, "live_count"),
+                "{program}: live allocations on device {dev}"
+            );
+        }
+    }
+    assert_eq!(meta(&snap, "dropped_events"), 0);
+    (run, snap)
+}
+
+#[test]
+fn static_runtime_is_seen_through_dlsym_and_nested_cu_get_proc_address() {
+    let (run, snap) = run_and_match_truth("static_rt", &[]);
+    let r = run.results();
+    // The only way in: dlsym(libcuda, "cuGetProcAddress_v2"), then the nested lookup.
+    assert!(snap["memsnap"]["routes"]["dlsym"].as_u64().unwrap() >= 1);
+    assert!(
+        snap["memsnap"]["routes"]["cuGetProcAddress"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+    // Exactly once: one alloc event per successful driver allocation call (managed memory
+    // stays out of device traces, as the format asks).
+    let driver_allocs: u64 = [
+        "cuMemAlloc_v2_calls",
+        "cuMemAllocAsync_calls",
+        "cuMemAllocAsync_ptsz_calls",
+        "cuMemAllocFromPoolAsync_calls",
+        "cuMemAllocPitch_v2_calls",
+    ]
+    .iter()
+    .map(|k| num(&r, k))
+    .sum();
+    let allocs = actions(&snap, 0, "alloc");
+    assert_eq!(allocs.len() as u64, driver_allocs);
+    assert!(
+        allocs
+            .iter()
+            .all(|a| a["user_metadata"].as_str().unwrap().starts_with("cuMem"))
+    );
+    assert_eq!(
+        meta(&snap, "managed_live_bytes"),
+        num(&r, "expected_managed_bytes")
+    );
+    // Frees: cuMemFree + cuMemFreeAsync(+_ptsz), each once.
+    let frees = actions(&snap, 0, "free_completed").len() as u64;
+    assert_eq!(
+        frees,
+        1 + num(&r, "cuMemFreeAsync_calls") + num(&r, "cuMemFreeAsync_ptsz_calls")
+    );
+}
+
+#[test]
+fn shared_runtime_is_recorded_once_at_the_runtime_level() {
+    let (_, snap) = run_and_match_truth("shared_rt", &[]);
+    let allocs = actions(&snap, 0, "alloc");
+    // cudaMalloc x3, cudaMallocAsync x5 (incl. _ptsz), FromPool, Pitch, 3D: the driver calls
+    // underneath are suppressed by the nesting guard.
+    let apis: Vec<&str> = allocs
+        .iter()
+        .map(|a| a["user_metadata"].as_str().unwrap())
+        .collect();
+    assert_eq!(apis.len(), 11, "{apis:?}");
+    assert!(apis.iter().all(|a| a.starts_with("cuda")), "{apis:?}");
+    assert_eq!(apis.iter().filter(|a| **a == "cudaMalloc").count(), 3);
+    assert_eq!(apis.iter().filter(|a| **a == "cudaMalloc3D").count(), 1);
+}
+
+#[test]
+fn direct_driver_calls_through_the_plt() {
+    let (_, snap) = run_and_match_truth("driver_direct", &[]);
+    assert!(
+        actions(&snap, 0, "alloc")
+            .iter()
+            .all(|a| a["user_metadata"].as_str().unwrap().starts_with("cuMem"))
+    );
+}
+
+#[test]
+fn expandable_segments_route_records_mappings_as_segment_map() {
+    for args in [&[][..], &["legacy"][..]] {
+        let (run, snap) = run_and_match_truth("expandable", args);
+        let r = run.results();
+        let maps = actions(&snap, 0, "segment_map");
+        let unmaps = actions(&snap, 0, "segment_unmap");
+        assert_eq!(maps.len(), 4, "{args:?}: four cuMemMap calls");
+        assert_eq!(unmaps.len(), 1, "{args:?}: one cuMemUnmap");
+        // Three contiguous mappings remain: one expandable segment with three blocks.
+        let segs = snap["segments"].as_array().unwrap();
+        assert_eq!(segs.len(), 1);
+        assert_eq!(segs[0]["is_expandable"], true);
+        assert_eq!(segs[0]["blocks"].as_array().unwrap().len(), 3);
+        assert_eq!(
+            segs[0]["total_size"].as_u64().unwrap(),
+            num(&r, "expected_mapped_bytes")
+        );
+    }
+}
+
+#[test]
+fn jax_style_dlsym_route() {
+    let (_, snap) = run_and_match_truth("jax_dlsym", &[]);
+    assert!(snap["memsnap"]["routes"]["dlsym"].as_u64().unwrap() >= 5);
+    assert!(!actions(&snap, 0, "segment_map").is_empty());
+    assert!(!actions(&snap, 0, "segment_alloc").is_empty());
+}
+
+#[test]
+fn multiple_devices_get_one_trace_each() {
+    let (_, snap) = run_and_match_truth("multi_device", &[]);
+    let traces = snap["device_traces"].as_array().unwrap();
+    assert_eq!(traces.len(), 2);
+    assert!(traces.iter().all(|t| !t.as_array().unwrap().is_empty()));
+}
+
+#[test]
+fn eight_threads_allocating_concurrently_match_the_driver() {
+    let (run, snap) = run_and_match_truth("threads", &[]);
+    assert_eq!(num(&run.results(), "threads"), 8);
+    assert!(snap["device_traces"][0].as_array().unwrap().len() > 1000);
+}
+
+#[test]
+fn oom_snapshot_is_written_before_the_failing_call_returns() {
+    let run = run_program("oom", &[], &[("FAKE_CUDA_CAPACITY", "64M")], true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(r["oom_file_before_return"], "1", "{}", run.stderr);
+    assert_eq!(r["oom_untouched_out_param"], "1");
+    assert_eq!(r["retry_ok"], "1");
+    let path = file_for(&run, "oom"); // one file: the retry's episode is debounced
+    assert_valid(&path);
+    let snap = python_load_json(&path);
+    let ooms = actions(&snap, 0, "oom");
+    assert_eq!(ooms.len(), 1);
+    assert_eq!(ooms[0]["size"].as_u64().unwrap(), num(&r, "oom_size"));
+    // device_free comes from the driver: capacity minus what is allocated.
+    let held = num(&r, "oom_at") * num(&r, "oom_size");
+    assert_eq!(ooms[0]["device_free"].as_u64().unwrap(), (64 << 20) - held);
+    assert_eq!(live_by_device(&snap)[&0], (held, num(&r, "oom_at")));
+    // The exit snapshot also holds the OOM event, and the final state.
+    let exit = python_load_json(&file_for(&run, "exit"));
+    assert_eq!(live_by_device(&exit)[&0].0, num(&r, "expected_live_bytes"));
+}
+
+#[test]
+fn signal_dumps_and_chains_to_the_programs_own_handler() {
+    let run = run_program("signal", &[], &[], true);
+    run.assert_success();
+    assert_eq!(run.results()["signal_file"], "1");
+    let signal = python_load_json(&file_for(&run, "signal"));
+    let exit = python_load_json(&file_for(&run, "exit"));
+    assert!(
+        live_by_device(&signal)[&0].0 < live_by_device(&exit)[&0].0,
+        "the signal file is the earlier state"
+    );
+
+    let own = run_program("signal", &["own-handler"], &[], true);
+    own.assert_success();
+    assert_eq!(own.results()["signal_file"], "1");
+    assert_eq!(
+        own.results()["own_handler_calls"],
+        "1",
+        "memsnap chains to the handler installed before it"
+    );
+
+    // A handler installed after memsnap's replaces it: no dump, but nothing breaks.
+    let late = run_program("signal", &["late-handler"], &[], true);
+    late.assert_success();
+
+    let off = run_program(
+        "signal",
+        &["own-handler"],
+        &[("MEMSNAP_SIGNAL", "none")],
+        true,
+    );
+    off.assert_success();
+    assert_eq!(off.results()["own_handler_calls"], "1");
+    let names: Vec<String> = snapshot_files(off.dir.path())
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n.rsplitn(3, '-').nth(1) == Some("exit")),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn exit_file_and_the_line_that_names_it() {
+    let run = run_program("demo", &[], &[], true);
+    run.assert_success();
+    let path = file_for(&run, "exit");
+    assert!(
+        run.stderr.contains(&path.display().to_string()),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("memsnap summary"), "{}", run.stderr);
+    let quiet = run_program("demo", &[], &[("MEMSNAP_AT_EXIT", "0")], true);
+    quiet.assert_success();
+    assert!(snapshot_files(quiet.dir.path()).is_empty());
+}
+
+#[test]
+fn a_process_without_cuda_gets_no_thread_no_file_no_output() {
+    let run = run_program("nocuda", &[], &[], true);
+    run.assert_success();
+    assert!(snapshot_files(run.dir.path()).is_empty());
+    assert_eq!(run.stderr, "");
+    assert_eq!(run.stdout.trim(), "hello");
+}
+
+#[test]
+fn fork_child_neither_hangs_nor_corrupts_the_parent() {
+    for mode in [&[][..], &["early"][..]] {
+        let (run, snap) = run_and_match_truth("fork", mode);
+        assert_eq!(run.results()["child_exit_ok"], "1", "{mode:?}");
+        // Only the parent's process wrote files.
+        let pid = run.results()["parent_pid"].clone();
+        for f in snapshot_files(run.dir.path()) {
+            assert!(f.to_string_lossy().contains(&format!("-p{pid}-")), "{f:?}");
+        }
+        assert_eq!(snap["memsnap"]["pid"].as_u64().unwrap().to_string(), pid);
+    }
+}
+
+#[test]
+fn capped_history_keeps_the_newest_entries_and_stays_valid() {
+    let run = run_program("threads", &[], &[("MEMSNAP_MAX_ENTRIES", "500")], true);
+    run.assert_success();
+    let path = file_for(&run, "exit");
+    assert_valid(&path);
+    let snap = python_load_json(&path);
+    for t in snap["device_traces"].as_array().unwrap() {
+        assert_eq!(t.as_array().unwrap().len(), 500);
+    }
+    assert_eq!(snap["allocator_settings"]["trace_alloc_overflowed"], true);
+    // Segments stay complete even though the history is capped.
+    let truth0 = run.truth_device(0);
+    assert_eq!(live_by_device(&snap)[&0].0, num(&truth0, "live_bytes"));
+}
+
+#[test]
+fn back_pressure_is_counted_reported_once_and_the_snapshot_stays_valid() {
+    let run = run_program("threads", &[], &[("MEMSNAP_QUEUE_CAPACITY", "16")], true);
+    run.assert_success();
+    let path = file_for(&run, "exit");
+    assert_valid(&path);
+    let snap = python_load_json(&path);
+    let dropped = meta(&snap, "dropped_events");
+    if dropped > 0 {
+        assert_eq!(
+            run.stderr.matches("events were dropped").count(),
+            1,
+            "{}",
+            run.stderr
+        );
+        assert_eq!(
+            dropped,
+            meta(&snap, "dropped_allocs") + meta(&snap, "dropped_frees")
+        );
+    }
+    // Whatever was dropped, nothing is lost silently: events recorded + dropped = calls made.
+    let r = run.results();
+    let calls = num(&r, "threads") * num(&r, "ops_per_thread");
+    assert!(
+        meta(&snap, "events_recorded") + dropped >= calls,
+        "{} + {dropped} < {calls}",
+        meta(&snap, "events_recorded")
+    );
+}
+
+#[test]
+fn file_names_follow_the_template_and_never_collide() {
+    let folder = tempfile::tempdir().unwrap();
+    let f = folder.path().to_str().unwrap();
+    let env = [
+        ("MEMSNAP_FOLDER", f),
+        ("MEMSNAP_FILENAME", "r{rank}-{reason}.pickle"),
+        ("RANK", "3"),
+    ];
+    run_program("demo", &[], &env, true).assert_success();
+    run_program("demo", &[], &env, true).assert_success();
+    let names: Vec<String> = snapshot_files(folder.path())
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["r3-exit-1.pickle", "r3-exit.pickle"]);
+    let env = [
+        ("MEMSNAP_FOLDER", f),
+        ("MEMSNAP_FILENAME", "r{rank}-{reason}.pickle"),
+        ("RANK", "3"),
+        ("MEMSNAP_OVERWRITE", "1"),
+    ];
+    run_program("demo", &[], &env, true).assert_success();
+    assert_eq!(
+        snapshot_files(folder.path()).len(),
+        2,
+        "overwritten in place"
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(folder.path().join("r3-exit.pickle"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
+
+#[test]
+fn a_bad_variable_gets_one_message_and_the_default() {
+    let run = run_program(
+        "demo",
+        &[],
+        &[("MEMSNAP_MAX_ENTRIES", "lots"), ("MEMSNAP_STACKS", "some")],
+        true,
+    );
+    run.assert_success();
+    let messages: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("ignoring"))
+        .collect();
+    assert_eq!(messages.len(), 2, "{}", run.stderr);
+    assert!(messages[0].contains("MEMSNAP_MAX_ENTRIES") && messages[0].contains("whole number"));
+    assert!(
+        messages[1].contains("MEMSNAP_STACKS") && messages[1].contains("none, python, native, all")
+    );
+    file_for(&run, "exit");
+}
+
+#[test]
+fn an_unwritable_folder_is_one_warning_and_the_program_runs_on() {
+    let run = run_program(
+        "demo",
+        &[],
+        &[("MEMSNAP_FOLDER", "/proc/memsnap-cannot-write-here")],
+        true,
+    );
+    run.assert_success();
+    assert_eq!(
+        run.stderr.matches("could not write").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn disabled_means_pass_through() {
+    let (_, with) = run_and_match_truth("static_rt", &[]);
+    let run = run_program("static_rt", &[], &[("MEMSNAP_DISABLE", "1")], true);
+    run.assert_success();
+    assert!(snapshot_files(run.dir.path()).is_empty());
+    assert!(with["segments"].as_array().unwrap().len() > 0);
+}
