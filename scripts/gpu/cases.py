@@ -11,6 +11,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -623,12 +624,15 @@ def case_memviz(r, a):
             rc, out = run_quiet([sys.executable, checker, p], 120)
             r.check(f"{rel}: tests/python/check_snapshot.py", rc == 0, out[-1500:] if rc != 0 else None)
         if cli_summary:
-            rc, out = run_quiet([a.cli, "summary", p, "--json"], 60)
+            rc, out = run_quiet([a.cli, "summary", p, "--json"], 60, stdout_only=True)
             parsed = None
             try:
-                parsed = json.loads(out[out.index("{"):]) if "{" in out else None
+                parsed = json.loads(out)
             except Exception:  # noqa: BLE001
-                parsed = None
+                try:
+                    parsed = json.loads(out[out.index("{"):]) if "{" in out else None
+                except Exception:  # noqa: BLE001
+                    parsed = None
             r.check(f"{rel}: memsnap summary --json", rc == 0 and parsed is not None, out[-800:] if rc else None)
             if parsed is not None:
                 info["summary"] = {k: v for k, v in parsed.items() if len(json.dumps(v, default=str)) < 500} \
@@ -642,9 +646,11 @@ def summary_supported(cli):
     return rc == 0
 
 
-def run_quiet(cmd, timeout):
+def run_quiet(cmd, timeout, stdout_only=False):
     try:
         p = subprocess.run(cmd, capture_output=True, timeout=timeout)
+        if stdout_only and p.returncode == 0:
+            return p.returncode, p.stdout.decode("utf-8", "replace")
         return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
     except subprocess.TimeoutExpired:
         return "timeout", f"timed out after {timeout}s"
@@ -678,6 +684,7 @@ def main():
     a = ap.parse_args()
     a.root = os.path.abspath(a.root)
     a.work = os.path.join(a.root, a.case)
+    shutil.rmtree(a.work, ignore_errors=True)  # a rerun in the same work folder starts clean
     os.makedirs(a.work, exist_ok=True)
     a.lib = os.path.abspath(a.lib)
     a.cli = os.path.abspath(a.cli) if a.cli else ""

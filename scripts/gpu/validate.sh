@@ -12,7 +12,7 @@
 # Exits 0 only if every case passed (or was skipped) and the bench ran.
 #
 # Knobs (environment): CASES="a_cuda_static ..." (default all; empty = none), BENCH=0 to skip the
-# bench, TOTAL_S (default 450: cases + bench), BENCH_S (default 180), MEMSNAP_LIB, MEMSNAP_CLI,
+# bench, TOTAL_S (default 460: cases + bench), BENCH_S (default 170), MEMSNAP_LIB, MEMSNAP_CLI,
 # MEMSNAP_VALIDATE_WORK (work folder, default a fresh one under /tmp).
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
@@ -26,9 +26,9 @@ CLI=${MEMSNAP_CLI:-$ROOT/target/release/memsnap}
 ALL_CASES="a_cuda_static a_cuda_shared b_torch_caching c_torch_async d_torch_expandable d_torch_nocache e_jax e_cupy f_torch_oom g_torchrun h_memviz"
 CASES=${CASES-$ALL_CASES}
 BENCH=${BENCH:-1}
-TOTAL_S=${TOTAL_S:-450}
-BENCH_S=${BENCH_S:-180}
-H_RESERVE=60 # seconds kept for h_memviz at the end of the cases
+TOTAL_S=${TOTAL_S:-460}
+BENCH_S=${BENCH_S:-170}
+H_RESERVE=45 # seconds kept for h_memviz at the end of the cases
 PY=${PYTHON:-python3}
 G=scripts/gpu
 # NVLink multicast stays off on the lent machines (it can take shared GPUs out of service).
@@ -64,8 +64,12 @@ main() {
   if echo " $CASES " | grep -q ' a_cuda_'; then
     echo "== building the CUDA test programs"
     mkdir -p "$WORK/bin"
-    timeout -k 5 180 nvcc -O1 -g -o "$WORK/bin/alloc_static" $G/alloc_test.cu 2>&1 || echo "nvcc (static cudart) FAILED"
-    timeout -k 5 180 nvcc -O1 -g -cudart shared -o "$WORK/bin/alloc_shared" $G/alloc_test.cu 2>&1 || echo "nvcc (-cudart shared) FAILED"
+    # both at once: plain nvcc links cudart statically (its default); the other uses libcudart.so
+    (timeout -k 5 180 nvcc -O1 -g -o "$WORK/bin/alloc_static" $G/alloc_test.cu 2>&1 ||
+      echo "nvcc (static cudart) FAILED") &
+    (timeout -k 5 180 nvcc -O1 -g -cudart shared -o "$WORK/bin/alloc_shared" $G/alloc_test.cu 2>&1 ||
+      echo "nvcc (-cudart shared) FAILED") &
+    wait
     ls -l "$WORK/bin" 2>&1
     for b in alloc_static alloc_shared; do
       test -f "$WORK/bin/$b" && { echo "ldd $b:"; ldd "$WORK/bin/$b" 2>&1 | grep -i -E 'cuda|not found' || true; }

@@ -28,13 +28,15 @@ def write_truth(path, truth):
 
 
 def optional_memsnap_module(truth):
-    """The optional Python API (scripts/memsnap.py); only recorded, never required."""
+    """The optional Python API (scripts/memsnap.py): only noted, never imported, so the cases
+    test the preload alone."""
     try:
-        import memsnap  # noqa: F401
+        import importlib.util
 
-        truth["memsnap_module"] = getattr(memsnap, "__file__", "?")
+        spec = importlib.util.find_spec("memsnap")
+        truth["memsnap_module"] = spec.origin if spec else "absent"
     except Exception as e:  # noqa: BLE001
-        truth["memsnap_module"] = f"absent ({type(e).__name__})"
+        truth["memsnap_module"] = f"unknown ({type(e).__name__})"
 
 
 # ----------------------------------------------------------------------------------------------
