@@ -567,7 +567,9 @@ impl<'a, 's> Encoder<'a, 's> {
 }
 
 #[cfg(test)]
-mod tests {
+// Tests fill a default snapshot field by field, which reads better than one big literal.
+#[allow(clippy::field_reassign_with_default)]
+pub(crate) mod tests {
     use super::*;
     use crate::snapshot::model::{Action, Block, BlockState, Frame, Segment, TraceEntry};
     use serde_json::{Value, json};

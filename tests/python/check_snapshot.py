@@ -53,6 +53,7 @@ BLOCK_STATES = LIVE_STATES + ("inactive",)
 KNOWN_ACTIONS = {
     "alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
     "segment_map", "segment_unmap", "snapshot", "oom",
+    "annotate",  # newest PyTorch: a note on an allocation, no state change (§5.2)
 }
 
 
@@ -349,15 +350,15 @@ class State:
 
     def seg_containing(self, a, n):
         for sa, (ss, mapped, stream) in self.segs.items():
-            if sa <= a and a + n <= sa + ss:
+            if sa <= a and a + max(n, 1) <= sa + max(ss, 1):
                 return sa
         return None
 
     def segs_overlapping(self, a, n):
-        return [sa for sa, (ss, _, _) in self.segs.items() if sa < a + n and a < sa + ss]
+        return [sa for sa, (ss, _, _) in self.segs.items() if sa < a + max(n, 1) and a < sa + max(ss, 1)]
 
     def blocks_overlapping(self, a, n):
-        return [ba for ba, (bs, _) in self.blocks.items() if ba < a + n and a < ba + max(bs, 1)]
+        return [ba for ba, (bs, _) in self.blocks.items() if ba < a + max(n, 1) and a < ba + max(bs, 1)]
 
     def map_range(self, a, n, stream):
         """Adds a mapped range and merges it with adjacent mapped ranges on the same stream."""
@@ -463,6 +464,8 @@ def forward(st, e, w, rep):
         if st.blocks_overlapping(a, n):
             rep.err(f"{w}: alloc [{a:#x}, +{n}) overlaps a live block")
         st.blocks[a] = [n, False]
+    elif act in ("oom", "snapshot", "annotate"):
+        pass
     elif act in ("free_requested", "free_completed", "free"):
         b = st.blocks.get(a)
         if b is None:
