@@ -1187,6 +1187,59 @@ mod tests {
         }
     }
 
+    /// The Python checker passes its own self-test (valid and broken histories, the §7.2
+    /// crash table) and accepts the six real PyTorch snapshots in tests/fixtures/torch.
+    #[test]
+    fn python_checker_self_test_and_torch_fixtures() {
+        let Ok(st) = std::process::Command::new("python3")
+            .arg("-c")
+            .arg("pass")
+            .status()
+        else {
+            return;
+        };
+        assert!(st.success());
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let script = root.join("tests/python/check_snapshot.py");
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg("--self-test")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let mut fixtures: Vec<_> = std::fs::read_dir(root.join("tests/fixtures/torch"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+            .collect();
+        fixtures.sort();
+        assert_eq!(fixtures.len(), 6, "{fixtures:?}");
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg("--json")
+            .args(&fixtures)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let events: u64 = summary
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["events_per_device"][0].as_u64().unwrap())
+            .sum();
+        // 11 + 754 + 265 + 17 + 269 + 12561 events (tests/fixtures/torch/README.md).
+        assert_eq!(events, 13877);
+    }
+
     #[test]
     fn display_names_device_and_event() {
         let mut snap = section10();
