@@ -567,7 +567,9 @@ impl<'a, 's> Encoder<'a, 's> {
 }
 
 #[cfg(test)]
-mod tests {
+// Tests fill a default snapshot field by field, which reads better than one big literal.
+#[allow(clippy::field_reassign_with_default)]
+pub(crate) mod tests {
     use super::*;
     use crate::snapshot::model::{Action, Block, BlockState, Frame, Segment, TraceEntry};
     use serde_json::{Value, json};
@@ -1070,6 +1072,61 @@ print(json.dumps(out))
         }
         // Frame 4 is only in the unused stack: not written at all.
         assert!(!bytes.windows(2).any(|w| w == b"f4"));
+    }
+
+    /// A sink that records how the bytes arrive.
+    struct Chunks(Vec<Vec<u8>>);
+    impl Write for Chunks {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn write_to_streams_large_snapshots_in_chunks() {
+        let mut snap = Snapshot::default();
+        snap.frames = (0..100).map(|i| frame(&format!("fn{i}"), i)).collect();
+        snap.stacks = (0..50u32)
+            .map(|i| (i..i + 30).map(|f| f % 100).collect())
+            .collect();
+        snap.device_traces.push(
+            (0..60_000)
+                .map(|i| {
+                    ev(
+                        Action::Alloc,
+                        0x7f00_0000_0000 + i * 512,
+                        512,
+                        1_795_314_852_136_082 + i,
+                        Some((i % 50) as u32),
+                    )
+                })
+                .collect(),
+        );
+        let whole = to_bytes(&snap);
+        assert!(whole.len() > 2 * FLUSH_AT, "{} bytes", whole.len());
+        let mut sink = Chunks(Vec::new());
+        write_to(&snap, &mut sink).unwrap();
+        assert!(sink.0.len() >= 3, "{} chunks", sink.0.len());
+        assert!(sink.0.iter().all(|c| c.len() < FLUSH_AT + (1 << 16)));
+        assert_eq!(sink.0.concat(), whole);
+        // An I/O error reaches the caller.
+        struct Broken;
+        impl Write for Broken {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                Err(io::Error::other("disk full"))
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        assert_eq!(
+            write_to(&snap, Broken).unwrap_err().to_string(),
+            "disk full"
+        );
     }
 
     #[test]

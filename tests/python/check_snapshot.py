@@ -53,21 +53,28 @@ BLOCK_STATES = LIVE_STATES + ("inactive",)
 KNOWN_ACTIONS = {
     "alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
     "segment_map", "segment_unmap", "snapshot", "oom",
+    "annotate",  # newest PyTorch: a note on an allocation, no state change (§5.2)
 }
 
 
 class Report:
+    # Errors kept per section, so that one broken rule cannot hide the others.
+    LIMIT = 50
+
     def __init__(self, path):
         self.path = path
         self.errors = []
         self.summary = {}
+        self.section = "load"
+        self.counts = {}
 
     def err(self, msg):
-        # Keep reports readable: the first 200 errors are plenty.
-        if len(self.errors) < 200:
-            self.errors.append(msg)
-        elif len(self.errors) == 200:
-            self.errors.append("... more errors left out")
+        n = self.counts.get(self.section, 0) + 1
+        self.counts[self.section] = n
+        if n <= self.LIMIT:
+            self.errors.append(f"[{self.section}] {msg}")
+        elif n == self.LIMIT + 1:
+            self.errors.append(f"[{self.section}] ... further {self.section} errors left out")
 
 
 # ---------------------------------------------------------------------------- opcodes
@@ -349,15 +356,15 @@ class State:
 
     def seg_containing(self, a, n):
         for sa, (ss, mapped, stream) in self.segs.items():
-            if sa <= a and a + n <= sa + ss:
+            if sa <= a and a + max(n, 1) <= sa + max(ss, 1):
                 return sa
         return None
 
     def segs_overlapping(self, a, n):
-        return [sa for sa, (ss, _, _) in self.segs.items() if sa < a + n and a < sa + ss]
+        return [sa for sa, (ss, _, _) in self.segs.items() if sa < a + max(n, 1) and a < sa + max(ss, 1)]
 
     def blocks_overlapping(self, a, n):
-        return [ba for ba, (bs, _) in self.blocks.items() if ba < a + n and a < ba + max(bs, 1)]
+        return [ba for ba, (bs, _) in self.blocks.items() if ba < a + max(n, 1) and a < ba + max(bs, 1)]
 
     def map_range(self, a, n, stream):
         """Adds a mapped range and merges it with adjacent mapped ranges on the same stream."""
@@ -463,6 +470,8 @@ def forward(st, e, w, rep):
         if st.blocks_overlapping(a, n):
             rep.err(f"{w}: alloc [{a:#x}, +{n}) overlaps a live block")
         st.blocks[a] = [n, False]
+    elif act in ("oom", "snapshot", "annotate"):
+        pass
     elif act in ("free_requested", "free_completed", "free"):
         b = st.blocks.get(a)
         if b is None:
@@ -621,29 +630,39 @@ def check_viewer_history(segs, trace, dev, rep):
 
 
 def check_file(path, opcodes_only=False):
-    rep = Report(path)
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
+        rep = Report(path)
         rep.err(f"cannot read: {exc}")
         return rep
+    return check_bytes(data, path, opcodes_only)
+
+
+def check_bytes(data, path, opcodes_only=False):
+    rep = Report(path)
     try:
         snap = pickle.loads(data)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a finding
         rep.err(f"pickle.load failed: {exc!r}")
         return rep
+    rep.section = "opcodes"
     rep.summary["opcodes"] = check_opcodes(data, rep)
     rep.summary["bytes"] = len(data)
     if opcodes_only:
         return rep
+    rep.section = "shape"
     shape = check_shape(snap, rep)
     if shape is None:
         return rep
     segs, traces = shape
+    rep.section = "tiling"
     check_tiling(segs, traces, rep)
     for dev, trace in enumerate(traces):
+        rep.section = "history"
         check_forward(segs, trace, dev, rep)
+        rep.section = "viewer"
         check_viewer_history(segs, trace, dev, rep)
     rep.summary["events_per_device"] = [len(t) for t in traces]
     live = [0] * len(traces)
@@ -667,22 +686,110 @@ def check_file(path, opcodes_only=False):
     return rep
 
 
+def self_test():
+    """Checks the checker: valid histories pass, each known breakage is caught by the
+    expected section (the crash table of §7.2 included). Returns the number of failures."""
+    import random
+
+    rng = random.Random(1)
+    frames = [{"name": "f", "filename": "a.py", "line": 1}]
+
+    def ev(a, addr, size):
+        return {"action": a, "addr": addr, "size": size, "stream": 0,
+                "time_us": 1795314852136082, "frames": frames}
+
+    trace, live, nxt = [], [], 0x7F0000000000
+    for _ in range(400):
+        if len(live) < 20 and (not live or rng.random() < 0.5):
+            n = 512 * rng.randint(1, 4096)
+            trace += [ev("segment_alloc", nxt, n), ev("alloc", nxt, n)]
+            live.append((nxt, n))
+            nxt += 4 << 20
+        else:
+            a, n = live.pop(rng.randrange(len(live)))
+            trace += [ev("free_requested", a, n), ev("free_completed", a, n), ev("segment_free", a, n)]
+    live.sort()
+    segs = [{"device": 0, "address": a, "total_size": n, "allocated_size": n, "active_size": n,
+             "requested_size": n, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+             "is_expandable": False, "frames": frames,
+             "blocks": [{"address": a, "size": n, "requested_size": n, "state": "active_allocated",
+                         "frames": frames}]} for a, n in live]
+
+    def snap(t):
+        return pickle.dumps({"segments": segs, "device_traces": [t], "allocator_settings": {},
+                             "external_annotations": []}, protocol=4)
+
+    def swap_first(t, first, second):
+        """Moves the first `second` action before the `first` action preceding it."""
+        t = list(t)
+        j = next(i for i, e in enumerate(t) if e["action"] == second and i > 0)
+        i = max(k for k in range(j) if t[k]["action"] == first and t[k]["addr"] == t[j]["addr"])
+        t.insert(i, t.pop(j))
+        return t
+
+    without = lambda act: [e for e in trace if e["action"] != act]  # noqa: E731
+    raw_unbatched = b"\x80\x02]q\x00(" + b"K\x00" * 1001 + b"e."
+    raw_mixed_memo = b"\x80\x04]\x94]q\x01\x86."
+    # (name, bytes, sections that must report errors; [] = valid)
+    cases = [
+        ("full history", snap(trace), []),
+        ("ring-buffer suffix (137 dropped)", snap(trace[137:]), []),
+        ("suffix starting with an orphan free_completed",
+         snap(trace[next(i for i, e in enumerate(trace) if e["action"] == "free_completed"):]), []),
+        ("free_completed dropped", snap(without("free_completed")), ["history", "viewer"]),
+        ("free_requested dropped (red blocks, no crash)", snap(without("free_requested")), ["history"]),
+        ("no segment events", snap([e for e in trace if not e["action"].startswith("segment")]),
+         ["history", "viewer"]),
+        ("only segment events", snap([e for e in trace if e["action"].startswith("segment")]),
+         ["history", "viewer"]),
+        ("alloc before its segment_alloc", snap(swap_first(trace, "segment_alloc", "alloc")),
+         ["history", "viewer"]),
+        ("segment_free before the block's free",
+         snap(swap_first(trace, "free_requested", "segment_free")), ["history", "viewer"]),
+        ("protocol 5", pickle.dumps({"segments": [], "device_traces": []}, protocol=5), ["opcodes"]),
+        ("9-byte LONG1", pickle.dumps({"segments": [], "device_traces": [], "x": 1 << 64}, protocol=2),
+         ["opcodes", "shape"]),
+        ("unbatched APPENDS of 1001", raw_unbatched, ["opcodes", "shape"]),
+        ("MEMOIZE mixed with BINPUT", raw_mixed_memo, ["opcodes", "shape"]),
+    ]
+    failures = 0
+    for name, data, expect in cases:
+        rep = check_bytes(data, name)
+        got = sorted(rep.counts)
+        if got != sorted(expect):
+            failures += 1
+            print(f"self-test FAILED: {name}: expected errors in {sorted(expect)}, got {got}")
+            for e in rep.errors[:5]:
+                print(f"  {e}")
+        else:
+            print(f"self-test ok: {name}")
+    return failures
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("files", nargs="+")
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the checker on built-in valid and broken snapshots")
     ap.add_argument("--json", action="store_true", help="print a machine-readable summary")
     ap.add_argument("--opcodes-only", action="store_true",
                     help="only load the file and check its opcodes (for encoder tests whose "
                          "values are not a valid history)")
     args = ap.parse_args(argv)
+    if args.self_test:
+        return 1 if self_test() else 0
+    if not args.files:
+        ap.error("no FILE given")
     reports = [check_file(p, args.opcodes_only) for p in args.files]
     if args.json:
-        out = [dict(file=r.path, ok=not r.errors, errors=r.errors, **r.summary) for r in reports]
+        out = [dict(file=r.path, ok=not r.errors, error_counts=r.counts, errors=r.errors, **r.summary)
+               for r in reports]
         print(json.dumps(out, indent=1))
     else:
         for r in reports:
             if r.errors:
-                print(f"{r.path}: INVALID ({len(r.errors)} errors)")
+                counts = ", ".join(f"{k}: {v}" for k, v in r.counts.items())
+                print(f"{r.path}: INVALID ({counts})")
                 for e in r.errors:
                     print(f"  {e}")
             else:
