@@ -2,7 +2,7 @@
 //!
 //! Cold (writer thread / CLI), no unsafe. It follows the producer's checklist of
 //! reference/snapshot-format.md §0 and §6:
-//! - a `PROTO 2` header and only opcodes from the viewer's whitelist (§6.2);
+//! - a `PROTO 4` header and only opcodes from the viewer's whitelist (§6.2);
 //! - the memo is filled with explicit BINPUT/LONG_BINPUT and read with BINGET/LONG_BINGET,
 //!   never MEMOIZE (the viewer numbers MEMOIZE separately, §6.4);
 //! - integers as BININT1/BININT2/BININT or an 8-byte LONG1, never 9 bytes (§6.3);
@@ -14,9 +14,9 @@
 //! Sharing is what keeps big histories small and fast: each unique frame dict and each
 //! unique stack list is written once, and every later use is one BINGET.
 //!
-//! Note on the header: SHORT_BINUNICODE is formally a protocol-4 opcode. Python's
-//! unpickler and the viewer's JS unpickler accept it under any declared protocol
-//! (the viewer only checks that the version is 2, 3 or 4), and the team chose PROTO 2.
+//! Note on the header: SHORT_BINUNICODE is a protocol-4 opcode, so the header says 4
+//! (what CPython 3.8–3.13 writes for PyTorch's own files; the viewer accepts 2, 3 and 4,
+//! never 5). No FRAME opcodes: they are optional and the viewer only skips them.
 
 use std::io::{self, Write};
 
@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 use super::model::{Meta, Snapshot, StackId};
 
 /// Declared protocol; the viewer accepts 2, 3 and 4 (§6.2).
-const PROTOCOL: u8 = 2;
+const PROTOCOL: u8 = 4;
 /// Largest MARK…APPENDS / MARK…SETITEMS batch (§0.3).
 const BATCH: usize = 1000;
 /// `write_to` hands the buffer to the sink once it grows past this.
@@ -629,7 +629,7 @@ print(json.dumps(out))
         let mut streamed = Vec::new();
         write_to(snap, &mut streamed).unwrap();
         assert_eq!(bytes, streamed, "write_to and to_bytes must agree");
-        assert_eq!(&bytes[..2], &[0x80, 2], "PROTO 2 header");
+        assert_eq!(&bytes[..2], &[0x80, 4], "PROTO 4 header");
         assert_eq!(bytes.last(), Some(&b'.'), "ends with STOP");
         let file = write_tmp(&bytes);
         let out = Command::new(py)
