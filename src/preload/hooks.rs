@@ -262,14 +262,14 @@ fn ensure_driver_table_slow(sample: *mut c_void) {
         // to an already-loaded library (never loads, never runs constructors).
         let handle = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
         if !handle.is_null() {
-            for (i, row) in HOOKS.iter().enumerate() {
+            for (row, slot) in HOOKS.iter().zip(&REAL) {
                 if row.layer != Layer::Driver {
                     continue;
                 }
                 let name = CStr::from_bytes_with_nul(row.name.as_bytes()).unwrap_or(c"");
                 let p = real_dlsym(handle, name);
                 if !p.is_null() && !is_our_hook(p) {
-                    let _ = REAL[i].compare_exchange(null_mut(), p, AcqRel, Acquire);
+                    let _ = slot.compare_exchange(null_mut(), p, AcqRel, Acquire);
                 }
             }
             for (slot, name) in [
@@ -303,8 +303,8 @@ fn route_driver_pointer(p: *mut c_void) -> *mut c_void {
     if p.is_null() {
         return p;
     }
-    for (i, row) in HOOKS.iter().enumerate() {
-        if row.layer == Layer::Driver && REAL[i].load(Acquire) == p {
+    for (row, slot) in HOOKS.iter().zip(&REAL) {
+        if row.layer == Layer::Driver && slot.load(Acquire) == p {
             return row.hook as *mut c_void;
         }
     }
@@ -315,7 +315,9 @@ fn route_driver_pointer(p: *mut c_void) -> *mut c_void {
 /// next definition after us in the global scope.
 #[inline(always)]
 fn real<F: Copy>(id: HookId) -> Option<F> {
-    let mut p = REAL[id as usize].load(Acquire);
+    let mut p = REAL
+        .get(id as usize)
+        .map_or(null_mut(), |slot| slot.load(Acquire));
     if p.is_null() {
         p = resolve_next(id);
         if p.is_null() {
@@ -331,18 +333,23 @@ fn real<F: Copy>(id: HookId) -> Option<F> {
 #[cold]
 #[inline(never)]
 fn resolve_next(id: HookId) -> *mut c_void {
-    let row = &HOOKS[id as usize];
+    let Some(row) = HOOKS.get(id as usize) else {
+        return null_mut();
+    };
     let name = CStr::from_bytes_with_nul(row.name.as_bytes()).unwrap_or(c"");
     // RTLD_NEXT from our own code: the definition after libmemsnap, i.e. the real one.
     let p = real_dlsym(libc::RTLD_NEXT, name);
     if p.is_null() || is_our_hook(p) {
         return null_mut();
     }
-    let _ = REAL[id as usize].compare_exchange(null_mut(), p, AcqRel, Acquire);
+    let Some(slot) = REAL.get(id as usize) else {
+        return null_mut();
+    };
+    let _ = slot.compare_exchange(null_mut(), p, AcqRel, Acquire);
     if row.layer == Layer::Driver {
         ensure_driver_table(p);
     }
-    REAL[id as usize].load(Acquire)
+    slot.load(Acquire)
 }
 
 /// The device of the calling thread's current context (0 when unknown).
