@@ -13,7 +13,11 @@
 //! pointers, and everything that is not an allocation call, pass through untouched.
 //! Return codes and out-parameters are never changed.
 
-#![allow(non_snake_case)] // exported names must be CUDA's own
+#![allow(non_snake_case)]
+// exported names must be CUDA's own
+// The exported wrappers have exactly the contracts of the CUDA functions they stand for
+// (cuda.h / cuda_runtime_api.h); each forwards its caller's arguments unchanged.
+#![allow(clippy::missing_safety_doc)]
 
 use crate::preload::event::{Api, Kind};
 use crate::preload::ffi::*;
@@ -144,9 +148,12 @@ pub fn init_real_dlsym() -> Option<FnDlsym> {
 }
 
 /// glibc's `dlsym`; memsnap never calls the public symbol (it is our own hook).
-pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+///
+/// # Safety
+/// `handle` is `RTLD_DEFAULT`, `RTLD_NEXT` or a live handle returned by `dlopen`.
+pub unsafe fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     match init_real_dlsym() {
-        // SAFETY: glibc's dlsym with a handle the caller got from the loader and a C string.
+        // SAFETY: glibc's dlsym with a valid handle (caller's contract) and a C string.
         Some(f) => unsafe { f(handle, name.as_ptr()) },
         None => null_mut(),
     }
@@ -267,7 +274,8 @@ fn ensure_driver_table_slow(sample: *mut c_void) {
                     continue;
                 }
                 let name = CStr::from_bytes_with_nul(row.name.as_bytes()).unwrap_or(c"");
-                let p = real_dlsym(handle, name);
+                // SAFETY: `handle` came from the NOLOAD dlopen above and is still open.
+                let p = unsafe { real_dlsym(handle, name) };
                 if !p.is_null() && !is_our_hook(p) {
                     let _ = slot.compare_exchange(null_mut(), p, AcqRel, Acquire);
                 }
@@ -276,7 +284,8 @@ fn ensure_driver_table_slow(sample: *mut c_void) {
                 (&REAL_CTX_GET_DEVICE, c"cuCtxGetDevice"),
                 (&REAL_MEM_GET_INFO, c"cuMemGetInfo_v2"),
             ] {
-                let p = real_dlsym(handle, name);
+                // SAFETY: as above.
+                let p = unsafe { real_dlsym(handle, name) };
                 if !p.is_null() {
                     slot.store(p, Release);
                 }
@@ -338,7 +347,8 @@ fn resolve_next(id: HookId) -> *mut c_void {
     };
     let name = CStr::from_bytes_with_nul(row.name.as_bytes()).unwrap_or(c"");
     // RTLD_NEXT from our own code: the definition after libmemsnap, i.e. the real one.
-    let p = real_dlsym(libc::RTLD_NEXT, name);
+    // SAFETY: RTLD_NEXT is always a valid pseudo-handle.
+    let p = unsafe { real_dlsym(libc::RTLD_NEXT, name) };
     if p.is_null() || is_our_hook(p) {
         return null_mut();
     }

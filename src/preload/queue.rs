@@ -79,6 +79,9 @@ impl Recorder {
     }
 
     /// Borrows a free stack slot, or `None` under back-pressure (counted).
+    // `&self` → `&mut`: exclusive by the free-list protocol (see the `Sync` impl), which is
+    // what lets hooks on many threads fill slots without a lock.
+    #[allow(clippy::mut_from_ref)]
     #[inline]
     pub fn take_slot(&self) -> Option<(u32, &mut StackSlot)> {
         let Some(idx) = self.free_slots.pop() else {

@@ -65,11 +65,12 @@ fn event(kind: Kind, api: Api, device: i32, addr: u64, size: u64, aux: u64, aux2
 #[inline]
 fn send(rec: &Recorder, mut ev: Event, with_stack: bool) {
     let settings = control::settings();
-    if with_stack && settings.stacks != Stacks::None {
-        if let Some((idx, slot)) = rec.take_slot() {
-            stack::capture(slot, settings.stacks, settings.max_frames);
-            ev.stack = idx;
-        }
+    if with_stack
+        && settings.stacks != Stacks::None
+        && let Some((idx, slot)) = rec.take_slot()
+    {
+        stack::capture(slot, settings.stacks, settings.max_frames);
+        ev.stack = idx;
     }
     rec.push(ev);
 }

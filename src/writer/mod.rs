@@ -133,12 +133,12 @@ impl Writer {
             if SIGNAL_PENDING.swap(false, AcqRel) {
                 self.dump(Reason::Signal, "");
             }
-            if let Some(period) = self.cfg.period {
-                if self.last_period.elapsed() >= period {
-                    self.last_period = Instant::now();
-                    self.dump(Reason::Period, "");
-                    self.write_stats();
-                }
+            if let Some(period) = self.cfg.period
+                && self.last_period.elapsed() >= period
+            {
+                self.last_period = Instant::now();
+                self.dump(Reason::Period, "");
+                self.write_stats();
             }
             if applied == 0 {
                 self.sleep(idle);
@@ -272,7 +272,7 @@ impl Writer {
             }
         }
         if self.cfg.every > 0
-            && self.step % self.cfg.every == 0
+            && self.step.is_multiple_of(self.cfg.every)
             && !(interval > 0 && self.step == skip + interval)
         {
             self.dump(Reason::Step, "");
@@ -540,13 +540,13 @@ mod stats {
                     None
                 }
             };
-            if let Some(f) = &mut file {
-                if f.metadata().map(|m| m.len() == 0).unwrap_or(false) {
-                    let _ = writeln!(
-                        f,
-                        "time_us,rank,step,device,allocated_bytes,peak_bytes,reserved_bytes,total_bytes,utilization,events,ooms"
-                    );
-                }
+            if let Some(f) = &mut file
+                && f.metadata().map(|m| m.len() == 0).unwrap_or(false)
+            {
+                let _ = writeln!(
+                    f,
+                    "time_us,rank,step,device,allocated_bytes,peak_bytes,reserved_bytes,total_bytes,utilization,events,ooms"
+                );
             }
             Stats {
                 file,

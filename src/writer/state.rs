@@ -320,11 +320,11 @@ impl State {
     }
 
     fn drop_handle(&mut self, handle: u64) {
-        if let Some(h) = self.handles.remove(&handle) {
-            if h.device >= 0 {
-                let dev = self.device(h.device);
-                dev.physical_bytes = dev.physical_bytes.saturating_sub(h.size);
-            }
+        if let Some(h) = self.handles.remove(&handle)
+            && h.device >= 0
+        {
+            let dev = self.device(h.device);
+            dev.physical_bytes = dev.physical_bytes.saturating_sub(h.size);
         }
     }
 
@@ -413,6 +413,7 @@ impl State {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // one field per column of the `oom` event
     pub fn oom(
         &mut self,
         device: i32,
