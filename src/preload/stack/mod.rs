@@ -97,3 +97,6 @@ pub fn debug_resolve_json(slot: &StackSlot, stacks: Stacks, max: usize) -> Strin
     };
     serde_json::json!({"frames": frames, "truncated": slot.truncated}).to_string()
 }
+
+#[cfg(test)]
+mod tests;

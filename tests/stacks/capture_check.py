@@ -1,0 +1,143 @@
+"""Run by tests/stacks_python.rs under each installed CPython: checks the Python frames
+memsnap captures without the GIL (ctypes releases it around the call, as PyTorch's CUDA
+calls do). Usage: python3 capture_check.py path/to/libmemsnap.so"""
+import ctypes
+import json
+import sys
+import threading
+
+NONE, PYTHON, NATIVE, ALL = 0, 1, 2, 3
+lib = ctypes.CDLL(sys.argv[1])
+fn = lib.memsnap_debug_capture_json
+fn.restype = ctypes.c_ssize_t
+fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+SRC = open(__file__).read().splitlines()
+checks = 0
+
+
+def line(marker):
+    hits = [i + 1 for i, l in enumerate(SRC) if l.rstrip().endswith("# " + marker)]
+    assert len(hits) == 1, marker
+    return hits[0]
+
+
+def capture(mode, max_frames=0):
+    buf = ctypes.create_string_buffer(1 << 20)
+    n = fn(mode, max_frames, buf, len(buf))  # CAPTURE
+    assert 0 < n <= len(buf), n
+    return json.loads(buf.raw[:n])
+
+
+def check(cond, what):
+    global checks
+    if not cond:
+        print("FAIL:", what, file=sys.stderr)
+        sys.exit(1)
+    checks += 1
+
+
+def py_only(frames):
+    return [(f["name"], f["line"]) for f in frames if f["filename"] == __file__]
+
+
+def inner(mode):
+    return capture(mode)  # INNER
+
+
+def middle(mode):
+    return inner(mode)  # MIDDLE
+
+
+def outer(mode):
+    return middle(mode)  # OUTER
+
+
+EXPECTED = [
+    ("capture", line("CAPTURE")),
+    ("inner", line("INNER")),
+    ("middle", line("MIDDLE")),
+    ("outer", line("OUTER")),
+]
+
+# 1. Python frames only: exactly our functions, innermost first, exact lines.
+r = outer(PYTHON)  # MODULE_PY
+frames = r["frames"]
+check(
+    [(f["name"], f["line"]) for f in frames] == EXPECTED + [("<module>", line("MODULE_PY"))],
+    f"python-only frames {frames}",
+)
+check(all(f["filename"] == __file__ for f in frames), f"filenames {frames}")
+check(not r["truncated"], "not truncated")
+
+# 2. All: the same Python frames, placed before the interpreter frame that ran them, among
+#    native frames; none of memsnap's own frames.
+r = outer(ALL)  # MODULE_ALL
+frames = r["frames"]
+check(py_only(frames) == EXPECTED + [("<module>", line("MODULE_ALL"))], f"all: {frames}")
+names = [f["name"] for f in frames]
+check(any("_ctypes_callproc" in n or "ffi_call" in n for n in names), f"ctypes frames: {names}")
+check(all("memsnap" not in n for n in names), f"own frames leaked: {names}")
+last_py = max(i for i, f in enumerate(frames) if f["filename"] == __file__)
+check("PyEval_EvalFrame" in frames[last_py + 1]["name"], f"placement: {names}")
+first_py = min(i for i, f in enumerate(frames) if f["filename"] == __file__)
+check(first_py > 0 and all(f["filename"] != __file__ for f in frames[:first_py]), "natives first")
+
+# 3. Native only: no Python frames.
+r = outer(NATIVE)
+check(py_only(r["frames"]) == [], "native-only has no Python frames")
+check(len(r["frames"]) >= 5, f"native-only frames {r['frames']}")
+
+
+# 4. Deep recursion past max_frames.
+def deep(n, mode, max_frames):
+    if n == 0:
+        return capture(mode, max_frames)
+    return deep(n - 1, mode, max_frames)  # DEEP
+
+
+r = deep(100, PYTHON, 16)
+check(r["truncated"], "deep recursion truncated")
+check(len(r["frames"]) == 16, f"16 frames, got {len(r['frames'])}")
+check(r["frames"][0]["name"] == "capture", "innermost first")
+check(all(f == ("deep", line("DEEP")) for f in py_only(r["frames"])[2:]), "deep lines")
+
+
+# 5. Non-ASCII function names (latin-1 and UCS-2 compact strings).
+def größe():
+    return capture(PYTHON)  # LATIN1
+
+
+def 名前():
+    return größe()  # UCS2
+
+
+r = 名前()
+check(py_only(r["frames"])[1:3] == [("größe", line("LATIN1")), ("名前", line("UCS2"))],
+      f"unicode names {r['frames']}")
+
+# 6. Threads: each thread sees its own Python frames.
+results = {}
+
+
+def worker(k):
+    def leaf():
+        return capture(PYTHON)  # THREAD_LEAF
+
+    for _ in range(50):
+        results.setdefault(k, []).append(leaf())  # THREAD_CALL
+
+
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+for k, rs in results.items():
+    for r in rs:
+        got = py_only(r["frames"])
+        check(got[:3] == [("capture", line("CAPTURE")), ("leaf", line("THREAD_LEAF")),
+                          ("worker", line("THREAD_CALL"))], f"thread {k}: {got}")
+        check(not any(name == "<module>" for name, _ in got), "no main-thread frames")
+check(len(results) == 4, "4 threads")
+
+print(f"OK {checks} checks, Python {sys.version_info[0]}.{sys.version_info[1]}")

@@ -1,0 +1,68 @@
+//! Python frames captured without the GIL, checked under every installed CPython 3.10–3.13.
+//!
+//! Runs `tests/stacks/capture_check.py` (nested functions, exact file:line, placement among
+//! native frames, deep recursion past the frame limit, non-ASCII names, threads) with the
+//! built `libmemsnap.so` loaded through ctypes, which calls `memsnap_debug_capture_json`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn libmemsnap() -> PathBuf {
+    // target/<profile>/deps/stacks_python-<hash> -> target/<profile>/libmemsnap.so
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let so = dir.join("libmemsnap.so");
+    assert!(so.is_file(), "{} not built", so.display());
+    so
+}
+
+/// CPython interpreters to test: pyenv's 3.10–3.13 here, else `python3` if it is one of them.
+fn interpreters() -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
+    for minor in ["3.10", "3.11", "3.12", "3.13"] {
+        let Ok(entries) = std::fs::read_dir(PathBuf::from(&root).join("versions")) else {
+            break;
+        };
+        let mut versions: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.strip_prefix(minor)
+                        .is_some_and(|rest| rest.starts_with('.'))
+                })
+            })
+            .collect();
+        versions.sort();
+        if let Some(v) = versions.pop() {
+            let py = v.join("bin/python3");
+            if py.is_file() {
+                found.push((minor.to_string(), py));
+            }
+        }
+    }
+    if found.is_empty() {
+        found.push(("python3".to_string(), PathBuf::from("python3")));
+    }
+    found
+}
+
+#[test]
+fn python_frames_exact_under_each_cpython() {
+    let so = libmemsnap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/stacks/capture_check.py");
+    let pythons = interpreters();
+    for (name, py) in &pythons {
+        let out = Command::new(py)
+            .arg(&script)
+            .arg(&so)
+            .output()
+            .expect("run python");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "Python {name}: {stdout}\n{stderr}");
+        assert!(stdout.starts_with("OK "), "Python {name}: {stdout}");
+        eprintln!("Python {name}: {}", stdout.trim());
+    }
+}
