@@ -70,6 +70,65 @@ pub extern "C" fn memsnap_debug_capture_json(
     result.unwrap_or(-1)
 }
 
+/// Benchmark entry point: captures the caller's stack `iterations` times (after one warm-up
+/// capture) and returns the total nanoseconds; `out[0]`/`out[1]` receive the native/Python
+/// frame counts of the last capture, `out[2]` the nanoseconds the writer then spends to
+/// intern that stack `iterations` times, `out[3]` the nanoseconds of the first
+/// symbolization and merge (cold caches, modules already parsed count too).
+#[doc(hidden)]
+#[unsafe(no_mangle)]
+pub extern "C" fn memsnap_debug_bench_capture(
+    stacks: libc::c_int,
+    max_frames: libc::c_int,
+    iterations: u64,
+    out: *mut u64,
+) -> u64 {
+    let stacks = match stacks {
+        0 => Stacks::None,
+        1 => Stacks::Python,
+        2 => Stacks::Native,
+        _ => Stacks::All,
+    };
+    let max = if max_frames <= 0 {
+        FRAME_CAPACITY
+    } else {
+        max_frames as usize
+    };
+    let mut slot = StackSlot::EMPTY;
+    capture(&mut slot, stacks, max);
+    let start = std::time::Instant::now();
+    for _ in 0..iterations {
+        capture(std::hint::black_box(&mut slot), stacks, max);
+    }
+    let total = start.elapsed().as_nanos() as u64;
+    let writer = std::panic::catch_unwind(|| {
+        use crate::writer::stacks::StackTable;
+        let mut table = StackTable::new(&crate::config::Config::default());
+        let t0 = std::time::Instant::now();
+        let mut id = None;
+        for _ in 0..iterations.max(1) {
+            id = std::hint::black_box(table.intern(&slot));
+        }
+        let intern_ns = t0.elapsed().as_nanos() as u64;
+        let t1 = std::time::Instant::now();
+        if let Some(id) = id {
+            std::hint::black_box(table.frames(id));
+        }
+        (intern_ns, t1.elapsed().as_nanos() as u64)
+    })
+    .unwrap_or((0, 0));
+    if !out.is_null() {
+        // SAFETY: the caller passes room for four u64.
+        unsafe {
+            *out = slot.n_native as u64;
+            *out.add(1) = slot.n_python as u64;
+            *out.add(2) = writer.0;
+            *out.add(3) = writer.1;
+        }
+    }
+    total
+}
+
 /// Resolves one captured slot with a process-wide debug [`StackTable`] (created on first use).
 ///
 /// [`StackTable`]: crate::writer::stacks::StackTable
