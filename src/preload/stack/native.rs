@@ -40,8 +40,8 @@ mod imp {
 
     thread_local! {
         static CACHE: Cell<*mut Cache> = const { Cell::new(std::ptr::null_mut()) };
-        /// Highest address of this thread's stack (exclusive); 0 = not known yet.
-        static STACK_TOP: Cell<u64> = const { Cell::new(0) };
+        /// This thread's stack `[bottom, top)`; top 0 = not looked up yet, MAX = unknown.
+        static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     }
 
     static CACHE_KEY: std::sync::OnceLock<libc::pthread_key_t> = std::sync::OnceLock::new();
@@ -87,31 +87,29 @@ mod imp {
         Some(unsafe { &mut *fresh })
     }
 
-    /// Top of the calling thread's stack, looked up once per thread.
+    /// The calling thread's stack `[bottom, top)`, looked up once per thread; `None` when
+    /// unknown (then no native frames: reads could not be bounded).
     #[inline]
-    fn stack_top() -> u64 {
-        let top = STACK_TOP.with(|c| c.get());
+    fn stack_bounds() -> Option<(u64, u64)> {
+        let (bottom, top) = STACK.with(|c| c.get());
         if top != 0 {
-            return top;
+            return (top != u64::MAX).then_some((bottom, top));
         }
-        let mut top = 0u64;
+        let mut bounds = (0u64, u64::MAX);
         // SAFETY: attr is initialised by pthread_getattr_np before use and destroyed after.
         unsafe {
             let mut attr: libc::pthread_attr_t = std::mem::zeroed();
             if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) == 0 {
                 let mut addr: *mut libc::c_void = std::ptr::null_mut();
                 let mut size: libc::size_t = 0;
-                if libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0 {
-                    top = (addr as u64).saturating_add(size as u64);
+                if libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0 && size > 0 {
+                    bounds = (addr as u64, (addr as u64).saturating_add(size as u64));
                 }
                 libc::pthread_attr_destroy(&mut attr);
             }
         }
-        if top == 0 {
-            top = u64::MAX; // unknown: never retried; reads are then bounded below only
-        }
-        STACK_TOP.with(|c| c.set(top));
-        top
+        STACK.with(|c| c.set(bounds));
+        (bounds.1 != u64::MAX).then_some(bounds)
     }
 
     /// Fills `slot.native` with return addresses, innermost first, memsnap's own frames
@@ -125,7 +123,9 @@ mod imp {
         }
         let table = modules::ensure();
         let Some(cache) = thread_cache() else { return };
-        let top = stack_top();
+        let Some((bottom, top)) = stack_bounds() else {
+            return;
+        };
 
         let (ip, sp, bp): (u64, u64, u64);
         // SAFETY: reads three registers, touches no memory.
@@ -139,6 +139,11 @@ mod imp {
                 bp = out(reg) bp,
                 options(nomem, nostack, preserves_flags),
             );
+        }
+        if sp < bottom || sp >= top {
+            // Running on another stack (a signal's alternate stack, a coroutine's): the
+            // reads could not be bounded, so no native frames.
+            return;
         }
         let lo = sp;
         let mut read_stack = |addr: u64| -> Result<u64, ()> {

@@ -106,7 +106,16 @@ fn lookup(name: &std::ffi::CStr) -> usize {
 fn resolve() {
     let get = lookup(c"PyGILState_GetThisThreadState");
     let init = lookup(c"Py_IsInitialized");
-    if get == 0 || init == 0 {
+    // `_PyRuntime` is CPython's own (PyPy's cpyext exports the API functions but not it);
+    // `_Py_DecRefShared` exists only in free-threaded builds, whose objects have another
+    // layout. Both cases: no Python frames rather than reads at wrong offsets.
+    let cpython = lookup(c"_PyRuntime") != 0;
+    let free_threaded = lookup(c"_Py_DecRefShared") != 0;
+    if free_threaded {
+        STATE.store(UNSUPPORTED, Ordering::Release);
+        return;
+    }
+    if get == 0 || init == 0 || !cpython {
         STATE.store(ABSENT, Ordering::Release);
         return;
     }
