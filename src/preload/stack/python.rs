@@ -299,9 +299,9 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
     // at an offset of this version's layout (caller's contract).
     unsafe {
         let mut frame: u64 = match layout {
-            Layout::Py310 | Layout::Py313 => rd(tstate + o.tstate_frame).unwrap_or(0),
+            Layout::Py310 | Layout::Py313 => rd(tstate.wrapping_add(o.tstate_frame)).unwrap_or(0),
             Layout::Py311 | Layout::Py312 => {
-                let cframe: u64 = rd(tstate + o.tstate_frame).unwrap_or(0);
+                let cframe: u64 = rd(tstate.wrapping_add(o.tstate_frame)).unwrap_or(0);
                 rd(cframe.wrapping_add(o.cframe_current))
                     .filter(|_| cframe != 0)
                     .unwrap_or(0)
@@ -311,10 +311,10 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
         let mut visits = 0usize;
         while frame != 0 && visits < MAX_VISITS {
             visits += 1;
-            let back: u64 = rd(frame + o.frame_back).unwrap_or(0);
+            let back: u64 = rd(frame.wrapping_add(o.frame_back)).unwrap_or(0);
             let owner: u8 = match layout {
                 Layout::Py310 => 0,
-                _ => rd(frame + o.frame_owner).unwrap_or(0),
+                _ => rd(frame.wrapping_add(o.frame_owner)).unwrap_or(0),
             };
             if matches!(layout, Layout::Py312 | Layout::Py313) && owner == OWNED_BY_CSTACK {
                 // The frame written just before is the first one that eval call ran.
@@ -324,7 +324,7 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 frame = back;
                 continue;
             }
-            let code: u64 = rd(frame + o.frame_code).unwrap_or(0);
+            let code: u64 = rd(frame.wrapping_add(o.frame_code)).unwrap_or(0);
             if code == 0 {
                 frame = back;
                 continue;
@@ -333,15 +333,17 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 return (n, true);
             }
             let instr: u64 = match layout {
-                Layout::Py310 => rd::<i32>(frame + o.frame_instr).unwrap_or(-1) as i64 as u64,
-                _ => rd(frame + o.frame_instr).unwrap_or(0),
+                Layout::Py310 => {
+                    rd::<i32>(frame.wrapping_add(o.frame_instr)).unwrap_or(-1) as i64 as u64
+                }
+                _ => rd(frame.wrapping_add(o.frame_instr)).unwrap_or(0),
             };
             let entry = match layout {
                 Layout::Py310 => true,
-                Layout::Py311 => rd::<u8>(frame + o.frame_is_entry).unwrap_or(0) != 0,
+                Layout::Py311 => rd::<u8>(frame.wrapping_add(o.frame_is_entry)).unwrap_or(0) != 0,
                 _ => false,
             };
-            let check: i32 = rd(code + o.code_firstlineno).unwrap_or(0);
+            let check: i32 = rd(code.wrapping_add(o.code_firstlineno)).unwrap_or(0);
             if let Some(slot) = out.get_mut(n) {
                 *slot = PyFrameRaw {
                     code,

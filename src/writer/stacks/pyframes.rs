@@ -226,7 +226,7 @@ impl PyResolver {
             Layout::Py310 => (0, 0),
             _ => (
                 i32_at(&head, o.firsttraceable)? as i64,
-                addr + o.code_adaptive as u64,
+                addr.wrapping_add(o.code_adaptive as u64),
             ),
         };
         Some(CodeInfo {
@@ -253,7 +253,7 @@ fn read_bytes(addr: u64) -> Option<Vec<u8>> {
     if size > 1 << 20 {
         return None;
     }
-    read_mem(addr + 32, size as usize)
+    read_mem(addr.wrapping_add(32), size as usize)
 }
 
 /// Reads a compact `str` object (the only kind code objects hold) as UTF-8.
@@ -271,9 +271,9 @@ fn read_str(o: &CodeOffsets, addr: u64) -> Option<String> {
         return None;
     }
     let data = if ascii {
-        addr + o.ascii_size
+        addr.wrapping_add(o.ascii_size)
     } else {
-        addr + o.compact_size
+        addr.wrapping_add(o.compact_size)
     };
     let width = match kind {
         1 | 2 | 4 => kind as usize,
