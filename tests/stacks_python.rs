@@ -66,3 +66,33 @@ fn python_frames_exact_under_each_cpython() {
         eprintln!("Python {name}: {}", stdout.trim());
     }
 }
+
+/// The steady-state hot path (Python and native frames) calls no malloc-family function,
+/// counted by an `LD_PRELOAD`ed counter in a real interpreter with the GIL released.
+#[test]
+fn capture_in_python_allocates_nothing_after_setup() {
+    let so = libmemsnap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let counter = dir.path().join("libcountmalloc.so");
+    let st = Command::new("cc")
+        .args(["-O2", "-fPIC", "-shared", "-o"])
+        .arg(&counter)
+        .arg(root.join("tests/stacks/count_malloc.c"))
+        .status()
+        .expect("cc");
+    assert!(st.success());
+    let script = root.join("tests/stacks/no_alloc_check.py");
+    for (name, py) in &interpreters() {
+        let out = Command::new(py)
+            .env("LD_PRELOAD", &counter)
+            .arg(&script)
+            .arg(&so)
+            .output()
+            .expect("run python");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "Python {name}: {stdout}\n{stderr}");
+        assert!(stdout.trim_end().ends_with("OK"), "Python {name}: {stdout}");
+    }
+}

@@ -129,6 +129,43 @@ pub extern "C" fn memsnap_debug_bench_capture(
     total
 }
 
+/// Test entry point: one warm-up capture, then `iterations` captures between two calls of
+/// `counter` (a caller-supplied reading, e.g. of a malloc counter); returns the difference
+/// of the readings, so a test can prove the steady-state hot path allocates nothing.
+#[doc(hidden)]
+#[unsafe(no_mangle)]
+pub extern "C" fn memsnap_debug_capture_counted(
+    stacks: libc::c_int,
+    iterations: u64,
+    counter: Option<extern "C" fn() -> u64>,
+    frames_out: *mut u64,
+) -> u64 {
+    let stacks = match stacks {
+        0 => Stacks::None,
+        1 => Stacks::Python,
+        2 => Stacks::Native,
+        _ => Stacks::All,
+    };
+    let Some(counter) = counter else {
+        return u64::MAX;
+    };
+    let mut slot = StackSlot::EMPTY;
+    capture(&mut slot, stacks, FRAME_CAPACITY);
+    let before = counter();
+    for _ in 0..iterations {
+        capture(std::hint::black_box(&mut slot), stacks, FRAME_CAPACITY);
+    }
+    let after = counter();
+    if !frames_out.is_null() {
+        // SAFETY: the caller passes room for two u64.
+        unsafe {
+            *frames_out = slot.n_native as u64;
+            *frames_out.add(1) = slot.n_python as u64;
+        }
+    }
+    after.wrapping_sub(before)
+}
+
 /// Resolves one captured slot with a process-wide debug [`StackTable`] (created on first use).
 ///
 /// [`StackTable`]: crate::writer::stacks::StackTable
