@@ -152,10 +152,11 @@ fn merge(native: Vec<Frame>, python: &[Vec<Frame>]) -> Vec<Frame> {
         let eval = is_eval_frame(&f);
         // `_PyEval_EvalFrame` inlined just outside `_PyEval_EvalFrameDefault` (DWARF builds)
         // is the same eval call: only the innermost of adjacent eval frames takes a group.
-        if eval && !inner_was_eval {
-            if let Some(g) = groups.next() {
-                out.extend(g.iter().cloned());
-            }
+        if eval
+            && !inner_was_eval
+            && let Some(g) = groups.next()
+        {
+            out.extend(g.iter().cloned());
         }
         inner_was_eval = eval;
         out.push(f);

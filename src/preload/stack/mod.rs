@@ -35,11 +35,14 @@ pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) {
 /// does, and writes `[{"name","filename","line"}, ...]` (innermost first) as JSON into
 /// `buf`. Returns the JSON's length in bytes (written only if it fits in `len`), or -1.
 ///
+/// # Safety
+/// `buf` must be null or point to `len` writable bytes.
+///
 /// Not for hooks: it allocates and takes a lock. `ctypes.CDLL("libmemsnap.so")` can call it
 /// from Python (ctypes releases the GIL around the call, as PyTorch's CUDA calls do).
 #[doc(hidden)]
 #[unsafe(no_mangle)]
-pub extern "C" fn memsnap_debug_capture_json(
+pub unsafe extern "C" fn memsnap_debug_capture_json(
     stacks: libc::c_int,
     max_frames: libc::c_int,
     buf: *mut u8,
@@ -75,9 +78,12 @@ pub extern "C" fn memsnap_debug_capture_json(
 /// frame counts of the last capture, `out[2]` the nanoseconds the writer then spends to
 /// intern that stack `iterations` times, `out[3]` the nanoseconds of the first
 /// symbolization and merge (cold caches, modules already parsed count too).
+///
+/// # Safety
+/// `out` must be null or point to four writable `u64`.
 #[doc(hidden)]
 #[unsafe(no_mangle)]
-pub extern "C" fn memsnap_debug_bench_capture(
+pub unsafe extern "C" fn memsnap_debug_bench_capture(
     stacks: libc::c_int,
     max_frames: libc::c_int,
     iterations: u64,
@@ -132,9 +138,12 @@ pub extern "C" fn memsnap_debug_bench_capture(
 /// Test entry point: one warm-up capture, then `iterations` captures between two calls of
 /// `counter` (a caller-supplied reading, e.g. of a malloc counter); returns the difference
 /// of the readings, so a test can prove the steady-state hot path allocates nothing.
+///
+/// # Safety
+/// `frames_out` must be null or point to two writable `u64`.
 #[doc(hidden)]
 #[unsafe(no_mangle)]
-pub extern "C" fn memsnap_debug_capture_counted(
+pub unsafe extern "C" fn memsnap_debug_capture_counted(
     stacks: libc::c_int,
     iterations: u64,
     counter: Option<extern "C" fn() -> u64>,

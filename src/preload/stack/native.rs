@@ -33,7 +33,7 @@ mod imp {
     type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
 
     /// Marks a thread whose cache was given back by the thread-exit destructor.
-    const CACHE_GONE: *mut Cache = 1 as *mut Cache;
+    const CACHE_GONE: *mut Cache = std::ptr::without_provenance_mut(1);
 
     /// Upper bound on unwinder steps, own frames included: bounded work whatever the stack.
     const MAX_STEPS: usize = FRAME_CAPACITY + 64;

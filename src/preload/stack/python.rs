@@ -146,7 +146,7 @@ fn version() -> Option<(u32, u32)> {
     let v = lookup(c"Py_Version");
     if v != 0 {
         // SAFETY: `Py_Version` (3.11+) is a `const unsigned long` in the interpreter.
-        let hex = unsafe { *(v as *const libc::c_ulong) } as u64;
+        let hex: u64 = unsafe { *(v as *const libc::c_ulong) };
         return Some((((hex >> 24) & 0xff) as u32, ((hex >> 16) & 0xff) as u32));
     }
     let f = lookup(c"Py_GetVersion");

@@ -71,13 +71,13 @@ fn line_of(marker: &str) -> i64 {
         + 1
 }
 
+type Callback = extern "C" fn(*mut libc::c_void);
+type CallA = extern "C" fn(Callback, *mut libc::c_void);
+type CallRecurse = extern "C" fn(libc::c_int, Callback, *mut libc::c_void) -> libc::c_int;
+
 struct CLib {
-    a: extern "C" fn(extern "C" fn(*mut libc::c_void), *mut libc::c_void),
-    recurse: extern "C" fn(
-        libc::c_int,
-        extern "C" fn(*mut libc::c_void),
-        *mut libc::c_void,
-    ) -> libc::c_int,
+    a: CallA,
+    recurse: CallRecurse,
 }
 
 /// Builds (once) and loads the C library; `stripped` loads a `strip --strip-all` copy.
@@ -99,8 +99,8 @@ fn load_raw(path: &Path) -> CLib {
         let r = libc::dlsym(h, c"stk_recurse".as_ptr());
         assert!(!a.is_null() && !r.is_null());
         CLib {
-            a: std::mem::transmute(a),
-            recurse: std::mem::transmute(r),
+            a: std::mem::transmute::<*mut libc::c_void, CallA>(a),
+            recurse: std::mem::transmute::<*mut libc::c_void, CallRecurse>(r),
         }
     }
 }

@@ -130,16 +130,15 @@ impl PyResolver {
 
     /// Picks up the interpreter the hooks found (cheap; call before resolving).
     fn ensure_layout(&mut self) -> Option<Layout> {
-        if self.layout.is_none() {
-            if let crate::preload::stack::python::Interpreter::Supported(l, _, _) =
+        if self.layout.is_none()
+            && let crate::preload::stack::python::Interpreter::Supported(l, _, _) =
                 crate::preload::stack::python::interpreter()
-            {
-                // SAFETY: symbol lookup with a NUL-terminated name.
-                let t = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"PyCode_Type".as_ptr()) };
-                if !t.is_null() {
-                    self.layout = Some(l);
-                    self.code_type = t as u64;
-                }
+        {
+            // SAFETY: symbol lookup with a NUL-terminated name.
+            let t = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"PyCode_Type".as_ptr()) };
+            if !t.is_null() {
+                self.layout = Some(l);
+                self.code_type = t as u64;
             }
         }
         self.layout

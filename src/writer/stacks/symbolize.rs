@@ -129,12 +129,11 @@ pub fn demangle(name: &str) -> String {
     if let Ok(sym) = rustc_demangle::try_demangle(name) {
         return format!("{sym:#}");
     }
-    if name.starts_with("_Z") {
-        if let Ok(sym) = cpp_demangle::Symbol::new(name) {
-            if let Ok(s) = sym.demangle() {
-                return s;
-            }
-        }
+    if name.starts_with("_Z")
+        && let Ok(sym) = cpp_demangle::Symbol::new(name)
+        && let Ok(s) = sym.demangle()
+    {
+        return s;
     }
     name.to_string()
 }
@@ -150,17 +149,17 @@ fn debug_file(path: &Path) -> Option<PathBuf> {
     if obj.section_by_name(".debug_info").is_some() {
         return None; // the file has its own DWARF
     }
-    if let Ok(Some(id)) = obj.build_id() {
-        if id.len() >= 2 {
-            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-            let p = PathBuf::from(format!(
-                "/usr/lib/debug/.build-id/{}/{}.debug",
-                &hex[..2],
-                &hex[2..]
-            ));
-            if p.is_file() {
-                return Some(p);
-            }
+    if let Ok(Some(id)) = obj.build_id()
+        && id.len() >= 2
+    {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let p = PathBuf::from(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &hex[..2],
+            &hex[2..]
+        ));
+        if p.is_file() {
+            return Some(p);
         }
     }
     if let Ok(Some((name, _crc))) = obj.gnu_debuglink() {
