@@ -115,7 +115,40 @@ r = 名前()
 check(py_only(r["frames"])[1:3] == [("größe", line("LATIN1")), ("名前", line("UCS2"))],
       f"unicode names {r['frames']}")
 
-# 6. Threads: each thread sees its own Python frames.
+# 6. Python -> C (map) -> Python: two eval calls; each group of Python frames sits just
+#    before the interpreter frame that ran it, with native frames between the groups.
+def via_map_leaf(_):
+    return capture(ALL)  # MAP_LEAF
+
+
+def via_map():
+    return list(map(via_map_leaf, [0]))[0]  # MAP_CALL
+
+
+r = via_map()
+frames = r["frames"]
+check(py_only(frames)[:3] == [("capture", line("CAPTURE")), ("via_map_leaf", line("MAP_LEAF")),
+                              ("via_map", line("MAP_CALL"))], f"map frames {frames}")
+runs, i = [], 0
+while i < len(frames):
+    if frames[i]["filename"] == __file__:
+        j = i
+        while j < len(frames) and frames[j]["filename"] == __file__:
+            j += 1
+        runs.append((i, j))
+        i = j
+    else:
+        i += 1
+check(len(runs) >= 2, f"two groups: {[f['name'] for f in frames]}")
+for _, end in runs:
+    check(end < len(frames) and "PyEval_EvalFrame" in frames[end]["name"],
+          f"group followed by the eval frame: {[f['name'] for f in frames]}")
+# 3.11+ runs Python-to-Python calls in one eval call; 3.10 runs each frame in its own.
+inner = ["capture", "via_map_leaf"] if sys.version_info >= (3, 11) else ["capture"]
+check([f["name"] for f in frames[runs[0][0]:runs[0][1]]] == inner,
+      f"inner group {[f['name'] for f in frames]}")
+
+# 7. Threads: each thread sees its own Python frames.
 results = {}
 
 
