@@ -13,6 +13,19 @@ pub mod python;
 use crate::config::{FRAME_CAPACITY, Stacks};
 use crate::preload::event::StackSlot;
 
+/// One-time setup the hooks may run at initialisation instead of on the first capture:
+/// builds the module table (`dl_iterate_phdr`, allocates) and looks up the CPython symbols
+/// (`dlsym`). Calling it is optional; `capture` does the same lazily.
+pub fn prepare(stacks: Stacks) {
+    if stacks.native() {
+        modules::ensure();
+    }
+    if stacks.python() {
+        let mut scratch = StackSlot::EMPTY;
+        python::capture(&mut scratch, 1);
+    }
+}
+
 /// Captures the calling thread's stack into `slot`, at most `max_frames` of each kind.
 /// Native frames: innermost first, memsnap's own frames removed. Python frames: innermost
 /// first, from the calling thread's own frame chain (no GIL).
