@@ -32,11 +32,12 @@ deep.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctyp
                  ctypes.POINTER(ctypes.c_uint64)]
 bench = ctypes.cast(lib.memsnap_debug_bench_capture, ctypes.c_void_p)
 c_depth, iters = int(sys.argv[3]), int(sys.argv[4])
+RUNS = 25
 
 def run(mode):
     out = (ctypes.c_uint64 * 4)()
     best = None
-    for _ in range(5):
+    for _ in range(RUNS):
         ns = deep(c_depth, bench, mode, 0, iters, out)
         best = ns if best is None else min(best, ns)
     return best / iters, out[0], out[1], out[2] / iters, out[3] / 1e6
@@ -86,7 +87,7 @@ fn main() {
         }
     });
     let c_depth = std::env::var("MEMSNAP_BENCH_C_DEPTH").unwrap_or_else(|_| "8".to_string());
-    let iters = std::env::var("MEMSNAP_BENCH_ITERS").unwrap_or_else(|_| "100000".to_string());
+    let iters = std::env::var("MEMSNAP_BENCH_ITERS").unwrap_or_else(|_| "20000".to_string());
     let out = Command::new(&python)
         .arg(&script)
         .arg(&so)
@@ -100,11 +101,51 @@ fn main() {
         .output()
         .expect("python --version");
     println!(
-        "{} ({}), C depth {c_depth}, {iters} captures per run, best of 5",
+        "{} ({}), C depth {c_depth}, {iters} captures per run, best of 25",
         python,
         String::from_utf8_lossy(&v.stdout).trim()
     );
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success());
+
+    // Without Python or libffi: this binary calls the C recursion directly.
+    let depth: i32 = std::env::var("MEMSNAP_BENCH_NATIVE_DEPTH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    let iters: u64 = iters.parse().unwrap_or(100_000);
+    type Bench = unsafe extern "C" fn(i32, i32, u64, *mut u64) -> u64;
+    type Deep = unsafe extern "C" fn(i32, Bench, i32, i32, u64, *mut u64) -> u64;
+    // SAFETY: loading the libraries built above; the symbols have these C signatures.
+    let (bench, deep) = unsafe {
+        let open = |p: &std::path::Path| {
+            let c = std::ffi::CString::new(p.to_str().expect("utf-8 path")).expect("path");
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+            assert!(!h.is_null(), "dlopen {}", p.display());
+            h
+        };
+        let b = libc::dlsym(open(&so), c"memsnap_debug_bench_capture".as_ptr());
+        let d = libc::dlsym(open(&clib), c"bench_deep".as_ptr());
+        assert!(!b.is_null() && !d.is_null());
+        (
+            std::mem::transmute::<*mut libc::c_void, Bench>(b),
+            std::mem::transmute::<*mut libc::c_void, Deep>(d),
+        )
+    };
+    println!("no Python, no libffi: this binary -> C recursion {depth} deep -> capture");
+    for (name, mode) in [("native", 2), ("all", 3)] {
+        let mut out = [0u64; 4];
+        let best = (0..25)
+            // SAFETY: valid function pointers and a four-element output array.
+            .map(|_| unsafe { deep(depth, bench, mode, 0, iters, out.as_mut_ptr()) })
+            .min()
+            .unwrap_or(0);
+        println!(
+            "stacks={name:<7} {:8.1} ns/capture  native={:2} python={:2}",
+            best as f64 / iters as f64,
+            out[0],
+            out[1]
+        );
+    }
 }
