@@ -51,6 +51,16 @@ impl ModuleTable {
         (pc < m.end).then_some(i)
     }
 
+    /// Like [`find`](Self::find), trying `hint` (the previous frame's module) first:
+    /// consecutive frames are usually in the same module.
+    #[inline]
+    pub fn find_near(&self, pc: u64, hint: usize) -> Option<usize> {
+        match self.modules.get(hint) {
+            Some(m) if m.start <= pc && pc < m.end => Some(hint),
+            _ => self.find(pc),
+        }
+    }
+
     /// `pc` lies in memsnap's own text.
     #[inline]
     pub fn is_own(&self, module: usize) -> bool {

@@ -158,6 +158,7 @@ mod imp {
         let mut iter = table.unwinder.iter_frames(ip, regs, cache, &mut read_stack);
         let mut n = 0usize;
         let mut steps = 0usize;
+        let mut hint = usize::MAX;
         while steps < MAX_STEPS {
             steps += 1;
             let frame = match iter.next() {
@@ -169,11 +170,12 @@ mod imp {
                 FrameAddress::InstructionPointer(_) => continue,
                 FrameAddress::ReturnAddress(ra) => ra.get(),
             };
-            let Some(module) = table.find(pc) else {
+            let Some(module) = table.find_near(pc, hint) else {
                 // JIT code, or a module loaded after the table was built.
                 modules::mark_stale();
                 break;
             };
+            hint = module;
             if table.is_own(module) {
                 continue;
             }
