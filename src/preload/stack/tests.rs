@@ -87,6 +87,8 @@ enum Which {
     Stripped,
     /// Loaded without refreshing the module table (a library `dlopen`ed mid-run).
     Late,
+    /// Built without unwind tables or frame pointers.
+    NoUnwind,
 }
 
 fn load_raw(path: &Path) -> CLib {
@@ -122,6 +124,14 @@ fn clib(which: Which) -> &'static CLib {
             .expect("run cc");
         assert!(st.success(), "cc failed");
         std::fs::copy(&so, dir.join("libstacktest-late.so")).expect("copy");
+        let st = std::process::Command::new("cc")
+            .args(["-O2", "-fPIC", "-shared", "-fno-asynchronous-unwind-tables"])
+            .args(["-fno-unwind-tables", "-fomit-frame-pointer", "-o"])
+            .arg(dir.join("libstacktest-nounwind.so"))
+            .arg(&src)
+            .status()
+            .expect("run cc");
+        assert!(st.success(), "cc failed");
         let st = std::process::Command::new("strip")
             .args(["--strip-all", "-o"])
             .arg(dir.join("libstacktest-stripped.so"))
@@ -138,6 +148,10 @@ fn clib(which: Which) -> &'static CLib {
         lib
     };
     static LATE: OnceLock<CLib> = OnceLock::new();
+    static NO_UNWIND: OnceLock<CLib> = OnceLock::new();
+    if which == Which::NoUnwind {
+        return NO_UNWIND.get_or_init(|| load(&dir.join("libstacktest-nounwind.so")));
+    }
     if which == Which::Late {
         return LATE.get_or_init(|| load_raw(&dir.join("libstacktest-late.so")));
     }
@@ -339,4 +353,34 @@ fn library_loaded_later_ends_the_walk_until_the_writer_refreshes() {
     let names: Vec<&str> = frames.iter().take(3).map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["stk_c", "stk_b", "stk_a"]);
     assert!(frames[0].filename.ends_with("stacktest.c"));
+}
+
+#[test]
+fn code_without_unwind_tables_ends_the_walk_cleanly() {
+    let lib = clib(Which::NoUnwind);
+    let full = clib(Which::Full);
+    let mut first = None;
+    for _ in 0..200 {
+        let mut req = request(Stacks::Native, FRAME_CAPACITY);
+        (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+        // The callback has unwind info, so its caller (stk_c) is found; past that the
+        // walk may stop anywhere, but every address it kept is inside a known module.
+        assert!(req.slot.n_native >= 1);
+        let table = modules::ensure();
+        assert!(req.slot.native().iter().all(|&pc| table.find(pc).is_some()));
+        let innermost = req.slot.native()[0];
+        assert_eq!(*first.get_or_insert(innermost), innermost);
+    }
+    let mut req = request(Stacks::Native, FRAME_CAPACITY);
+    (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    assert_eq!(resolve(&req.slot)[0].name, "stk_c");
+    // The library with unwind tables still unwinds fully afterwards.
+    let mut req = request(Stacks::Native, FRAME_CAPACITY);
+    (full.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    let names: Vec<String> = resolve(&req.slot)
+        .into_iter()
+        .take(3)
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(names, ["stk_c", "stk_b", "stk_a"]);
 }
