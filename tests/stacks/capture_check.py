@@ -148,7 +148,20 @@ inner = ["capture", "via_map_leaf"] if sys.version_info >= (3, 11) else ["captur
 check([f["name"] for f in frames[runs[0][0]:runs[0][1]]] == inner,
       f"inner group {[f['name'] for f in frames]}")
 
-# 7. Threads: each thread sees its own Python frames.
+# 7. Generators: a generator frame sits in the chain like any other.
+def gen():
+    yield capture(PYTHON)  # GEN_YIELD
+
+
+def use_gen():
+    return next(gen())  # GEN_NEXT
+
+
+r = use_gen()
+check(py_only(r["frames"])[:3] == [("capture", line("CAPTURE")), ("gen", line("GEN_YIELD")),
+                                   ("use_gen", line("GEN_NEXT"))], f"generator {r['frames']}")
+
+# 8. Threads: each thread sees its own Python frames.
 results = {}
 
 
