@@ -134,9 +134,8 @@ impl PyResolver {
             && let crate::preload::stack::python::Interpreter::Supported(l, _, _) =
                 crate::preload::stack::python::interpreter()
         {
-            // SAFETY: symbol lookup with a NUL-terminated name.
-            let t = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"PyCode_Type".as_ptr()) };
-            if !t.is_null() {
+            let t = crate::preload::stack::python::lookup(c"PyCode_Type");
+            if t != 0 {
                 self.layout = Some(l);
                 self.code_type = t as u64;
             }
