@@ -98,7 +98,7 @@ pub fn retry_if_absent() {
 ///
 /// TODO(lead): once the hooks export `dlsym`, switch this to the real-dlsym pointer so the
 /// lookup does not go through memsnap's own `dlsym` hook.
-pub(crate) pub(crate) fn lookup(name: &std::ffi::CStr) -> usize {
+pub(crate) fn lookup(name: &std::ffi::CStr) -> usize {
     // SAFETY: plain symbol lookup with a NUL-terminated name.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
