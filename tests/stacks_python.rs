@@ -8,6 +8,17 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn libmemsnap() -> PathBuf {
+    // `cargo test --test` does not rebuild the cdylib when its sources change: build it.
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let st = Command::new(cargo)
+            .args(["build", "--lib", "--quiet"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo build --lib");
+        assert!(st.success(), "cargo build --lib failed");
+    });
     // target/<profile>/deps/stacks_python-<hash> -> target/<profile>/libmemsnap.so
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
