@@ -12,8 +12,11 @@ fn libmemsnap() -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let exe = std::env::current_exe().expect("current_exe");
+        let release = exe.components().any(|c| c.as_os_str() == "release");
         let st = Command::new(cargo)
             .args(["build", "--lib", "--quiet"])
+            .args(release.then_some("--release"))
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("cargo build --lib");
