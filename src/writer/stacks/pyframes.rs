@@ -25,6 +25,10 @@ pub struct CodeInfo {
     pub firsttraceable: i64,
     /// 3.11+: address of the first instruction (`co_code_adaptive`).
     pub code_start: u64,
+    /// The object's `co_filename`, `co_name` and `co_linetable` pointers when it was read:
+    /// a cache hit is re-checked against them, so a different code object that reuses the
+    /// address (and happens to start on the same line) is read afresh.
+    identity: [u64; 3],
 }
 
 /// Offsets in `PyCodeObject` and string objects, per version (from CPython's headers).
@@ -116,7 +120,7 @@ fn i32_at(b: &[u8], off: usize) -> Option<i32> {
 pub struct PyResolver {
     layout: Option<Layout>,
     code_type: u64,
-    cache: FxHashMap<(u64, u32), Option<Rc<CodeInfo>>>,
+    cache: FxHashMap<(u64, u32), Rc<CodeInfo>>,
 }
 
 impl PyResolver {
@@ -199,31 +203,49 @@ impl PyResolver {
     }
 
     fn code(&mut self, layout: Layout, addr: u64, check: u32) -> Option<Rc<CodeInfo>> {
-        if let Some(c) = self.cache.get(&(addr, check)) {
-            return c.clone();
+        let head = self.read_head(layout, addr, check)?;
+        let identity = identity(layout, &head)?;
+        if let Some(c) = self.cache.get(&(addr, check))
+            && c.identity == identity
+        {
+            return Some(c.clone());
         }
-        let info = self.read_code(layout, addr, check).map(Rc::new);
+        // Only successes are cached: a failed read (object gone) is retried next time.
+        let info = Rc::new(self.read_code(layout, addr, &head, identity)?);
         self.cache.insert((addr, check), info.clone());
-        info
+        Some(info)
     }
 
-    fn read_code(&self, layout: Layout, addr: u64, check: u32) -> Option<CodeInfo> {
+    /// The code object's header, if `addr` still holds a code object with `check` as
+    /// its first line.
+    fn read_head(&self, layout: Layout, addr: u64, check: u32) -> Option<Vec<u8>> {
         let o = offsets(layout);
         let head = read_mem(addr, o.linetable.max(o.firsttraceable) + 8)?;
         if u64_at(&head, 8)? != self.code_type {
             return None;
         }
-        let firstlineno = i32_at(&head, o.firstlineno)?;
-        if firstlineno as u32 != check {
+        if i32_at(&head, o.firstlineno)? as u32 != check {
             return None;
         }
-        let filename = read_str(&o, u64_at(&head, o.filename)?)?;
-        let name = read_str(&o, u64_at(&head, o.name)?)?;
-        let linetable = read_bytes(u64_at(&head, o.linetable)?)?;
+        Some(head)
+    }
+
+    fn read_code(
+        &self,
+        layout: Layout,
+        addr: u64,
+        head: &[u8],
+        identity: [u64; 3],
+    ) -> Option<CodeInfo> {
+        let o = offsets(layout);
+        let firstlineno = i32_at(head, o.firstlineno)?;
+        let filename = read_str(&o, identity[0])?;
+        let name = read_str(&o, identity[1])?;
+        let linetable = read_bytes(identity[2])?;
         let (firsttraceable, code_start) = match layout {
             Layout::Py310 => (0, 0),
             _ => (
-                i32_at(&head, o.firsttraceable)? as i64,
+                i32_at(head, o.firsttraceable)? as i64,
                 addr.wrapping_add(o.code_adaptive as u64),
             ),
         };
@@ -234,8 +256,18 @@ impl PyResolver {
             linetable,
             firsttraceable,
             code_start,
+            identity,
         })
     }
+}
+
+fn identity(layout: Layout, head: &[u8]) -> Option<[u64; 3]> {
+    let o = offsets(layout);
+    Some([
+        u64_at(head, o.filename)?,
+        u64_at(head, o.name)?,
+        u64_at(head, o.linetable)?,
+    ])
 }
 
 impl Default for PyResolver {
