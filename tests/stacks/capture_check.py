@@ -2,6 +2,7 @@
 memsnap captures without the GIL (ctypes releases it around the call, as PyTorch's CUDA
 calls do). Usage: python3 capture_check.py path/to/libmemsnap.so"""
 import ctypes
+import gc
 import json
 import sys
 import threading
@@ -161,7 +162,18 @@ r = use_gen()
 check(py_only(r["frames"])[:3] == [("capture", line("CAPTURE")), ("gen", line("GEN_YIELD")),
                                    ("use_gen", line("GEN_NEXT"))], f"generator {r['frames']}")
 
-# 8. Threads: each thread sees its own Python frames.
+# 8. Code objects freed and re-created (likely at the same address, same first line):
+#    each capture names the function that really ran.
+for i in range(30):
+    ns = {}
+    exec(compile(f"def made_{i}(cap):\n    return cap()\n", f"<made {i % 3}>", "exec"), ns)
+    r = ns[f"made_{i}"](lambda: capture(PYTHON))
+    got = [(f["name"], f["filename"], f["line"]) for f in r["frames"][:3]]
+    check(got[2] == (f"made_{i}", f"<made {i % 3}>", 2), f"recycled code {i}: {got}")
+    del ns
+    gc.collect()  # free the code object so the next one can reuse its address
+
+# 9. Threads: each thread sees its own Python frames.
 results = {}
 
 

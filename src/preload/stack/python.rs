@@ -181,6 +181,24 @@ unsafe fn rd<T: Copy>(addr: u64) -> Option<T> {
     Some(unsafe { std::ptr::read_unaligned(addr as *const T) })
 }
 
+/// The check value of a code object: its first line mixed with the addresses of its
+/// `co_filename` and `co_name` and a serial: `co_version` on 3.12+, the name's cached
+/// hash on 3.10/3.11. Another code object that reuses a freed one's address (its strings
+/// may be recycled too) is then told apart. The writer recomputes it from the object.
+#[inline(always)]
+pub fn check_value(firstlineno: i32, filename: u64, name: u64, serial: u32) -> u32 {
+    let h = (name ^ filename.rotate_left(32)) >> 4;
+    (firstlineno as u32) ^ (h as u32) ^ ((h >> 32) as u32) ^ serial.wrapping_mul(0x9e37_79b1)
+}
+
+/// Offset of the cached hash in a `str` object (`PyASCIIObject.hash`), all versions.
+pub const STR_HASH: u64 = 24;
+
+#[inline(always)]
+pub fn fold(v: u64) -> u32 {
+    (v as u32) ^ ((v >> 32) as u32)
+}
+
 /// Upper bound on frames visited (shim frames included): bounded work on any chain.
 const MAX_VISITS: usize = 1024;
 
@@ -238,6 +256,10 @@ struct Offsets {
     frame_owner: u64,
     frame_is_entry: u64,
     code_firstlineno: u64,
+    code_filename: u64,
+    code_name: u64,
+    /// 3.12+: `co_version`, a per-process serial given to each new code object; 0 = none.
+    code_version: u64,
 }
 
 const OFF_310: Offsets = Offsets {
@@ -249,6 +271,9 @@ const OFF_310: Offsets = Offsets {
     frame_owner: 0,
     frame_is_entry: 0,
     code_firstlineno: 40,
+    code_filename: 104,
+    code_name: 112,
+    code_version: 0,
 };
 const OFF_311: Offsets = Offsets {
     tstate_frame: 56,
@@ -259,6 +284,9 @@ const OFF_311: Offsets = Offsets {
     frame_owner: 69,
     frame_is_entry: 68,
     code_firstlineno: 72,
+    code_filename: 112,
+    code_name: 120,
+    code_version: 0,
 };
 const OFF_312: Offsets = Offsets {
     tstate_frame: 56,
@@ -269,6 +297,9 @@ const OFF_312: Offsets = Offsets {
     frame_owner: 70,
     frame_is_entry: 0,
     code_firstlineno: 68,
+    code_filename: 112,
+    code_name: 120,
+    code_version: 92,
 };
 const OFF_313: Offsets = Offsets {
     tstate_frame: 72,
@@ -279,6 +310,9 @@ const OFF_313: Offsets = Offsets {
     frame_owner: 70,
     frame_is_entry: 0,
     code_firstlineno: 68,
+    code_filename: 112,
+    code_name: 120,
+    code_version: 92,
 };
 
 /// `FRAME_OWNED_BY_CSTACK` (3.12+): the shim frame an eval call pushes below its first frame.
@@ -343,12 +377,21 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 Layout::Py311 => rd::<u8>(frame.wrapping_add(o.frame_is_entry)).unwrap_or(0) != 0,
                 _ => false,
             };
-            let check: i32 = rd(code.wrapping_add(o.code_firstlineno)).unwrap_or(0);
+            let firstlineno: i32 = rd(code.wrapping_add(o.code_firstlineno)).unwrap_or(0);
+            let filename: u64 = rd(code.wrapping_add(o.code_filename)).unwrap_or(0);
+            let name: u64 = rd(code.wrapping_add(o.code_name)).unwrap_or(0);
+            let serial: u32 = match o.code_version {
+                // 3.10/3.11 have no serial: use the cached hash of the name string
+                // (`PyASCIIObject.hash`), which differs for different names even when
+                // a freed name's address is recycled.
+                0 => fold(rd::<u64>(name.wrapping_add(STR_HASH)).unwrap_or(0)),
+                off => rd(code.wrapping_add(off)).unwrap_or(0),
+            };
             if let Some(slot) = out.get_mut(n) {
                 *slot = PyFrameRaw {
                     code,
                     instr,
-                    check: check as u32,
+                    check: check_value(firstlineno, filename, name, serial),
                     flags: if entry { FLAG_ENTRY } else { 0 },
                 };
                 n += 1;

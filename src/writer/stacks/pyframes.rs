@@ -4,11 +4,11 @@
 //! objects the hook named are still alive. Every read of interpreter memory goes through
 //! `process_vm_readv` on our own pid, so a code object freed (and unmapped) since the hook
 //! cannot crash the host: the read fails and the frame is dropped. A code object is trusted
-//! only if its type pointer is `PyCode_Type` and its `co_firstlineno` equals the value the hook
-//! read; decoded objects are cached per (address, check value).
+//! only if its type pointer is `PyCode_Type` and its first line and name/file pointers give the check value
+//! the hook computed; decoded objects are cached per (address, check value).
 
 use crate::preload::event::PyFrameRaw;
-use crate::preload::stack::python::{FLAG_ENTRY, Layout};
+use crate::preload::stack::python::{FLAG_ENTRY, Layout, STR_HASH, check_value, fold};
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 use std::sync::Arc as Rc;
@@ -224,7 +224,15 @@ impl PyResolver {
         if u64_at(&head, 8)? != self.code_type {
             return None;
         }
-        if i32_at(&head, o.firstlineno)? as u32 != check {
+        let ident = identity(layout, &head)?;
+        let serial = match layout {
+            Layout::Py312 | Layout::Py313 => u32::from_le_bytes(head.get(92..96)?.try_into().ok()?),
+            _ => {
+                let hash = read_mem(ident[1].wrapping_add(STR_HASH), 8)?;
+                fold(u64_at(&hash, 0)?)
+            }
+        };
+        if check_value(i32_at(&head, o.firstlineno)?, ident[0], ident[1], serial) != check {
             return None;
         }
         Some(head)
