@@ -335,6 +335,7 @@ fn framehop_module(c: &Collected, start: u64, end: u64) -> Option<framehop::Modu
 }
 
 /// The address of `.eh_frame` from an `.eh_frame_hdr` (version 1) header.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn decode_eh_frame_ptr(hdr: &[u8], hdr_addr: u64, base: u64) -> Option<u64> {
     if *hdr.first()? != 1 {
         return None;

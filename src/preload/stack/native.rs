@@ -8,15 +8,12 @@
 //! loaded since the table was built: the table is marked stale for the writer), at a failed
 //! stack read, or at the frame limit. x86_64 only; elsewhere nothing is captured.
 
-#[allow(unused_imports)]
-use crate::preload::event::StackSlot;
-
 #[cfg(target_arch = "x86_64")]
 pub use imp::capture;
 
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
-pub fn capture(slot: &mut StackSlot, max_frames: usize) {
+pub fn capture(slot: &mut crate::preload::event::StackSlot, max_frames: usize) {
     let _ = max_frames;
     slot.n_native = 0;
 }
