@@ -110,3 +110,37 @@ fn capture_in_python_allocates_nothing_after_setup() {
         assert!(stdout.trim_end().ends_with("OK"), "Python {name}: {stdout}");
     }
 }
+
+/// A CPython without a known layout (3.9 here, when installed): one warning, no Python
+/// frames, native frames unaffected.
+#[test]
+fn unsupported_python_turns_python_frames_off_with_one_warning() {
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
+    let Ok(entries) = std::fs::read_dir(PathBuf::from(root).join("versions")) else {
+        eprintln!("no pyenv: skipped");
+        return;
+    };
+    let Some(py) = entries
+        .flatten()
+        .map(|e| e.path().join("bin/python3"))
+        .find(|p| p.to_string_lossy().contains("/3.9.") && p.is_file())
+    else {
+        eprintln!("no CPython 3.9: skipped");
+        return;
+    };
+    let so = libmemsnap();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/stacks/unsupported_check.py");
+    let out = Command::new(&py)
+        .arg(&script)
+        .arg(&so)
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.trim_end().ends_with("OK"), "{stdout}");
+}

@@ -126,11 +126,17 @@ impl StackTable {
         if self.warned_python {
             return;
         }
-        if let python::Interpreter::Unsupported(major, minor) = python::interpreter() {
+        if let python::Interpreter::Unsupported(major, minor, free_threaded) = python::interpreter()
+        {
             self.warned_python = true;
+            let build = if free_threaded {
+                " (free-threaded build)"
+            } else {
+                ""
+            };
             self.warnings.push(format!(
-                "memsnap: Python {major}.{minor} is not supported for Python frames \
-                 (supported: 3.10 to 3.13); recording native frames only"
+                "memsnap: Python {major}.{minor}{build} is not supported for Python frames \
+                 (supported: 3.10 to 3.13 with the GIL); Python frames are off"
             ));
         }
     }

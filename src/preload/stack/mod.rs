@@ -45,8 +45,9 @@ pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) {
 
 /// Debug and test entry point: captures the caller's stack (`stacks`: 0 none, 1 python,
 /// 2 native, 3 all; `max_frames` 0 = the maximum), resolves it at once the way the writer
-/// does, and writes `[{"name","filename","line"}, ...]` (innermost first) as JSON into
-/// `buf`. Returns the JSON's length in bytes (written only if it fits in `len`), or -1.
+/// does, and writes `{"frames": [{"name","filename","line"}, ...] (innermost first),
+/// "truncated": bool, "warnings": [str]}` as JSON into `buf`. Returns the JSON's length in
+/// bytes (written only if it fits in `len`), or -1.
 ///
 /// # Safety
 /// `buf` must be null or point to `len` writable bytes.
@@ -213,7 +214,9 @@ pub fn debug_resolve_json(slot: &StackSlot, stacks: Stacks, max: usize) -> Strin
             .collect(),
         None => Vec::new(),
     };
-    serde_json::json!({"frames": frames, "truncated": slot.truncated}).to_string()
+    let warnings = table.take_warnings();
+    serde_json::json!({"frames": frames, "truncated": slot.truncated, "warnings": warnings})
+        .to_string()
 }
 
 #[cfg(test)]

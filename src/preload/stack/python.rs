@@ -12,7 +12,7 @@
 //! loads along the chain. No Python API that needs the GIL is ever called.
 
 use crate::preload::event::{PyFrameRaw, StackSlot};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 /// `PyFrameRaw::flags` bit: the first frame its `_PyEval_EvalFrameDefault` call ran.
 pub const FLAG_ENTRY: u32 = 1;
@@ -63,6 +63,7 @@ static GET_TSTATE: AtomicUsize = AtomicUsize::new(0);
 static IS_INITIALIZED: AtomicUsize = AtomicUsize::new(0);
 /// `major << 8 | minor` of the interpreter found, for the writer's messages.
 static VERSION: AtomicUsize = AtomicUsize::new(0);
+static FREE_THREADED: AtomicBool = AtomicBool::new(false);
 
 /// What the hook found out about the interpreter (for the writer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,8 +72,8 @@ pub enum Interpreter {
     None,
     /// Python frames are captured with this layout.
     Supported(Layout, u32, u32),
-    /// Python frames are off: no layout for this version.
-    Unsupported(u32, u32),
+    /// Python frames are off: no layout for this version (or a free-threaded build: true).
+    Unsupported(u32, u32, bool),
 }
 
 pub fn interpreter() -> Interpreter {
@@ -83,7 +84,9 @@ pub fn interpreter() -> Interpreter {
             Some(l) => Interpreter::Supported(l, major, minor),
             None => Interpreter::None,
         },
-        UNSUPPORTED => Interpreter::Unsupported(major, minor),
+        UNSUPPORTED => {
+            Interpreter::Unsupported(major, minor, FREE_THREADED.load(Ordering::Relaxed))
+        }
         _ => Interpreter::None,
     }
 }
@@ -106,31 +109,26 @@ pub(crate) fn lookup(name: &std::ffi::CStr) -> usize {
 fn resolve() {
     let get = lookup(c"PyGILState_GetThisThreadState");
     let init = lookup(c"Py_IsInitialized");
-    // `_PyRuntime` is CPython's own (PyPy's cpyext exports the API functions but not it);
-    // `_Py_DecRefShared` exists only in free-threaded builds, whose objects have another
-    // layout. Both cases: no Python frames rather than reads at wrong offsets.
+    // `_PyRuntime` is CPython's own (PyPy's cpyext exports the API functions but not it).
     let cpython = lookup(c"_PyRuntime") != 0;
-    let free_threaded = lookup(c"_Py_DecRefShared") != 0;
-    if free_threaded {
-        STATE.store(UNSUPPORTED, Ordering::Release);
-        return;
-    }
     if get == 0 || init == 0 || !cpython {
         STATE.store(ABSENT, Ordering::Release);
         return;
     }
-    let (major, minor) = match version() {
-        Some(v) => v,
-        None => {
-            STATE.store(ABSENT, Ordering::Release);
-            return;
-        }
+    let Some((major, minor)) = version() else {
+        STATE.store(ABSENT, Ordering::Release);
+        return;
     };
     VERSION.store(
         ((major as usize) << 8) | (minor as usize & 0xff),
         Ordering::Relaxed,
     );
-    match Layout::from_version(major, minor) {
+    // Free-threaded builds (3.13t+) have other object layouts; these functions exist only
+    // there. No Python frames rather than reads at wrong offsets.
+    let free_threaded =
+        lookup(c"_Py_DecRefShared") != 0 || lookup(c"_Py_MergeZeroLocalRefcount") != 0;
+    FREE_THREADED.store(free_threaded, Ordering::Relaxed);
+    match Layout::from_version(major, minor).filter(|_| !free_threaded) {
         Some(layout) => {
             LAYOUT.store(layout as u8, Ordering::Relaxed);
             GET_TSTATE.store(get, Ordering::Relaxed);
