@@ -12,3 +12,6 @@ pub mod preload;
 #[allow(dead_code)] // the reader half is used by the CLI, which shares this module by path
 pub mod snapshot;
 pub mod writer;
+
+#[cfg(test)]
+mod counting_alloc;

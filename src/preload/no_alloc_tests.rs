@@ -1,44 +1,13 @@
-//! Proof that the hot path never allocates: a counting global allocator (per thread, so
-//! the writer thread's own allocations do not count) around the real exported wrappers,
+//! Proof that the hot path never allocates: the crate's counting global allocator (per
+//! thread, so the writer thread's own allocations do not count) around the real exported wrappers,
 //! with stand-in "real" CUDA functions behind them.
 
 use crate::preload::ffi::*;
 use crate::preload::hooks::{self, HookId};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards to the system allocator; only adds a thread-local count.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same layout contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc` above with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: as for `alloc`/`dealloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static COUNTING: Counting = Counting;
-
-fn allocations_on_this_thread() -> u64 {
-    ALLOCATIONS.with(|c| c.get())
-}
+use crate::counting_alloc::thread_allocations as allocations_on_this_thread;
 
 static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
 

@@ -64,6 +64,8 @@ fn block_signals() {
 const MAX_IDLE: Duration = Duration::from_millis(5);
 /// Events applied between checks of the signal flag and timers.
 const BATCH: usize = 8192;
+/// How often the writer looks for newly loaded libraries for the native unwinder.
+const MODULE_REFRESH: Duration = Duration::from_millis(100);
 /// Write-failure warnings printed before going quiet.
 const MAX_WRITE_WARNINGS: u32 = 3;
 
@@ -81,6 +83,7 @@ struct Writer {
     /// Per-device event index where the current recording window began.
     window_from: Option<Vec<u64>>,
     last_period: Instant,
+    last_refresh: Instant,
     api_counts: [u64; 32],
     warned_drops: u64,
     write_warnings: u32,
@@ -107,6 +110,7 @@ impl Writer {
             written: Vec::new(),
             window_from: None,
             last_period: Instant::now(),
+            last_refresh: Instant::now(),
             api_counts: [0; 32],
             warned_drops: 0,
             write_warnings: 0,
@@ -130,6 +134,7 @@ impl Writer {
                     return;
                 }
             }
+            self.maintain_stacks();
             if SIGNAL_PENDING.swap(false, AcqRel) {
                 self.dump(Reason::Signal, "");
             }
@@ -174,12 +179,31 @@ impl Writer {
         if ev.stack == NO_STACK {
             return None;
         }
+        let known = self.stacks.len();
         let id = self
             .rec
             .slot(ev.stack)
             .and_then(|slot| self.stacks.intern(slot));
         self.rec.release_slot(ev.stack);
+        if let Some(id) = id
+            && self.stacks.len() > known
+        {
+            // A new stack: symbolize now, while every module it passes through is still
+            // loaded (a later dlclose would lose the names).
+            let _ = self.stacks.frames(id);
+        }
         id
+    }
+
+    /// Module table refresh (libraries loaded since) and one-time stack warnings.
+    fn maintain_stacks(&mut self) {
+        if self.last_refresh.elapsed() >= MODULE_REFRESH {
+            self.last_refresh = Instant::now();
+            self.stacks.refresh_modules();
+        }
+        for w in self.stacks.take_warnings() {
+            eprintln!("memsnap: {w}");
+        }
     }
 
     fn apply(&mut self, ev: Event) -> Flow {

@@ -1,57 +1,177 @@
-//! Raw stacks to frames: interning, Python frame decoding, native symbolization.
+//! Raw stacks to frames: interning, Python frame decoding, native symbolization, merging.
 //!
-//! Cold (writer thread). (Stub: native addresses become hex frames; being written.)
+//! Cold (writer thread). [`StackTable::intern`] runs as soon as the writer drains an event:
+//! it reads the Python code objects right away (they may be freed later) and keeps the
+//! resolved Python frames; native addresses are symbolized lazily by [`StackTable::frames`],
+//! once per unique address, and each unique stack's merged frame list is cached.
+//!
+//! Merging follows PyTorch (`combined_traceback.cpp`, snapshot-format.md §5.4): native frames
+//! in order; at each native frame whose name contains `PyEval_EvalFrame` (the interpreter
+//! loop), the Python frames that eval call ran are inserted just before it; Python frames
+//! left over go at the end.
+
+mod pyframes;
+mod symbolize;
+
+pub use pyframes::{line_310, line_311, read_mem};
+pub use symbolize::demangle;
 
 use crate::config::Config;
 use crate::preload::event::StackSlot;
+use crate::preload::stack::{modules, python};
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 
 /// Index of an interned raw stack.
 pub type RawStackId = u32;
 
-#[derive(Default)]
+/// One interned stack: raw native addresses, Python frames already resolved (grouped by
+/// the eval call that ran them), and the merged frames once computed.
+struct RawStack {
+    native: Vec<u64>,
+    python: Vec<Vec<Frame>>,
+    merged: Option<Vec<Frame>>,
+}
+
 pub struct StackTable {
     ids: FxHashMap<Vec<u64>, RawStackId>,
-    raw: Vec<Vec<u64>>,
-    resolved: FxHashMap<RawStackId, Vec<Frame>>,
+    stacks: Vec<RawStack>,
+    python: pyframes::PyResolver,
+    native: symbolize::Symbolizer,
+    warned_python: bool,
+    /// Messages for the user (the writer prints them): e.g. an unsupported Python.
+    warnings: Vec<String>,
 }
 
 impl StackTable {
     pub fn new(_cfg: &Config) -> Self {
-        Self::default()
+        StackTable {
+            ids: FxHashMap::default(),
+            stacks: Vec::new(),
+            python: pyframes::PyResolver::new(),
+            native: symbolize::Symbolizer::new(),
+            warned_python: false,
+            warnings: Vec::new(),
+        }
     }
 
     /// Interns the stack in `slot`. Called as soon as the writer drains the event, while
     /// the Python code objects it names are still alive. `None` for an empty stack.
     pub fn intern(&mut self, slot: &StackSlot) -> Option<RawStackId> {
+        self.check_python_support();
         if slot.native().is_empty() && slot.python().is_empty() {
             return None;
         }
-        let key: Vec<u64> = slot.native().to_vec();
-        let next = self.raw.len() as RawStackId;
-        let id = *self.ids.entry(key.clone()).or_insert(next);
-        if id == next {
-            self.raw.push(key);
+        // Key: native addresses, a separator, then the raw Python records. The same code
+        // object at the same instruction gives the same key (and the same frames).
+        let mut key: Vec<u64> =
+            Vec::with_capacity(slot.native().len() + 1 + slot.python().len() * 3);
+        key.extend_from_slice(slot.native());
+        key.push(u64::MAX);
+        for p in slot.python() {
+            key.extend_from_slice(&[p.code, p.instr, ((p.check as u64) << 32) | p.flags as u64]);
         }
+        if let Some(&id) = self.ids.get(&key) {
+            return Some(id);
+        }
+        let python = self.python.resolve(slot.python());
+        let id = self.stacks.len() as RawStackId;
+        self.stacks.push(RawStack {
+            native: slot.native().to_vec(),
+            python,
+            merged: None,
+        });
+        self.ids.insert(key, id);
         Some(id)
     }
 
-    /// The frames of an interned stack, innermost first, symbolized (cached).
+    /// The frames of an interned stack, innermost first, symbolized and merged (cached).
     pub fn frames(&mut self, id: RawStackId) -> &[Frame] {
-        let raw = &self.raw;
-        self.resolved.entry(id).or_insert_with(|| {
-            raw.get(id as usize)
-                .map(|r| {
-                    r.iter()
-                        .map(|pc| Frame {
-                            name: format!("{pc:#x}"),
-                            filename: "??".to_string(),
-                            line: 0,
-                        })
-                        .collect()
-                })
-                .unwrap_or_default()
-        })
+        let Some(stack) = self.stacks.get_mut(id as usize) else {
+            return &[];
+        };
+        if stack.merged.is_none() {
+            let mut native: Vec<Frame> = Vec::with_capacity(stack.native.len());
+            for &pc in &stack.native {
+                native.extend(self.native.symbolize(pc).iter().cloned());
+            }
+            stack.merged = Some(merge(native, &stack.python));
+        }
+        stack.merged.as_deref().unwrap_or(&[])
+    }
+
+    /// Number of distinct raw stacks interned.
+    pub fn len(&self) -> usize {
+        self.stacks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// Writer thread, every ~100 ms or when a hook asked: rebuild the module table if a
+    /// hook met an unknown address and libraries were loaded or unloaded since.
+    pub fn refresh_modules(&mut self) {
+        if modules::refresh_if_stale() {
+            python::retry_if_absent();
+        }
+    }
+
+    /// Warnings produced so far (taken: each is returned once).
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    fn check_python_support(&mut self) {
+        if self.warned_python {
+            return;
+        }
+        if let python::Interpreter::Unsupported(major, minor, free_threaded) = python::interpreter()
+        {
+            self.warned_python = true;
+            let build = if free_threaded {
+                " (free-threaded build)"
+            } else {
+                ""
+            };
+            self.warnings.push(format!(
+                "memsnap: Python {major}.{minor}{build} is not supported for Python frames \
+                 (supported: 3.10 to 3.13 with the GIL); Python frames are off"
+            ));
+        }
     }
 }
+
+/// Whether a native frame is the interpreter's eval loop (one per eval call).
+fn is_eval_frame(f: &Frame) -> bool {
+    f.name.contains("PyEval_EvalFrame")
+}
+
+/// PyTorch's placement: each eval-call group of Python frames goes just before the native
+/// frame that ran it; leftovers at the end.
+fn merge(native: Vec<Frame>, python: &[Vec<Frame>]) -> Vec<Frame> {
+    let total = native.len() + python.iter().map(Vec::len).sum::<usize>();
+    let mut out = Vec::with_capacity(total);
+    let mut groups = python.iter();
+    let mut inner_was_eval = false;
+    for f in native {
+        let eval = is_eval_frame(&f);
+        // `_PyEval_EvalFrame` inlined just outside `_PyEval_EvalFrameDefault` (DWARF builds)
+        // is the same eval call: only the innermost of adjacent eval frames takes a group.
+        if eval
+            && !inner_was_eval
+            && let Some(g) = groups.next()
+        {
+            out.extend(g.iter().cloned());
+        }
+        inner_was_eval = eval;
+        out.push(f);
+    }
+    for g in groups {
+        out.extend(g.iter().cloned());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,420 @@
+//! Raw Python frames to `{name, filename, line}`: code objects read safely, line tables decoded.
+//!
+//! Cold (writer thread), called within about a millisecond of the event, while the code
+//! objects the hook named are still alive. Every read of interpreter memory goes through
+//! `process_vm_readv` on our own pid, so a code object freed (and unmapped) since the hook
+//! cannot crash the host: the read fails and the frame is dropped. A code object is trusted
+//! only if its type pointer is `PyCode_Type` and its first line and name/file pointers give the check value
+//! the hook computed; decoded objects are cached per (address, check value).
+
+use crate::preload::event::PyFrameRaw;
+use crate::preload::stack::python::{FLAG_ENTRY, Layout, STR_HASH, check_value, fold};
+use crate::snapshot::model::Frame;
+use rustc_hash::FxHashMap;
+use std::sync::Arc as Rc;
+
+/// What the writer keeps of one code object.
+#[derive(Debug)]
+pub struct CodeInfo {
+    pub filename: String,
+    pub name: String,
+    pub firstlineno: i32,
+    pub linetable: Vec<u8>,
+    /// 3.11+: offset (code units) of the first traceable instruction; earlier = frame not
+    /// started yet (CPython's "incomplete" frame).
+    pub firsttraceable: i64,
+    /// 3.11+: address of the first instruction (`co_code_adaptive`).
+    pub code_start: u64,
+    /// The object's `co_filename`, `co_name` and `co_linetable` pointers when it was read:
+    /// a cache hit is re-checked against them, so a different code object that reuses the
+    /// address (and happens to start on the same line) is read afresh.
+    identity: [u64; 3],
+}
+
+/// Offsets in `PyCodeObject` and string objects, per version (from CPython's headers).
+struct CodeOffsets {
+    filename: usize,
+    name: usize,
+    firstlineno: usize,
+    linetable: usize,
+    /// 3.11+ only.
+    code_adaptive: usize,
+    firsttraceable: usize,
+    /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`.
+    ascii_size: u64,
+    compact_size: u64,
+}
+
+fn offsets(layout: Layout) -> CodeOffsets {
+    match layout {
+        Layout::Py310 => CodeOffsets {
+            filename: 104,
+            name: 112,
+            firstlineno: 40,
+            linetable: 120,
+            code_adaptive: 0,
+            firsttraceable: 0,
+            ascii_size: 48,
+            compact_size: 72,
+        },
+        Layout::Py311 => CodeOffsets {
+            filename: 112,
+            name: 120,
+            firstlineno: 72,
+            linetable: 136,
+            code_adaptive: 184,
+            firsttraceable: 168,
+            ascii_size: 48,
+            compact_size: 72,
+        },
+        Layout::Py312 => CodeOffsets {
+            filename: 112,
+            name: 120,
+            firstlineno: 68,
+            linetable: 136,
+            code_adaptive: 192,
+            firsttraceable: 176,
+            ascii_size: 40,
+            compact_size: 56,
+        },
+        Layout::Py313 => CodeOffsets {
+            filename: 112,
+            name: 120,
+            firstlineno: 68,
+            linetable: 136,
+            code_adaptive: 200,
+            firsttraceable: 184,
+            ascii_size: 40,
+            compact_size: 56,
+        },
+    }
+}
+
+/// Copies `len` bytes of our own memory at `addr`; `None` if any of it is unmapped.
+pub fn read_mem(addr: u64, len: usize) -> Option<Vec<u8>> {
+    if addr == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; len];
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: reads our own address space through the kernel, which checks the mapping and
+    // fails with EFAULT instead of faulting; writes only into `buf`.
+    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (got == len as isize).then_some(buf)
+}
+
+fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+}
+fn i32_at(b: &[u8], off: usize) -> Option<i32> {
+    Some(i32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
+}
+
+pub struct PyResolver {
+    layout: Option<Layout>,
+    code_type: u64,
+    cache: FxHashMap<(u64, u32), Rc<CodeInfo>>,
+}
+
+impl PyResolver {
+    pub fn new() -> Self {
+        PyResolver {
+            layout: None,
+            code_type: 0,
+            cache: FxHashMap::default(),
+        }
+    }
+
+    /// Picks up the interpreter the hooks found (cheap; call before resolving).
+    fn ensure_layout(&mut self) -> Option<Layout> {
+        if self.layout.is_none()
+            && let crate::preload::stack::python::Interpreter::Supported(l, _, _) =
+                crate::preload::stack::python::interpreter()
+        {
+            let t = crate::preload::stack::python::lookup(c"PyCode_Type");
+            if t != 0 {
+                self.layout = Some(l);
+                self.code_type = t as u64;
+            }
+        }
+        self.layout
+    }
+
+    /// Resolves raw frames (innermost first) into eval-call groups: each group holds the
+    /// frames one `_PyEval_EvalFrameDefault` call ran, innermost first, and the groups come
+    /// innermost call first. Frames whose code object cannot be read or validated, and
+    /// frames not started yet, are dropped; their group still ends where it did.
+    pub fn resolve(&mut self, raw: &[PyFrameRaw]) -> Vec<Vec<Frame>> {
+        let Some(layout) = self.ensure_layout() else {
+            return Vec::new();
+        };
+        let mut groups: Vec<Vec<Frame>> = Vec::new();
+        let mut group: Vec<Frame> = Vec::new();
+        for r in raw {
+            let entry = r.flags & FLAG_ENTRY != 0;
+            if let Some(frame) = self.frame(layout, r) {
+                group.push(frame);
+            }
+            if entry {
+                groups.push(std::mem::take(&mut group));
+            }
+        }
+        if !group.is_empty() {
+            groups.push(group);
+        }
+        groups
+    }
+
+    fn frame(&mut self, layout: Layout, r: &PyFrameRaw) -> Option<Frame> {
+        let info = self.code(layout, r.code, r.check)?;
+        let line = match layout {
+            Layout::Py310 => {
+                let lasti = r.instr as i64;
+                if lasti < 0 {
+                    Some(info.firstlineno as i64)
+                } else {
+                    line_310(&info.linetable, info.firstlineno, lasti * 2)
+                }
+            }
+            _ => {
+                let units = (r.instr as i64).wrapping_sub(info.code_start as i64) / 2;
+                if units < info.firsttraceable {
+                    return None; // incomplete frame: CPython hides these too
+                }
+                if units < 0 {
+                    Some(info.firstlineno as i64)
+                } else {
+                    line_311(&info.linetable, info.firstlineno, units)
+                }
+            }
+        };
+        Some(Frame {
+            name: info.name.clone(),
+            filename: info.filename.clone(),
+            line: line.unwrap_or(0),
+        })
+    }
+
+    fn code(&mut self, layout: Layout, addr: u64, check: u32) -> Option<Rc<CodeInfo>> {
+        let head = self.read_head(layout, addr, check)?;
+        let identity = identity(layout, &head)?;
+        if let Some(c) = self.cache.get(&(addr, check))
+            && c.identity == identity
+        {
+            return Some(c.clone());
+        }
+        // Only successes are cached: a failed read (object gone) is retried next time.
+        let info = Rc::new(self.read_code(layout, addr, &head, identity)?);
+        self.cache.insert((addr, check), info.clone());
+        Some(info)
+    }
+
+    /// The code object's header, if `addr` still holds a code object with `check` as
+    /// its first line.
+    fn read_head(&self, layout: Layout, addr: u64, check: u32) -> Option<Vec<u8>> {
+        let o = offsets(layout);
+        let head = read_mem(addr, o.linetable.max(o.firsttraceable) + 8)?;
+        if u64_at(&head, 8)? != self.code_type {
+            return None;
+        }
+        let ident = identity(layout, &head)?;
+        let serial = match layout {
+            Layout::Py312 | Layout::Py313 => u32::from_le_bytes(head.get(92..96)?.try_into().ok()?),
+            _ => {
+                let hash = read_mem(ident[1].wrapping_add(STR_HASH), 8)?;
+                fold(u64_at(&hash, 0)?)
+            }
+        };
+        if check_value(i32_at(&head, o.firstlineno)?, ident[0], ident[1], serial) != check {
+            return None;
+        }
+        Some(head)
+    }
+
+    fn read_code(
+        &self,
+        layout: Layout,
+        addr: u64,
+        head: &[u8],
+        identity: [u64; 3],
+    ) -> Option<CodeInfo> {
+        let o = offsets(layout);
+        let firstlineno = i32_at(head, o.firstlineno)?;
+        let filename = read_str(&o, identity[0])?;
+        let name = read_str(&o, identity[1])?;
+        let linetable = read_bytes(identity[2])?;
+        let (firsttraceable, code_start) = match layout {
+            Layout::Py310 => (0, 0),
+            _ => (
+                i32_at(head, o.firsttraceable)? as i64,
+                addr.wrapping_add(o.code_adaptive as u64),
+            ),
+        };
+        Some(CodeInfo {
+            filename,
+            name,
+            firstlineno,
+            linetable,
+            firsttraceable,
+            code_start,
+            identity,
+        })
+    }
+}
+
+fn identity(layout: Layout, head: &[u8]) -> Option<[u64; 3]> {
+    let o = offsets(layout);
+    Some([
+        u64_at(head, o.filename)?,
+        u64_at(head, o.name)?,
+        u64_at(head, o.linetable)?,
+    ])
+}
+
+impl Default for PyResolver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Reads a `bytes` object's contents (capped at 1 MiB).
+fn read_bytes(addr: u64) -> Option<Vec<u8>> {
+    let head = read_mem(addr, 32)?;
+    let size = u64_at(&head, 16)?;
+    if size > 1 << 20 {
+        return None;
+    }
+    read_mem(addr.wrapping_add(32), size as usize)
+}
+
+/// Reads a compact `str` object (the only kind code objects hold) as UTF-8.
+fn read_str(o: &CodeOffsets, addr: u64) -> Option<String> {
+    let head = read_mem(addr, 40)?;
+    let length = u64_at(&head, 16)?;
+    if length > 1 << 16 {
+        return None;
+    }
+    let state = u32::from_le_bytes(head.get(32..36)?.try_into().ok()?);
+    let kind = (state >> 2) & 7;
+    let compact = (state >> 5) & 1 == 1;
+    let ascii = (state >> 6) & 1 == 1;
+    if !compact {
+        return None;
+    }
+    let data = if ascii {
+        addr.wrapping_add(o.ascii_size)
+    } else {
+        addr.wrapping_add(o.compact_size)
+    };
+    let width = match kind {
+        1 | 2 | 4 => kind as usize,
+        _ => return None,
+    };
+    let raw = read_mem(data, length as usize * width)?;
+    Some(match width {
+        1 => raw.iter().map(|&b| b as char).collect(), // latin-1 (ASCII is a subset)
+        2 => raw
+            .chunks_exact(2)
+            .map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32).unwrap_or('\u{fffd}'))
+            .collect(),
+        _ => raw
+            .chunks_exact(4)
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
+            })
+            .collect(),
+    })
+}
+
+/// 3.10 `co_linetable`: (byte-offset delta, line delta) pairs; `addr` in bytes.
+pub fn line_310(table: &[u8], firstlineno: i32, addr: i64) -> Option<i64> {
+    let mut line = firstlineno as i64;
+    let mut end: i64 = 0;
+    for pair in table.chunks_exact(2) {
+        let start = end;
+        end += pair[0] as i64;
+        let ldelta = pair[1] as i8;
+        let this = if ldelta == -128 {
+            None
+        } else {
+            line += ldelta as i64;
+            Some(line)
+        };
+        if start <= addr && addr < end {
+            return this;
+        }
+    }
+    None
+}
+
+/// 3.11+ location table (Objects/locations.md); `units` in code units.
+pub fn line_311(table: &[u8], firstlineno: i32, units: i64) -> Option<i64> {
+    let mut line = firstlineno as i64;
+    let mut addr: i64 = 0;
+    let mut i = 0usize;
+    let varint = |i: &mut usize| -> Option<u64> {
+        let mut val: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let b = *table.get(*i)?;
+            *i += 1;
+            val |= ((b & 63) as u64) << shift;
+            shift += 6;
+            if b & 64 == 0 || shift > 60 {
+                return Some(val);
+            }
+        }
+    };
+    let svarint = |i: &mut usize| -> Option<i64> {
+        let v = varint(i)?;
+        Some(if v & 1 == 1 {
+            -((v >> 1) as i64)
+        } else {
+            (v >> 1) as i64
+        })
+    };
+    while i < table.len() {
+        let first = *table.get(i)?;
+        i += 1;
+        if first & 0x80 == 0 {
+            return None; // lost sync: not an entry start
+        }
+        let code = (first >> 3) & 15;
+        let length = (first & 7) as i64 + 1;
+        let this = match code {
+            15 => None,
+            14 => {
+                line += svarint(&mut i)?;
+                varint(&mut i)?; // end line delta
+                varint(&mut i)?; // column
+                varint(&mut i)?; // end column
+                Some(line)
+            }
+            13 => {
+                line += svarint(&mut i)?;
+                Some(line)
+            }
+            10..=12 => {
+                line += (code - 10) as i64;
+                i += 2;
+                Some(line)
+            }
+            _ => {
+                i += 1;
+                Some(line)
+            }
+        };
+        if addr <= units && units < addr + length {
+            return this;
+        }
+        addr += length;
+    }
+    None
+}

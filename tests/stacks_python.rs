@@ -1,0 +1,146 @@
+//! Python frames captured without the GIL, checked under every installed CPython 3.10–3.13.
+//!
+//! Runs `tests/stacks/capture_check.py` (nested functions, exact file:line, placement among
+//! native frames, deep recursion past the frame limit, non-ASCII names, threads) with the
+//! built `libmemsnap.so` loaded through ctypes, which calls `memsnap_debug_capture_json`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn libmemsnap() -> PathBuf {
+    // `cargo test --test` does not rebuild the cdylib when its sources change: build it.
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let exe = std::env::current_exe().expect("current_exe");
+        let release = exe.components().any(|c| c.as_os_str() == "release");
+        let st = Command::new(cargo)
+            .args(["build", "--lib", "--quiet"])
+            .args(release.then_some("--release"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo build --lib");
+        assert!(st.success(), "cargo build --lib failed");
+    });
+    // target/<profile>/deps/stacks_python-<hash> -> target/<profile>/libmemsnap.so
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let so = dir.join("libmemsnap.so");
+    assert!(so.is_file(), "{} not built", so.display());
+    so
+}
+
+/// CPython interpreters to test: pyenv's 3.10–3.13 here, else `python3` if it is one of them.
+fn interpreters() -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
+    for minor in ["3.10", "3.11", "3.12", "3.13"] {
+        let Ok(entries) = std::fs::read_dir(PathBuf::from(&root).join("versions")) else {
+            break;
+        };
+        let mut versions: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.strip_prefix(minor)
+                        .is_some_and(|rest| rest.starts_with('.'))
+                })
+            })
+            .collect();
+        versions.sort();
+        if let Some(v) = versions.pop() {
+            let py = v.join("bin/python3");
+            if py.is_file() {
+                found.push((minor.to_string(), py));
+            }
+        }
+    }
+    if found.is_empty() {
+        found.push(("python3".to_string(), PathBuf::from("python3")));
+    }
+    found
+}
+
+#[test]
+fn python_frames_exact_under_each_cpython() {
+    let so = libmemsnap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/stacks/capture_check.py");
+    let pythons = interpreters();
+    for (name, py) in &pythons {
+        let out = Command::new(py)
+            .arg(&script)
+            .arg(&so)
+            .output()
+            .expect("run python");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "Python {name}: {stdout}\n{stderr}");
+        assert!(stdout.starts_with("OK "), "Python {name}: {stdout}");
+        eprintln!("Python {name}: {}", stdout.trim());
+    }
+}
+
+/// The steady-state hot path (Python and native frames) calls no malloc-family function,
+/// counted by an `LD_PRELOAD`ed counter in a real interpreter with the GIL released.
+#[test]
+fn capture_in_python_allocates_nothing_after_setup() {
+    let so = libmemsnap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let counter = dir.path().join("libcountmalloc.so");
+    let st = Command::new("cc")
+        .args(["-O2", "-fPIC", "-shared", "-o"])
+        .arg(&counter)
+        .arg(root.join("tests/stacks/count_malloc.c"))
+        .status()
+        .expect("cc");
+    assert!(st.success());
+    let script = root.join("tests/stacks/no_alloc_check.py");
+    for (name, py) in &interpreters() {
+        let out = Command::new(py)
+            .env("LD_PRELOAD", &counter)
+            .arg(&script)
+            .arg(&so)
+            .output()
+            .expect("run python");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "Python {name}: {stdout}\n{stderr}");
+        assert!(stdout.trim_end().ends_with("OK"), "Python {name}: {stdout}");
+    }
+}
+
+/// A CPython without a known layout (3.9 here, when installed): one warning, no Python
+/// frames, native frames unaffected.
+#[test]
+fn unsupported_python_turns_python_frames_off_with_one_warning() {
+    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
+    let Ok(entries) = std::fs::read_dir(PathBuf::from(root).join("versions")) else {
+        eprintln!("no pyenv: skipped");
+        return;
+    };
+    let Some(py) = entries
+        .flatten()
+        .map(|e| e.path().join("bin/python3"))
+        .find(|p| p.to_string_lossy().contains("/3.9.") && p.is_file())
+    else {
+        eprintln!("no CPython 3.9: skipped");
+        return;
+    };
+    let so = libmemsnap();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/stacks/unsupported_check.py");
+    let out = Command::new(&py)
+        .arg(&script)
+        .arg(&so)
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.trim_end().ends_with("OK"), "{stdout}");
+}
