@@ -171,6 +171,12 @@ fn prepare(pid: u32, uid: u32) -> Result<Target, Prepare> {
             var::SIGNAL
         )));
     };
+    // The writer names itself a moment after it starts: give a process that has just
+    // started recording a second to show it.
+    let start = Instant::now();
+    while !has_writer_thread(&proc) && start.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     if !has_writer_thread(&proc) {
         return Err(Prepare::NotRecording(format!(
             "pid {pid} has memsnap loaded but is not recording (no CUDA allocation yet, a forked \
@@ -193,7 +199,11 @@ fn prepare(pid: u32, uid: u32) -> Result<Target, Prepare> {
                 var::FOLDER
             ))
         })?;
+        // `.` components only make the printed paths longer.
         cwd.join(folder)
+            .components()
+            .filter(|c| *c != std::path::Component::CurDir)
+            .collect()
     };
     let before = list_names(&folder);
     Ok(Target {
