@@ -52,7 +52,8 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     if args.all {
         let pids = memsnap_processes(uid, me);
         if pids.is_empty() {
-            bail!("no process of yours on this host has memsnap loaded");
+            eprintln!("memsnap: no process of yours on this host has memsnap loaded");
+            return Ok(ExitCode::from(1));
         }
         for pid in pids {
             match prepare(pid, uid) {
@@ -67,7 +68,8 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
             }
         }
         if targets.is_empty() && failed == 0 {
-            bail!("none of the processes with memsnap loaded is recording");
+            eprintln!("memsnap: none of the processes with memsnap loaded is recording");
+            return Ok(ExitCode::from(1));
         }
     } else {
         for &pid in &args.pids {
