@@ -7,19 +7,10 @@ mod common;
 use common::{num, python_load_json, run_program, snapshot_files};
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::RwLock;
 use std::time::{Duration, Instant};
-
-/// `memsnap dump --all` signals every recording process of this user: tests that start
-/// recording processes hold this shared, the `--all` test holds it exclusively.
-static PROCESSES: RwLock<()> = RwLock::new(());
-
-fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
-    PROCESSES.read().unwrap_or_else(|e| e.into_inner())
-}
 
 fn names(dir: &Path) -> Vec<String> {
     snapshot_files(dir)
@@ -60,7 +51,6 @@ fn step_sizes(r: &HashMap<String, String>, k: u32) -> (u64, u64) {
 
 #[test]
 fn window_writes_one_snapshot_holding_only_the_window() {
-    let _g = shared();
     let run = run_program(
         "steps",
         &["5"],
@@ -101,7 +91,6 @@ fn window_writes_one_snapshot_holding_only_the_window() {
 
 #[test]
 fn skip_zero_opens_the_window_at_the_start() {
-    let _g = shared();
     let run = run_program(
         "steps",
         &["3"],
@@ -124,7 +113,6 @@ fn skip_zero_opens_the_window_at_the_start() {
 
 #[test]
 fn every_writes_exactly_the_expected_steps() {
-    let _g = shared();
     let run = run_program(
         "steps",
         &["7"],
@@ -150,7 +138,6 @@ fn every_writes_exactly_the_expected_steps() {
 
 #[test]
 fn every_inside_a_window_keeps_the_full_history_and_is_not_written_twice() {
-    let _g = shared();
     let run = run_program(
         "steps",
         &["5"],
@@ -180,7 +167,6 @@ fn every_inside_a_window_keeps_the_full_history_and_is_not_written_twice() {
 
 #[test]
 fn explicit_dumps_make_a_tagged_before_after_pair() {
-    let _g = shared();
     let run = run_program(
         "steps",
         &["4", "dumps"],
@@ -231,7 +217,6 @@ fn csv(path: &Path) -> Vec<HashMap<String, String>> {
 
 #[test]
 fn stats_rows_match_the_drivers_truth_at_every_step() {
-    let _g = shared();
     let stats_dir = tempfile::tempdir().unwrap();
     let stats = stats_dir.path().join("mem-r{rank}.csv");
     let run = run_program(
@@ -332,7 +317,6 @@ fn wait_for(mut done: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn period_snapshots_and_stats_rows_without_steps() {
-    let _g = shared();
     let dir = tempfile::tempdir().unwrap();
     let stats = dir.path().join("stats.csv");
     let child = spawn_waiting(
@@ -405,7 +389,6 @@ fn python_module_is_silent_without_the_preload() {
 
 #[test]
 fn python_module_steps_and_dumps_with_the_preload() {
-    let _g = shared();
     let stats_dir = tempfile::tempdir().unwrap();
     let stats = stats_dir.path().join("stats.csv");
     let run = run_program(
@@ -622,7 +605,6 @@ fn run_refuses_bad_values_and_names_the_variable() {
 
 #[test]
 fn run_lists_the_new_snapshots_and_the_next_command() {
-    let _g = shared();
     let dir = tempfile::tempdir().unwrap();
     let snaps = dir.path().join("snaps");
     std::fs::create_dir(&snaps).unwrap();
@@ -667,7 +649,6 @@ fn run_lists_the_new_snapshots_and_the_next_command() {
 
 #[test]
 fn dump_asks_a_live_process_for_a_snapshot() {
-    let _g = shared();
     let dir = tempfile::tempdir().unwrap();
     let child = spawn_waiting(&[], &[], dir.path(), true);
     let pid = child.id();
@@ -687,7 +668,6 @@ fn dump_asks_a_live_process_for_a_snapshot() {
 
 #[test]
 fn dump_finds_custom_names_relative_folders_and_other_signals() {
-    let _g = shared();
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("out")).unwrap();
     let mut cmd_env = vec![
@@ -731,7 +711,6 @@ fn dump_finds_custom_names_relative_folders_and_other_signals() {
 
 #[test]
 fn dump_refuses_processes_it_cannot_or_must_not_signal() {
-    let _g = shared();
     let dir = tempfile::tempdir().unwrap();
 
     // memsnap loaded, but no CUDA call yet: SIGUSR1 would kill it, so it is not sent.
@@ -779,24 +758,36 @@ fn dump_refuses_processes_it_cannot_or_must_not_signal() {
 }
 
 #[test]
-fn dump_all_reaches_every_recording_process_and_skips_idle_ones() {
-    let _g = PROCESSES.write().unwrap_or_else(|e| e.into_inner());
-    let a_dir = tempfile::tempdir().unwrap();
-    let b_dir = tempfile::tempdir().unwrap();
-    let a = spawn_waiting(&[], &[("RANK", "0")], a_dir.path(), true);
-    let b = spawn_waiting(&[], &[("RANK", "1")], b_dir.path(), true);
-    let idle = spawn_waiting(&["noalloc"], &[], a_dir.path(), true);
+fn dump_all_in_a_folder_reaches_that_jobs_recording_processes_only() {
+    // One "job" (ranks 0 and 1 and an idle launcher-like process) writing to `job`, and a
+    // recording process of another job that `--folder` must leave alone.
+    let job = tempfile::tempdir().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let a = spawn_waiting(&[], &[("RANK", "0")], job.path(), true);
+    let b = spawn_waiting(&[], &[("RANK", "1")], job.path(), true);
+    let idle = spawn_waiting(&["noalloc"], &[], job.path(), true);
+    let stranger = spawn_waiting(&[], &[("MEMSNAP_AT_EXIT", "0")], other.path(), true);
     let (a_pid, b_pid, idle_pid) = (a.id(), b.id(), idle.id());
-    let o = memsnap(&["dump", "--all", "--timeout", "30"], &[], a_dir.path());
-    for child in [a, b, idle] {
+    let o = memsnap(
+        &[
+            "dump",
+            "--all",
+            "--folder",
+            job.path().to_str().unwrap(),
+            "--timeout",
+            "30",
+        ],
+        &[],
+        other.path(),
+    );
+    for child in [a, b, idle, stranger] {
         assert!(finish(child).success());
     }
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(names(other.path()).is_empty(), "{:?}", names(other.path()));
     let out = stdout(&o);
     let err = stderr(&o);
-    let mine: Vec<&str> = out
-        .lines()
-        .filter(|l| l.contains(&format!("-p{a_pid}-")) || l.contains(&format!("-p{b_pid}-")))
-        .collect();
+    let mine: Vec<&str> = out.lines().collect();
     assert_eq!(mine.len(), 2, "{out}\n{err}");
     assert!(
         mine.iter()
@@ -817,5 +808,5 @@ fn dump_needs_a_pid_or_all() {
     let dir = tempfile::tempdir().unwrap();
     let o = memsnap(&["dump"], &[], dir.path());
     assert_eq!(o.status.code(), Some(2));
-    let _ = std::io::stderr().flush();
+    assert!(stderr(&o).contains("<PID>"), "{}", stderr(&o));
 }

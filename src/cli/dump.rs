@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  memsnap dump 12345\n  memsnap dump --all          # every process of yours on this host recording with memsnap (all ranks)"
+    after_help = "Examples:\n  memsnap dump 12345\n  memsnap dump --all          # every process of yours on this host recording with memsnap (all ranks)\n  memsnap dump --all --folder snaps   # only those writing to ./snaps (one job)"
 )]
 pub struct DumpArgs {
     /// Processes to dump
@@ -29,6 +29,9 @@ pub struct DumpArgs {
     /// Every process of the current user on this host that has memsnap loaded
     #[arg(long, conflicts_with = "pids")]
     pub all: bool,
+    /// With --all: only processes whose snapshot folder is DIR (one job's ranks)
+    #[arg(long, value_name = "DIR", requires = "all")]
+    pub folder: Option<PathBuf>,
     /// Seconds to wait for each snapshot
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub timeout: f64,
@@ -56,8 +59,9 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
         for pid in pids {
-            match prepare(pid, uid) {
+            match prepare(pid, uid, args.folder.as_deref()) {
                 Ok(t) => targets.push(t),
+                Err(Prepare::Excluded) => {}
                 // Launchers (torchrun's agent) and helpers that never touch CUDA load the
                 // library too: skipping them is not a failure.
                 Err(Prepare::NotRecording(msg)) => eprintln!("memsnap: skipping: {msg}"),
@@ -67,14 +71,19 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
                 }
             }
         }
+        if targets.is_empty() && failed == 0 && args.folder.is_some() {
+            eprintln!("memsnap: no recording process writes to that folder");
+            return Ok(ExitCode::from(1));
+        }
         if targets.is_empty() && failed == 0 {
             eprintln!("memsnap: none of the processes with memsnap loaded is recording");
             return Ok(ExitCode::from(1));
         }
     } else {
         for &pid in &args.pids {
-            match prepare(pid, uid) {
+            match prepare(pid, uid, None) {
                 Ok(t) => targets.push(t),
+                Err(Prepare::Excluded) => {}
                 Err(Prepare::NotRecording(msg) | Prepare::Failed(msg)) => {
                     eprintln!("memsnap: {msg}");
                     failed += 1;
@@ -140,9 +149,21 @@ enum Prepare {
     /// signals off): nothing would answer the signal.
     NotRecording(String),
     Failed(String),
+    /// `--all --folder DIR`: writes somewhere else.
+    Excluded,
 }
 
-fn prepare(pid: u32, uid: u32) -> Result<Target, Prepare> {
+/// Whether two folders are the same (resolving links where they exist).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    let resolve = |p: &Path| {
+        p.canonicalize()
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    resolve(a) == resolve(b)
+}
+
+fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Prepare> {
     let proc = PathBuf::from(format!("/proc/{pid}"));
     let meta =
         std::fs::metadata(&proc).map_err(|_| Prepare::Failed(format!("no process {pid}")))?;
@@ -167,6 +188,30 @@ fn prepare(pid: u32, uid: u32) -> Result<Target, Prepare> {
 
     let env = read_environ(&proc.join("environ"));
     let (cfg, _) = Config::from_lookup(|k| env.get(k).cloned());
+    let folder = expand_folder(&cfg.folder, pid, &env).map_err(|msg| match only_folder {
+        Some(_) => Prepare::Excluded, // not provably this job's
+        None => Prepare::Failed(msg),
+    })?;
+    let folder = if folder.is_absolute() {
+        folder
+    } else {
+        let cwd = std::fs::read_link(proc.join("cwd")).map_err(|e| {
+            Prepare::Failed(format!(
+                "cannot read the working directory of pid {pid} ({e}), which {} is relative to",
+                var::FOLDER
+            ))
+        })?;
+        // `.` components only make the printed paths longer.
+        cwd.join(folder)
+            .components()
+            .filter(|c| *c != std::path::Component::CurDir)
+            .collect()
+    };
+    if let Some(only) = only_folder {
+        if !same_dir(&folder, only) {
+            return Err(Prepare::Excluded);
+        }
+    }
     let Some(signal) = cfg.signal else {
         return Err(Prepare::NotRecording(format!(
             "signals are off for pid {pid} ({}=none)",
@@ -191,22 +236,6 @@ fn prepare(pid: u32, uid: u32) -> Result<Target, Prepare> {
         )));
     }
 
-    let folder = expand_folder(&cfg.folder, pid, &env).map_err(Prepare::Failed)?;
-    let folder = if folder.is_absolute() {
-        folder
-    } else {
-        let cwd = std::fs::read_link(proc.join("cwd")).map_err(|e| {
-            Prepare::Failed(format!(
-                "cannot read the working directory of pid {pid} ({e}), which {} is relative to",
-                var::FOLDER
-            ))
-        })?;
-        // `.` components only make the printed paths longer.
-        cwd.join(folder)
-            .components()
-            .filter(|c| *c != std::path::Component::CurDir)
-            .collect()
-    };
     let before = list_names(&folder);
     Ok(Target {
         pid,
