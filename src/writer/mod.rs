@@ -299,7 +299,11 @@ impl Writer {
             && self.step.is_multiple_of(self.cfg.every)
             && !(interval > 0 && self.step == skip + interval)
         {
+            // An EVERY snapshot keeps the full history even while a window is open: only
+            // the window's own snapshot is cut to the window.
+            let window = self.window_from.take();
             self.dump(Reason::Step, "");
+            self.window_from = window;
         }
         self.write_stats();
     }

@@ -1,0 +1,4 @@
+//! The `memsnap` subcommands. Cold, no unsafe.
+
+pub mod dump;
+pub mod run;

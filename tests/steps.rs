@@ -1,0 +1,812 @@
+//! Steps, windows, periods, explicit dumps, per-step stats, the Python module, and the
+//! `memsnap run` / `memsnap dump` commands, end to end on the fake CUDA driver (no GPU).
+//! Needs `cargo build` first (the tests preload target/<profile>/libmemsnap.so).
+
+mod common;
+
+use common::{num, python_load_json, run_program, snapshot_files};
+use serde_json::Value;
+use std::collections::{BTreeSet, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn names(dir: &Path) -> Vec<String> {
+    snapshot_files(dir)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Sizes of the `alloc` entries in device 0's history.
+fn alloc_sizes(snap: &Value) -> BTreeSet<u64> {
+    snap["device_traces"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "alloc")
+        .map(|e| e["size"].as_u64().unwrap())
+        .collect()
+}
+
+fn live_bytes(snap: &Value) -> u64 {
+    snap["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["blocks"].as_array().unwrap().iter())
+        .filter(|b| b["state"] == "active_allocated")
+        .map(|b| b["size"].as_u64().unwrap())
+        .sum()
+}
+
+/// (keep, temp) sizes of step `k` as the steps program printed them.
+fn step_sizes(r: &HashMap<String, String>, k: u32) -> (u64, u64) {
+    (
+        num(r, &format!("step{k}_keep")),
+        num(r, &format!("step{k}_temp")),
+    )
+}
+
+#[test]
+fn window_writes_one_snapshot_holding_only_the_window() {
+    let run = run_program(
+        "steps",
+        &["5"],
+        &[
+            ("MEMSNAP_SKIP", "1"),
+            ("MEMSNAP_INTERVAL", "2"),
+            ("MEMSNAP_FILENAME", "{reason}-at{step}-{seq}.pickle"),
+        ],
+        true,
+    );
+    run.assert_success();
+    let r = run.results();
+    let all = names(run.dir.path());
+    let step_files: Vec<&String> = all.iter().filter(|n| n.starts_with("step-")).collect();
+    // The window is steps 2 and 3 (after skipping 1): one snapshot when step 3 ends.
+    assert_eq!(step_files, vec!["step-at3-1.pickle"], "{all:?}");
+    assert!(all.contains(&"exit-at5-2.pickle".to_string()), "{all:?}");
+
+    let snap = python_load_json(&run.dir.path().join("step-at3-1.pickle"));
+    let (k1, t1) = step_sizes(&r, 1);
+    let (k2, t2) = step_sizes(&r, 2);
+    let (k3, t3) = step_sizes(&r, 3);
+    assert_eq!(alloc_sizes(&snap), BTreeSet::from([k2, t2, k3, t3]));
+    // Step 1's allocations happened before the window: absent from its history, though
+    // the block itself (freed in step 3) is gone and step 2's and 3's are live.
+    let trace = snap["device_traces"][0].as_array().unwrap();
+    assert!(
+        !trace
+            .iter()
+            .any(|e| e["action"] == "alloc" && [k1, t1].contains(&e["size"].as_u64().unwrap())),
+        "events from before the window leaked in"
+    );
+    assert_eq!(live_bytes(&snap), num(&r, "step3_live_bytes"));
+    // The exit snapshot keeps the full history.
+    let exit = python_load_json(&run.dir.path().join("exit-at5-2.pickle"));
+    assert!(alloc_sizes(&exit).contains(&k1));
+}
+
+#[test]
+fn skip_zero_opens_the_window_at_the_start() {
+    let run = run_program(
+        "steps",
+        &["3"],
+        &[
+            ("MEMSNAP_SKIP", "0"),
+            ("MEMSNAP_INTERVAL", "2"),
+            ("MEMSNAP_AT_EXIT", "0"),
+            ("MEMSNAP_FILENAME", "{reason}-at{step}.pickle"),
+        ],
+        true,
+    );
+    run.assert_success();
+    assert_eq!(names(run.dir.path()), vec!["step-at2.pickle"]);
+    let snap = python_load_json(&run.dir.path().join("step-at2.pickle"));
+    let r = run.results();
+    let (k1, t1) = step_sizes(&r, 1);
+    let (k2, t2) = step_sizes(&r, 2);
+    assert_eq!(alloc_sizes(&snap), BTreeSet::from([k1, t1, k2, t2]));
+}
+
+#[test]
+fn every_writes_exactly_the_expected_steps() {
+    let run = run_program(
+        "steps",
+        &["7"],
+        &[
+            ("MEMSNAP_EVERY", "3"),
+            ("MEMSNAP_AT_EXIT", "0"),
+            ("MEMSNAP_FILENAME", "s{step}-{reason}.pickle"),
+        ],
+        true,
+    );
+    run.assert_success();
+    assert_eq!(
+        names(run.dir.path()),
+        vec!["s3-step.pickle", "s6-step.pickle"]
+    );
+    let r = run.results();
+    for k in [3, 6] {
+        let snap = python_load_json(&run.dir.path().join(format!("s{k}-step.pickle")));
+        assert_eq!(live_bytes(&snap), num(&r, &format!("step{k}_live_bytes")));
+        assert_eq!(snap["memsnap"]["step"].as_u64(), Some(k as u64));
+    }
+}
+
+#[test]
+fn every_inside_a_window_keeps_the_full_history_and_is_not_written_twice() {
+    let run = run_program(
+        "steps",
+        &["5"],
+        &[
+            ("MEMSNAP_SKIP", "1"),
+            ("MEMSNAP_INTERVAL", "3"),
+            ("MEMSNAP_EVERY", "2"),
+            ("MEMSNAP_AT_EXIT", "0"),
+            ("MEMSNAP_FILENAME", "at{step}-{seq}.pickle"),
+        ],
+        true,
+    );
+    run.assert_success();
+    // EVERY at 2 and 4; the window (steps 2..4) closes at 4: one file there, not two.
+    assert_eq!(names(run.dir.path()), vec!["at2-1.pickle", "at4-2.pickle"]);
+    let r = run.results();
+    let (k1, _) = step_sizes(&r, 1);
+    let every = python_load_json(&run.dir.path().join("at2-1.pickle"));
+    assert!(
+        alloc_sizes(&every).contains(&k1),
+        "an EVERY snapshot inside the window lost the history before it"
+    );
+    let window = python_load_json(&run.dir.path().join("at4-2.pickle"));
+    assert!(!alloc_sizes(&window).contains(&k1));
+    assert!(alloc_sizes(&window).contains(&step_sizes(&r, 2).0));
+}
+
+#[test]
+fn explicit_dumps_make_a_tagged_before_after_pair() {
+    let run = run_program(
+        "steps",
+        &["4", "dumps"],
+        &[
+            ("MEMSNAP_AT_EXIT", "0"),
+            ("MEMSNAP_FILENAME", "leak-{tag}-{reason}-{step}.pickle"),
+        ],
+        true,
+    );
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(r["before_rc"], "0");
+    assert_eq!(r["after_rc"], "0");
+    assert_eq!(
+        names(run.dir.path()),
+        vec!["leak-after-api-4.pickle", "leak-before-api-1.pickle"]
+    );
+    let before = python_load_json(&run.dir.path().join("leak-before-api-1.pickle"));
+    let after = python_load_json(&run.dir.path().join("leak-after-api-4.pickle"));
+    assert_eq!(live_bytes(&before), num(&r, "step1_live_bytes"));
+    assert_eq!(live_bytes(&after), num(&r, "step4_live_bytes"));
+    assert_eq!(before["memsnap"]["tag"], "before");
+    assert_eq!(after["memsnap"]["reason"], "api");
+
+    // Without the preload the program finds no memsnap_dump and writes nothing.
+    let plain = run_program("steps", &["2", "dumps"], &[], false);
+    plain.assert_success();
+    assert_eq!(plain.results()["before_rc"], "-2");
+    assert!(names(plain.dir.path()).is_empty());
+}
+
+/// The CSV as maps, one per row.
+fn csv(path: &Path) -> Vec<HashMap<String, String>> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .map(|h| h.to_string())
+                .zip(l.split(',').map(str::to_string))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn stats_rows_match_the_drivers_truth_at_every_step() {
+    let stats_dir = tempfile::tempdir().unwrap();
+    let stats = stats_dir.path().join("mem-r{rank}.csv");
+    let run = run_program(
+        "steps",
+        &["6"],
+        &[
+            ("MEMSNAP_STATS", stats.to_str().unwrap()),
+            ("MEMSNAP_AT_EXIT", "0"),
+            ("RANK", "3"),
+        ],
+        true,
+    );
+    run.assert_success();
+    let r = run.results();
+    let rows = csv(&stats_dir.path().join("mem-r3.csv"));
+    // One row per step on device 0 (the only device used), then one at exit.
+    let steps: Vec<u64> = rows.iter().map(|row| num(row, "step")).collect();
+    assert_eq!(steps, vec![1, 2, 3, 4, 5, 6, 6], "{rows:?}");
+    for row in &rows[..6] {
+        let k = num(row, "step");
+        assert_eq!(row["device"], "0");
+        assert_eq!(row["rank"], "3");
+        let live = num(&r, &format!("step{k}_live_bytes"));
+        assert_eq!(live, num(&r, &format!("step{k}_driver_live_bytes")));
+        assert_eq!(num(row, "allocated_bytes"), live, "step {k}");
+        assert_eq!(num(row, "reserved_bytes"), live, "step {k}");
+        // The peak is the step's own (reset every step), not the run's.
+        assert_eq!(
+            num(row, "peak_bytes"),
+            num(&r, &format!("step{k}_peak_bytes")),
+            "step {k}"
+        );
+        assert_eq!(num(row, "total_bytes"), 80 << 30);
+        assert_eq!(row["ooms"], "0");
+    }
+    let last = &rows[6];
+    assert_eq!(num(last, "allocated_bytes"), num(&r, "expected_live_bytes"));
+    assert_eq!(
+        num(last, "allocated_bytes"),
+        num(&run.truth_device(0), "live_bytes")
+    );
+}
+
+/// Spawns a fake-CUDA program with `LD_PRELOAD` (when `preload`) and piped stdin/stdout;
+/// returns once it printed `result ready=1`.
+fn spawn_waiting(args: &[&str], env: &[(&str, &str)], folder: &Path, preload: bool) -> Child {
+    let mut cmd = Command::new(common::program_path("wait"));
+    cmd.args(args);
+    clean_env(&mut cmd);
+    cmd.env("LD_LIBRARY_PATH", common::fake_lib_dir())
+        .env("MEMSNAP_FOLDER", folder);
+    if preload {
+        cmd.env("LD_PRELOAD", common::preload_lib());
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the wait program");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "result ready=1");
+    // Keep draining so the program never blocks on a full pipe.
+    std::thread::spawn(move || for _ in out.lines() {});
+    child
+}
+
+/// Closes the program's stdin (it then exits) and returns its status.
+fn finish(mut child: Child) -> std::process::ExitStatus {
+    drop(child.stdin.take());
+    child.wait().unwrap()
+}
+
+fn clean_env(cmd: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("MEMSNAP_") || key.starts_with("FAKE_CUDA") || key == "LD_PRELOAD" {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+}
+
+fn wait_for(mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done()
+}
+
+#[test]
+fn period_snapshots_and_stats_rows_without_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let stats = dir.path().join("stats.csv");
+    let child = spawn_waiting(
+        &[],
+        &[
+            ("MEMSNAP_PERIOD", "100ms"),
+            ("MEMSNAP_STATS", stats.to_str().unwrap()),
+            ("MEMSNAP_AT_EXIT", "0"),
+        ],
+        dir.path(),
+        true,
+    );
+    let found = wait_for(|| {
+        names(dir.path())
+            .iter()
+            .filter(|n| n.contains("-period-"))
+            .count()
+            >= 2
+    });
+    assert!(finish(child).success());
+    assert!(found, "no two period snapshots: {:?}", names(dir.path()));
+    let periods: Vec<String> = names(dir.path())
+        .into_iter()
+        .filter(|n| n.contains("-period-"))
+        .collect();
+    assert!(
+        names(dir.path())
+            .iter()
+            .all(|n| n.contains("-period-") || n == "stats.csv")
+    );
+    let snap = python_load_json(&dir.path().join(&periods[0]));
+    assert_eq!(live_bytes(&snap), 8 << 20);
+    assert_eq!(snap["memsnap"]["reason"], "period");
+    let rows = csv(&stats);
+    assert!(rows.len() >= periods.len(), "{rows:?}");
+    for row in &rows {
+        assert_eq!(num(row, "step"), 0);
+        assert_eq!(num(row, "allocated_bytes"), 8 << 20);
+    }
+}
+
+fn scripts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts")
+}
+
+#[test]
+fn python_module_is_silent_without_the_preload() {
+    let run = run_program(
+        "py_steps.py",
+        &[],
+        &[("PYTHONPATH", scripts_dir().to_str().unwrap())],
+        false,
+    );
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(
+        Path::new(&r["module"]),
+        scripts_dir().join("memsnap.py").canonicalize().unwrap()
+    );
+    assert_eq!(r["active_before"], "False");
+    assert_eq!(r["step_returns"], "False,False,False");
+    assert_eq!(r["active"], "False");
+    assert_eq!(r["loaded"], "False");
+    assert_eq!(r["dump_return"], "False");
+    assert_eq!(r["last_dump_path"], "None");
+    assert_eq!(r["thread_steps"], "0");
+    assert!(names(run.dir.path()).is_empty());
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+}
+
+#[test]
+fn python_module_steps_and_dumps_with_the_preload() {
+    let stats_dir = tempfile::tempdir().unwrap();
+    let stats = stats_dir.path().join("stats.csv");
+    let run = run_program(
+        "py_steps.py",
+        &[],
+        &[
+            ("PYTHONPATH", scripts_dir().to_str().unwrap()),
+            ("MEMSNAP_STATS", stats.to_str().unwrap()),
+            ("MEMSNAP_AT_EXIT", "0"),
+        ],
+        true,
+    );
+    run.assert_success();
+    let r = run.results();
+    // Nothing records before the first CUDA allocation.
+    assert_eq!(r["active_before"], "False");
+    assert_eq!(r["step_returns"], "True,True,True");
+    assert_eq!(r["active"], "True");
+    assert_eq!(r["loaded"], "True");
+    assert_eq!(r["dump_return"], "True");
+    let files = snapshot_files(run.dir.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].to_string_lossy().contains("-api-"));
+    assert_eq!(Path::new(&r["last_dump_path"]), files[0]);
+    let snap = python_load_json(&files[0]);
+    assert_eq!(live_bytes(&snap), 3 << 20);
+    assert_eq!(snap["memsnap"]["tag"], "mid");
+    // 3 steps, then 4 threads x 8 steps, all counted once, in order.
+    assert_eq!(r["thread_steps"], "32");
+    let steps: Vec<u64> = csv(&stats).iter().map(|row| num(row, "step")).collect();
+    let expected: Vec<u64> = (1..=35).chain([35]).collect();
+    assert_eq!(steps, expected);
+}
+
+// ------------------------------------------------------------------------------------
+// memsnap run
+
+fn memsnap(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memsnap"));
+    cmd.args(args).current_dir(cwd);
+    clean_env(&mut cmd);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null()).output().expect("run memsnap")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn run_passes_the_exit_code_through() {
+    let dir = tempfile::tempdir().unwrap();
+    for code in [0, 3, 255] {
+        let o = memsnap(
+            &["run", "--", "sh", "-c", &format!("exit {code}")],
+            &[],
+            dir.path(),
+        );
+        assert_eq!(o.status.code(), Some(code), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn run_reports_a_deadly_signal_like_a_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = memsnap(&["run", "--", "sh", "-c", "kill -TERM $$"], &[], dir.path());
+    assert_eq!(o.status.code(), Some(143));
+    assert!(
+        stderr(&o).contains("killed by signal 15 (SIGTERM)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+fn env_lines(o: &Output) -> HashMap<String, String> {
+    stdout(o)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn run_sets_the_preload_the_variables_and_the_python_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = memsnap(
+        &[
+            "run",
+            "--folder",
+            "snaps",
+            "--skip",
+            "2",
+            "--interval",
+            "3",
+            "--every",
+            "10",
+            "--period",
+            "30s",
+            "--stacks",
+            "python",
+            "--signal",
+            "USR2",
+            "--no-at-exit",
+            "--quiet",
+            "--overwrite",
+            "--max-entries",
+            "500",
+            "--context",
+            "all",
+            "--stats",
+            "s.csv",
+            "--filename",
+            "r{rank}.{step}.pickle",
+            "--",
+            "env",
+        ],
+        &[("LD_PRELOAD", "/other/libfoo.so"), ("PYTHONPATH", "/mine")],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let env = env_lines(&o);
+    let lib = common::preload_lib().canonicalize().unwrap();
+    assert_eq!(
+        env["LD_PRELOAD"],
+        format!("{}:/other/libfoo.so", lib.display())
+    );
+    assert_eq!(
+        env["PYTHONPATH"],
+        format!("{}:/mine", scripts_dir().canonicalize().unwrap().display())
+    );
+    for (k, v) in [
+        ("MEMSNAP_FOLDER", "snaps"),
+        ("MEMSNAP_SKIP", "2"),
+        ("MEMSNAP_INTERVAL", "3"),
+        ("MEMSNAP_EVERY", "10"),
+        ("MEMSNAP_PERIOD", "30s"),
+        ("MEMSNAP_STACKS", "python"),
+        ("MEMSNAP_SIGNAL", "USR2"),
+        ("MEMSNAP_AT_EXIT", "0"),
+        ("MEMSNAP_QUIET", "1"),
+        ("MEMSNAP_OVERWRITE", "1"),
+        ("MEMSNAP_MAX_ENTRIES", "500"),
+        ("MEMSNAP_CONTEXT", "all"),
+        ("MEMSNAP_STATS", "s.csv"),
+        ("MEMSNAP_FILENAME", "r{rank}.{step}.pickle"),
+    ] {
+        assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+    }
+    // Without --tensors, no framework setting is touched.
+    assert!(!env.contains_key("TF_GPU_ALLOCATOR"));
+}
+
+#[test]
+fn run_tensors_sets_only_what_the_user_left_unset() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = memsnap(&["run", "--tensors", "--", "env"], &[], dir.path());
+    assert!(o.status.success());
+    let env = env_lines(&o);
+    assert_eq!(env["PYTORCH_CUDA_ALLOC_CONF"], "backend:cudaMallocAsync");
+    assert_eq!(env["XLA_PYTHON_CLIENT_PREALLOCATE"], "false");
+    assert_eq!(env["XLA_PYTHON_CLIENT_ALLOCATOR"], "platform");
+    assert_eq!(env["TF_GPU_ALLOCATOR"], "cuda_malloc_async");
+    assert!(stderr(&o).contains("set TF_GPU_ALLOCATOR=cuda_malloc_async"));
+
+    let o = memsnap(
+        &["run", "--tensors", "--", "env"],
+        &[
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+            ("TF_GPU_ALLOCATOR", "cuda_malloc"),
+        ],
+        dir.path(),
+    );
+    let env = env_lines(&o);
+    assert_eq!(env["PYTORCH_CUDA_ALLOC_CONF"], "expandable_segments:True");
+    assert_eq!(env["TF_GPU_ALLOCATOR"], "cuda_malloc");
+    assert_eq!(env["XLA_PYTHON_CLIENT_ALLOCATOR"], "platform");
+    assert!(
+        stderr(&o).contains("keeping PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn run_refuses_bad_values_and_names_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = memsnap(
+        &["run", "--skip", "abc", "--", "touch", "ran"],
+        &[("MEMSNAP_PERIOD", "soon")],
+        dir.path(),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("MEMSNAP_SKIP=\"abc\""), "{err}");
+    assert!(err.contains("(set by --skip)"), "{err}");
+    assert!(err.contains("MEMSNAP_PERIOD=\"soon\""), "{err}");
+    assert!(err.contains("(from the environment)"), "{err}");
+    assert!(!dir.path().join("ran").exists(), "the command ran anyway");
+
+    let o = memsnap(
+        &["run", "--filename", "x-{batch}.pickle", "--", "true"],
+        &[],
+        dir.path(),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("MEMSNAP_FILENAME"), "{}", stderr(&o));
+}
+
+#[test]
+fn run_lists_the_new_snapshots_and_the_next_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snaps");
+    std::fs::create_dir(&snaps).unwrap();
+    std::fs::write(snaps.join("demo-old-0.pickle"), b"older").unwrap();
+    let o = memsnap(
+        &[
+            "run",
+            "--folder",
+            "snaps",
+            "--every",
+            "2",
+            "--filename",
+            "demo-{reason}-{step}.pickle",
+            "--quiet",
+            "--",
+            common::program_path("demo").to_str().unwrap(),
+        ],
+        &[("LD_LIBRARY_PATH", common::fake_lib_dir().to_str().unwrap())],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("the run wrote 3 snapshots:"), "{err}");
+    let listed: Vec<&str> = err.lines().filter_map(|l| l.strip_prefix("  ")).collect();
+    assert_eq!(
+        listed,
+        vec![
+            "snaps/demo-step-2.pickle",
+            "snaps/demo-step-4.pickle",
+            "snaps/demo-exit-5.pickle"
+        ]
+    );
+    assert!(
+        err.contains("next: memsnap summary snaps/demo-exit-5.pickle"),
+        "{err}"
+    );
+    assert!(!err.contains("demo-old-0"), "{err}");
+}
+
+// ------------------------------------------------------------------------------------
+// memsnap dump
+
+#[test]
+fn dump_asks_a_live_process_for_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = spawn_waiting(&[], &[], dir.path(), true);
+    let pid = child.id();
+    let o = memsnap(&["dump", &pid.to_string()], &[], dir.path());
+    let printed = stdout(&o);
+    let status = finish(child);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(status.success());
+    let path = PathBuf::from(printed.trim());
+    assert_eq!(path.parent(), Some(dir.path()));
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.contains(&format!("-p{pid}-signal-")), "{name}");
+    let snap = python_load_json(&path);
+    assert_eq!(live_bytes(&snap), 8 << 20);
+    assert_eq!(snap["memsnap"]["reason"], "signal");
+}
+
+#[test]
+fn dump_finds_custom_names_relative_folders_and_other_signals() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    let mut cmd_env = vec![
+        ("MEMSNAP_FILENAME", "snap-{tag}-{seq}.pickle"),
+        ("MEMSNAP_SIGNAL", "USR2"),
+    ];
+    // A relative folder is relative to the process's working directory.
+    let child = {
+        let mut cmd = Command::new(common::program_path("wait"));
+        clean_env(&mut cmd);
+        cmd.current_dir(dir.path())
+            .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+            .env("LD_PRELOAD", common::preload_lib())
+            .env("MEMSNAP_FOLDER", "out");
+        for (k, v) in cmd_env.drain(..) {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "result ready=1");
+        std::thread::spawn(move || for _ in out.lines() {});
+        child
+    };
+    let elsewhere = tempfile::tempdir().unwrap();
+    let o = memsnap(&["dump", &child.id().to_string()], &[], elsewhere.path());
+    let status = finish(child);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(status.success(), "USR2 must not have killed it");
+    assert_eq!(
+        PathBuf::from(stdout(&o).trim()),
+        dir.path().join("out").join("snap-signal-1.pickle")
+    );
+}
+
+#[test]
+fn dump_refuses_processes_it_cannot_or_must_not_signal() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // memsnap loaded, but no CUDA call yet: SIGUSR1 would kill it, so it is not sent.
+    let idle = spawn_waiting(&["noalloc"], &[], dir.path(), true);
+    let o = memsnap(&["dump", &idle.id().to_string()], &[], dir.path());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("is not recording"), "{}", stderr(&o));
+    let status = finish(idle);
+    assert!(status.success(), "the idle process was hurt: {status}");
+
+    // Signals off.
+    let quiet = spawn_waiting(&[], &[("MEMSNAP_SIGNAL", "none")], dir.path(), true);
+    let o = memsnap(&["dump", &quiet.id().to_string()], &[], dir.path());
+    assert!(finish(quiet).success());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(&"signals are off for pid".to_string()),
+        "{}",
+        stderr(&o)
+    );
+
+    // No memsnap at all.
+    let plain = spawn_waiting(&[], &[], dir.path(), false);
+    let pid = plain.id();
+    let o = memsnap(&["dump", &pid.to_string()], &[], dir.path());
+    assert!(finish(plain).success());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(&format!("pid {pid} does not have memsnap loaded")),
+        "{}",
+        stderr(&o)
+    );
+
+    // No such process (above any pid_max).
+    let o = memsnap(&["dump", "2147483647"], &[], dir.path());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no process 2147483647"),
+        "{}",
+        stderr(&o)
+    );
+    // Exit snapshots only: nothing was signalled.
+    let written = names(dir.path());
+    assert!(written.iter().all(|n| n.contains("-exit-")), "{written:?}");
+}
+
+#[test]
+fn dump_all_in_a_folder_reaches_that_jobs_recording_processes_only() {
+    // One "job" (ranks 0 and 1 and an idle launcher-like process) writing to `job`, and a
+    // recording process of another job that `--folder` must leave alone.
+    let job = tempfile::tempdir().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let a = spawn_waiting(&[], &[("RANK", "0")], job.path(), true);
+    let b = spawn_waiting(&[], &[("RANK", "1")], job.path(), true);
+    let idle = spawn_waiting(&["noalloc"], &[], job.path(), true);
+    let stranger = spawn_waiting(&[], &[("MEMSNAP_AT_EXIT", "0")], other.path(), true);
+    let (a_pid, b_pid, idle_pid) = (a.id(), b.id(), idle.id());
+    let o = memsnap(
+        &[
+            "dump",
+            "--all",
+            "--folder",
+            job.path().to_str().unwrap(),
+            "--timeout",
+            "30",
+        ],
+        &[],
+        other.path(),
+    );
+    for child in [a, b, idle, stranger] {
+        assert!(finish(child).success());
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(names(other.path()).is_empty(), "{:?}", names(other.path()));
+    let out = stdout(&o);
+    let err = stderr(&o);
+    let mine: Vec<&str> = out.lines().collect();
+    assert_eq!(mine.len(), 2, "{out}\n{err}");
+    assert!(
+        mine.iter()
+            .any(|l| l.contains(&format!("-r0-p{a_pid}-signal-")))
+    );
+    assert!(
+        mine.iter()
+            .any(|l| l.contains(&format!("-r1-p{b_pid}-signal-")))
+    );
+    assert!(err.contains(&format!("skipping: pid {idle_pid} ")), "{err}");
+    for line in mine {
+        assert!(Path::new(line).is_file());
+    }
+}
+
+#[test]
+fn dump_needs_a_pid_or_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = memsnap(&["dump"], &[], dir.path());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("<PID>"), "{}", stderr(&o));
+}
