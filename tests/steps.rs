@@ -235,6 +235,11 @@ fn stats_rows_match_the_drivers_truth_at_every_step() {
     // One row per step on device 0 (the only device used), then one at exit.
     let steps: Vec<u64> = rows.iter().map(|row| num(row, "step")).collect();
     assert_eq!(steps, vec![1, 2, 3, 4, 5, 6, 6], "{rows:?}");
+    let reasons: Vec<&str> = rows.iter().map(|row| row["reason"].as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["step", "step", "step", "step", "step", "step", "exit"]
+    );
     for row in &rows[..6] {
         let k = num(row, "step");
         assert_eq!(row["device"], "0");
@@ -355,6 +360,10 @@ fn period_snapshots_and_stats_rows_without_steps() {
     for row in &rows {
         assert_eq!(num(row, "step"), 0);
         assert_eq!(num(row, "allocated_bytes"), 8 << 20);
+        assert!(
+            row["reason"] == "period" || row["reason"] == "exit",
+            "{row:?}"
+        );
     }
 }
 

@@ -143,7 +143,7 @@ impl Writer {
             {
                 self.last_period = Instant::now();
                 self.dump(Reason::Period, "");
-                self.write_stats();
+                self.write_stats(Reason::Period);
             }
             if applied == 0 {
                 self.sleep(idle);
@@ -268,7 +268,7 @@ impl Writer {
                 if self.cfg.at_exit {
                     self.dump(Reason::Exit, "");
                 }
-                self.write_stats();
+                self.write_stats(Reason::Exit);
                 self.report_at_exit();
                 EXIT_DONE.store(true, Release);
                 return Flow::Exit;
@@ -305,12 +305,12 @@ impl Writer {
             self.dump(Reason::Step, "");
             self.window_from = window;
         }
-        self.write_stats();
+        self.write_stats(Reason::Step);
     }
 
-    fn write_stats(&mut self) {
+    fn write_stats(&mut self, reason: Reason) {
         if let Some(stats) = &mut self.stats {
-            stats.row(self.step, &self.state);
+            stats.row(self.step, reason, &self.state);
             self.state.reset_peaks();
         }
     }
@@ -573,7 +573,7 @@ mod stats {
             {
                 let _ = writeln!(
                     f,
-                    "time_us,rank,step,device,allocated_bytes,peak_bytes,reserved_bytes,total_bytes,utilization,events,ooms"
+                    "time_us,rank,step,reason,device,allocated_bytes,peak_bytes,reserved_bytes,total_bytes,utilization,events,ooms"
                 );
             }
             Stats {
@@ -583,7 +583,8 @@ mod stats {
             }
         }
 
-        pub fn row(&mut self, step: u64, state: &State) {
+        /// One row per device; `reason` says what produced it (`step`, `period`, `exit`).
+        pub fn row(&mut self, step: u64, reason: Reason, state: &State) {
             let Some(f) = &mut self.file else { return };
             let rank = &self.rank;
             let now = crate::preload::record::now_us();
@@ -601,8 +602,12 @@ mod stats {
                     0.0
                 };
                 out.push_str(&format!(
-                    "{now},{rank},{step},{d},{},{},{reserved},{total},{util:.4},{},{}\n",
-                    dev.live_bytes, dev.peak_bytes, dev.events, dev.ooms
+                    "{now},{rank},{step},{},{d},{},{},{reserved},{total},{util:.4},{},{}\n",
+                    reason.as_str(),
+                    dev.live_bytes,
+                    dev.peak_bytes,
+                    dev.events,
+                    dev.ooms
                 ));
             }
             if f.write_all(out.as_bytes()).is_err() {
