@@ -17,12 +17,14 @@ export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDART=$PWD/$OUT/fake-cuda/l
 export MEMSNAP_AT_EXIT=0 MEMSNAP_QUIET=1 MEMSNAP_FOLDER=$OUT
 PY=${PYTHON:-python3}
 
-run() { # run <label> <preload 0|1> <stacks> <cmd...>
-    local label=$1 preload=$2 stacks=$3; shift 3
-    if [ "$preload" = 1 ]; then
-        LD_PRELOAD=$LIB MEMSNAP_STACKS=$stacks "$@"
-    else
+run() { # run <config> <cmd...>; config = baseline or STACKS[/all] (/all: MEMSNAP_CONTEXT=all)
+    local config=$1; shift
+    if [ "$config" = baseline ]; then
         "$@"
+    else
+        local stacks=${config%/*} context=alloc
+        [ "$config" != "$stacks" ] && context=all
+        LD_PRELOAD=$LIB MEMSNAP_STACKS=$stacks MEMSNAP_CONTEXT=$context "$@"
     fi
 }
 
@@ -30,23 +32,28 @@ echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m), $
 echo "python: $($PY --version 2>&1)"
 echo
 ROUNDS=${ROUNDS:-3}
+echo "Default MEMSNAP_CONTEXT=alloc: allocations carry a stack, frees reuse it. An event is"
+echo "one alloc or one free; per event = (pair - baseline) / 2."
+echo
 echo "| caller | memsnap | ns per alloc+free pair (best of $ROUNDS rounds x 5 runs) | ns per event over baseline |"
 echo "|---|---|---|---|"
-configs="baseline none python native all"
+configs="baseline none python native all python/all all/all"
 for caller in C Python; do
     if [ "$caller" = C ]; then cmd=("$OUT/hook_cost" 200000 26); else cmd=("$PY" scripts/bench/hook_cost.py 100000); fi
     declare -A best=()
     # Rounds interleave the configurations, so a burst of load elsewhere hits all of them.
     for _ in $(seq "$ROUNDS"); do
         for c in $configs; do
-            if [ "$c" = baseline ]; then t=$(run x 0 none "${cmd[@]}"); else t=$(run x 1 "$c" "${cmd[@]}"); fi
+            t=$(run "$c" "${cmd[@]}")
             best[$c]=$(awk -v t="$t" -v b="${best[$c]:-1e18}" 'BEGIN { print (t < b) ? t : b }')
         done
     done
     echo "| $caller | not loaded | ${best[baseline]} | — |"
-    for c in none python native all; do
+    for c in none python native all python/all all/all; do
         per_event=$(awk -v t="${best[$c]}" -v b="${best[baseline]}" 'BEGIN { printf "%.0f", (t - b) / 2 }')
-        echo "| $caller | MEMSNAP_STACKS=$c | ${best[$c]} | $per_event |"
+        label="MEMSNAP_STACKS=${c%/*}"
+        [ "$c" != "${c%/*}" ] && label="$label, MEMSNAP_CONTEXT=all (frees too)"
+        echo "| $caller | $label | ${best[$c]} | $per_event |"
     done
     unset best
 done
