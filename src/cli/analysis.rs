@@ -196,6 +196,10 @@ fn is_allocator_plumbing(f: &Frame) -> bool {
         "c10::impl::",
         "at::_ops::empty",
         "AllocatorWrapper",
+        "wrapper_CUDA",
+        "TensorIteratorBase::",
+        "resize_reduction",
+        "resize_output",
     ];
     P.iter().any(|p| f.name.contains(p))
 }
