@@ -128,7 +128,10 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> (Config, Vec<String>) {
         let mut cfg = Config::default();
         let mut errors = Vec::new();
-        let mut p = Parser { get: &get, errors: &mut errors };
+        let mut p = Parser {
+            get: &get,
+            errors: &mut errors,
+        };
 
         cfg.disabled = p.flag(var::DISABLE, cfg.disabled);
         if let Some(v) = p.text(var::FOLDER) {
@@ -170,8 +173,12 @@ impl Config {
                 _ => p.bad(var::CONTEXT, &v, "one of alloc, all"),
             }
         }
-        cfg.max_frames =
-            p.count(var::MAX_FRAMES, cfg.max_frames as u64, 1, FRAME_CAPACITY as u64) as usize;
+        cfg.max_frames = p.count(
+            var::MAX_FRAMES,
+            cfg.max_frames as u64,
+            1,
+            FRAME_CAPACITY as u64,
+        ) as usize;
         cfg.queue_capacity =
             p.count(var::QUEUE_CAPACITY, cfg.queue_capacity as u64, 16, 1 << 24) as usize;
         cfg.quiet = p.flag(var::QUIET, cfg.quiet);
@@ -182,7 +189,11 @@ impl Config {
             match parse_duration(&v) {
                 Some(d) if d.is_zero() => cfg.period = None,
                 Some(d) => cfg.period = Some(d),
-                None => p.bad(var::PERIOD, &v, "a duration such as 500ms, 30s, 5m or 1h (0 = off)"),
+                None => p.bad(
+                    var::PERIOD,
+                    &v,
+                    "a duration such as 500ms, 30s, 5m or 1h (0 = off)",
+                ),
             }
         }
         if let Some(v) = p.text(var::STATS) {
@@ -200,7 +211,9 @@ struct Parser<'a, F: Fn(&str) -> Option<String>> {
 impl<F: Fn(&str) -> Option<String>> Parser<'_, F> {
     /// The variable's value, or `None` when unset or empty (empty means "default").
     fn text(&mut self, name: &str) -> Option<String> {
-        (self.get)(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+        (self.get)(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
     }
 
     fn bad(&mut self, name: &str, value: &str, accepted: &str) {
@@ -210,7 +223,9 @@ impl<F: Fn(&str) -> Option<String>> Parser<'_, F> {
     }
 
     fn flag(&mut self, name: &str, default: bool) -> bool {
-        let Some(v) = self.text(name) else { return default };
+        let Some(v) = self.text(name) else {
+            return default;
+        };
         match v.to_ascii_lowercase().as_str() {
             "1" | "true" | "yes" | "on" => true,
             "0" | "false" | "no" | "off" => false,
@@ -222,7 +237,9 @@ impl<F: Fn(&str) -> Option<String>> Parser<'_, F> {
     }
 
     fn count(&mut self, name: &str, default: u64, min: u64, max: u64) -> u64 {
-        let Some(v) = self.text(name) else { return default };
+        let Some(v) = self.text(name) else {
+            return default;
+        };
         match v.replace('_', "").parse::<u64>() {
             Ok(n) if (min..=max).contains(&n) => n,
             _ => {
@@ -257,7 +274,9 @@ pub fn parse_signal(v: &str) -> Option<Option<i32>> {
         "PWR" => libc::SIGPWR,
         "URG" => libc::SIGURG,
         _ => {
-            let rt = name.strip_prefix("RTMIN+").and_then(|n| n.parse::<i32>().ok())?;
+            let rt = name
+                .strip_prefix("RTMIN+")
+                .and_then(|n| n.parse::<i32>().ok())?;
             let sig = libc::SIGRTMIN() + rt;
             if sig > libc::SIGRTMAX() {
                 return None;
@@ -271,7 +290,9 @@ pub fn parse_signal(v: &str) -> Option<Option<i32>> {
 /// `500ms`, `30s`, `5m`, `1h`, or a bare number of seconds.
 pub fn parse_duration(v: &str) -> Option<Duration> {
     let v = v.trim();
-    let split = v.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(v.len());
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
     let (num, unit) = v.split_at(split);
     let num: f64 = num.parse().ok()?;
     if !num.is_finite() || num < 0.0 {
@@ -288,8 +309,18 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
 }
 
 /// Placeholders a file name or folder template may use.
-pub const TEMPLATE_KEYS: &[&str] =
-    &["rank", "local_rank", "pid", "host", "exe", "reason", "seq", "step", "tag", "time"];
+pub const TEMPLATE_KEYS: &[&str] = &[
+    "rank",
+    "local_rank",
+    "pid",
+    "host",
+    "exe",
+    "reason",
+    "seq",
+    "step",
+    "tag",
+    "time",
+];
 
 /// Checks that every `{...}` in a template names a known placeholder.
 pub fn validate_template(t: &str) -> Result<(), String> {
@@ -320,8 +351,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<String>) {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|k| map.get(k).cloned())
     }
 

@@ -469,3 +469,139 @@ fn view_loads_in_headless_chromium_without_errors() {
         assert!(dom.contains("peak "), "{f}: status line missing");
     }
 }
+
+/// Runs tests/chromium/gen_snapshot.py (memsnap-style files); `None` without python3.
+fn generate(out: &Path, args: &[&str]) -> Option<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chromium/gen_snapshot.py");
+    let o = Command::new("python3")
+        .arg(script)
+        .arg(out)
+        .args(args)
+        .output()
+        .ok()?;
+    assert!(o.status.success(), "gen_snapshot.py: {}", stderr(&o));
+    Some(())
+}
+
+#[test]
+fn memsnap_files_metadata_libraries_and_apis() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.pickle");
+    if generate(
+        &a,
+        &[
+            "--events",
+            "30000",
+            "--rank",
+            "5",
+            "--dropped",
+            "7",
+            "--stacks",
+            "400",
+        ],
+    )
+    .is_none()
+    {
+        eprintln!("NOTICE: python3 not found; skipping the generated memsnap-file test");
+        return;
+    }
+    let o = memsnap(&["summary", "--json", a.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["producer"], "memsnap");
+    assert_eq!(v["dropped_events"], 7);
+    assert_eq!(v["metadata"]["rank"], 5);
+    assert_eq!(v["metadata"]["host"], "gen-host");
+    let d = &v["devices"][0];
+    // The generator writes whole operations (2 or 3 events), so it may pass the target by 2.
+    let events = d["history"]["events"].as_i64().unwrap();
+    assert!((30000..30003).contains(&events), "{events}");
+    let libs: Vec<&str> = d["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["library"].as_str().unwrap())
+        .collect();
+    for l in ["torch", "nccl", "cublas", "app"] {
+        assert!(libs.contains(&l), "{l} missing from {libs:?}");
+    }
+    let apis: Vec<&str> = d["events_by_api"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["api"].as_str().unwrap())
+        .collect();
+    assert!(
+        apis.contains(&"cudaFree") && apis.contains(&"cuMemAlloc_v2"),
+        "{apis:?}"
+    );
+    // Native-only stacks (the generator's "app" frames) get a native site.
+    let o = memsnap(&["summary", "--top", "200", a.to_str().unwrap()]);
+    assert!(
+        stdout(&o).contains("launch_kernels (kernels.cu:88)"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("dropped events: 7 (memsnap counter)"));
+
+    // ranks: the rank comes from the metadata when the name has none.
+    let b = dir.path().join("b.pickle");
+    generate(
+        &b,
+        &[
+            "--events", "30000", "--rank", "9", "--stacks", "400", "--seed", "2",
+        ],
+    )
+    .unwrap();
+    let o = memsnap(&["ranks", "--json", dir.path().to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ids: Vec<i64> = v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rank"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [5, 9]);
+}
+
+#[test]
+fn view_of_a_large_generated_snapshot_loads_in_chromium() {
+    let Some(chrome) = chromium() else {
+        eprintln!("NOTICE: chromium not installed; skipping the large-page browser test");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("big.pickle");
+    if generate(&snap, &["--events", "200000", "--stacks", "2000"]).is_none() {
+        eprintln!("NOTICE: python3 not found; skipping the large-page browser test");
+        return;
+    }
+    let page = dir.path().join("big.html");
+    let o = memsnap(&["view", snap.to_str().unwrap(), "-o", page.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let profile = tempfile::tempdir().unwrap();
+    let o = Command::new("timeout")
+        .arg("120")
+        .arg(&chrome)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    let dom = stdout(&o);
+    let body = &dom[dom.find("<body").expect("no body")..];
+    let body = &body[..body.find('>').unwrap()];
+    assert!(
+        body.contains("data-ok=\"1\"") && !body.contains("data-error"),
+        "{body}"
+    );
+}

@@ -28,6 +28,12 @@ pub struct SiteRow {
 }
 
 #[derive(Serialize)]
+pub struct ApiRow {
+    pub api: String,
+    pub events: usize,
+}
+
+#[derive(Serialize)]
 pub struct LibRow {
     pub library: Library,
     pub bytes: i64,
@@ -68,6 +74,8 @@ pub struct Device {
     pub reserved_bytes: i64,
     pub segments: i64,
     pub history: History,
+    /// Events per `user_metadata` (memsnap writes the CUDA API there), most first.
+    pub events_by_api: Vec<ApiRow>,
     pub top_sites: Vec<SiteRow>,
     pub libraries: Vec<LibRow>,
     pub ooms: Vec<Oom>,
@@ -135,8 +143,29 @@ pub fn build(snap: &Snapshot, file: String, top: usize) -> Summary {
     }
 }
 
-fn device(_snap: &Snapshot, sites: &Sites, st: DeviceStats, top: usize) -> Device {
+fn device(snap: &Snapshot, sites: &Sites, st: DeviceStats, top: usize) -> Device {
+    let mut apis: rustc_hash::FxHashMap<&str, usize> = rustc_hash::FxHashMap::default();
+    if let Some(t) = snap
+        .device_traces
+        .get(st.device as usize)
+        .filter(|_| st.device >= 0)
+    {
+        for e in t {
+            if let Some(u) = &e.user_metadata {
+                *apis.entry(u.as_str()).or_default() += 1;
+            }
+        }
+    }
+    let mut events_by_api: Vec<ApiRow> = apis
+        .into_iter()
+        .map(|(a, n)| ApiRow {
+            api: a.to_string(),
+            events: n,
+        })
+        .collect();
+    events_by_api.sort_by(|a, b| b.events.cmp(&a.events).then(a.api.cmp(&b.api)));
     Device {
+        events_by_api,
         device: st.device,
         live_bytes: st.live.bytes,
         live_blocks: st.live.count,
@@ -278,6 +307,14 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
                 fmt_bytes(h.start_live_requested_bytes),
                 fmt_bytes(h.start_reserved_bytes)
             )?;
+        }
+        if !d.events_by_api.is_empty() {
+            let list: Vec<String> = d
+                .events_by_api
+                .iter()
+                .map(|a| format!("{} {}", a.api, a.events))
+                .collect();
+            writeln!(out, "  APIs      {}", list.join(", "))?;
         }
         if !d.top_sites.is_empty() {
             writeln!(out, "  live by allocation site:")?;

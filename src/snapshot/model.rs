@@ -75,15 +75,27 @@ pub struct Segment {
 impl Segment {
     /// Σ size of `active_allocated` blocks (PyTorch's `allocated_size`).
     pub fn allocated_size(&self) -> i64 {
-        self.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum()
+        self.blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.size)
+            .sum()
     }
     /// Σ size of active blocks, allocated or pending free (`active_size`).
     pub fn active_size(&self) -> i64 {
-        self.blocks.iter().filter(|b| b.state.is_active()).map(|b| b.size).sum()
+        self.blocks
+            .iter()
+            .filter(|b| b.state.is_active())
+            .map(|b| b.size)
+            .sum()
     }
     /// Σ requested size of active blocks (`requested_size`).
     pub fn requested_size(&self) -> i64 {
-        self.blocks.iter().filter(|b| b.state.is_active()).map(|b| b.requested_size).sum()
+        self.blocks
+            .iter()
+            .filter(|b| b.state.is_active())
+            .map(|b| b.requested_size)
+            .sum()
     }
 }
 
@@ -185,7 +197,11 @@ impl Snapshot {
     /// The frames of a stack, innermost first (empty for `None`).
     pub fn stack_frames(&self, stack: Option<StackId>) -> impl Iterator<Item = &Frame> + '_ {
         let ids: &[u32] = match stack {
-            Some(id) => self.stacks.get(id as usize).map(Vec::as_slice).unwrap_or(&[]),
+            Some(id) => self
+                .stacks
+                .get(id as usize)
+                .map(Vec::as_slice)
+                .unwrap_or(&[]),
             None => &[],
         };
         ids.iter().filter_map(|&f| self.frames.get(f as usize))
