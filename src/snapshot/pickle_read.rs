@@ -175,10 +175,14 @@ pub fn read_snapshot_with_progress(
     let root = pickle.root.ok_or(ReadError::NoStop {
         offset: bytes.len(),
     })?;
+    let event_home = vec![(u32::MAX, u32::MAX); events.len()];
     let mut conv = Converter {
         p: &pickle,
         interner,
         events,
+        event_home,
+        cur_device: 0,
+        cur_index: 0,
     };
     conv.snapshot(root)
 }
@@ -855,6 +859,10 @@ struct Converter<'p> {
     p: &'p Pickle,
     interner: Interner,
     events: Vec<TraceEntry>,
+    /// Where each converted entry went: (device, index), `u32::MAX` while not yet placed.
+    event_home: Vec<(u32, u32)>,
+    cur_device: u32,
+    cur_index: u32,
 }
 
 fn shape(path: impl Into<String>, msg: impl Into<String>) -> ReadError {
@@ -908,10 +916,14 @@ impl Converter<'_> {
                         .ok_or_else(|| shape(format!("device_traces[{d}]"), "not a list"))?;
                     let mut out = Vec::with_capacity(items.len());
                     for (i, &e) in items.iter().enumerate() {
-                        out.push(
-                            self.event(e)
+                        (self.cur_device, self.cur_index) = (d as u32, i as u32);
+                        let entry = match self.taken_event(e, &snap.device_traces, &out, d) {
+                            Some(x) => x,
+                            None => self
+                                .event(e)
                                 .map_err(|m| shape(format!("device_traces[{d}][{i}]"), m))?,
-                        );
+                        };
+                        out.push(entry);
                     }
                     snap.device_traces.push(out);
                 }
@@ -930,11 +942,48 @@ impl Converter<'_> {
         Ok(snap)
     }
 
+    /// A converted entry that an earlier list position already took (an entry shared
+    /// through the memo, which no known writer produces): a clone of that one.
+    fn taken_event(
+        &self,
+        v: Val,
+        done: &[Vec<TraceEntry>],
+        current: &[TraceEntry],
+        device: usize,
+    ) -> Option<TraceEntry> {
+        let Some(Node::Event(n)) = self.p.node(v) else {
+            return None;
+        };
+        let (d, i) = *self.event_home.get(*n as usize)?;
+        if d == u32::MAX {
+            return None;
+        }
+        let list = if d as usize == device {
+            current
+        } else {
+            done.get(d as usize)?
+        };
+        list.get(i as usize).cloned()
+    }
+
     fn event(&mut self, v: Val) -> std::result::Result<TraceEntry, String> {
         if let Some(Node::Event(n)) = self.p.node(v) {
-            // Entries shared through the memo appear twice; clone only then.
-            let e = self.events.get_mut(*n as usize).ok_or("bad event index")?;
-            return Ok(std::mem::replace(e, e.clone()));
+            // Move the entry out (no clone); remember where it went for a shared reference.
+            let n = *n as usize;
+            let placeholder = TraceEntry {
+                action: Action::Oom,
+                addr: 0,
+                size: 0,
+                stream: 0,
+                time_us: 0,
+                stack: None,
+                device_free: None,
+                user_metadata: None,
+            };
+            let e = self.events.get_mut(n).ok_or("bad event index")?;
+            let entry = std::mem::replace(e, placeholder);
+            self.event_home[n] = (self.cur_device, self.cur_index);
+            return Ok(entry);
         }
         event_from_dict(self.p, &mut self.interner, v)
     }
@@ -1210,6 +1259,19 @@ mod tests {
         assert_eq!(s.stacks.len(), 1);
         assert_eq!(s.device_traces[0][0].stack, s.device_traces[0][1].stack);
         assert_eq!(s.frames[0].line, 7);
+
+        // An event dict shared through the memo (appended twice) is read twice.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.extend_from_slice(&[b']', b'(', b']', b'(', b'}', b'q', 1, b'(']);
+        key(&mut b, "action");
+        key(&mut b, "alloc");
+        key(&mut b, "size");
+        b.extend_from_slice(&[b'K', 9, b'u', b'h', 1, b'e', b'e', b'u', b'.']);
+        let s = read_snapshot(&b).unwrap();
+        assert_eq!(s.device_traces[0].len(), 2);
+        assert_eq!(s.device_traces[0][0], s.device_traces[0][1]);
+        assert_eq!(s.device_traces[0][1].size, 9);
 
         // Legacy top-level list: segments only.
         let b = [0x80, 2, b']', b'.'];
