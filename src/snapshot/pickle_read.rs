@@ -79,8 +79,11 @@ pub enum Node {
     List(Vec<Val>),
     Tuple(Vec<Val>),
     Dict(Vec<(Val, Val)>),
-    /// A trace entry already converted into [`Parsed::events`] (snapshot mode only).
+    /// A trace entry already converted (snapshot mode only); its dict was dropped.
     Event(u32),
+    /// A frame list already interned as a stack (snapshot mode only); its items were
+    /// dropped, which is most of the memory a large file would otherwise hold.
+    Stack(Option<StackId>),
 }
 
 /// The result of [`parse`]: the arena and the top-level value.
@@ -183,6 +186,7 @@ pub fn read_snapshot_with_progress(
         event_home,
         cur_device: 0,
         cur_index: 0,
+        consumed: 0,
     };
     conv.snapshot(root)
 }
@@ -218,7 +222,10 @@ impl<'a> Machine<'a> {
             memo: Vec::new(),
             memo_sparse: FxHashMap::default(),
             snapshot_mode,
-            interner: Interner::default(),
+            interner: Interner {
+                collapse: snapshot_mode.then(Vec::new),
+                ..Interner::default()
+            },
             events: Vec::new(),
         }
     }
@@ -689,6 +696,11 @@ impl<'a> Machine<'a> {
         let n = self.events.len() as u32;
         self.events.push(entry);
         self.pickle.nodes[id as usize] = Node::Event(n);
+        if let Some(pending) = &mut self.interner.collapse {
+            for (list, stack) in pending.drain(..) {
+                self.pickle.nodes[list as usize] = Node::Stack(stack);
+            }
+        }
         Ok(())
     }
 }
@@ -710,6 +722,8 @@ struct Interner {
     frame_by_value: FxHashMap<Frame, u32>,
     stack_by_node: FxHashMap<u32, Option<StackId>>,
     stack_by_value: FxHashMap<Vec<u32>, StackId>,
+    /// While parsing: lists just interned, for the machine to collapse into `Node::Stack`.
+    collapse: Option<Vec<(u32, Option<StackId>)>>,
 }
 
 impl Interner {
@@ -763,6 +777,9 @@ impl Interner {
     fn stack(&mut self, p: &Pickle, v: Option<Val>) -> Option<StackId> {
         let v = v?;
         let Val::Ref(id) = v else { return None };
+        if let Some(Node::Stack(s)) = p.node(v) {
+            return *s;
+        }
         if let Some(&s) = self.stack_by_node.get(&id) {
             return s;
         }
@@ -778,7 +795,12 @@ impl Interner {
             }
             Some(s)
         };
-        self.stack_by_node.insert(id, s);
+        match &mut self.collapse {
+            Some(pending) if matches!(p.node(v), Some(Node::List(_))) => pending.push((id, s)),
+            _ => {
+                self.stack_by_node.insert(id, s);
+            }
+        }
         s
     }
 }
@@ -863,6 +885,8 @@ struct Converter<'p> {
     event_home: Vec<(u32, u32)>,
     cur_device: u32,
     cur_index: u32,
+    /// Entries moved out by the in-order fast path (they left the front of `events`).
+    consumed: usize,
 }
 
 fn shape(path: impl Into<String>, msg: impl Into<String>) -> ReadError {
@@ -914,6 +938,28 @@ impl Converter<'_> {
                     let items = p
                         .items(l)
                         .ok_or_else(|| shape(format!("device_traces[{d}]"), "not a list"))?;
+                    // Fast path: the entries were converted in exactly this order (every
+                    // writer appends device by device), so move them without a second copy.
+                    let in_order = items.iter().enumerate().all(|(i, &e)| {
+                        matches!(p.node(e), Some(Node::Event(n)) if *n as usize == self.consumed + i)
+                    });
+                    if in_order && !items.is_empty() {
+                        let out: Vec<TraceEntry> =
+                            if self.consumed == 0 && items.len() == self.events.len() {
+                                std::mem::take(&mut self.events)
+                            } else {
+                                self.events.drain(..items.len()).collect()
+                            };
+                        for (i, home) in self.event_home[self.consumed..self.consumed + out.len()]
+                            .iter_mut()
+                            .enumerate()
+                        {
+                            *home = (d as u32, i as u32);
+                        }
+                        self.consumed += out.len();
+                        snap.device_traces.push(out);
+                        continue;
+                    }
                     let mut out = Vec::with_capacity(items.len());
                     for (i, &e) in items.iter().enumerate() {
                         (self.cur_device, self.cur_index) = (d as u32, i as u32);
@@ -980,7 +1026,8 @@ impl Converter<'_> {
                 device_free: None,
                 user_metadata: None,
             };
-            let e = self.events.get_mut(n).ok_or("bad event index")?;
+            let idx = n.checked_sub(self.consumed).ok_or("bad event index")?;
+            let e = self.events.get_mut(idx).ok_or("bad event index")?;
             let entry = std::mem::replace(e, placeholder);
             self.event_home[n] = (self.cur_device, self.cur_index);
             return Ok(entry);
