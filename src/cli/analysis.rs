@@ -1,8 +1,7 @@
 //! What the commands compute from a [`Snapshot`]: allocation sites, owning libraries,
 //! per-device live/reserved/peak figures, and the state at an OOM.
 //!
-//! Cold code. Definitions (documented in the README of the CLI section of docs/BENCHMARKS.md
-//! and in `memsnap summary --help`):
+//! Cold code. Definitions (also printed by `memsnap summary --help`):
 //! - *live*: blocks in state `active_allocated` (block sizes); *reserved*: Σ segment sizes.
 //! - *peak*: the history is replayed backwards from the final state in the units the trace
 //!   uses (requested bytes: `alloc` carries the requested size), so a history capped by a ring

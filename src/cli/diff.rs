@@ -10,7 +10,17 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// The `--json` shape (stable: fields are only ever added).
+pub const JSON_SHAPE: &str = "\
+JSON (--json):
+  { before: {file, live_bytes, live_blocks}, after: {file, live_bytes, live_blocks},
+    total_growth_bytes, fail_above_bytes: int|null, failed: bool,
+    grew:   [ {site, kind, before_bytes, after_bytes, growth_bytes, before_count, after_count, count_growth} ],
+    shrank: [ same fields, most negative growth first ] }
+Exit status: 0, or 1 when total_growth_bytes > --fail-above; 2 on errors.";
+
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = JSON_SHAPE)]
 pub struct Args {
     /// The earlier snapshot.
     pub before: PathBuf,
@@ -22,7 +32,7 @@ pub struct Args {
     /// How many growing sites to list (shrinking: a quarter of it).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
-    /// Print JSON instead of text.
+    /// Print JSON instead of text (shape: see --help).
     #[arg(long)]
     pub json: bool,
 }

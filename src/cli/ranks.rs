@@ -15,11 +15,19 @@ use std::path::{Path, PathBuf};
 /// Factor over the median that marks a rank.
 pub const OUTLIER_FACTOR: f64 = 1.25;
 
+/// The `--json` shape (stable: fields are only ever added).
+pub const JSON_SHAPE: &str = "\
+JSON (--json):
+  { dir, median_live_bytes, median_peak_bytes,
+    ranks: [ {file, rank: int|null, live_bytes, reserved_bytes, peak_bytes, ooms,
+              top_site: str|null, top_site_bytes, outlier: bool, reasons: [str]} ] }";
+
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = JSON_SHAPE)]
 pub struct Args {
     /// Folder holding one snapshot per rank (*.pickle, *.pkl).
     pub dir: PathBuf,
-    /// Print JSON instead of text.
+    /// Print JSON instead of text (shape: see --help).
     #[arg(long)]
     pub json: bool,
 }

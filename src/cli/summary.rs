@@ -7,14 +7,33 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// The `--json` shape (stable: fields are only ever added).
+pub const JSON_SHAPE: &str = "\
+JSON (--json):
+  { file, producer: \"memsnap\"|\"pytorch\", dropped_events: int|null, metadata: {memsnap's metadata},
+    devices: [ { device, live_bytes, live_blocks, live_requested_bytes, pending_free_bytes,
+                 reserved_bytes, segments,
+                 history: { events, start_live_requested_bytes, peak_live_requested_bytes,
+                            peak_after_event: int|null, start_reserved_bytes, peak_reserved_bytes },
+                 events_by_api: [ {api, events} ],
+                 top_sites: [ {site, kind: \"python\"|\"native\"|\"none\", bytes, count} ],
+                 libraries: [ {library, bytes, count} ],
+                 ooms: [ { event, requested_bytes, device_free_bytes, time_us, site, library,
+                           live_requested_bytes, live_allocations, reserved_bytes, top_sites } ] } ] }
+Live = active_allocated blocks (block bytes). Peak = replay of the recorded events backwards
+from the final state, in requested bytes (what `alloc` events carry); a capped history starts
+from the live state it implies. Site = innermost user Python file:line, else the first native
+frame outside the CUDA runtime, the allocator and PyTorch's filtered frames.";
+
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = JSON_SHAPE)]
 pub struct Args {
     /// Snapshot file (memsnap's or PyTorch's `_dump_snapshot` pickle).
     pub snap: PathBuf,
     /// How many allocation sites to list.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
-    /// Print JSON (shape documented in docs/BENCHMARKS.md, CLI section) instead of text.
+    /// Print JSON instead of text (shape: see --help).
     #[arg(long)]
     pub json: bool,
 }
