@@ -728,10 +728,10 @@ struct Interner {
 
 impl Interner {
     fn frame(&mut self, p: &Pickle, v: Val) -> u32 {
-        if let Val::Ref(id) = v {
-            if let Some(&f) = self.frame_by_node.get(&id) {
-                return f;
-            }
+        if let Val::Ref(id) = v
+            && let Some(&f) = self.frame_by_node.get(&id)
+        {
+            return f;
         }
         let frame = match p.node(v) {
             Some(Node::Dict(_)) => Frame {
@@ -1082,15 +1082,14 @@ impl Converter<'_> {
                 let mut frames = p.get(b, "frames");
                 let mut requested_size = int_of(p.get(b, "requested_size"));
                 // Legacy block: `history` list of {addr, real_size, frames}; newest last.
-                if frames.is_none() {
-                    if let Some(h) = p
+                if frames.is_none()
+                    && let Some(h) = p
                         .get(b, "history")
                         .and_then(|h| p.items(h))
                         .and_then(|h| h.last())
-                    {
-                        frames = p.get(*h, "frames");
-                        requested_size = requested_size.or(int_of(p.get(*h, "real_size")));
-                    }
+                {
+                    frames = p.get(*h, "frames");
+                    requested_size = requested_size.or(int_of(p.get(*h, "real_size")));
                 }
                 let block_address = int_of(p.get(b, "address")).unwrap_or(next);
                 next = block_address.wrapping_add(size);
