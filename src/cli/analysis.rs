@@ -712,4 +712,117 @@ mod tests {
         assert_eq!(parse_bytes("1.5G"), Ok(3 << 29));
         assert!(parse_bytes("lots").is_err());
     }
+
+    /// A memsnap-style snapshot: one segment per live block, stacks `x.py:1`, `y.py:2`...
+    fn snap_with(
+        events: &[(Action, i64, i64, Option<StackId>)],
+        live: &[(i64, i64, StackId)],
+    ) -> Snapshot {
+        use crate::snapshot::model::{Block, Meta, Segment, TraceEntry};
+        let frames: Vec<Frame> = (0..4)
+            .map(|i| fr("f", &format!("/app/s{i}.py"), i + 1))
+            .collect();
+        let entry =
+            |(action, addr, size, stack): &(Action, i64, i64, Option<StackId>)| TraceEntry {
+                action: action.clone(),
+                addr: *addr,
+                size: *size,
+                stream: 0,
+                time_us: 0,
+                stack: *stack,
+                device_free: (*action == Action::Oom).then_some(7),
+                user_metadata: None,
+            };
+        Snapshot {
+            frames,
+            stacks: (0..4).map(|i| vec![i]).collect(),
+            segments: live
+                .iter()
+                .map(|&(addr, size, st)| Segment {
+                    device: 0,
+                    address: addr,
+                    total_size: size,
+                    stream: 0,
+                    segment_type: "large".into(),
+                    segment_pool_id: (0, 0),
+                    is_expandable: false,
+                    stack: Some(st),
+                    blocks: vec![Block {
+                        address: addr,
+                        size,
+                        requested_size: size,
+                        state: BlockState::ActiveAllocated,
+                        stack: Some(st),
+                    }],
+                })
+                .collect(),
+            device_traces: vec![events.iter().map(entry).collect()],
+            allocator_settings: vec![],
+            memsnap: vec![("dropped_events".into(), Meta::Int(0))],
+        }
+    }
+
+    #[test]
+    fn oom_holders_are_the_live_set_at_the_oom_not_at_the_end() {
+        use Action::*;
+        // A (s0) and B (s1) live; OOM asked by s2; then A freed and C (s3) allocated.
+        let s = snap_with(
+            &[
+                (Alloc, 0x1000, 100, Some(0)),
+                (Alloc, 0x2000, 200, Some(1)),
+                (Oom, 0, 5000, Some(2)),
+                (FreeCompleted, 0x1000, 100, None),
+                (Alloc, 0x3000, 300, Some(3)),
+            ],
+            &[(0x2000, 200, 1), (0x3000, 300, 3)],
+        );
+        let sites = Sites::new(&s);
+        let st = device_stats(&s, &sites, 0);
+        assert_eq!(st.ooms.len(), 1);
+        let o = &st.ooms[0];
+        assert_eq!((o.event, o.requested, o.device_free), (2, 5000, Some(7)));
+        assert_eq!(sites.text(o.site), "/app/s2.py:3 (f)");
+        assert_eq!(
+            o.live,
+            Tally {
+                bytes: 300,
+                count: 2
+            }
+        );
+        let held: Vec<(&str, i64)> = o
+            .holders
+            .iter()
+            .map(|(s, t)| (sites.text(*s), t.bytes))
+            .collect();
+        // The free carried no stack: the holder is found through its alloc.
+        assert_eq!(held, [("/app/s1.py:2 (f)", 200), ("/app/s0.py:1 (f)", 100)]);
+        assert_eq!(
+            st.live,
+            Tally {
+                bytes: 500,
+                count: 2
+            }
+        );
+        assert_eq!(st.peak_live_requested, 500);
+        assert_eq!(st.start_live_requested, 0);
+    }
+
+    #[test]
+    fn capped_history_starts_from_the_implied_live_state() {
+        use Action::*;
+        // 1000 bytes were live before the first kept event; then one freed, one allocated.
+        let s = snap_with(
+            &[
+                (FreeCompleted, 0x9000, 400, Some(0)),
+                (Alloc, 0x1000, 100, Some(1)),
+            ],
+            &[(0x1000, 100, 1), (0x5000, 600, 2)],
+        );
+        let sites = Sites::new(&s);
+        let st = device_stats(&s, &sites, 0);
+        assert_eq!(st.start_live_requested, 1000);
+        assert_eq!(st.peak_live_requested, 1000);
+        assert_eq!(st.peak_after_event, None);
+        assert_eq!(st.live.bytes, 700);
+    }
 }
