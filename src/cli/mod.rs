@@ -1,4 +1,60 @@
-//! The `memsnap` subcommands. Cold, no unsafe.
+//! The `memsnap` subcommands: one file per command. The readers (summary, diff, ranks,
+//! view, flamegraph, check) share loading and analysis and write to a `Write`, so a closed
+//! pipe is an error the dispatcher turns into exit 0 instead of a panic; the launchers
+//! (run, dump) manage their own output. Cold code, no unsafe.
 
+pub mod analysis;
+pub mod check;
+pub mod diff;
 pub mod dump;
+pub mod flamegraph;
+pub mod ranks;
 pub mod run;
+pub mod summary;
+pub mod view;
+
+use crate::snapshot::model::Snapshot;
+use crate::snapshot::pickle_read;
+use anyhow::{Context, Result};
+use std::io::IsTerminal;
+use std::path::Path;
+
+/// Files at least this large get a progress bar (when stderr is a terminal).
+const PROGRESS_MIN_BYTES: usize = 64 << 20;
+
+/// Reads and decodes one snapshot; errors name the file and the problem.
+///
+/// The file is read into memory rather than memory-mapped: the pickle is decoded
+/// front to back once, so a map saves only one copy, while a file truncated by a
+/// writer during the read would turn into SIGBUS instead of a clear error, and mapping
+/// needs `unsafe` in code that otherwise forbids it.
+pub fn load(path: &Path) -> Result<Snapshot> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bar = (bytes.len() >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(bytes.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b.set_message(format!("reading {}", path.display()));
+        b
+    });
+    let snap = pickle_read::read_snapshot_with_progress(&bytes, &mut |done| {
+        if let Some(b) = &bar {
+            b.set_position(done as u64);
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    snap.with_context(|| format!("{} is not a readable memory snapshot", path.display()))
+}
+
+/// The file name for messages and tables (the full path is in JSON).
+pub fn display_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
