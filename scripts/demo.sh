@@ -15,22 +15,19 @@ bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
 rm -rf "$OUT/snapshots"
 mkdir -p "$OUT/snapshots"
 
-echo "== running the demo with memsnap preloaded"
+echo "== memsnap run -- demo   (libmemsnap.so preloaded; a snapshot every 2 steps and at exit)"
 LD_LIBRARY_PATH="$OUT/fake-cuda/lib" \
-LD_PRELOAD="$PWD/target/release/libmemsnap.so" \
-MEMSNAP_FOLDER="$OUT/snapshots" \
-MEMSNAP_EVERY=2 \
-    "$OUT/fake-cuda/bin/demo"
+    target/release/memsnap run --folder "$OUT/snapshots" --every 2 -- "$OUT/fake-cuda/bin/demo"
 
-newest=$(ls -t "$OUT"/snapshots/*exit*.pickle | head -n 1)
+first=$(ls -tr "$OUT"/snapshots/*-step-*.pickle | head -n 1)
+newest=$(ls -t "$OUT"/snapshots/*-exit-*.pickle | head -n 1)
 echo
-echo "== snapshots written"
-ls -l "$OUT/snapshots"
-if target/release/memsnap summary --help >/dev/null 2>&1; then
-    echo
-    echo "== memsnap summary $newest"
-    target/release/memsnap summary "$newest"
-fi
+echo "== memsnap summary $newest"
+target/release/memsnap summary "$newest"
 echo
-echo "Open $newest at https://pytorch.org/memory_viz (drag and drop), or run:"
-echo "  python3 -m torch.cuda._memory_viz trace $newest"
+echo "== memsnap diff (what grew between the step-2 snapshot and exit: the leak)"
+target/release/memsnap diff "$first" "$newest"
+target/release/memsnap view "$newest" -o "$OUT/demo.html" >/dev/null
+echo
+echo "Offline viewer: $OUT/demo.html"
+echo "PyTorch's viewer: drag $newest onto https://pytorch.org/memory_viz"

@@ -65,7 +65,8 @@ pub struct RunArgs {
     /// No snapshot at exit (MEMSNAP_AT_EXIT=0)
     #[arg(long)]
     pub no_at_exit: bool,
-    /// No summary line from the library at exit (MEMSNAP_QUIET=1)
+    /// No summary line from each process at exit (MEMSNAP_QUIET=1). The default under
+    /// `memsnap run`, which lists the files itself; `MEMSNAP_QUIET=0` keeps the line
     #[arg(long)]
     pub quiet: bool,
     /// Replace files with the same name instead of numbering them (MEMSNAP_OVERWRITE=1)
@@ -119,7 +120,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if args.no_at_exit {
         set.push((var::AT_EXIT, "0".into(), "--no-at-exit"));
     }
-    if args.quiet {
+    // The launcher lists the files itself at the end, so each process's own exit line
+    // would repeat it (once per rank); keep it only if the user asked for it explicitly.
+    if args.quiet || std::env::var_os(var::QUIET).is_none() {
         set.push((var::QUIET, "1".into(), "--quiet"));
     }
     if args.overwrite {
