@@ -1,0 +1,261 @@
+//! Stacks end to end, through the preloaded library: the frames in the written snapshot name
+//! the C function and file:line (or the Python line) that made each allocation, in
+//! PyTorch's frame format, innermost first, with memsnap's own frames removed.
+
+mod common;
+
+use common::{Run, fake_lib_dir, num, preload_lib, python_load_json, run_program, snapshot_files};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn exit_snapshot(run: &Run) -> Value {
+    run.assert_success();
+    let files: Vec<PathBuf> = snapshot_files(run.dir.path())
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .rsplitn(3, '-')
+                .nth(1)
+                == Some("exit")
+        })
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}\n{}", run.stderr);
+    python_load_json(&files[0])
+}
+
+/// Frames of the first live block of exactly `size` bytes.
+fn frames_of_block(snap: &Value, size: u64) -> Vec<Value> {
+    for seg in snap["segments"].as_array().unwrap() {
+        for b in seg["blocks"].as_array().unwrap() {
+            if b["size"].as_u64() == Some(size) {
+                return b["frames"].as_array().unwrap().clone();
+            }
+        }
+    }
+    panic!("no live block of {size} bytes");
+}
+
+fn names(frames: &[Value]) -> Vec<String> {
+    frames
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn assert_no_memsnap_frames(frames: &[Value]) {
+    for f in frames {
+        let name = f["name"].as_str().unwrap();
+        let file = f["filename"].as_str().unwrap();
+        assert!(
+            !name.contains("memsnap::")
+                && !file.contains("libmemsnap")
+                && !file.contains("/src/preload/"),
+            "memsnap's own frame leaked into a stack: {f}"
+        );
+    }
+}
+
+#[test]
+fn c_frames_name_the_function_and_line_that_allocated() {
+    let run = run_program("static_rt", &[], &[], true);
+    let snap = exit_snapshot(&run);
+    let r = run.results();
+    let frames = frames_of_block(&snap, 1 << 20); // WEIGHTS1: alloc_weights' first cudaMalloc
+    assert_no_memsnap_frames(&frames);
+    let site = frames
+        .iter()
+        .find(|f| f["name"] == "alloc_weights")
+        .unwrap_or_else(|| panic!("no alloc_weights frame in {:?}", names(&frames)));
+    assert!(
+        site["filename"]
+            .as_str()
+            .unwrap()
+            .ends_with("rt_scenario.h"),
+        "{site}"
+    );
+    assert_eq!(
+        site["line"].as_u64().unwrap(),
+        num(&r, "alloc_weights_line")
+    );
+    // Innermost first: the allocating function comes before its caller, main.
+    let pos = |n: &str| names(&frames).iter().position(|x| x == n);
+    assert!(pos("alloc_weights") < pos("main"), "{:?}", names(&frames));
+    // Every frame has PyTorch's three keys with the right types.
+    for f in &frames {
+        assert!(
+            f["name"].is_string() && f["filename"].is_string() && f["line"].is_i64(),
+            "{f}"
+        );
+    }
+}
+
+#[test]
+fn a_stripped_binary_still_gets_function_names_where_symbols_exist() {
+    let run = run_program("static_rt_stripped", &[], &[], true);
+    let snap = exit_snapshot(&run);
+    let frames = frames_of_block(&snap, 1 << 20);
+    assert_no_memsnap_frames(&frames);
+    assert!(
+        !frames.is_empty(),
+        "native frames are captured without debug info"
+    );
+    // No DWARF: no file:line for the program's own frames, but nothing made up either.
+    for f in frames.iter().filter(|f| f["name"] == "alloc_weights") {
+        assert_eq!(f["line"], 0, "{f}");
+    }
+}
+
+#[test]
+fn python_frames_name_the_line_through_ctypes() {
+    for mode in ["main", "thread"] {
+        let run = run_program(
+            "py_alloc.py",
+            &[mode],
+            &[("MEMSNAP_STACKS", "python")],
+            true,
+        );
+        let snap = exit_snapshot(&run);
+        let r = run.results();
+        let frames = frames_of_block(&snap, 1024); // forward(1)'s `out`: live at exit
+        let file = r["file"].clone();
+        assert_eq!(
+            frames[0]["name"],
+            "make_tensor",
+            "{mode}: {:?}",
+            names(&frames)
+        );
+        assert_eq!(frames[0]["filename"].as_str().unwrap(), file);
+        assert_eq!(frames[0]["line"].as_u64().unwrap(), num(&r, "line"));
+        assert_eq!(frames[1]["name"], "forward");
+        assert_eq!(frames[2]["name"], "train");
+        // stacks=python: nothing but Python frames.
+        assert!(
+            frames
+                .iter()
+                .all(|f| f["filename"] == file || f["filename"].as_str().unwrap().ends_with(".py"))
+        );
+    }
+}
+
+#[test]
+fn all_stacks_place_python_frames_among_native_ones() {
+    let run = run_program("py_alloc.py", &["main"], &[("MEMSNAP_STACKS", "all")], true);
+    let snap = exit_snapshot(&run);
+    let frames = frames_of_block(&snap, 1024);
+    assert_no_memsnap_frames(&frames);
+    let n = names(&frames);
+    let make = n
+        .iter()
+        .position(|x| x == "make_tensor")
+        .expect("python frame present");
+    // Native frames (the runtime, ctypes/libffi) come before (inside) the Python caller.
+    assert!(make > 0, "{n:?}");
+    assert!(n[..make].iter().any(|x| x.contains("cudaMalloc")), "{n:?}");
+    // The Python frames keep their order.
+    let forward = n.iter().position(|x| x == "forward").unwrap();
+    let train = n.iter().position(|x| x == "train").unwrap();
+    assert!(make < forward && forward < train, "{n:?}");
+}
+
+#[test]
+fn stacks_none_records_no_frames_and_context_all_gives_frees_their_own() {
+    let run = run_program(
+        "py_alloc.py",
+        &["main"],
+        &[("MEMSNAP_STACKS", "none")],
+        true,
+    );
+    let snap = exit_snapshot(&run);
+    for e in snap["device_traces"][0].as_array().unwrap() {
+        assert_eq!(e["frames"].as_array().unwrap().len(), 0, "{e}");
+    }
+
+    let free_frames = |context: &str| -> Vec<String> {
+        let run = run_program(
+            "py_alloc.py",
+            &["main"],
+            &[("MEMSNAP_STACKS", "python"), ("MEMSNAP_CONTEXT", context)],
+            true,
+        );
+        let snap = exit_snapshot(&run);
+        let free = snap["device_traces"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["action"] == "free_requested")
+            .expect("a free")
+            .clone();
+        names(free["frames"].as_array().unwrap())
+    };
+    assert_eq!(
+        free_frames("alloc")[0],
+        "make_tensor",
+        "frees reuse the allocation's stack"
+    );
+    assert_eq!(
+        free_frames("all")[0],
+        "free_tensor",
+        "frees record their own stack"
+    );
+}
+
+#[test]
+fn deep_recursion_is_cut_at_max_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("deep.py");
+    std::fs::write(
+        &script,
+        "import ctypes, os\n\
+         rt = ctypes.CDLL(os.environ['FAKE_CUDART'])\n\
+         def down(n):\n\
+         \x20   if n == 0:\n\
+         \x20       p = ctypes.c_void_p(); rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(12345)); return\n\
+         \x20   down(n - 1)\n\
+         down(100)\n",
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(&script)
+        .env("LD_PRELOAD", preload_lib())
+        .env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env("FAKE_CUDART", fake_lib_dir().join("libcudart.so.13"))
+        .env("MEMSNAP_FOLDER", dir.path())
+        .env("MEMSNAP_STACKS", "all")
+        .env("MEMSNAP_MAX_FRAMES", "4")
+        .env("MEMSNAP_QUIET", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = snapshot_files(dir.path())
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "pickle"))
+        .unwrap();
+    let snap = python_load_json(&file);
+    let frames = frames_of_block(&snap, 12345);
+    let python: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["filename"].as_str().unwrap().ends_with("deep.py"))
+        .collect();
+    assert_eq!(
+        python.len(),
+        4,
+        "Python frames capped at MEMSNAP_MAX_FRAMES"
+    );
+    assert!(python.iter().all(|f| f["name"] == "down"));
+    // Native: the innermost return addresses are kept (symbolization may expand one into
+    // several inlined frames), the outermost ones are dropped.
+    let n = names(&frames);
+    assert_eq!(n[0], "cudaMalloc", "{n:?}");
+    assert!(
+        !n.iter()
+            .any(|x| x.contains("libc_start_main") || x == "Py_BytesMain"),
+        "{n:?}"
+    );
+}
