@@ -306,12 +306,12 @@ pub fn render(snap: &Snapshot, title: &str, top: usize) -> Result<String> {
         .replace('>', "&gt;");
     // Split first, so neither value can be mistaken for the other placeholder.
     let (head, tail) = TEMPLATE
-        .split_once("__MEMSNAP_DATA__")
+        .split_once("@@VIEW_DATA@@")
         .context("view template lost its data placeholder")?;
     Ok(format!(
         "{}{json}{}",
-        head.replace("__MEMSNAP_TITLE__", &title_html),
-        tail.replace("__MEMSNAP_TITLE__", &title_html)
+        head.replace("@@VIEW_TITLE@@", &title_html),
+        tail.replace("@@VIEW_TITLE@@", &title_html)
     ))
 }
 

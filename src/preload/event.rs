@@ -68,6 +68,32 @@ pub enum Api {
 }
 
 impl Api {
+    /// Every variant, in discriminant order (`ALL[a as usize] == a`).
+    pub const ALL: [Api; 22] = [
+        Api::CuMemAlloc,
+        Api::CuMemAllocPitch,
+        Api::CuMemAllocManaged,
+        Api::CuMemAllocAsync,
+        Api::CuMemAllocFromPoolAsync,
+        Api::CuMemFree,
+        Api::CuMemFreeAsync,
+        Api::CuMemCreate,
+        Api::CuMemRelease,
+        Api::CuMemAddressReserve,
+        Api::CuMemAddressFree,
+        Api::CuMemMap,
+        Api::CuMemUnmap,
+        Api::CudaMalloc,
+        Api::CudaMallocAsync,
+        Api::CudaMallocFromPoolAsync,
+        Api::CudaMallocManaged,
+        Api::CudaMallocPitch,
+        Api::CudaMalloc3D,
+        Api::CudaFree,
+        Api::CudaFreeAsync,
+        Api::Memsnap,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Api::CuMemAlloc => "cuMemAlloc",
@@ -197,5 +223,18 @@ impl StackSlot {
     }
     pub fn python(&self) -> &[PyFrameRaw] {
         &self.python[..(self.n_python as usize).min(FRAME_CAPACITY)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_all_is_in_discriminant_order_and_complete() {
+        for (i, api) in Api::ALL.iter().enumerate() {
+            assert_eq!(*api as usize, i, "{api:?}");
+        }
+        assert_eq!(Api::ALL.len(), Api::Memsnap as usize + 1);
     }
 }

@@ -14,7 +14,7 @@ pub mod state;
 
 use crate::config::Config;
 use crate::preload::control::{self, API_DUMPS_DONE, EXIT_DONE, OOM_DONE, SIGNAL_PENDING, TAGS};
-use crate::preload::event::{Control, Event, Kind, NO_STACK};
+use crate::preload::event::{Api, Control, Event, Kind, NO_STACK};
 use crate::preload::guard;
 use crate::preload::hooks::ROUTED;
 use crate::preload::queue::Recorder;
@@ -84,7 +84,7 @@ struct Writer {
     window_from: Option<Vec<u64>>,
     last_period: Instant,
     last_refresh: Instant,
-    api_counts: [u64; 32],
+    api_counts: [u64; Api::ALL.len()],
     warned_drops: u64,
     write_warnings: u32,
     stats: Option<stats::Stats>,
@@ -111,7 +111,7 @@ impl Writer {
             window_from: None,
             last_period: Instant::now(),
             last_refresh: Instant::now(),
-            api_counts: [0; 32],
+            api_counts: [0; Api::ALL.len()],
             warned_drops: 0,
             write_warnings: 0,
             stats,
@@ -508,32 +508,7 @@ impl Writer {
 }
 
 fn api_name(i: usize) -> Option<&'static str> {
-    use crate::preload::event::Api::*;
-    const ALL: [crate::preload::event::Api; 22] = [
-        CuMemAlloc,
-        CuMemAllocPitch,
-        CuMemAllocManaged,
-        CuMemAllocAsync,
-        CuMemAllocFromPoolAsync,
-        CuMemFree,
-        CuMemFreeAsync,
-        CuMemCreate,
-        CuMemRelease,
-        CuMemAddressReserve,
-        CuMemAddressFree,
-        CuMemMap,
-        CuMemUnmap,
-        CudaMalloc,
-        CudaMallocAsync,
-        CudaMallocFromPoolAsync,
-        CudaMallocManaged,
-        CudaMallocPitch,
-        CudaMalloc3D,
-        CudaFree,
-        CudaFreeAsync,
-        Memsnap,
-    ];
-    ALL.iter().find(|a| **a as usize == i).map(|a| a.name())
+    crate::preload::event::Api::ALL.get(i).map(|a| a.name())
 }
 
 /// `MEMSNAP_STATS`: one CSV row per device per step (or period), like KempnerForge's
