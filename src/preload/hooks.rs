@@ -201,13 +201,13 @@ unsafe extern "C" fn dlsym_route(handle: *mut c_void, symbol: *const c_char) -> 
     if name.len() < 3 || &name[..2] != b"cu" || name.starts_with(b"cuda") {
         return p;
     }
-    let Some(id) = driver_hook_by_name(name) else {
+    if driver_hook_by_name(name).is_none() {
         return p;
-    };
+    }
     // The pointer came from the library that defines a hooked driver symbol: that is the
-    // driver, whatever its file is called. Learn its real pointers from it.
+    // driver, whatever its file is called (or our own export, for RTLD_DEFAULT lookups).
+    // Learn the driver's real pointers from it.
     ensure_driver_table(p);
-    let _ = id;
     let routed = route_driver_pointer(p);
     if routed != p {
         ROUTED.dlsym.fetch_add(1, Relaxed);
@@ -238,7 +238,10 @@ static DRIVER_TABLE: AtomicU8 = AtomicU8::new(TABLE_EMPTY);
 /// Resolves every hooked driver symbol in the library containing `sample` (a pointer into
 /// the driver). Once per process; concurrent callers wait for the first.
 fn ensure_driver_table(sample: *mut c_void) {
-    if DRIVER_TABLE.load(Acquire) == TABLE_READY {
+    // Our own wrapper (what `dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")` finds first) says nothing
+    // about where the driver is: building the table from our library would mark it ready
+    // with no real pointer in it, and routing would silently stop.
+    if DRIVER_TABLE.load(Acquire) == TABLE_READY || sample.is_null() || is_our_hook(sample) {
         return;
     }
     ensure_driver_table_slow(sample);
@@ -529,20 +532,8 @@ fn route_entry_point(r: CuResult, pfn: *mut *mut c_void) {
     }
     // SAFETY: the lookup succeeded, so `*pfn` holds the pointer it wrote.
     let p = unsafe { *pfn };
-    if p.is_null() || is_our_hook(p) {
-        return;
-    }
-    if DRIVER_TABLE.load(Acquire) != TABLE_READY {
-        // The runtime got this pointer from the driver: it lies inside the driver.
-        let mut info: libc::Dl_info =
-            // SAFETY: plain C struct, filled by dladdr.
-            unsafe { std::mem::zeroed() };
-        // SAFETY: dladdr on an address; no dereference.
-        if unsafe { libc::dladdr(p, &mut info) } == 0 {
-            return;
-        }
-        ensure_driver_table(p);
-    }
+    // The runtime got `p` from the driver, so it lies inside the driver (or is already our
+    // wrapper, when the runtime's own lookup went through our cuGetProcAddress).
     route_out_param(r, pfn, p, &ROUTED.driver_entry_point);
 }
 
@@ -1057,6 +1048,16 @@ mod tests {
             driver_hook_by_name(b"cudaMalloc"),
             None,
             "runtime names are not routed"
+        );
+    }
+
+    #[test]
+    fn our_own_wrapper_never_stands_for_the_driver() {
+        ensure_driver_table(cuMemAlloc_v2 as *mut c_void);
+        assert_ne!(
+            DRIVER_TABLE.load(Acquire),
+            TABLE_READY,
+            "table built from libmemsnap itself"
         );
     }
 

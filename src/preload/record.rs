@@ -137,9 +137,12 @@ fn out_of_memory(api: Api, size: u64, stream: u64) {
     let device = hooks::current_device();
     let free = hooks::device_free_bytes();
     let ticket = control::oom_dump_ticket();
-    let mut ev = event(Kind::Oom, api, device, ticket, size, free as u64, stream);
-    ev.aux = free as u64;
-    send(rec, ev, true);
+    // addr carries the dump ticket (0: recorded, no dump), aux the free bytes (-1: unknown).
+    send(
+        rec,
+        event(Kind::Oom, api, device, ticket, size, free as u64, stream),
+        true,
+    );
     if ticket != 0 {
         control::wait_for_oom_dump(ticket);
     }
