@@ -61,7 +61,7 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
         for pid in pids {
             match prepare(pid, uid, args.folder.as_deref()) {
                 Ok(t) => targets.push(t),
-                Err(Prepare::Excluded) => {}
+                Err(Prepare::Excluded | Prepare::Gone(_)) => {}
                 // Launchers (torchrun's agent) and helpers that never touch CUDA load the
                 // library too: skipping them is not a failure.
                 Err(Prepare::NotRecording(msg)) => eprintln!("memsnap: skipping: {msg}"),
@@ -84,7 +84,7 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
             match prepare(pid, uid, None) {
                 Ok(t) => targets.push(t),
                 Err(Prepare::Excluded) => {}
-                Err(Prepare::NotRecording(msg) | Prepare::Failed(msg)) => {
+                Err(Prepare::NotRecording(msg) | Prepare::Failed(msg) | Prepare::Gone(msg)) => {
                     eprintln!("memsnap: {msg}");
                     failed += 1;
                 }
@@ -149,6 +149,9 @@ enum Prepare {
     /// signals off): nothing would answer the signal.
     NotRecording(String),
     Failed(String),
+    /// The process no longer exists. An error for a pid the user named; with `--all`, a
+    /// process that exited between the scan and its check is simply not there any more.
+    Gone(String),
     /// `--all --folder DIR`: writes somewhere else.
     Excluded,
 }
@@ -165,8 +168,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 
 fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Prepare> {
     let proc = PathBuf::from(format!("/proc/{pid}"));
-    let meta =
-        std::fs::metadata(&proc).map_err(|_| Prepare::Failed(format!("no process {pid}")))?;
+    let meta = std::fs::metadata(&proc).map_err(|_| Prepare::Gone(format!("no process {pid}")))?;
     if meta.uid() != uid {
         return Err(Prepare::Failed(format!(
             "pid {pid} belongs to another user (uid {}); you can only dump your own processes",
@@ -174,11 +176,13 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
         )));
     }
     let maps = std::fs::read_to_string(proc.join("maps")).map_err(|e| {
-        Prepare::Failed(if e.kind() == std::io::ErrorKind::PermissionDenied {
-            format!("permission denied reading /proc/{pid}/maps: cannot tell whether pid {pid} has memsnap loaded")
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            Prepare::Failed(format!(
+                "permission denied reading /proc/{pid}/maps: cannot tell whether pid {pid} has memsnap loaded"
+            ))
         } else {
-            format!("no process {pid} ({e})")
-        })
+            Prepare::Gone(format!("no process {pid} ({e})"))
+        }
     })?;
     if !has_memsnap(&maps) {
         return Err(Prepare::Failed(format!(
@@ -196,6 +200,9 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
         folder
     } else {
         let cwd = std::fs::read_link(proc.join("cwd")).map_err(|e| {
+            if !proc.exists() {
+                return Prepare::Gone(format!("no process {pid}"));
+            }
             Prepare::Failed(format!(
                 "cannot read the working directory of pid {pid} ({e}), which {} is relative to",
                 var::FOLDER
