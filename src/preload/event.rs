@@ -231,6 +231,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn events_stay_small() {
+        // The queue holds MEMSNAP_QUEUE_CAPACITY of these; stacks live in separate slots.
+        assert_eq!(size_of::<Event>(), 56);
+    }
+
+    #[test]
     fn api_all_is_in_discriminant_order_and_complete() {
         for (i, api) in Api::ALL.iter().enumerate() {
             assert_eq!(*api as usize, i, "{api:?}");
