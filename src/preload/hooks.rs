@@ -564,6 +564,19 @@ fn out_host_ptr(p: *const *mut c_void) -> u64 {
     }
 }
 
+/// Bytes of a pitched allocation: the row pitch the driver chose times the rows (the
+/// requested width when the call failed or the caller passed no pitch pointer).
+#[inline(always)]
+fn pitched_bytes(r: CuResult, pitch: *const usize, width: usize, height: usize) -> u64 {
+    let row = if pitch.is_null() || r != CUDA_SUCCESS {
+        width
+    } else {
+        // SAFETY: the successful real call wrote the caller's pitch out-parameter.
+        unsafe { *pitch }
+    };
+    (row as u64).saturating_mul(height as u64)
+}
+
 macro_rules! call_real {
     ($id:ident, $ty:ty, ($($arg:expr),*)) => {{
         let Some(f) = real::<$ty>(HookId::$id) else { return CUDA_ERROR_NOT_FOUND };
@@ -604,13 +617,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         (dptr, pitch, width, height, element_size)
     );
     if scope.outermost() {
-        let row = if pitch.is_null() || r != CUDA_SUCCESS {
-            width
-        } else {
-            // SAFETY: written by the successful real call.
-            unsafe { *pitch }
-        };
-        let size = (row as u64).saturating_mul(height as u64);
+        let size = pitched_bytes(r, pitch, width, height);
         record::allocation(r, Kind::Alloc, Api::CuMemAllocPitch, out_ptr(dptr), size, 0);
     }
     r
@@ -981,13 +988,7 @@ pub unsafe extern "C" fn cudaMallocPitch(
         (dev_ptr, pitch, width, height)
     );
     if scope.outermost() {
-        let row = if pitch.is_null() || r != CUDA_SUCCESS {
-            width
-        } else {
-            // SAFETY: written by the successful real call.
-            unsafe { *pitch }
-        };
-        let size = (row as u64).saturating_mul(height as u64);
+        let size = pitched_bytes(r, pitch, width, height);
         record::allocation(
             r,
             Kind::Alloc,

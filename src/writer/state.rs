@@ -165,23 +165,7 @@ impl State {
         }
         let device = device.max(0);
         self.close_overlaps(device, addr, size, false);
-        let stack = live.stack;
-        let rec = |action| TraceRec {
-            action,
-            addr,
-            size,
-            stream: live.stream,
-            time_us: live.time_us,
-            stack,
-            api: live.api,
-            device_free: -1,
-        };
-        self.push(device, rec(Action::SegmentAlloc));
-        self.push(device, rec(Action::Alloc));
-        let dev = self.device(device);
-        dev.allocs.insert(addr, live);
-        dev.events += 1;
-        self.add_live(device, size);
+        self.open_block(device, addr, size, live, Action::SegmentAlloc);
     }
 
     /// A free of `addr`: `free_requested` + `free_completed` + `segment_free` on whichever
@@ -345,6 +329,12 @@ impl State {
             return;
         }
         self.close_overlaps(device, addr, size, true);
+        self.open_block(device, addr, size, live, Action::SegmentMap);
+    }
+
+    /// A new live block: `segment_alloc` (its own segment) or `segment_map` (a mapping in a
+    /// mapped range), then `alloc`.
+    fn open_block(&mut self, device: i32, addr: u64, size: u64, live: Live, segment: Action) {
         let rec = |action| TraceRec {
             action,
             addr,
@@ -355,10 +345,14 @@ impl State {
             api: live.api,
             device_free: -1,
         };
-        self.push(device, rec(Action::SegmentMap));
+        self.push(device, rec(segment));
         self.push(device, rec(Action::Alloc));
         let dev = self.device(device);
-        dev.mappings.insert(addr, live);
+        if segment == Action::SegmentMap {
+            dev.mappings.insert(addr, live);
+        } else {
+            dev.allocs.insert(addr, live);
+        }
         dev.events += 1;
         self.add_live(device, size);
     }
