@@ -1,0 +1,84 @@
+//! `memsnap check`: every PyTorch fixture follows the viewer's rules; a snapshot that breaks
+//! one (a block outside any segment's tiling) is reported with exit status 1.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn memsnap(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_memsnap"))
+        .args(args)
+        .output()
+        .expect("run memsnap")
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_pytorch_fixture_passes() {
+    let files = fixtures();
+    assert_eq!(files.len(), 6);
+    let args: Vec<&str> = std::iter::once("check")
+        .chain(files.iter().map(|p| p.to_str().unwrap()))
+        .collect();
+    let out = memsnap(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.contains(": ok (")).count(),
+        6,
+        "{text}"
+    );
+}
+
+#[test]
+fn a_broken_snapshot_is_reported_with_exit_1() {
+    // One segment whose single block is smaller than the segment: blocks must tile it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.pickle");
+    let script = r#"
+import pickle, sys
+seg = {"device": 0, "address": 4096, "total_size": 8192, "allocated_size": 4096,
+       "active_size": 4096, "requested_size": 4096, "stream": 0, "segment_type": "large",
+       "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+       "blocks": [{"address": 4096, "size": 4096, "requested_size": 4096,
+                   "state": "active_allocated", "frames": []}]}
+pickle.dump({"segments": [seg], "device_traces": [[]]}, open(sys.argv[1], "wb"), protocol=4)
+"#;
+    let ok = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let out = memsnap(&["check", path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("broken.pickle: ") && text.contains("violation"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unreadable_file_is_exit_2_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, "not a pickle").unwrap();
+    let out = memsnap(&["check", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("notes.txt"));
+}
