@@ -11,14 +11,22 @@ W=$(mktemp -d /tmp/memsnap-cli.XXXXXX)
 M=target/release/memsnap
 python3 tests/chromium/gen_snapshot.py "$W/1M.pickle" --events 1000000 >/dev/null
 python3 tests/chromium/gen_snapshot.py "$W/4M.pickle" --events 4000000 >/dev/null
-best() { # best <cmd...>: "seconds MB" of the fastest of 3 runs
-    local b_s=1e9 b_m=0 s m
-    for _ in 1 2 3; do
-        /usr/bin/time -f "%e %M" -o "$W/t" "$@" >/dev/null 2>"$W/err" || { echo "failed: $(tail -c 300 "$W/err")"; return; }
-        read -r s m <"$W/t"
-        if awk -v a="$s" -v b="$b_s" 'BEGIN { exit !(a < b) }'; then b_s=$s; b_m=$m; fi
-    done
-    echo "$b_s s, $((b_m / 1024)) MB"
+best() { # best <cmd...>: "seconds, MB" of the fastest of 3 runs (wall time, peak RSS via wait4)
+    python3 - "$@" <<'PY'
+import os, subprocess, sys, time
+best = None
+for _ in range(3):
+    t0 = time.perf_counter()
+    p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    dt = time.perf_counter() - t0
+    if status != 0:
+        print(f"failed ({p.stderr.read()[-200:].decode(errors='replace').strip()})")
+        sys.exit(0)
+    if best is None or dt < best[0]:
+        best = (dt, ru.ru_maxrss // 1024)
+print(f"{best[0]:.2f} s, {best[1]} MB")
+PY
 }
 echo "| file | size | memsnap summary | python -m torch.cuda._memory_viz stats |"
 echo "|---|---|---|---|"
