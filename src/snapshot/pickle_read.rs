@@ -69,6 +69,9 @@ pub enum Val {
     Float(f64),
     /// Index into [`Pickle::nodes`].
     Ref(u32),
+    /// A trace entry converted when it was appended to a list (snapshot mode only): the
+    /// entry's number. Found only inside lists, never on the machine's stack.
+    Event(u32),
 }
 
 /// An arena entry. Containers hold [`Val`]s, so sharing is preserved.
@@ -87,6 +90,12 @@ pub enum Node {
     /// A frame list already interned as a stack (snapshot mode only); its items were
     /// dropped, which is most of the memory a large file would otherwise hold.
     Stack(Option<StackId>),
+    /// A list of `len` converted trace entries numbered `first..first + len` (snapshot
+    /// mode only): the device's trace list, stored without one value per entry.
+    EventRun {
+        first: u32,
+        len: u32,
+    },
 }
 
 /// The result of [`parse`]: the arena and the top-level value.
@@ -112,9 +121,14 @@ impl Pickle {
         }
     }
     /// Items of a list or tuple.
-    pub fn items(&self, v: Val) -> Option<&[Val]> {
+    pub fn items(&self, v: Val) -> Option<std::borrow::Cow<'_, [Val]>> {
         match self.node(v) {
-            Some(Node::List(x)) | Some(Node::Tuple(x)) => Some(x),
+            Some(Node::List(x)) | Some(Node::Tuple(x)) => Some(std::borrow::Cow::Borrowed(x)),
+            Some(Node::EventRun { first, len }) => Some(std::borrow::Cow::Owned(
+                (*first..first.saturating_add(*len))
+                    .map(Val::Event)
+                    .collect(),
+            )),
             _ => None,
         }
     }
@@ -790,19 +804,54 @@ impl<'a> Machine<'a> {
     fn append(&mut self, list: Val, mut items: Vec<Val>, at: usize) -> Result<()> {
         if self.st.snapshot_mode {
             for item in items.iter_mut() {
-                self.maybe_convert_event(*item, at)?;
+                if let Some(n) = self.maybe_convert_event(*item, at)? {
+                    *item = Val::Event(n);
+                }
             }
         }
         let idx = match list {
             Val::Ref(i) => i as usize,
             _ => return Err(self.corrupt(at, "APPEND(S) to something that is not a list")),
         };
-        match self.st.pickle.nodes.get_mut(idx) {
+        // Entries numbered `start..start + items.len()`, when the items are exactly that.
+        let run_from = |start: u32| {
+            items
+                .iter()
+                .enumerate()
+                .all(|(i, v)| matches!(v, Val::Event(n) if Some(*n) == start.checked_add(i as u32)))
+        };
+        let node = self.st.pickle.nodes.get_mut(idx);
+        match node {
+            Some(Node::List(v)) if v.is_empty() => {
+                let n = items.len() as u32;
+                match items.first() {
+                    Some(&Val::Event(first)) if self.st.snapshot_mode && run_from(first) => {
+                        *node.expect("matched") = Node::EventRun { first, len: n };
+                    }
+                    _ => *v = items,
+                }
+                Ok(())
+            }
             Some(Node::List(v)) => {
-                if v.is_empty() {
-                    *v = items;
-                } else {
-                    v.extend_from_slice(&items);
+                v.extend_from_slice(&items);
+                Ok(())
+            }
+            Some(Node::EventRun { first, len }) => {
+                let next = first.checked_add(*len);
+                match next {
+                    Some(next)
+                        if run_from(next) && len.checked_add(items.len() as u32).is_some() =>
+                    {
+                        *len += items.len() as u32;
+                    }
+                    _ => {
+                        // Anything else appended: back to a plain list of values.
+                        let mut v: Vec<Val> = (*first..first.saturating_add(*len))
+                            .map(Val::Event)
+                            .collect();
+                        v.extend_from_slice(&items);
+                        *node.expect("matched") = Node::List(v);
+                    }
                 }
                 Ok(())
             }
@@ -826,8 +875,8 @@ impl<'a> Machine<'a> {
 
     /// A dict with an `action` string that is appended to a list is a trace entry: convert
     /// it now and drop the dict (snapshot mode only).
-    fn maybe_convert_event(&mut self, item: Val, at: usize) -> Result<()> {
-        let Val::Ref(id) = item else { return Ok(()) };
+    fn maybe_convert_event(&mut self, item: Val, at: usize) -> Result<Option<u32>> {
+        let Val::Ref(id) = item else { return Ok(None) };
         let is_event = match self.st.pickle.nodes.get(id as usize) {
             Some(Node::Dict(d)) => d.iter().any(|(k, v)| {
                 self.st.pickle.str(*k) == Some("action") && self.st.pickle.str(*v).is_some()
@@ -835,7 +884,7 @@ impl<'a> Machine<'a> {
             _ => false,
         };
         if !is_event {
-            return Ok(());
+            return Ok(None);
         }
         let entry = event_from_dict(&self.st.pickle, &mut self.st.interner, item)
             .map_err(|msg| self.corrupt(at, format!("trace entry: {msg}")))?;
@@ -847,7 +896,7 @@ impl<'a> Machine<'a> {
                 self.st.pickle.nodes[list as usize] = Node::Stack(stack);
             }
         }
-        Ok(())
+        Ok(Some(n))
     }
 }
 
@@ -940,7 +989,7 @@ impl Interner {
         if let Some(&s) = self.stack_by_node.get(&id) {
             return s;
         }
-        let items = p.items(v).unwrap_or(&[]);
+        let items = p.items(v).unwrap_or_default();
         let ids: Vec<u32> = items.iter().map(|&f| self.frame(p, f)).collect();
         let s = if ids.is_empty() {
             None
@@ -1099,21 +1148,19 @@ impl Converter<'_> {
                     .items(dt)
                     .ok_or_else(|| shape("device_traces", "not a list"))?;
                 for (d, &l) in lists.iter().enumerate() {
-                    let items = p
-                        .items(l)
-                        .ok_or_else(|| shape(format!("device_traces[{d}]"), "not a list"))?;
                     // Fast path: the entries were converted in exactly this order (every
                     // writer appends device by device), so move them without a second copy.
-                    let in_order = items.iter().enumerate().all(|(i, &e)| {
-                        matches!(p.node(e), Some(Node::Event(n)) if *n as usize == self.consumed + i)
-                    });
-                    if in_order && !items.is_empty() {
-                        let out: Vec<TraceEntry> =
-                            if self.consumed == 0 && items.len() == self.events.len() {
-                                std::mem::take(&mut self.events)
-                            } else {
-                                self.events.drain(..items.len()).collect()
-                            };
+                    if let Some(Node::EventRun { first, len }) = p.node(l)
+                        && *first as usize == self.consumed
+                        && *len as usize <= self.events.len()
+                        && *len > 0
+                    {
+                        let n = *len as usize;
+                        let out: Vec<TraceEntry> = if n == self.events.len() {
+                            std::mem::take(&mut self.events)
+                        } else {
+                            self.events.drain(..n).collect()
+                        };
                         for (i, home) in self.event_home[self.consumed..self.consumed + out.len()]
                             .iter_mut()
                             .enumerate()
@@ -1124,6 +1171,9 @@ impl Converter<'_> {
                         snap.device_traces.push(out);
                         continue;
                     }
+                    let items = p
+                        .items(l)
+                        .ok_or_else(|| shape(format!("device_traces[{d}]"), "not a list"))?;
                     let mut out = Vec::with_capacity(items.len());
                     for (i, &e) in items.iter().enumerate() {
                         (self.cur_device, self.cur_index) = (d as u32, i as u32);
@@ -1152,6 +1202,18 @@ impl Converter<'_> {
         Ok(snap)
     }
 
+    /// The number of an already converted entry: a list item, or a dict shared through
+    /// the memo that was converted where it was first appended.
+    fn event_no(&self, v: Val) -> Option<u32> {
+        match v {
+            Val::Event(n) => Some(n),
+            _ => match self.p.node(v) {
+                Some(Node::Event(n)) => Some(*n),
+                _ => None,
+            },
+        }
+    }
+
     /// A converted entry that an earlier list position already took (an entry shared
     /// through the memo, which no known writer produces): a clone of that one.
     fn taken_event(
@@ -1161,10 +1223,8 @@ impl Converter<'_> {
         current: &[TraceEntry],
         device: usize,
     ) -> Option<TraceEntry> {
-        let Some(Node::Event(n)) = self.p.node(v) else {
-            return None;
-        };
-        let (d, i) = *self.event_home.get(*n as usize)?;
+        let n = self.event_no(v)?;
+        let (d, i) = *self.event_home.get(n as usize)?;
         if d == u32::MAX {
             return None;
         }
@@ -1177,9 +1237,9 @@ impl Converter<'_> {
     }
 
     fn event(&mut self, v: Val) -> std::result::Result<TraceEntry, String> {
-        if let Some(Node::Event(n)) = self.p.node(v) {
+        if let Some(n) = self.event_no(v) {
             // Move the entry out (no clone); remember where it went for a shared reference.
-            let n = *n as usize;
+            let n = n as usize;
             let placeholder = TraceEntry {
                 action: Action::Oom,
                 addr: 0,
@@ -1214,7 +1274,7 @@ impl Converter<'_> {
         let pool = p
             .get(s, "segment_pool_id")
             .and_then(|v| p.items(v))
-            .unwrap_or(&[]);
+            .unwrap_or_default();
         let segment_pool_id = (
             int_of(pool.first().copied()).unwrap_or(0),
             int_of(pool.get(1).copied()).unwrap_or(0),
@@ -1250,10 +1310,10 @@ impl Converter<'_> {
                     && let Some(h) = p
                         .get(b, "history")
                         .and_then(|h| p.items(h))
-                        .and_then(|h| h.last())
+                        .and_then(|h| h.last().copied())
                 {
-                    frames = p.get(*h, "frames");
-                    requested_size = requested_size.or(int_of(p.get(*h, "real_size")));
+                    frames = p.get(h, "frames");
+                    requested_size = requested_size.or(int_of(p.get(h, "real_size")));
                 }
                 let block_address = int_of(p.get(b, "address")).unwrap_or(next);
                 next = block_address.wrapping_add(size);
@@ -1301,6 +1361,7 @@ impl Converter<'_> {
             Val::Bool(b) => Some(Meta::Bool(b)),
             Val::Int(i) => Some(Meta::Int(i)),
             Val::Float(f) => Some(Meta::Float(f)),
+            Val::Event(_) => None,
             Val::Ref(_) => match p.node(v) {
                 Some(Node::Str(s)) => Some(Meta::Str(s.to_string())),
                 Some(Node::List(x)) | Some(Node::Tuple(x)) => {
@@ -1506,6 +1567,52 @@ mod tests {
         assert_eq!(s.device_traces[0].len(), 2);
         assert_eq!(s.device_traces[0][0], s.device_traces[0][1]);
         assert_eq!(s.device_traces[0][1].size, 9);
+
+        // A run of converted entries that then gets something else appended (the same
+        // entry again, through the memo) turns back into a plain list, read in order.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.extend_from_slice(&[b']', b'(', b']']);
+        for (memo, size) in [(1u8, 5u8), (2, 6)] {
+            b.extend_from_slice(&[b'}', b'q', memo, b'(']);
+            key(&mut b, "action");
+            key(&mut b, "alloc");
+            key(&mut b, "size");
+            b.extend_from_slice(&[b'K', size, b'u', b'a']);
+        }
+        b.extend_from_slice(&[b'h', 1, b'a', b'e', b'u', b'.']);
+        let s = read_snapshot(&b).unwrap();
+        let sizes: Vec<i64> = s.device_traces[0].iter().map(|e| e.size).collect();
+        assert_eq!(sizes, [5, 6, 5]);
+
+        // Two devices, each a run: entries go to their own device, in order.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.extend_from_slice(&[b']', b'(']);
+        for sizes in [[1u8, 2, 3], [4, 5, 6]] {
+            b.extend_from_slice(&[b']', b'(']);
+            for size in sizes {
+                b.extend_from_slice(&[b'}', b'(']);
+                key(&mut b, "action");
+                key(&mut b, "free_completed");
+                key(&mut b, "size");
+                b.extend_from_slice(&[b'K', size, b'u']);
+            }
+            b.push(b'e');
+        }
+        b.extend_from_slice(&[b'e', b'u', b'.']);
+        let s = read_snapshot(&b).unwrap();
+        let sizes: Vec<Vec<i64>> = s
+            .device_traces
+            .iter()
+            .map(|t| t.iter().map(|e| e.size).collect())
+            .collect();
+        assert_eq!(sizes, [vec![1, 2, 3], vec![4, 5, 6]]);
+        assert!(
+            s.device_traces[1]
+                .iter()
+                .all(|e| e.action == Action::FreeCompleted)
+        );
 
         // Legacy top-level list: segments only.
         let b = [0x80, 2, b']', b'.'];
