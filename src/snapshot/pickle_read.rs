@@ -8,9 +8,14 @@
 //! - [`read_snapshot`] turns the value into a [`Snapshot`]. Trace entries (the bulk of any
 //!   large file) are converted as soon as they are appended to their list, and their dict
 //!   is dropped, so memory stays close to the size of the model rather than of a generic tree.
+//!   A device's list of converted entries is kept as a number range, not one value each.
+//! - [`read_snapshot_from`] does the same from a stream, a chunk at a time (an opcode cut by
+//!   a chunk's end is run again once the next chunk is in), so the file itself is never held
+//!   whole: the CLI's peak memory is the model plus the memo, not the model plus the file.
 //!
 //! Untrusted input: every length is checked against the remaining input before anything is
-//! allocated, every opcode creates at most one node, and nothing recurses over input depth
+//! allocated (when streaming, a length past the chunk reads on, at most to the end of the
+//! file, before it is checked), every opcode creates at most one node, and nothing recurses over input depth
 //! except the conversion of metadata dicts, which is capped. Any problem is a [`ReadError`]
 //! with the byte offset (or the key path for shape errors); nothing panics.
 
@@ -254,15 +259,24 @@ fn read_chunked(
         pickle,
         interner,
         events,
+        memo,
+        memo_side,
+        memo_sparse,
+        stack,
+        marks,
         ..
     } = state;
+    // The machine's working state is not needed to convert: free it now, not at the end.
+    drop((memo, memo_side, memo_sparse, stack, marks));
     let root = pickle.root.ok_or(ReadError::NoStop { offset: base })?;
-    let event_home = vec![(u32::MAX, u32::MAX); events.len()];
+    let total_events = events.len();
     let mut conv = Converter {
         p: &pickle,
         interner,
         events,
-        event_home,
+        total_events,
+        event_home: Vec::new(),
+        moved_runs: Vec::new(),
         cur_device: 0,
         cur_index: 0,
         consumed: 0,
@@ -1096,6 +1110,10 @@ struct Converter<'p> {
     events: Vec<TraceEntry>,
     /// Where each converted entry went: (device, index), `u32::MAX` while not yet placed.
     event_home: Vec<(u32, u32)>,
+    /// Entries moved whole by the in-order fast path: (first entry, count, device). They
+    /// need no `event_home` (8 bytes an entry, at the time memory peaks).
+    moved_runs: Vec<(usize, usize, u32)>,
+    total_events: usize,
     cur_device: u32,
     cur_index: u32,
     /// Entries moved out by the in-order fast path (they left the front of `events`).
@@ -1161,12 +1179,7 @@ impl Converter<'_> {
                         } else {
                             self.events.drain(..n).collect()
                         };
-                        for (i, home) in self.event_home[self.consumed..self.consumed + out.len()]
-                            .iter_mut()
-                            .enumerate()
-                        {
-                            *home = (d as u32, i as u32);
-                        }
+                        self.moved_runs.push((self.consumed, out.len(), d as u32));
                         self.consumed += out.len();
                         snap.device_traces.push(out);
                         continue;
@@ -1224,7 +1237,15 @@ impl Converter<'_> {
         device: usize,
     ) -> Option<TraceEntry> {
         let n = self.event_no(v)?;
-        let (d, i) = *self.event_home.get(n as usize)?;
+        let n = n as usize;
+        let (d, i) = match self
+            .moved_runs
+            .iter()
+            .find(|(first, len, _)| (*first..first + len).contains(&n))
+        {
+            Some(&(first, _, moved_to)) => (moved_to, (n - first) as u32),
+            None => *self.event_home.get(n)?,
+        };
         if d == u32::MAX {
             return None;
         }
@@ -1253,7 +1274,12 @@ impl Converter<'_> {
             let idx = n.checked_sub(self.consumed).ok_or("bad event index")?;
             let e = self.events.get_mut(idx).ok_or("bad event index")?;
             let entry = std::mem::replace(e, placeholder);
-            self.event_home[n] = (self.cur_device, self.cur_index);
+            if self.event_home.is_empty() {
+                self.event_home = vec![(u32::MAX, u32::MAX); self.total_events];
+            }
+            if let Some(home) = self.event_home.get_mut(n) {
+                *home = (self.cur_device, self.cur_index);
+            }
             return Ok(entry);
         }
         event_from_dict(self.p, &mut self.interner, v)
