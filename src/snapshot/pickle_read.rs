@@ -1750,8 +1750,14 @@ mod tests {
                     }
                 }
             }
-            if read_snapshot(&b).is_err() {
+            let whole = read_snapshot(&b);
+            if whole.is_err() {
                 errors += 1;
+            }
+            // Streaming in small chunks reaches the same result or the same error.
+            if i % 10 == 0 {
+                let chunked = read_chunked(&mut &b[..], 997, &mut |_| {});
+                assert_eq!(chunked, whole, "mutation {i}, chunks of 997");
             }
         }
         // Some mutations hit values only (still valid), most break the structure.
