@@ -24,14 +24,20 @@ const PROGRESS_MIN_BYTES: usize = 64 << 20;
 
 /// Reads and decodes one snapshot; errors name the file and the problem.
 ///
-/// The file is read into memory rather than memory-mapped: the pickle is decoded
-/// front to back once, so a map saves only one copy, while a file truncated by a
-/// writer during the read would turn into SIGBUS instead of a clear error, and mapping
-/// needs `unsafe` in code that otherwise forbids it.
+/// The file is streamed through the decoder a chunk at a time rather than read whole or
+/// memory-mapped: the pickle is decoded front to back once, so holding the whole file
+/// would only add its size to the peak memory, while a file truncated by a writer during
+/// the read stays a clear error (a map would turn it into SIGBUS, and mapping needs
+/// `unsafe` in code that otherwise forbids it).
 pub fn load(path: &Path) -> Result<Snapshot> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let bar = (bytes.len() >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
-        let b = indicatif::ProgressBar::new(bytes.len() as u64);
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let len = file
+        .metadata()
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len() as usize;
+    let bar = (len >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(len as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template(
                 "{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
@@ -41,7 +47,8 @@ pub fn load(path: &Path) -> Result<Snapshot> {
         b.set_message(format!("reading {}", path.display()));
         b
     });
-    let snap = pickle_read::read_snapshot_with_progress(&bytes, &mut |done| {
+    let mut reader = file;
+    let snap = pickle_read::read_snapshot_from(&mut reader, &mut |done| {
         if let Some(b) = &bar {
             b.set_position(done as u64);
         }

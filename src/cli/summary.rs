@@ -171,7 +171,7 @@ fn device(snap: &Snapshot, sites: &Sites, st: DeviceStats, top: usize) -> Device
     {
         for e in t {
             if let Some(u) = &e.user_metadata {
-                *apis.entry(u.as_str()).or_default() += 1;
+                *apis.entry(&**u).or_default() += 1;
             }
         }
     }

@@ -7,6 +7,8 @@
 //! index, which is also how the pickle shares them (memo), and what keeps 100k events
 //! with deep stacks small.
 
+use std::sync::Arc;
+
 /// One frame, PyTorch's `{"name", "filename", "line"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Frame {
@@ -162,7 +164,9 @@ pub struct TraceEntry {
     /// Only on `oom`: free bytes reported by cuMemGetInfo.
     pub device_free: Option<i64>,
     /// memsnap writes the API that made the event (`cudaMallocAsync`, `cuMemMap`, ...).
-    pub user_metadata: Option<String>,
+    /// Shared: a file has a handful of distinct values over millions of events, so the
+    /// reader interns them instead of allocating one string per event.
+    pub user_metadata: Option<Arc<str>>,
 }
 
 /// A value in `allocator_settings` or memsnap's own metadata: JSON-like, no BigInt.

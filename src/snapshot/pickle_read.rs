@@ -8,16 +8,22 @@
 //! - [`read_snapshot`] turns the value into a [`Snapshot`]. Trace entries (the bulk of any
 //!   large file) are converted as soon as they are appended to their list, and their dict
 //!   is dropped, so memory stays close to the size of the model rather than of a generic tree.
+//!   A device's list of converted entries is kept as a number range, not one value each.
+//! - [`read_snapshot_from`] does the same from a stream, a chunk at a time (an opcode cut by
+//!   a chunk's end is run again once the next chunk is in), so the file itself is never held
+//!   whole: the CLI's peak memory is the model plus the memo, not the model plus the file.
 //!
 //! Untrusted input: every length is checked against the remaining input before anything is
-//! allocated, every opcode creates at most one node, and nothing recurses over input depth
+//! allocated (when streaming, a length past the chunk reads on, at most to the end of the
+//! file, before it is checked), every opcode creates at most one node, and nothing recurses over input depth
 //! except the conversion of metadata dicts, which is capped. Any problem is a [`ReadError`]
 //! with the byte offset (or the key path for shape errors); nothing panics.
 
 use super::model::{
     Action, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, TraceEntry,
 };
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Why a file could not be read.
@@ -51,6 +57,8 @@ pub enum ReadError {
     BadMemo { offset: usize, index: u64 },
     #[error("pickle ends at byte {offset} without STOP (truncated file?)")]
     NoStop { offset: usize },
+    #[error("cannot read the file at byte {offset}: {msg}")]
+    Io { offset: usize, msg: String },
     #[error("not a memory snapshot: {path}: {msg}")]
     Shape { path: String, msg: String },
 }
@@ -66,6 +74,9 @@ pub enum Val {
     Float(f64),
     /// Index into [`Pickle::nodes`].
     Ref(u32),
+    /// A trace entry converted when it was appended to a list (snapshot mode only): the
+    /// entry's number. Found only inside lists, never on the machine's stack.
+    Event(u32),
 }
 
 /// An arena entry. Containers hold [`Val`]s, so sharing is preserved.
@@ -84,6 +95,12 @@ pub enum Node {
     /// A frame list already interned as a stack (snapshot mode only); its items were
     /// dropped, which is most of the memory a large file would otherwise hold.
     Stack(Option<StackId>),
+    /// A list of `len` converted trace entries numbered `first..first + len` (snapshot
+    /// mode only): the device's trace list, stored without one value per entry.
+    EventRun {
+        first: u32,
+        len: u32,
+    },
 }
 
 /// The result of [`parse`]: the arena and the top-level value.
@@ -109,9 +126,14 @@ impl Pickle {
         }
     }
     /// Items of a list or tuple.
-    pub fn items(&self, v: Val) -> Option<&[Val]> {
+    pub fn items(&self, v: Val) -> Option<std::borrow::Cow<'_, [Val]>> {
         match self.node(v) {
-            Some(Node::List(x)) | Some(Node::Tuple(x)) => Some(x),
+            Some(Node::List(x)) | Some(Node::Tuple(x)) => Some(std::borrow::Cow::Borrowed(x)),
+            Some(Node::EventRun { first, len }) => Some(std::borrow::Cow::Owned(
+                (*first..first.saturating_add(*len))
+                    .map(Val::Event)
+                    .collect(),
+            )),
             _ => None,
         }
     }
@@ -135,7 +157,7 @@ impl Pickle {
 pub fn parse(bytes: &[u8]) -> Result<Pickle> {
     let mut m = Machine::new(bytes, false);
     m.run(&mut |_| {})?;
-    Ok(m.pickle)
+    Ok(m.st.pickle)
 }
 
 /// Reads a memory snapshot (memsnap's or PyTorch's).
@@ -148,18 +170,53 @@ pub fn read_snapshot_with_progress(
     bytes: &[u8],
     progress: &mut dyn FnMut(usize),
 ) -> Result<Snapshot> {
+    read_snapshot_from(&mut &bytes[..], progress)
+}
+
+/// Reads a snapshot from a stream (a file) a chunk at a time, so the file is never
+/// held in memory whole: only the decoded model, the memo and the current chunk are.
+/// Errors and their offsets are the same as for [`read_snapshot`] on the whole file.
+pub fn read_snapshot_from(
+    input: &mut dyn std::io::Read,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Snapshot> {
+    read_chunked(input, READ_CHUNK, progress)
+}
+
+/// Bytes read from the stream at a time (more when one opcode needs more).
+const READ_CHUNK: usize = 8 << 20;
+
+/// Appends up to `want` bytes of `input` to `buf`; true when the input is exhausted.
+fn fill(input: &mut dyn std::io::Read, buf: &mut Vec<u8>, want: usize, at: usize) -> Result<bool> {
+    buf.reserve(want.min(READ_CHUNK));
+    let mut limited = std::io::Read::take(&mut *input, want as u64);
+    let got = std::io::Read::read_to_end(&mut limited, buf).map_err(|e| ReadError::Io {
+        offset: at,
+        msg: e.to_string(),
+    })?;
+    Ok(got < want)
+}
+
+fn read_chunked(
+    input: &mut dyn std::io::Read,
+    chunk: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Snapshot> {
+    let chunk = chunk.max(1);
+    let mut buf = Vec::new();
+    let mut eof = fill(input, &mut buf, chunk.max(16), 0)?;
     // Every snapshot writer (Python protocol 2+, the C++ pickler, memsnap) starts with
     // PROTO; checking it first turns "memo index never stored" on a text file into a
     // message that says what the file is not.
-    match bytes.first() {
+    match buf.first() {
         None => return Err(ReadError::Empty),
         Some(0x80) => {}
         Some(_) => {
-            let start: String = String::from_utf8_lossy(&bytes[..bytes.len().min(12)])
+            let start: String = String::from_utf8_lossy(&buf[..buf.len().min(12)])
                 .chars()
                 .map(|c| if c.is_control() { '.' } else { c })
                 .collect();
-            let hint = if bytes.starts_with(&[0x1f, 0x8b]) {
+            let hint = if buf.starts_with(&[0x1f, 0x8b]) {
                 " (gzip-compressed: gunzip it first)"
             } else {
                 ""
@@ -167,23 +224,59 @@ pub fn read_snapshot_with_progress(
             return Err(ReadError::NotPickle { start, hint });
         }
     }
-    let mut m = Machine::new(bytes, true);
-    m.run(progress)?;
-    let Machine {
+    let mut base = 0usize;
+    let mut state = MachineState::new(true);
+    loop {
+        let mut m = Machine::resume(&buf, base, eof, state);
+        match m.run(progress) {
+            Ok(()) => {
+                state = m.st;
+                break;
+            }
+            Err(ReadError::Truncated { need, .. }) if !eof => {
+                // The opcode at `op_start` runs past this chunk: keep its bytes, read on.
+                let (keep_from, pos) = (m.op_start, m.pos);
+                state = m.st;
+                let more = (need as usize).saturating_add(pos - keep_from).max(chunk);
+                buf.drain(..keep_from);
+                base += keep_from;
+                let at = base + buf.len();
+                eof = fill(input, &mut buf, more, at)?;
+            }
+            Err(ReadError::NoStop { .. }) if !eof => {
+                let keep_from = m.op_start;
+                state = m.st;
+                buf.drain(..keep_from);
+                base += keep_from;
+                let at = base + buf.len();
+                eof = fill(input, &mut buf, chunk, at)?;
+            }
+            Err(e) => return Err(e.shifted(base)),
+        }
+    }
+    drop(buf);
+    let MachineState {
         pickle,
         interner,
         events,
+        memo,
+        memo_side,
+        memo_sparse,
+        stack,
+        marks,
         ..
-    } = m;
-    let root = pickle.root.ok_or(ReadError::NoStop {
-        offset: bytes.len(),
-    })?;
-    let event_home = vec![(u32::MAX, u32::MAX); events.len()];
+    } = state;
+    // The machine's working state is not needed to convert: free it now, not at the end.
+    drop((memo, memo_side, memo_sparse, stack, marks));
+    let root = pickle.root.ok_or(ReadError::NoStop { offset: base })?;
+    let total_events = events.len();
     let mut conv = Converter {
         p: &pickle,
         interner,
         events,
-        event_home,
+        total_events,
+        event_home: Vec::new(),
+        moved_runs: Vec::new(),
         cur_device: 0,
         cur_index: 0,
         consumed: 0,
@@ -191,35 +284,61 @@ pub fn read_snapshot_with_progress(
     conv.snapshot(root)
 }
 
+impl ReadError {
+    /// The same error with byte offsets moved by `base` (errors of a chunk that starts
+    /// at byte `base` of the file).
+    fn shifted(mut self, base: usize) -> Self {
+        match &mut self {
+            ReadError::Truncated { offset, .. }
+            | ReadError::UnknownOpcode { offset, .. }
+            | ReadError::Forbidden { offset, .. }
+            | ReadError::Protocol { offset, .. }
+            | ReadError::Corrupt { offset, .. }
+            | ReadError::BadMemo { offset, .. }
+            | ReadError::NoStop { offset }
+            | ReadError::Io { offset, .. } => *offset += base,
+            ReadError::Empty | ReadError::NotPickle { .. } | ReadError::Shape { .. } => {}
+        }
+        self
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The pickle machine.
 
 const PROGRESS_STEP: usize = 8 << 20;
+/// Memo slot tag: the rest is an index into `Machine::memo_side`.
+const MEMO_SIDE: u32 = 1 << 31;
+/// Memo slot that holds nothing in the dense vector (the value is in `memo_sparse`).
+const MEMO_UNSET: u32 = u32::MAX;
 
-struct Machine<'a> {
-    input: &'a [u8],
-    pos: usize,
+/// Everything the pickle machine keeps between input chunks.
+struct MachineState {
     pickle: Pickle,
     stack: Vec<Val>,
     marks: Vec<usize>,
-    memo: Vec<Option<Val>>,
+    /// Dense memo, 4 bytes a slot (files memoize every dict and list, so this is one slot
+    /// per container of the file): a node index, or [`MEMO_SIDE`] plus an index into
+    /// `memo_side` for anything else (scalars, node indices too large for the encoding).
+    memo: Vec<u32>,
+    memo_side: Vec<Val>,
     /// Memo indices far beyond the dense vector (BINPUT with arbitrary numbers).
     memo_sparse: FxHashMap<u64, Val>,
     /// Snapshot mode: convert trace entries when they are appended.
     snapshot_mode: bool,
     interner: Interner,
     events: Vec<TraceEntry>,
+    next_report: usize,
 }
 
-impl<'a> Machine<'a> {
-    fn new(input: &'a [u8], snapshot_mode: bool) -> Self {
-        Machine {
-            input,
-            pos: 0,
+impl MachineState {
+    fn new(snapshot_mode: bool) -> Self {
+        MachineState {
             pickle: Pickle::default(),
             stack: Vec::new(),
             marks: Vec::new(),
             memo: Vec::new(),
+            memo_side: Vec::new(),
             memo_sparse: FxHashMap::default(),
             snapshot_mode,
             interner: Interner {
@@ -227,6 +346,37 @@ impl<'a> Machine<'a> {
                 ..Interner::default()
             },
             events: Vec::new(),
+            next_report: PROGRESS_STEP,
+        }
+    }
+}
+
+/// The machine over one chunk of input: `input` starts at byte `base` of the file, and
+/// `last` says whether it runs to the end of the file. Every opcode reads all its bytes
+/// before it changes any state, so an opcode cut by the end of a chunk (a `Truncated` or
+/// `NoStop` error when `last` is false) is simply run again from `op_start` once the next
+/// chunk is there.
+struct Machine<'a> {
+    input: &'a [u8],
+    pos: usize,
+    base: usize,
+    last: bool,
+    op_start: usize,
+    st: MachineState,
+}
+
+impl<'a> Machine<'a> {
+    fn new(input: &'a [u8], snapshot_mode: bool) -> Self {
+        Machine::resume(input, 0, true, MachineState::new(snapshot_mode))
+    }
+    fn resume(input: &'a [u8], base: usize, last: bool, st: MachineState) -> Self {
+        Machine {
+            input,
+            pos: 0,
+            base,
+            last,
+            op_start: 0,
+            st,
         }
     }
 
@@ -279,51 +429,75 @@ impl<'a> Machine<'a> {
         }
     }
     fn push_node(&mut self, n: Node) -> Val {
-        let id = self.pickle.nodes.len() as u32;
-        self.pickle.nodes.push(n);
+        let id = self.st.pickle.nodes.len() as u32;
+        self.st.pickle.nodes.push(n);
         Val::Ref(id)
     }
     fn pop(&mut self, at: usize) -> Result<Val> {
-        let floor = self.marks.last().copied().unwrap_or(0);
-        if self.stack.len() <= floor {
+        let floor = self.st.marks.last().copied().unwrap_or(0);
+        if self.st.stack.len() <= floor {
             return Err(self.corrupt(at, "stack underflow"));
         }
-        Ok(self.stack.pop().expect("checked above"))
+        Ok(self.st.stack.pop().expect("checked above"))
     }
     fn top(&self, at: usize) -> Result<Val> {
-        let floor = self.marks.last().copied().unwrap_or(0);
-        if self.stack.len() <= floor {
+        let floor = self.st.marks.last().copied().unwrap_or(0);
+        if self.st.stack.len() <= floor {
             return Err(self.corrupt(at, "stack underflow"));
         }
-        Ok(*self.stack.last().expect("checked above"))
+        Ok(*self.st.stack.last().expect("checked above"))
     }
     fn pop_mark(&mut self, at: usize) -> Result<Vec<Val>> {
         let m = self
+            .st
             .marks
             .pop()
             .ok_or_else(|| self.corrupt(at, "no MARK before this opcode"))?;
-        Ok(self.stack.split_off(m))
+        Ok(self.st.stack.split_off(m))
     }
     fn memo_put(&mut self, index: u64, v: Val) {
-        let len = self.memo.len() as u64;
+        let len = self.st.memo.len() as u64;
+        if index > len {
+            self.st.memo_sparse.insert(index, v);
+            return;
+        }
+        let slot = match v {
+            Val::Ref(id) if id < MEMO_SIDE => id,
+            _ => {
+                self.st.memo_side.push(v);
+                // Each PUT is at least one input byte, so this index fits below 2^31 for
+                // any file under 2 GiB; beyond that the dense encoding gives way to the map.
+                let side = self.st.memo_side.len() - 1;
+                match u32::try_from(side) {
+                    Ok(i) if i < MEMO_SIDE - 1 => MEMO_SIDE | i,
+                    _ => {
+                        self.st.memo_side.pop();
+                        if index < len {
+                            // Keep the index valid for the dense vector: nothing there.
+                            self.st.memo[index as usize] = MEMO_UNSET;
+                        }
+                        self.st.memo_sparse.insert(index, v);
+                        return;
+                    }
+                }
+            }
+        };
         if index < len {
-            self.memo[index as usize] = Some(v);
-        } else if index == len {
-            self.memo.push(Some(v));
+            self.st.memo[index as usize] = slot;
         } else {
-            self.memo_sparse.insert(index, v);
+            self.st.memo.push(slot);
         }
     }
     fn memo_get(&self, index: u64, at: usize) -> Result<Val> {
-        let v = if index < self.memo.len() as u64 {
-            self.memo[index as usize]
-        } else {
-            self.memo_sparse.get(&index).copied()
+        let v = match self.st.memo.get(index as usize).copied() {
+            Some(MEMO_UNSET) | None => self.st.memo_sparse.get(&index).copied(),
+            Some(slot) if slot & MEMO_SIDE == 0 => Some(Val::Ref(slot)),
+            Some(slot) => self.st.memo_side.get((slot & !MEMO_SIDE) as usize).copied(),
         };
         v.ok_or(ReadError::BadMemo { offset: at, index })
     }
     fn memo_len(&self) -> u64 {
-        self.memo.len() as u64 + self.memo_sparse.len() as u64
+        self.st.memo.len() as u64 + self.st.memo_sparse.len() as u64
     }
 
     fn string(&mut self, len: u64, what: &'static str, at: usize) -> Result<Val> {
@@ -380,16 +554,16 @@ impl<'a> Machine<'a> {
     }
 
     fn run(&mut self, progress: &mut dyn FnMut(usize)) -> Result<()> {
-        if self.input.is_empty() {
+        if self.input.is_empty() && self.base == 0 && self.last {
             return Err(ReadError::Empty);
         }
-        let mut next_report = PROGRESS_STEP;
         loop {
-            if self.pos >= next_report {
-                progress(self.pos);
-                next_report = self.pos + PROGRESS_STEP;
+            if self.base + self.pos >= self.st.next_report {
+                progress(self.base + self.pos);
+                self.st.next_report = self.base + self.pos + PROGRESS_STEP;
             }
             let at = self.pos;
+            self.op_start = at;
             let Some(&op) = self.input.get(self.pos) else {
                 return Err(ReadError::NoStop { offset: at });
             };
@@ -403,22 +577,22 @@ impl<'a> Machine<'a> {
                             version: v,
                         });
                     }
-                    self.pickle.protocol = v;
+                    self.st.pickle.protocol = v;
                 }
                 0x95 => {
                     self.take(8, "FRAME")?;
                 }
                 b'.' => {
                     let v = self.pop(at)?;
-                    self.pickle.root = Some(v);
-                    progress(self.input.len());
+                    self.st.pickle.root = Some(v);
+                    progress(self.base + self.input.len());
                     return Ok(());
                 }
-                b'(' => self.marks.push(self.stack.len()),
+                b'(' => self.st.marks.push(self.st.stack.len()),
                 b'0' => {
                     // POP: pops the top item, or a bare MARK.
-                    if self.marks.last() == Some(&self.stack.len()) {
-                        self.marks.pop();
+                    if self.st.marks.last() == Some(&self.st.stack.len()) {
+                        self.st.marks.pop();
                     } else {
                         self.pop(at)?;
                     }
@@ -428,28 +602,28 @@ impl<'a> Machine<'a> {
                 }
                 b'2' => {
                     let v = self.top(at)?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
-                b'N' => self.stack.push(Val::None),
-                0x88 => self.stack.push(Val::Bool(true)),
-                0x89 => self.stack.push(Val::Bool(false)),
+                b'N' => self.st.stack.push(Val::None),
+                0x88 => self.st.stack.push(Val::Bool(true)),
+                0x89 => self.st.stack.push(Val::Bool(false)),
                 b'J' => {
                     let v = self.le(4, "BININT")? as u32 as i32;
-                    self.stack.push(Val::Int(v as i64));
+                    self.st.stack.push(Val::Int(v as i64));
                 }
                 b'K' => {
                     let v = self.u8("BININT1")?;
-                    self.stack.push(Val::Int(v as i64));
+                    self.st.stack.push(Val::Int(v as i64));
                 }
                 b'M' => {
                     let v = self.le(2, "BININT2")?;
-                    self.stack.push(Val::Int(v as i64));
+                    self.st.stack.push(Val::Int(v as i64));
                 }
                 0x8a => {
                     let n = self.u8("LONG1")? as u64;
                     let b = self.take(n, "LONG1")?;
                     let v = self.long(b);
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 0x8b => {
                     let n = self.le(4, "LONG4")? as u32 as i32;
@@ -458,12 +632,12 @@ impl<'a> Machine<'a> {
                     }
                     let b = self.take(n as u64, "LONG4")?;
                     let v = self.long(b);
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'I' | b'L' => {
                     let l = self.line("INT/LONG")?;
                     let v = self.text_int(l, at)?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'F' => {
                     let l = self.line("FLOAT")?;
@@ -471,55 +645,55 @@ impl<'a> Machine<'a> {
                         .ok()
                         .and_then(|s| s.trim().parse::<f64>().ok())
                         .ok_or_else(|| self.corrupt(at, "FLOAT: not a number"))?;
-                    self.stack.push(Val::Float(v));
+                    self.st.stack.push(Val::Float(v));
                 }
                 b'G' => {
                     let b = self.take(8, "BINFLOAT")?;
                     let mut a = [0u8; 8];
                     a.copy_from_slice(b);
-                    self.stack.push(Val::Float(f64::from_be_bytes(a)));
+                    self.st.stack.push(Val::Float(f64::from_be_bytes(a)));
                 }
                 0x8c => {
                     let n = self.u8("SHORT_BINUNICODE")? as u64;
                     let v = self.string(n, "SHORT_BINUNICODE", at)?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'X' => {
                     let n = self.le(4, "BINUNICODE")?;
                     let v = self.string(n, "BINUNICODE", at)?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 0x8d => {
                     let n = self.le(8, "BINUNICODE8")?;
                     let v = self.string(n, "BINUNICODE8", at)?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'C' | b'U' => {
                     let n = self.u8("SHORT_BINBYTES")? as u64;
                     let v = self.bytes(n, "SHORT_BINBYTES")?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'B' | b'T' => {
                     let n = self.le(4, "BINBYTES")?;
                     let v = self.bytes(n, "BINBYTES")?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 0x8e | 0x96 => {
                     let n = self.le(8, "BINBYTES8")?;
                     let v = self.bytes(n, "BINBYTES8")?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'}' => {
                     let v = self.push_node(Node::Dict(Vec::new()));
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b']' => {
                     let v = self.push_node(Node::List(Vec::new()));
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b')' => {
                     let v = self.push_node(Node::Tuple(Vec::new()));
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'd' => {
                     let items = self.pop_mark(at)?;
@@ -528,27 +702,27 @@ impl<'a> Machine<'a> {
                     }
                     let pairs = items.chunks_exact(2).map(|c| (c[0], c[1])).collect();
                     let v = self.push_node(Node::Dict(pairs));
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'l' => {
                     let items = self.pop_mark(at)?;
                     let v = self.push_node(Node::List(items));
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b't' => {
                     let items = self.pop_mark(at)?;
                     let v = self.push_node(Node::Tuple(items));
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 0x85..=0x87 => {
                     let n = (op - 0x84) as usize;
-                    let floor = self.marks.last().copied().unwrap_or(0);
-                    if self.stack.len() < floor + n {
+                    let floor = self.st.marks.last().copied().unwrap_or(0);
+                    if self.st.stack.len() < floor + n {
                         return Err(self.corrupt(at, "stack underflow in TUPLE1/2/3"));
                     }
-                    let items = self.stack.split_off(self.stack.len() - n);
+                    let items = self.st.stack.split_off(self.st.stack.len() - n);
                     let v = self.push_node(Node::Tuple(items));
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'a' => {
                     let item = self.pop(at)?;
@@ -598,18 +772,18 @@ impl<'a> Machine<'a> {
                 b'h' => {
                     let i = self.u8("BINGET")? as u64;
                     let v = self.memo_get(i, at)?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'j' => {
                     let i = self.le(4, "LONG_BINGET")?;
                     let v = self.memo_get(i, at)?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 b'g' => {
                     let l = self.line("GET")?;
                     let i = parse_index(l).ok_or_else(|| self.corrupt(at, "GET: bad index"))?;
                     let v = self.memo_get(i, at)?;
-                    self.stack.push(v);
+                    self.st.stack.push(v);
                 }
                 _ => {
                     let name = match op {
@@ -642,21 +816,56 @@ impl<'a> Machine<'a> {
     }
 
     fn append(&mut self, list: Val, mut items: Vec<Val>, at: usize) -> Result<()> {
-        if self.snapshot_mode {
+        if self.st.snapshot_mode {
             for item in items.iter_mut() {
-                self.maybe_convert_event(*item, at)?;
+                if let Some(n) = self.maybe_convert_event(*item, at)? {
+                    *item = Val::Event(n);
+                }
             }
         }
         let idx = match list {
             Val::Ref(i) => i as usize,
             _ => return Err(self.corrupt(at, "APPEND(S) to something that is not a list")),
         };
-        match self.pickle.nodes.get_mut(idx) {
+        // Entries numbered `start..start + items.len()`, when the items are exactly that.
+        let run_from = |start: u32| {
+            items
+                .iter()
+                .enumerate()
+                .all(|(i, v)| matches!(v, Val::Event(n) if Some(*n) == start.checked_add(i as u32)))
+        };
+        let node = self.st.pickle.nodes.get_mut(idx);
+        match node {
+            Some(Node::List(v)) if v.is_empty() => {
+                let n = items.len() as u32;
+                match items.first() {
+                    Some(&Val::Event(first)) if self.st.snapshot_mode && run_from(first) => {
+                        *node.expect("matched") = Node::EventRun { first, len: n };
+                    }
+                    _ => *v = items,
+                }
+                Ok(())
+            }
             Some(Node::List(v)) => {
-                if v.is_empty() {
-                    *v = items;
-                } else {
-                    v.extend_from_slice(&items);
+                v.extend_from_slice(&items);
+                Ok(())
+            }
+            Some(Node::EventRun { first, len }) => {
+                let next = first.checked_add(*len);
+                match next {
+                    Some(next)
+                        if run_from(next) && len.checked_add(items.len() as u32).is_some() =>
+                    {
+                        *len += items.len() as u32;
+                    }
+                    _ => {
+                        // Anything else appended: back to a plain list of values.
+                        let mut v: Vec<Val> = (*first..first.saturating_add(*len))
+                            .map(Val::Event)
+                            .collect();
+                        v.extend_from_slice(&items);
+                        *node.expect("matched") = Node::List(v);
+                    }
                 }
                 Ok(())
             }
@@ -669,7 +878,7 @@ impl<'a> Machine<'a> {
             Val::Ref(i) => i as usize,
             _ => return Err(self.corrupt(at, "SETITEM(S) on something that is not a dict")),
         };
-        match self.pickle.nodes.get_mut(idx) {
+        match self.st.pickle.nodes.get_mut(idx) {
             Some(Node::Dict(d)) => {
                 d.extend(items.chunks_exact(2).map(|c| (c[0], c[1])));
                 Ok(())
@@ -680,28 +889,28 @@ impl<'a> Machine<'a> {
 
     /// A dict with an `action` string that is appended to a list is a trace entry: convert
     /// it now and drop the dict (snapshot mode only).
-    fn maybe_convert_event(&mut self, item: Val, at: usize) -> Result<()> {
-        let Val::Ref(id) = item else { return Ok(()) };
-        let is_event = match self.pickle.nodes.get(id as usize) {
+    fn maybe_convert_event(&mut self, item: Val, at: usize) -> Result<Option<u32>> {
+        let Val::Ref(id) = item else { return Ok(None) };
+        let is_event = match self.st.pickle.nodes.get(id as usize) {
             Some(Node::Dict(d)) => d.iter().any(|(k, v)| {
-                self.pickle.str(*k) == Some("action") && self.pickle.str(*v).is_some()
+                self.st.pickle.str(*k) == Some("action") && self.st.pickle.str(*v).is_some()
             }),
             _ => false,
         };
         if !is_event {
-            return Ok(());
+            return Ok(None);
         }
-        let entry = event_from_dict(&self.pickle, &mut self.interner, item)
+        let entry = event_from_dict(&self.st.pickle, &mut self.st.interner, item)
             .map_err(|msg| self.corrupt(at, format!("trace entry: {msg}")))?;
-        let n = self.events.len() as u32;
-        self.events.push(entry);
-        self.pickle.nodes[id as usize] = Node::Event(n);
-        if let Some(pending) = &mut self.interner.collapse {
+        let n = self.st.events.len() as u32;
+        self.st.events.push(entry);
+        self.st.pickle.nodes[id as usize] = Node::Event(n);
+        if let Some(pending) = &mut self.st.interner.collapse {
             for (list, stack) in pending.drain(..) {
-                self.pickle.nodes[list as usize] = Node::Stack(stack);
+                self.st.pickle.nodes[list as usize] = Node::Stack(stack);
             }
         }
-        Ok(())
+        Ok(Some(n))
     }
 }
 
@@ -722,11 +931,22 @@ struct Interner {
     frame_by_value: FxHashMap<Frame, u32>,
     stack_by_node: FxHashMap<u32, Option<StackId>>,
     stack_by_value: FxHashMap<Vec<u32>, StackId>,
+    /// Distinct `user_metadata` values, shared by every entry that has them.
+    metas: FxHashSet<Arc<str>>,
     /// While parsing: lists just interned, for the machine to collapse into `Node::Stack`.
     collapse: Option<Vec<(u32, Option<StackId>)>>,
 }
 
 impl Interner {
+    fn meta(&mut self, s: &str) -> Arc<str> {
+        if let Some(m) = self.metas.get(s) {
+            return m.clone();
+        }
+        let m: Arc<str> = s.into();
+        self.metas.insert(m.clone());
+        m
+    }
+
     fn frame(&mut self, p: &Pickle, v: Val) -> u32 {
         if let Val::Ref(id) = v
             && let Some(&f) = self.frame_by_node.get(&id)
@@ -783,17 +1003,22 @@ impl Interner {
         if let Some(&s) = self.stack_by_node.get(&id) {
             return s;
         }
-        let items = p.items(v).unwrap_or(&[]);
+        let items = p.items(v).unwrap_or_default();
         let ids: Vec<u32> = items.iter().map(|&f| self.frame(p, f)).collect();
         let s = if ids.is_empty() {
             None
         } else {
-            let next = self.stacks.len() as StackId;
-            let s = *self.stack_by_value.entry(ids.clone()).or_insert(next);
-            if s == next {
-                self.stacks.push(ids);
+            // Look up before inserting: most lists repeat a known stack, and `entry` would
+            // need an owned copy of the ids for every lookup.
+            match self.stack_by_value.get(&ids) {
+                Some(&s) => Some(s),
+                None => {
+                    let next = self.stacks.len() as StackId;
+                    self.stack_by_value.insert(ids.clone(), next);
+                    self.stacks.push(ids);
+                    Some(next)
+                }
             }
-            Some(s)
         };
         match &mut self.collapse {
             Some(pending) if matches!(p.node(v), Some(Node::List(_))) => pending.push((id, s)),
@@ -848,21 +1073,23 @@ fn event_from_dict(
             "frames" => frames = Some(val),
             "user_metadata" => {
                 e.user_metadata = match p.node(val) {
-                    Some(Node::Str(s)) if !s.is_empty() => Some(s.to_string()),
+                    Some(Node::Str(s)) if !s.is_empty() => Some(interner.meta(s)),
                     Some(Node::Dict(kv)) if !kv.is_empty() => Some(
-                        kv.iter()
-                            .map(|(k, v)| {
-                                format!(
-                                    "{}: {}",
-                                    p.str(*k).unwrap_or("?"),
-                                    p.str(*v)
-                                        .map(str::to_string)
-                                        .or_else(|| int_of(Some(*v)).map(|i| i.to_string()))
-                                        .unwrap_or_else(|| "?".into())
-                                )
-                            })
-                            .collect::<Vec<_>>()
-                            .join(", "),
+                        interner.meta(
+                            &kv.iter()
+                                .map(|(k, v)| {
+                                    format!(
+                                        "{}: {}",
+                                        p.str(*k).unwrap_or("?"),
+                                        p.str(*v)
+                                            .map(str::to_string)
+                                            .or_else(|| int_of(Some(*v)).map(|i| i.to_string()))
+                                            .unwrap_or_else(|| "?".into())
+                                    )
+                                })
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        ),
                     ),
                     _ => None,
                 }
@@ -883,6 +1110,10 @@ struct Converter<'p> {
     events: Vec<TraceEntry>,
     /// Where each converted entry went: (device, index), `u32::MAX` while not yet placed.
     event_home: Vec<(u32, u32)>,
+    /// Entries moved whole by the in-order fast path: (first entry, count, device). They
+    /// need no `event_home` (8 bytes an entry, at the time memory peaks).
+    moved_runs: Vec<(usize, usize, u32)>,
+    total_events: usize,
     cur_device: u32,
     cur_index: u32,
     /// Entries moved out by the in-order fast path (they left the front of `events`).
@@ -935,31 +1166,27 @@ impl Converter<'_> {
                     .items(dt)
                     .ok_or_else(|| shape("device_traces", "not a list"))?;
                 for (d, &l) in lists.iter().enumerate() {
-                    let items = p
-                        .items(l)
-                        .ok_or_else(|| shape(format!("device_traces[{d}]"), "not a list"))?;
                     // Fast path: the entries were converted in exactly this order (every
                     // writer appends device by device), so move them without a second copy.
-                    let in_order = items.iter().enumerate().all(|(i, &e)| {
-                        matches!(p.node(e), Some(Node::Event(n)) if *n as usize == self.consumed + i)
-                    });
-                    if in_order && !items.is_empty() {
-                        let out: Vec<TraceEntry> =
-                            if self.consumed == 0 && items.len() == self.events.len() {
-                                std::mem::take(&mut self.events)
-                            } else {
-                                self.events.drain(..items.len()).collect()
-                            };
-                        for (i, home) in self.event_home[self.consumed..self.consumed + out.len()]
-                            .iter_mut()
-                            .enumerate()
-                        {
-                            *home = (d as u32, i as u32);
-                        }
+                    if let Some(Node::EventRun { first, len }) = p.node(l)
+                        && *first as usize == self.consumed
+                        && *len as usize <= self.events.len()
+                        && *len > 0
+                    {
+                        let n = *len as usize;
+                        let out: Vec<TraceEntry> = if n == self.events.len() {
+                            std::mem::take(&mut self.events)
+                        } else {
+                            self.events.drain(..n).collect()
+                        };
+                        self.moved_runs.push((self.consumed, out.len(), d as u32));
                         self.consumed += out.len();
                         snap.device_traces.push(out);
                         continue;
                     }
+                    let items = p
+                        .items(l)
+                        .ok_or_else(|| shape(format!("device_traces[{d}]"), "not a list"))?;
                     let mut out = Vec::with_capacity(items.len());
                     for (i, &e) in items.iter().enumerate() {
                         (self.cur_device, self.cur_index) = (d as u32, i as u32);
@@ -988,6 +1215,18 @@ impl Converter<'_> {
         Ok(snap)
     }
 
+    /// The number of an already converted entry: a list item, or a dict shared through
+    /// the memo that was converted where it was first appended.
+    fn event_no(&self, v: Val) -> Option<u32> {
+        match v {
+            Val::Event(n) => Some(n),
+            _ => match self.p.node(v) {
+                Some(Node::Event(n)) => Some(*n),
+                _ => None,
+            },
+        }
+    }
+
     /// A converted entry that an earlier list position already took (an entry shared
     /// through the memo, which no known writer produces): a clone of that one.
     fn taken_event(
@@ -997,10 +1236,16 @@ impl Converter<'_> {
         current: &[TraceEntry],
         device: usize,
     ) -> Option<TraceEntry> {
-        let Some(Node::Event(n)) = self.p.node(v) else {
-            return None;
+        let n = self.event_no(v)?;
+        let n = n as usize;
+        let (d, i) = match self
+            .moved_runs
+            .iter()
+            .find(|(first, len, _)| (*first..first + len).contains(&n))
+        {
+            Some(&(first, _, moved_to)) => (moved_to, (n - first) as u32),
+            None => *self.event_home.get(n)?,
         };
-        let (d, i) = *self.event_home.get(*n as usize)?;
         if d == u32::MAX {
             return None;
         }
@@ -1013,9 +1258,9 @@ impl Converter<'_> {
     }
 
     fn event(&mut self, v: Val) -> std::result::Result<TraceEntry, String> {
-        if let Some(Node::Event(n)) = self.p.node(v) {
+        if let Some(n) = self.event_no(v) {
             // Move the entry out (no clone); remember where it went for a shared reference.
-            let n = *n as usize;
+            let n = n as usize;
             let placeholder = TraceEntry {
                 action: Action::Oom,
                 addr: 0,
@@ -1029,7 +1274,12 @@ impl Converter<'_> {
             let idx = n.checked_sub(self.consumed).ok_or("bad event index")?;
             let e = self.events.get_mut(idx).ok_or("bad event index")?;
             let entry = std::mem::replace(e, placeholder);
-            self.event_home[n] = (self.cur_device, self.cur_index);
+            if self.event_home.is_empty() {
+                self.event_home = vec![(u32::MAX, u32::MAX); self.total_events];
+            }
+            if let Some(home) = self.event_home.get_mut(n) {
+                *home = (self.cur_device, self.cur_index);
+            }
             return Ok(entry);
         }
         event_from_dict(self.p, &mut self.interner, v)
@@ -1050,7 +1300,7 @@ impl Converter<'_> {
         let pool = p
             .get(s, "segment_pool_id")
             .and_then(|v| p.items(v))
-            .unwrap_or(&[]);
+            .unwrap_or_default();
         let segment_pool_id = (
             int_of(pool.first().copied()).unwrap_or(0),
             int_of(pool.get(1).copied()).unwrap_or(0),
@@ -1086,10 +1336,10 @@ impl Converter<'_> {
                     && let Some(h) = p
                         .get(b, "history")
                         .and_then(|h| p.items(h))
-                        .and_then(|h| h.last())
+                        .and_then(|h| h.last().copied())
                 {
-                    frames = p.get(*h, "frames");
-                    requested_size = requested_size.or(int_of(p.get(*h, "real_size")));
+                    frames = p.get(h, "frames");
+                    requested_size = requested_size.or(int_of(p.get(h, "real_size")));
                 }
                 let block_address = int_of(p.get(b, "address")).unwrap_or(next);
                 next = block_address.wrapping_add(size);
@@ -1137,6 +1387,7 @@ impl Converter<'_> {
             Val::Bool(b) => Some(Meta::Bool(b)),
             Val::Int(i) => Some(Meta::Int(i)),
             Val::Float(f) => Some(Meta::Float(f)),
+            Val::Event(_) => None,
             Val::Ref(_) => match p.node(v) {
                 Some(Node::Str(s)) => Some(Meta::Str(s.to_string())),
                 Some(Node::List(x)) | Some(Node::Tuple(x)) => {
@@ -1192,6 +1443,30 @@ mod tests {
             .flatten()
             .filter(|e| e.action.as_str() == a)
             .count()
+    }
+
+    #[test]
+    fn chunked_reading_gives_the_same_snapshot_and_errors_as_whole_file_reading() {
+        // Chunk sizes that cut opcodes, strings and lines at every kind of place.
+        for name in FIXTURES {
+            let bytes = fixture(name);
+            let whole = read_snapshot(&bytes).unwrap();
+            for chunk in [1, 7, 4096] {
+                let mut done = 0;
+                let s = read_chunked(&mut &bytes[..], chunk, &mut |d| done = d).unwrap();
+                assert_eq!(s, whole, "{name} in chunks of {chunk}");
+                assert_eq!(done, bytes.len(), "{name}: progress reaches the end");
+            }
+            // A file cut short fails at the same byte with the same error either way.
+            let cut = &bytes[..bytes.len() * 2 / 3];
+            let expected = read_snapshot_from(&mut &cut[..], &mut |_| {}).unwrap_err();
+            let whole_err = Machine::new(cut, true).run(&mut |_| {}).unwrap_err();
+            assert_eq!(expected, whole_err, "{name} cut");
+            for chunk in [1, 13] {
+                let e = read_chunked(&mut &cut[..], chunk, &mut |_| {}).unwrap_err();
+                assert_eq!(e, whole_err, "{name} cut, chunks of {chunk}");
+            }
+        }
     }
 
     #[test]
@@ -1319,6 +1594,52 @@ mod tests {
         assert_eq!(s.device_traces[0][0], s.device_traces[0][1]);
         assert_eq!(s.device_traces[0][1].size, 9);
 
+        // A run of converted entries that then gets something else appended (the same
+        // entry again, through the memo) turns back into a plain list, read in order.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.extend_from_slice(&[b']', b'(', b']']);
+        for (memo, size) in [(1u8, 5u8), (2, 6)] {
+            b.extend_from_slice(&[b'}', b'q', memo, b'(']);
+            key(&mut b, "action");
+            key(&mut b, "alloc");
+            key(&mut b, "size");
+            b.extend_from_slice(&[b'K', size, b'u', b'a']);
+        }
+        b.extend_from_slice(&[b'h', 1, b'a', b'e', b'u', b'.']);
+        let s = read_snapshot(&b).unwrap();
+        let sizes: Vec<i64> = s.device_traces[0].iter().map(|e| e.size).collect();
+        assert_eq!(sizes, [5, 6, 5]);
+
+        // Two devices, each a run: entries go to their own device, in order.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.extend_from_slice(&[b']', b'(']);
+        for sizes in [[1u8, 2, 3], [4, 5, 6]] {
+            b.extend_from_slice(&[b']', b'(']);
+            for size in sizes {
+                b.extend_from_slice(&[b'}', b'(']);
+                key(&mut b, "action");
+                key(&mut b, "free_completed");
+                key(&mut b, "size");
+                b.extend_from_slice(&[b'K', size, b'u']);
+            }
+            b.push(b'e');
+        }
+        b.extend_from_slice(&[b'e', b'u', b'.']);
+        let s = read_snapshot(&b).unwrap();
+        let sizes: Vec<Vec<i64>> = s
+            .device_traces
+            .iter()
+            .map(|t| t.iter().map(|e| e.size).collect())
+            .collect();
+        assert_eq!(sizes, [vec![1, 2, 3], vec![4, 5, 6]]);
+        assert!(
+            s.device_traces[1]
+                .iter()
+                .all(|e| e.action == Action::FreeCompleted)
+        );
+
         // Legacy top-level list: segments only.
         let b = [0x80, 2, b']', b'.'];
         let s = read_snapshot(&b).unwrap();
@@ -1429,8 +1750,14 @@ mod tests {
                     }
                 }
             }
-            if read_snapshot(&b).is_err() {
+            let whole = read_snapshot(&b);
+            if whole.is_err() {
                 errors += 1;
+            }
+            // Streaming in small chunks reaches the same result or the same error.
+            if i % 10 == 0 {
+                let chunked = read_chunked(&mut &b[..], 997, &mut |_| {});
+                assert_eq!(chunked, whole, "mutation {i}, chunks of 997");
             }
         }
         // Some mutations hit values only (still valid), most break the structure.

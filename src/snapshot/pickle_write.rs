@@ -715,7 +715,7 @@ print(json.dumps(out))
                                 v["device_free"] = json!(f);
                             }
                             if let Some(m) = &e.user_metadata {
-                                v["user_metadata"] = json!(m);
+                                v["user_metadata"] = json!(&**m);
                             }
                             v
                         })

@@ -99,7 +99,7 @@ pub fn build(
                 time_us: int(r.time_us),
                 stack: interner.stack(r.stack, table),
                 device_free: (r.action == Action::Oom).then_some(r.device_free),
-                user_metadata: Some(r.api.name().to_string()),
+                user_metadata: Some(r.api.name().into()),
             })
             .collect();
         snap.device_traces.push(trace);
