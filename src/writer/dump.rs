@@ -4,6 +4,7 @@
 //! stack is symbolized once per process and written once per file (the encoder shares it
 //! through the pickle memo).
 
+use crate::preload::event::Api;
 use crate::snapshot::model::{
     Action as ModelAction, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, TraceEntry,
 };
@@ -83,6 +84,8 @@ pub fn build(
     history_from: Option<&[u64]>,
 ) -> Snapshot {
     let mut snap = Snapshot::default();
+    // One shared string per CUDA entry point, not one per event.
+    let api_names: Vec<std::sync::Arc<str>> = Api::ALL.iter().map(|a| a.name().into()).collect();
     for (d, dev) in state.devices.iter().enumerate() {
         let from = history_from.and_then(|h| h.get(d)).copied().unwrap_or(0);
         let first_index = dev.trace_total - dev.trace.len() as u64;
@@ -99,7 +102,7 @@ pub fn build(
                 time_us: int(r.time_us),
                 stack: interner.stack(r.stack, table),
                 device_free: (r.action == Action::Oom).then_some(r.device_free),
-                user_metadata: Some(r.api.name().into()),
+                user_metadata: api_names.get(r.api as usize).cloned(),
             })
             .collect();
         snap.device_traces.push(trace);
