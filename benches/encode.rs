@@ -70,7 +70,7 @@ fn build() -> Snapshot {
         time_us,
         stack: Some(stack),
         device_free: None,
-        user_metadata: Some("cudaMalloc".to_string()),
+        user_metadata: Some("cudaMalloc".into()),
     };
     while events.len() + 5 <= EVENTS {
         time_us += 1 + rng.below(50) as i64;
