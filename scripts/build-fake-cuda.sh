@@ -5,6 +5,7 @@
 #   OUTDIR/lib/libcudart.so.13 fake runtime (tests/fake_cuda/fake_cudart.c), + libcudart.so symlink
 #   OUTDIR/bin/<program>       tests/programs/*.c (and py_alloc.py, copied)
 #   OUTDIR/bin/static_rt_stripped  static_rt without symbols
+#   OUTDIR/lib/libroute_probe.so   a minimal counting interposer (tests/programs/route_probe.c)
 #
 # Programs carry no rpath: run them with LD_LIBRARY_PATH=OUTDIR/lib. Uses ${CC:-cc}.
 # Safe to run concurrently: callers serialize on OUTDIR/.build.lock, everything is built in a
@@ -40,7 +41,7 @@ stamp=$({
 
 up_to_date() {
     [ -f "$OUT/.stamp" ] && [ "$(cat "$OUT/.stamp")" = "$stamp" ] || return 1
-    for f in lib/libcuda.so.1 lib/libcudart.so.13 bin/static_rt_stripped; do
+    for f in lib/libcuda.so.1 lib/libcudart.so.13 lib/libroute_probe.so bin/static_rt_stripped; do
         [ -e "$OUT/$f" ] || return 1
     done
     for p in $STATIC_RT_PROGRAMS $SHARED_RT_PROGRAMS $DRIVER_PROGRAMS $DLOPEN_PROGRAMS \
@@ -58,15 +59,15 @@ mkdir -p "$TMP/lib" "$TMP/bin" "$TMP/obj"
 
 CFLAGS="-std=gnu11 -g -O2 -Wall -Wextra -Werror"
 
-# The driver. -Bsymbolic: like NVIDIA's libcuda, the driver's own function table (what
-# cuGetProcAddress hands out) points at its own code, not at whatever a preloaded library
-# exports under the same names; without it an interposer's routing is never exercised.
+# The driver. -Bsymbolic: like NVIDIA's libraries, the pointers the driver hands out (and its
+# calls to itself) are its own functions, never an interposer's same-named exports; without it
+# cuGetProcAddress would return a preloaded library's hooks and hide the substitution step.
 "$CC" $CFLAGS -fPIC -shared -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1 -o "$TMP/lib/libcuda.so.1" \
     "$FAKE/fake_cuda.c" -lpthread
 ln -s libcuda.so.1 "$TMP/lib/libcuda.so"
 
 # The runtime, shared and static. Neither may link or reference libcuda.
-"$CC" $CFLAGS -fPIC -shared -Wl,-soname,libcudart.so.13 -Wl,--no-undefined \
+"$CC" $CFLAGS -fPIC -shared -Wl,-Bsymbolic -Wl,-soname,libcudart.so.13 -Wl,--no-undefined \
     -o "$TMP/lib/libcudart.so.13" "$FAKE/fake_cudart.c" -ldl -lpthread
 ln -s libcudart.so.13 "$TMP/lib/libcudart.so"
 "$CC" $CFLAGS -DFAKE_CUDART_STATIC -fvisibility=hidden -c -o "$TMP/obj/fake_cudart_static.o" \
@@ -79,6 +80,9 @@ if nm -u "$TMP/obj/fake_cudart_static.o" | grep -Eq ' cu[A-Z]'; then
     echo "build-fake-cuda: the static runtime references driver symbols directly" >&2
     exit 1
 fi
+
+# The reference interposer (tests/programs/route_probe.c).
+"$CC" $CFLAGS -fPIC -shared -o "$TMP/lib/libroute_probe.so" "$PROGS/route_probe.c" -ldl -lpthread
 
 for p in $STATIC_RT_PROGRAMS; do
     "$CC" $CFLAGS -o "$TMP/bin/$p" "$PROGS/$p.c" "$TMP/obj/fake_cudart_static.o" -ldl -lpthread

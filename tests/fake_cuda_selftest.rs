@@ -411,3 +411,88 @@ fn build_script_is_idempotent_and_concurrency_safe() {
         "no rebuild"
     );
 }
+
+/// `probe key=N` lines that `libroute_probe.so` prints to stderr at exit.
+fn probe_counts(stderr: &str) -> HashMap<String, u64> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("probe "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().expect("a count")))
+        .collect()
+}
+
+/// A minimal reference interposer (tests/programs/route_probe.c) sees each program's
+/// allocations on the route GPU-FACTS.md describes, and passes them through unchanged.
+#[test]
+fn routes_seen_by_a_reference_interposer() {
+    let probe = common::fake_lib_dir().join("libroute_probe.so");
+    let probe = probe.to_str().expect("utf-8 path");
+    let run_probed = |program: &str, args: &[&str]| {
+        let run = run_program(program, args, &[("LD_PRELOAD", probe)], false);
+        run.assert_success();
+        (probe_counts(&run.stderr), run)
+    };
+
+    // Static runtime: no cudaMalloc symbol call at all; the driver is reached through
+    // dlsym("cuGetProcAddress_v2") and the nested lookup, whose answer must be substituted.
+    let (p, run) = run_probed("static_rt", &[]);
+    assert_eq!(p["plt_cudaMalloc"], 0);
+    assert_eq!(p["dlsym_cuGetProcAddress_v2"], 1);
+    assert_eq!(p["getproc_cuGetProcAddress_v2"], 1, "the nested lookup");
+    assert_eq!(p["getproc_cuMemAlloc_v2"], 1);
+    assert_eq!(p["calls_cuMemAlloc_v2"], 3);
+    assert_eq!(p["calls_cuMemAllocAsync"], 4);
+    assert_eq!(
+        p["calls_cuMemAllocAsync_ptsz"], 1,
+        "flag 2 gives the _ptsz variant"
+    );
+    assert_eq!(
+        num(&run.truth_device(0), "live_bytes"),
+        5435392,
+        "unchanged by the hooks"
+    );
+
+    // Shared runtime: the exported cudaMalloc fires, and the driver hooks again underneath.
+    let (p, _) = run_probed("shared_rt", &[]);
+    assert_eq!(p["plt_cudaMalloc"], 3);
+    assert_eq!(p["calls_cuMemAlloc_v2"], 3);
+
+    // Driver API through the PLT: no dlsym or cuGetProcAddress involved.
+    let (p, _) = run_probed("driver_direct", &[]);
+    assert_eq!(p["calls_cuMemAlloc_v2"], 4);
+    assert_eq!(p["calls_cuMemAllocAsync"], 2);
+    assert_eq!(p["dlsym_cuMemAlloc_v2"] + p["getproc_cuMemAlloc_v2"], 0);
+
+    // PyTorch's expandable segments: VMM functions handed out by cuGetProcAddress.
+    for args in [&[][..], &["legacy"][..]] {
+        let (p, _) = run_probed("expandable", args);
+        assert_eq!(p["getproc_cuMemCreate"], 1, "{args:?}");
+        assert_eq!(p["calls_cuMemCreate"], 4, "{args:?}");
+        assert_eq!(p["calls_cuMemMap"], 4, "{args:?}");
+    }
+
+    // JAX: plain dlsym on the libcuda handle.
+    let (p, run) = run_probed("jax_dlsym", &[]);
+    assert_eq!(p["dlsym_cuMemCreate"], 1);
+    assert_eq!(p["calls_cuMemCreate"], 7);
+    assert_eq!(p["calls_cuMemMap"], 6);
+    assert_eq!(p["calls_cuMemAlloc_v2"], 2);
+    assert_eq!(num(&run.truth_device(0), "mapped_bytes"), 22 * MIB);
+
+    // ctypes looks cudaMalloc up with dlsym(handle): the exported runtime symbol is bypassed,
+    // only the driver level sees these allocations.
+    let (p, _) = run_probed("py_alloc.py", &[]);
+    assert_eq!(p["plt_cudaMalloc"], 0);
+    assert_eq!(p["calls_cuMemAlloc_v2"], 6);
+
+    // Pointer-identity rules still hold when every answer is the interposer's.
+    let run = run_program(
+        "driver_checks",
+        &[],
+        &[("LD_PRELOAD", probe), ("FAKE_CUDA_CAPACITY", "64M")],
+        false,
+    );
+    run.assert_success();
+    assert_eq!(run.results()["all_ok"], "1", "{}", run.stdout);
+}

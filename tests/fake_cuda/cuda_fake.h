@@ -195,6 +195,8 @@ unsigned long long fake_cuda_vmm_mapped_bytes(int device);
 unsigned long long fake_cuda_vmm_physical_bytes(int device);
 unsigned long long fake_cuda_managed_bytes(void);
 unsigned long long fake_cuda_calls(const char *name);
+int fake_cuda_lookup(unsigned long long ptr, unsigned long long *size, int *device, int *kind,
+                     void **stream);
 void fake_cuda_print_truth(FILE *out);
 void fake_cuda_print_truth_fd(int fd);
 

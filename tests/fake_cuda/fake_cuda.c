@@ -109,7 +109,12 @@ static unsigned long long parse_bytes(const char *text) {
     return value * mult;
 }
 
+/* A fork while another thread holds the lock must not leave the child's copy locked. */
+static void lock_for_fork(void) { pthread_mutex_lock(&g_lock); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&g_lock); }
+
 static void init_config(void) {
+    pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
     const char *devices = getenv("FAKE_CUDA_DEVICES");
     if (devices && *devices) {
         int n = atoi(devices);
@@ -875,6 +880,32 @@ unsigned long long fake_cuda_managed_bytes(void) {
     unsigned long long v = g_managed_bytes;
     pthread_mutex_unlock(&g_lock);
     return v;
+}
+
+/* Looks up a live cuMemAlloc-family or managed allocation starting at `ptr`. Returns 1 and fills
+ * the non-NULL out-params (requested size, device, kind as in `enum block_kind`: 0 alloc,
+ * 1 pitch, 2 async, 3 pool, 4 managed; the stream given at allocation), or 0 when none. */
+int fake_cuda_lookup(unsigned long long ptr, unsigned long long *size, int *device, int *kind,
+                     void **stream) {
+    ensure_init();
+    int found = 0;
+    pthread_mutex_lock(&g_lock);
+    struct region *regions[FAKE_MAX_DEVICES + 1];
+    int n = 0;
+    for (int d = 0; d < g_device_count; d++) regions[n++] = &g_device_regions[d];
+    regions[n++] = &g_managed_region;
+    for (int i = 0; i < n && !found; i++) {
+        long at = region_find_exact(regions[i], ptr);
+        if (at < 0) continue;
+        const struct block *b = &regions[i]->blocks[at];
+        if (size) *size = b->size;
+        if (device) *device = b->device;
+        if (kind) *kind = (int)b->kind;
+        if (stream) *stream = b->stream;
+        found = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return found;
 }
 
 /* Calls of an exported driver function by its exported name ("cuMemAlloc_v2"), or with the

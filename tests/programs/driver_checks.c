@@ -121,6 +121,23 @@ int main(void) {
     mfree(a);
     mfree(b);
 
+    /* The truth API remembers what each live allocation was made with. */
+    int (*lookup)(unsigned long long, unsigned long long *, int *, int *, void **) =
+        (int (*)(unsigned long long, unsigned long long *, int *, int *, void **))sym(
+            "fake_cuda_lookup");
+    PFN_cuMemAllocAsync_v11020 alloc_async = (PFN_cuMemAllocAsync_v11020)sym("cuMemAllocAsync_ptsz");
+    PFN_cuMemFreeAsync_v11020 free_async = (PFN_cuMemFreeAsync_v11020)sym("cuMemFreeAsync");
+    CUstream stream = (CUstream)(uintptr_t)0xabc0;
+    unsigned long long got_size = 0;
+    int got_device = -1, got_kind = -1;
+    void *got_stream = NULL;
+    check("async_alloc", alloc_async(&a, 1000, stream) == CUDA_SUCCESS);
+    check("lookup_async", lookup(a, &got_size, &got_device, &got_kind, &got_stream) == 1 &&
+                              got_size == 1000 && got_device == 0 && got_kind == 2 &&
+                              got_stream == (void *)stream);
+    check("async_free_other_variant", free_async(a, NULL) == CUDA_SUCCESS &&
+                                          lookup(a, NULL, NULL, NULL, NULL) == 0);
+
     /* VMM. */
     PFN_cuMemCreate_v10020 create = (PFN_cuMemCreate_v10020)sym("cuMemCreate");
     PFN_cuMemRelease_v10020 release = (PFN_cuMemRelease_v10020)sym("cuMemRelease");
