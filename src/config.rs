@@ -345,6 +345,72 @@ pub fn validate_template(t: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Where a process's `{rank}` comes from, in order (otherwise its pid).
+pub const RANK_VARS: &[&str] = &[
+    "RANK",
+    "LOCAL_RANK",
+    "SLURM_PROCID",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+];
+/// Where `{local_rank}` comes from, in order (otherwise the rank).
+pub const LOCAL_RANK_VARS: &[&str] = &[
+    "LOCAL_RANK",
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+];
+
+/// `(rank, local_rank)` of a process with environment `get` and id `pid`. Shared by the
+/// library (its own names) and `memsnap dump` (another process's names), so they agree.
+pub fn ranks(get: impl Fn(&str) -> Option<String>, pid: u32) -> (String, String) {
+    let first = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| get(k).filter(|v| !v.trim().is_empty()))
+    };
+    let rank = first(RANK_VARS).unwrap_or_else(|| pid.to_string());
+    let local_rank = first(LOCAL_RANK_VARS).unwrap_or_else(|| rank.clone());
+    (rank, local_rank)
+}
+
+/// Keeps file names portable: letters, digits, `.`, `_`, `-`; anything else becomes `_`.
+pub fn sanitize(s: &str) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.is_empty() { "_".to_string() } else { out }
+}
+
+/// Expands `{key}` placeholders with `value(key)`; the first key it has no value for is
+/// the error. An unclosed `{` is kept as text.
+pub fn expand_template(
+    template: &str,
+    value: impl Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            out.push_str(&rest[open..]);
+            return Ok(out);
+        };
+        let key = &after[..close];
+        out.push_str(&value(key).ok_or_else(|| key.to_string())?);
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,6 +488,42 @@ mod tests {
         let (cfg, errors) = parse(&[("MEMSNAP_SIGNAL", "none")]);
         assert!(errors.is_empty());
         assert_eq!(cfg.signal, None);
+    }
+
+    #[test]
+    fn ranks_follow_the_launchers_variables_in_order() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(ranks(env(&[]), 7), ("7".into(), "7".into()));
+        assert_eq!(
+            ranks(env(&[("SLURM_PROCID", "5"), ("SLURM_LOCALID", "1")]), 7),
+            ("5".into(), "1".into())
+        );
+        assert_eq!(
+            ranks(
+                env(&[("RANK", "3"), ("PMI_RANK", "9"), ("LOCAL_RANK", " ")]),
+                7
+            ),
+            ("3".into(), "3".into())
+        );
+    }
+
+    #[test]
+    fn templates_expand_and_name_the_missing_key() {
+        let v = |k: &str| (k == "rank").then(|| "2".to_string());
+        assert_eq!(expand_template("r{rank}-x", v), Ok("r2-x".to_string()));
+        assert_eq!(
+            expand_template("r{rank}-{step}", v),
+            Err("step".to_string())
+        );
+        assert_eq!(expand_template("open{rank", v), Ok("open{rank".to_string()));
+        assert_eq!(sanitize("node/7 a"), "node_7_a");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! Signals are sent with the `kill` program: the CLI has no unsafe code, and `libc::kill`
 //! is an unsafe FFI call.
 
-use crate::config::{Config, DEFAULT_FILENAME, var};
+use crate::config::{self, Config, DEFAULT_FILENAME, var};
 use anyhow::{Result, bail};
 use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::MetadataExt;
@@ -299,73 +299,30 @@ fn catches(proc: &Path, signal: i32) -> bool {
 /// `MEMSNAP_FOLDER` for this process. Placeholders that are fixed for a process are
 /// expanded; ones that change per file (`{seq}`, `{step}`, `{time}`, ...) cannot be.
 fn expand_folder(folder: &str, pid: u32, env: &HashMap<String, String>) -> Result<PathBuf, String> {
-    if !folder.contains('{') {
-        return Ok(PathBuf::from(folder));
-    }
-    let get = |keys: &[&str]| {
-        keys.iter()
-            .find_map(|k| env.get(*k).filter(|v| !v.trim().is_empty()).cloned())
-    };
-    // The same order as the library's Identity (src/writer/files.rs).
-    let rank = get(&[
-        "RANK",
-        "LOCAL_RANK",
-        "SLURM_PROCID",
-        "OMPI_COMM_WORLD_RANK",
-        "PMI_RANK",
-    ])
-    .unwrap_or_else(|| pid.to_string());
-    let local_rank = get(&[
-        "LOCAL_RANK",
-        "SLURM_LOCALID",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-    ])
-    .unwrap_or_else(|| rank.clone());
+    // The library's own rules (src/config.rs), applied to the other process's environment.
+    let (rank, local_rank) = config::ranks(|k| env.get(k).cloned(), pid);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "localhost".to_string());
-    let mut out = String::new();
-    let mut rest = folder;
-    while let Some(open) = rest.find('{') {
-        out.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        let Some(close) = after.find('}') else { break };
-        let key = &after[..close];
-        let value = match key {
-            "pid" => pid.to_string(),
-            "rank" => sanitize(&rank),
-            "local_rank" => sanitize(&local_rank),
-            "host" => sanitize(&host),
-            "reason" | "tag" => "signal".to_string(),
-            _ => {
-                return Err(format!(
-                    "cannot tell where pid {pid} writes: {}={folder} uses {{{key}}}",
-                    var::FOLDER
-                ));
-            }
-        };
-        out.push_str(&value);
-        rest = &after[close + 1..];
-    }
-    out.push_str(rest);
-    Ok(PathBuf::from(out))
+    let value = |key: &str| match key {
+        "pid" => Some(pid.to_string()),
+        "rank" => Some(config::sanitize(&rank)),
+        "local_rank" => Some(config::sanitize(&local_rank)),
+        "host" => Some(config::sanitize(&host)),
+        "reason" | "tag" => Some("signal".to_string()),
+        _ => None,
+    };
+    config::expand_template(folder, value)
+        .map(PathBuf::from)
+        .map_err(|key| {
+            format!(
+                "cannot tell where pid {pid} writes: {}={folder} uses {{{key}}}",
+                var::FOLDER
+            )
+        })
 }
 
 /// As the library's `files::sanitize`: letters, digits, `.`, `_`, `-`; others become `_`.
-fn sanitize(s: &str) -> String {
-    let out: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if out.is_empty() { "_".to_string() } else { out }
-}
 
 fn list_names(folder: &Path) -> BTreeSet<String> {
     std::fs::read_dir(folder)

@@ -49,26 +49,7 @@ pub struct Identity {
 impl Identity {
     pub fn current() -> Identity {
         let pid = std::process::id();
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let rank = [
-            "RANK",
-            "LOCAL_RANK",
-            "SLURM_PROCID",
-            "OMPI_COMM_WORLD_RANK",
-            "PMI_RANK",
-        ]
-        .iter()
-        .find_map(|k| env(k))
-        .unwrap_or_else(|| pid.to_string());
-        let local_rank = [
-            "LOCAL_RANK",
-            "SLURM_LOCALID",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "MPI_LOCALRANKID",
-        ]
-        .iter()
-        .find_map(|k| env(k))
-        .unwrap_or_else(|| rank.clone());
+        let (rank, local_rank) = crate::config::ranks(|k| std::env::var(k).ok(), pid);
         Identity {
             pid,
             rank,
@@ -125,20 +106,7 @@ fn program_name() -> String {
     sanitize(&exe)
 }
 
-/// Keeps names portable: letters, digits, `.`, `_`, `-`; anything else becomes `_`.
-pub fn sanitize(s: &str) -> String {
-    let out: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if out.is_empty() { "_".to_string() } else { out }
-}
+pub use crate::config::sanitize;
 
 /// Values for one file name.
 pub struct NameFields<'a> {
@@ -151,16 +119,8 @@ pub struct NameFields<'a> {
 
 /// Expands a template (`{rank}`, `{pid}`, ...; config.rs validated the keys).
 pub fn expand(template: &str, id: &Identity, f: &NameFields) -> String {
-    let mut out = String::with_capacity(template.len() + 32);
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        out.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        let Some(close) = after.find('}') else {
-            out.push_str(&rest[open..]);
-            return out;
-        };
-        let value = match &after[..close] {
+    let value = |key: &str| {
+        Some(match key {
             "rank" => sanitize(&id.rank),
             "local_rank" => sanitize(&id.local_rank),
             "pid" => id.pid.to_string(),
@@ -176,12 +136,9 @@ pub fn expand(template: &str, id: &Identity, f: &NameFields) -> String {
             }),
             "time" => f.time_s.to_string(),
             other => format!("{{{other}}}"),
-        };
-        out.push_str(&value);
-        rest = &after[close + 1..];
-    }
-    out.push_str(rest);
-    out
+        })
+    };
+    crate::config::expand_template(template, value).unwrap_or_else(|key| format!("{{{key}}}"))
 }
 
 /// The folder for snapshots (templates allowed there too), created private if missing.
