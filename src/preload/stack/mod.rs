@@ -43,6 +43,23 @@ pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) {
     }
 }
 
+/// The debug entry points' C arguments: stacks 0 none, 1 python, 2 native, else all;
+/// a frame limit of 0 or less means the most there is.
+fn debug_args(stacks: libc::c_int, max_frames: libc::c_int) -> (Stacks, usize) {
+    let stacks = match stacks {
+        0 => Stacks::None,
+        1 => Stacks::Python,
+        2 => Stacks::Native,
+        _ => Stacks::All,
+    };
+    let max = if max_frames <= 0 {
+        FRAME_CAPACITY
+    } else {
+        (max_frames as usize).min(FRAME_CAPACITY)
+    };
+    (stacks, max)
+}
+
 /// Debug and test entry point: captures the caller's stack (`stacks`: 0 none, 1 python,
 /// 2 native, 3 all; `max_frames` 0 = the maximum), resolves it at once the way the writer
 /// does, and writes `{"frames": [{"name","filename","line"}, ...] (innermost first),
@@ -62,17 +79,7 @@ pub unsafe extern "C" fn memsnap_debug_capture_json(
     buf: *mut u8,
     len: usize,
 ) -> isize {
-    let stacks = match stacks {
-        0 => Stacks::None,
-        1 => Stacks::Python,
-        2 => Stacks::Native,
-        _ => Stacks::All,
-    };
-    let max = if max_frames <= 0 {
-        FRAME_CAPACITY
-    } else {
-        max_frames as usize
-    };
+    let (stacks, max) = debug_args(stacks, max_frames);
     let mut slot = StackSlot::EMPTY;
     capture(&mut slot, stacks, max);
     let result = std::panic::catch_unwind(move || {
@@ -103,17 +110,7 @@ pub unsafe extern "C" fn memsnap_debug_bench_capture(
     iterations: u64,
     out: *mut u64,
 ) -> u64 {
-    let stacks = match stacks {
-        0 => Stacks::None,
-        1 => Stacks::Python,
-        2 => Stacks::Native,
-        _ => Stacks::All,
-    };
-    let max = if max_frames <= 0 {
-        FRAME_CAPACITY
-    } else {
-        max_frames as usize
-    };
+    let (stacks, max) = debug_args(stacks, max_frames);
     let mut slot = StackSlot::EMPTY;
     capture(&mut slot, stacks, max);
     let start = std::time::Instant::now();
