@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{Run, fake_lib_dir, num, preload_lib, python_load_json, run_program, snapshot_files};
+use common::{
+    Run, fake_lib_dir, num, preload_lib, python_load_json, reason_of, run_program, snapshot_files,
+};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,14 +15,7 @@ fn exit_snapshot(run: &Run) -> Value {
     run.assert_success();
     let files: Vec<PathBuf> = snapshot_files(run.dir.path())
         .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .rsplitn(3, '-')
-                .nth(1)
-                == Some("exit")
-        })
+        .filter(|p| reason_of(p).as_deref() == Some("exit"))
         .collect();
     assert_eq!(files.len(), 1, "{files:?}\n{}", run.stderr);
     python_load_json(&files[0])

@@ -232,6 +232,13 @@ pub fn num(map: &HashMap<String, String>, key: &str) -> u64 {
         .unwrap_or_else(|e| panic!("`{key}={value}` is not a number: {e}"))
 }
 
+/// The `{reason}` of a default snapshot name (`...-{reason}-{seq}.pickle`), read from the
+/// right so a program called "oom" or "signal" does not confuse it.
+pub fn reason_of(path: &Path) -> Option<String> {
+    let name = path.file_name()?.to_string_lossy().into_owned();
+    name.rsplit('-').nth(1).map(str::to_string)
+}
+
 /// The regular files directly inside `dir`, sorted by path.
 pub fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
