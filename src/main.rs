@@ -41,7 +41,7 @@ enum Cmd {
     /// Check snapshots against the format rules PyTorch's viewer relies on (exit 1 if not).
     Check(cli::check::Args),
     /// Run a command with libmemsnap.so preloaded; list the snapshots it wrote.
-    Run(cli::run::RunArgs),
+    Run(Box<cli::run::RunArgs>),
     /// Ask running processes (with memsnap loaded) for a snapshot now.
     Dump(cli::dump::DumpArgs),
 }
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
         Cmd::Flamegraph(a) => report(|out| cli::flamegraph::run(&a, out)),
         Cmd::Check(a) => report(|out| cli::check::run(&a, out)),
         // The launchers manage their own output and exit status.
-        Cmd::Run(a) => launch(cli::run::run(a)),
+        Cmd::Run(a) => launch(cli::run::run(*a)),
         Cmd::Dump(a) => launch(cli::dump::dump(a)),
     }
 }

@@ -214,10 +214,10 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
             .filter(|c| *c != std::path::Component::CurDir)
             .collect()
     };
-    if let Some(only) = only_folder {
-        if !same_dir(&folder, only) {
-            return Err(Prepare::Excluded);
-        }
+    if let Some(only) = only_folder
+        && !same_dir(&folder, only)
+    {
+        return Err(Prepare::Excluded);
     }
     let Some(signal) = cfg.signal else {
         return Err(Prepare::NotRecording(format!(
@@ -321,8 +321,6 @@ fn expand_folder(folder: &str, pid: u32, env: &HashMap<String, String>) -> Resul
             )
         })
 }
-
-/// As the library's `files::sanitize`: letters, digits, `.`, `_`, `-`; others become `_`.
 
 fn list_names(folder: &Path) -> BTreeSet<String> {
     std::fs::read_dir(folder)

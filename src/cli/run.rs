@@ -431,10 +431,10 @@ fn compile(template: &str, fixed: &[(&str, &str)]) -> Vec<Piece> {
     let mut out = Vec::new();
     let mut rest = template;
     while let Some(open) = rest.find('{') {
-        out.push(Piece::Text(rest[..open].as_bytes().to_vec()));
+        out.push(Piece::Text(rest.as_bytes()[..open].to_vec()));
         let after = &rest[open + 1..];
         let Some(close) = after.find('}') else {
-            out.push(Piece::Text(rest[open..].as_bytes().to_vec()));
+            out.push(Piece::Text(rest.as_bytes()[open..].to_vec()));
             return out;
         };
         let key = &after[..close];
