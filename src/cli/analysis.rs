@@ -3,15 +3,17 @@
 //!
 //! Cold code. Definitions (also printed by `memsnap summary --help`):
 //! - *live*: blocks in state `active_allocated` (block sizes); *reserved*: Σ segment sizes.
-//! - *peak*: the history is replayed backwards from the final state in the units the trace
-//!   uses (requested bytes: `alloc` carries the requested size), so a history capped by a ring
-//!   buffer starts from the live state it implies instead of from zero.
+//! - *peak*: the history is followed forward and anchored to the final state, in the units
+//!   the trace uses (requested bytes: `alloc` carries the requested size), so a history
+//!   capped by a ring buffer starts from the live state it implies instead of from zero
+//!   (see `history.rs`).
 //! - *site*: the innermost frame in user code: a Python `file:line` when the stack has a
 //!   Python frame (library files under site-packages/dist-packages/the stdlib are skipped
 //!   unless nothing else is there), else the first native frame outside the CUDA runtime,
 //!   the allocator and PyTorch's filtered plumbing (snapshot-format.md §5.4).
 
-use crate::snapshot::model::{Action, BlockState, Frame, Snapshot, StackId};
+use super::history::{EndBlock, History};
+use crate::snapshot::model::{BlockState, Frame, Snapshot, StackId};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -422,42 +424,38 @@ pub struct DeviceStats {
     pub ooms: Vec<OomInfo>,
 }
 
-/// Every device that appears in segments or traces, in order.
-pub fn devices(snap: &Snapshot) -> Vec<i64> {
+/// Every device that appears in segments or has trace entries (`events[d]` of them), in
+/// order.
+pub fn devices(snap: &Snapshot, events: impl IntoIterator<Item = usize>) -> Vec<i64> {
     let mut d: Vec<i64> = snap.segments.iter().map(|s| s.device).collect();
     d.extend(
-        (0..snap.device_traces.len() as i64)
-            .filter(|&i| !snap.device_traces[i as usize].is_empty()),
+        events
+            .into_iter()
+            .zip(0i64..)
+            .filter(|&(n, _)| n > 0)
+            .map(|(_, i)| i),
     );
     d.sort_unstable();
     d.dedup();
     d
 }
 
-fn delta_live(a: &Action, size: i64) -> i64 {
-    match a {
-        Action::Alloc => size,
-        Action::FreeCompleted | Action::Free => -size,
-        _ => 0,
-    }
+/// The history of `device` (an empty one for a device without entries).
+pub fn history_of(histories: &[History], device: i64) -> std::borrow::Cow<'_, History> {
+    usize::try_from(device)
+        .ok()
+        .and_then(|d| histories.get(d))
+        .map_or_else(Default::default, std::borrow::Cow::Borrowed)
 }
 
-fn delta_reserved(a: &Action, size: i64) -> i64 {
-    match a {
-        Action::SegmentAlloc | Action::SegmentMap => size,
-        Action::SegmentFree | Action::SegmentUnmap => -size,
-        _ => 0,
-    }
-}
-
-pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64) -> DeviceStats {
+pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64, hist: &History) -> DeviceStats {
     let mut st = DeviceStats {
         device,
         live: Tally::default(),
         live_requested: 0,
         pending_free: Tally::default(),
         reserved: Tally::default(),
-        events: 0,
+        events: hist.events,
         start_live_requested: 0,
         peak_live_requested: 0,
         peak_after_event: None,
@@ -468,6 +466,7 @@ pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64) -> DeviceStats 
         ooms: Vec::new(),
     };
     let mut active_requested = 0i64;
+    let mut end_blocks = Vec::new();
     for seg in snap.segments.iter().filter(|s| s.device == device) {
         st.reserved.add(seg.total_size);
         for b in &seg.blocks {
@@ -491,107 +490,47 @@ pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64) -> DeviceStats 
                 }
                 BlockState::Inactive => {}
             }
-        }
-    }
-    let trace: &[_] = snap
-        .device_traces
-        .get(device as usize)
-        .filter(|_| device >= 0)
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    st.events = trace.len();
-    // Backward replay: state after the last event is the snapshot itself.
-    let (mut live, mut reserved) = (active_requested, st.reserved.bytes);
-    st.peak_live_requested = live;
-    st.peak_after_event = trace.len().checked_sub(1);
-    st.peak_reserved = reserved;
-    for i in (0..trace.len()).rev() {
-        if live > st.peak_live_requested {
-            st.peak_live_requested = live;
-            st.peak_after_event = Some(i);
-        }
-        st.peak_reserved = st.peak_reserved.max(reserved);
-        live -= delta_live(&trace[i].action, trace[i].size);
-        reserved -= delta_reserved(&trace[i].action, trace[i].size);
-    }
-    if live > st.peak_live_requested {
-        st.peak_live_requested = live;
-        st.peak_after_event = None;
-    }
-    st.peak_reserved = st.peak_reserved.max(reserved);
-    st.start_live_requested = live;
-    st.start_reserved = reserved;
-    if trace.iter().any(|e| e.action == Action::Oom) {
-        st.ooms = ooms(snap, sites, device, trace);
-    }
-    st
-}
-
-/// The live set at each OOM: undo the events after it, starting from the final blocks.
-fn ooms(
-    snap: &Snapshot,
-    sites: &Sites,
-    device: i64,
-    trace: &[crate::snapshot::model::TraceEntry],
-) -> Vec<OomInfo> {
-    // Which stack allocated the block each free releases (free events may carry the
-    // free site's stack instead).
-    let mut last_alloc: FxHashMap<i64, Option<StackId>> = FxHashMap::default();
-    let mut alloc_stack_of: Vec<Option<StackId>> = vec![None; trace.len()];
-    for (i, e) in trace.iter().enumerate() {
-        match e.action {
-            Action::Alloc => {
-                last_alloc.insert(e.addr, e.stack);
+            if b.state.is_active() && hist.has_oom() {
+                end_blocks.push(EndBlock {
+                    address: b.address,
+                    requested: b.requested_size,
+                    stack: b.stack,
+                });
             }
-            Action::FreeCompleted | Action::Free => {
-                alloc_stack_of[i] = last_alloc.remove(&e.addr).unwrap_or(e.stack);
-            }
-            _ => {}
         }
     }
-    let mut live: FxHashMap<i64, (i64, Option<StackId>)> = FxHashMap::default();
-    let mut reserved = 0;
-    for seg in snap.segments.iter().filter(|s| s.device == device) {
-        reserved += seg.total_size;
-        for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
-            live.insert(b.address, (b.requested_size, b.stack));
-        }
-    }
-    let mut out = Vec::new();
-    for i in (0..trace.len()).rev() {
-        let e = &trace[i];
-        if e.action == Action::Oom {
+    // The state after the last entry is the snapshot itself.
+    st.start_live_requested = hist.start_live(active_requested);
+    (st.peak_live_requested, st.peak_after_event) = hist.peak_live(active_requested);
+    st.start_reserved = hist.start_reserved(st.reserved.bytes);
+    st.peak_reserved = hist.peak_reserved(st.reserved.bytes);
+    st.ooms = hist
+        .ooms_with_end(&end_blocks, st.reserved.bytes)
+        .into_iter()
+        .map(|o| {
             let mut by_site: FxHashMap<u32, Tally> = FxHashMap::default();
             let mut total = Tally::default();
-            for (size, stack) in live.values() {
-                by_site.entry(sites.site(*stack)).or_default().add(*size);
-                total.add(*size);
+            for (stack, t) in &o.holders {
+                let site = by_site.entry(sites.site(*stack)).or_default();
+                site.bytes += t.bytes;
+                site.count += t.count;
+                total.bytes += t.bytes;
+                total.count += t.count;
             }
-            out.push(OomInfo {
-                event: i,
-                requested: e.size,
-                device_free: e.device_free,
-                time_us: e.time_us,
-                site: sites.site(e.stack),
-                library: sites.library(e.stack),
+            OomInfo {
+                event: o.oom.event,
+                requested: o.oom.requested,
+                device_free: o.oom.device_free,
+                time_us: o.oom.time_us,
+                site: sites.site(o.oom.stack),
+                library: sites.library(o.oom.stack),
                 live: total,
-                reserved,
+                reserved: o.reserved,
                 holders: sorted(&by_site),
-            });
-        }
-        match e.action {
-            Action::Alloc => {
-                live.remove(&e.addr);
             }
-            Action::FreeCompleted | Action::Free => {
-                live.insert(e.addr, (e.size, alloc_stack_of[i]));
-            }
-            _ => {}
-        }
-        reserved -= delta_reserved(&e.action, e.size);
-    }
-    out.reverse();
-    out
+        })
+        .collect();
+    st
 }
 
 /// Live bytes by site over all devices (for diff and ranks).
@@ -650,6 +589,7 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::model::Action;
 
     fn fr(name: &str, file: &str, line: i64) -> Frame {
         Frame {
@@ -777,7 +717,7 @@ mod tests {
             &[(0x2000, 200, 1), (0x3000, 300, 3)],
         );
         let sites = Sites::new(&s);
-        let st = device_stats(&s, &sites, 0);
+        let st = device_stats(&s, &sites, 0, &History::of(&s.device_traces[0]));
         assert_eq!(st.ooms.len(), 1);
         let o = &st.ooms[0];
         assert_eq!((o.event, o.requested, o.device_free), (2, 5000, Some(7)));
@@ -819,7 +759,7 @@ mod tests {
             &[(0x1000, 100, 1), (0x5000, 600, 2)],
         );
         let sites = Sites::new(&s);
-        let st = device_stats(&s, &sites, 0);
+        let st = device_stats(&s, &sites, 0, &History::of(&s.device_traces[0]));
         assert_eq!(st.start_live_requested, 1000);
         assert_eq!(st.peak_live_requested, 1000);
         assert_eq!(st.peak_after_event, None);

@@ -68,8 +68,8 @@ pub struct Diff {
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let b = super::load(&a.before)?;
-    let c = super::load(&a.after)?;
+    let b = super::load_final_state(&a.before)?;
+    let c = super::load_final_state(&a.after)?;
     let (sb, sc) = (Sites::new(&b), Sites::new(&c));
     // Sites are compared by their text, which is stable across files.
     let mut rows: BTreeMap<String, (SiteKind, Tally, Tally)> = BTreeMap::new();

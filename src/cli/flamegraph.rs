@@ -56,7 +56,7 @@ pub fn folded(snap: &Snapshot) -> Vec<String> {
 }
 
 pub fn run(a: &Args, _out: &mut dyn Write) -> Result<i32> {
-    let snap = super::load(&a.snap)?;
+    let snap = super::load_final_state(&a.snap)?;
     let lines = folded(&snap);
     if lines.is_empty() {
         anyhow::bail!("{}: no live allocations, nothing to draw", a.snap.display());

@@ -8,6 +8,7 @@ pub mod check;
 pub mod diff;
 pub mod dump;
 pub mod flamegraph;
+pub mod history;
 pub mod ranks;
 pub mod run;
 pub mod summary;
@@ -16,13 +17,12 @@ pub mod view;
 use crate::snapshot::model::Snapshot;
 use crate::snapshot::pickle_read;
 use anyhow::{Context, Result};
+use history::History;
 use std::io::IsTerminal;
 use std::path::Path;
 
-/// Files at least this large get a progress bar (when stderr is a terminal).
-const PROGRESS_MIN_BYTES: usize = 64 << 20;
-
-/// Reads and decodes one snapshot; errors name the file and the problem.
+/// Reads and decodes one snapshot, history included (for `view`, `check`); errors name
+/// the file and the problem.
 ///
 /// The file is streamed through the decoder a chunk at a time rather than read whole or
 /// memory-mapped: the pickle is decoded front to back once, so holding the whole file
@@ -30,7 +30,94 @@ const PROGRESS_MIN_BYTES: usize = 64 << 20;
 /// the read stays a clear error (a map would turn it into SIGBUS, and mapping needs
 /// `unsafe` in code that otherwise forbids it).
 pub fn load(path: &Path) -> Result<Snapshot> {
-    let file =
+    decode(path, |file, progress| {
+        pickle_read::read_snapshot_from(file, progress)
+    })
+}
+
+/// A snapshot whose histories were folded as they were read, never held.
+pub struct Summarized {
+    /// Everything but the entries (`device_traces` lists are empty).
+    pub snap: Snapshot,
+    /// One per device ordinal.
+    pub histories: Vec<History>,
+}
+
+/// Reads a snapshot for `summary` and `ranks`: each trace entry goes into its device's
+/// [`History`] as it is decoded and is dropped, so memory follows the live set and the
+/// distinct stacks, not the length of the history.
+pub fn load_summarized(path: &Path) -> Result<Summarized> {
+    let mut by_list: Vec<(u32, History)> = Vec::new();
+    let streamed = decode(path, |file, progress| {
+        pickle_read::stream_snapshot_from(file, progress, &mut |list, entry| {
+            // A file has one list per device: a short scan beats hashing per entry.
+            let h = match by_list.iter().position(|(l, _)| *l == list) {
+                Some(i) => &mut by_list[i].1,
+                None => {
+                    by_list.push((list, History::default()));
+                    &mut by_list.last_mut().expect("just pushed").1
+                }
+            };
+            h.push(&entry);
+        })
+        .map(Some)
+        .or_else(|e| match e {
+            pickle_read::ReadError::NeedsFullRead { .. } => Ok(None),
+            e => Err(e),
+        })
+    })?;
+    let Some(streamed) = streamed else {
+        // A file that refers back to an entry (no known writer): read it whole.
+        let snap = load(path)?;
+        let histories = snap.device_traces.iter().map(|t| History::of(t)).collect();
+        return Ok(Summarized { snap, histories });
+    };
+    let histories = streamed
+        .trace_lists
+        .iter()
+        .map(|l| {
+            by_list
+                .iter()
+                .find(|(list, _)| list == l)
+                .map(|(_, h)| h.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    Ok(Summarized {
+        snap: streamed.snapshot,
+        histories,
+    })
+}
+
+/// Reads a snapshot for commands that only need its final state (`diff`, `flamegraph`):
+/// the history is decoded (that is how a pickle is read) but nothing of it is kept.
+pub fn load_final_state(path: &Path) -> Result<Snapshot> {
+    let streamed = decode(path, |file, progress| {
+        pickle_read::stream_snapshot_from(file, progress, &mut |_, _| {})
+            .map(Some)
+            .or_else(|e| match e {
+                pickle_read::ReadError::NeedsFullRead { .. } => Ok(None),
+                e => Err(e),
+            })
+    })?;
+    match streamed {
+        Some(s) => Ok(s.snapshot),
+        None => load(path),
+    }
+}
+
+/// Files at least this large get a progress bar (when stderr is a terminal).
+const PROGRESS_MIN_BYTES: usize = 64 << 20;
+
+/// Opens `path` and runs `read` on it with a progress bar on large files.
+fn decode<T>(
+    path: &Path,
+    read: impl FnOnce(
+        &mut std::fs::File,
+        &mut dyn FnMut(usize),
+    ) -> std::result::Result<T, pickle_read::ReadError>,
+) -> Result<T> {
+    let mut file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let len = file
         .metadata()
@@ -47,8 +134,7 @@ pub fn load(path: &Path) -> Result<Snapshot> {
         b.set_message(format!("reading {}", path.display()));
         b
     });
-    let mut reader = file;
-    let snap = pickle_read::read_snapshot_from(&mut reader, &mut |done| {
+    let out = read(&mut file, &mut |done| {
         if let Some(b) = &bar {
             b.set_position(done as u64);
         }
@@ -56,7 +142,7 @@ pub fn load(path: &Path) -> Result<Snapshot> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    snap.with_context(|| format!("{} is not a readable memory snapshot", path.display()))
+    out.with_context(|| format!("{} is not a readable memory snapshot", path.display()))
 }
 
 /// The file name for messages and tables (the full path is in JSON).

@@ -96,7 +96,7 @@ fn median(mut v: Vec<i64>) -> i64 {
 }
 
 fn row(path: &Path) -> Result<Rank> {
-    let snap = super::load(path)?;
+    let super::Summarized { snap, histories } = super::load_summarized(path)?;
     let sites = Sites::new(&snap);
     let mut r = Rank {
         file: super::display_name(path),
@@ -110,8 +110,9 @@ fn row(path: &Path) -> Result<Rank> {
         outlier: false,
         reasons: Vec::new(),
     };
-    for d in analysis::devices(&snap) {
-        let st = analysis::device_stats(&snap, &sites, d);
+    for d in analysis::devices(&snap, histories.iter().map(|h| h.events)) {
+        let hist = analysis::history_of(&histories, d);
+        let st = analysis::device_stats(&snap, &sites, d, &hist);
         r.live_bytes += st.live.bytes;
         r.reserved_bytes += st.reserved.bytes;
         r.peak_bytes += st.peak_live_requested;

@@ -1,6 +1,7 @@
 //! `memsnap summary SNAP`: what holds the memory, per device, and what happened at an OOM.
 
 use super::analysis::{self, DeviceStats, Library, SiteKind, Sites, Tally, fmt_bytes, sorted};
+use super::history;
 use crate::snapshot::model::{Meta, Snapshot};
 use anyhow::Result;
 use serde::Serialize;
@@ -143,11 +144,15 @@ fn site_rows(sites: &Sites, v: &[(u32, Tally)], top: usize) -> Vec<SiteRow> {
         .collect()
 }
 
-pub fn build(snap: &Snapshot, file: String, top: usize) -> Summary {
+pub fn build(snap: &Snapshot, histories: &[history::History], file: String, top: usize) -> Summary {
     let sites = Sites::new(snap);
-    let devices = analysis::devices(snap)
+    let devices = analysis::devices(snap, histories.iter().map(|h| h.events))
         .into_iter()
-        .map(|d| device(snap, &sites, analysis::device_stats(snap, &sites, d), top))
+        .map(|d| {
+            let hist = analysis::history_of(histories, d);
+            let st = analysis::device_stats(snap, &sites, d, &hist);
+            device(&sites, st, &hist, top)
+        })
         .collect();
     Summary {
         file,
@@ -162,27 +167,15 @@ pub fn build(snap: &Snapshot, file: String, top: usize) -> Summary {
     }
 }
 
-fn device(snap: &Snapshot, sites: &Sites, st: DeviceStats, top: usize) -> Device {
-    let mut apis: rustc_hash::FxHashMap<&str, usize> = rustc_hash::FxHashMap::default();
-    if let Some(t) = snap
-        .device_traces
-        .get(st.device as usize)
-        .filter(|_| st.device >= 0)
-    {
-        for e in t {
-            if let Some(u) = &e.user_metadata {
-                *apis.entry(&**u).or_default() += 1;
-            }
-        }
-    }
-    let mut events_by_api: Vec<ApiRow> = apis
+fn device(sites: &Sites, st: DeviceStats, hist: &history::History, top: usize) -> Device {
+    let events_by_api = hist
+        .apis()
         .into_iter()
         .map(|(a, n)| ApiRow {
             api: a.to_string(),
             events: n,
         })
         .collect();
-    events_by_api.sort_by(|a, b| b.events.cmp(&a.events).then(a.api.cmp(&b.api)));
     Device {
         events_by_api,
         device: st.device,
@@ -229,8 +222,13 @@ fn device(snap: &Snapshot, sites: &Sites, st: DeviceStats, top: usize) -> Device
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let snap = super::load(&a.snap)?;
-    let s = build(&snap, a.snap.display().to_string(), a.top);
+    let loaded = super::load_summarized(&a.snap)?;
+    let s = build(
+        &loaded.snap,
+        &loaded.histories,
+        a.snap.display().to_string(),
+        a.top,
+    );
     if a.json {
         serde_json::to_writer_pretty(&mut *out, &s)?;
         writeln!(out)?;

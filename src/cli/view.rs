@@ -287,7 +287,7 @@ fn device_page(
 pub fn render(snap: &Snapshot, title: &str, top: usize) -> Result<String> {
     let sites = Sites::new(snap);
     let mut table = Table::default();
-    let devices = analysis::devices(snap)
+    let devices = analysis::devices(snap, snap.device_traces.iter().map(Vec::len))
         .into_iter()
         .map(|d| device_page(snap, &sites, &mut table, d, top))
         .collect();

@@ -1,6 +1,6 @@
 //! Pickle reader for snapshots: memsnap's own files and PyTorch's (`_dump_snapshot`).
 //!
-//! Cold code, no unsafe, executes nothing. Two layers:
+//! Cold code, no unsafe, executes nothing. Layers:
 //! - [`parse`] runs the pickle machine (protocols 0–5, plain data only) over untrusted bytes
 //!   into an arena of [`Node`]s. Values refer to nodes by index, so an object shared through
 //!   the memo (PyTorch shares frame dicts and frame lists) stays one node: that is what lets
@@ -12,6 +12,11 @@
 //! - [`read_snapshot_from`] does the same from a stream, a chunk at a time (an opcode cut by
 //!   a chunk's end is run again once the next chunk is in), so the file itself is never held
 //!   whole: the CLI's peak memory is the model plus the memo, not the model plus the file.
+//! - [`stream_snapshot_from`] also hands each entry out as it is converted instead of
+//!   keeping it. The dicts and frame lists it came from go back to the arena for reuse
+//!   (a node nothing else can refer to: not memoized, or memoized once and never fetched
+//!   or duplicated; its memo slot then names the interned stack, or "gone"), so memory no
+//!   longer grows with the history: `summary` of a 1 GB file needs about a tenth of it.
 //!
 //! Untrusted input: every length is checked against the remaining input before anything is
 //! allocated (when streaming, a length past the chunk reads on, at most to the end of the
@@ -61,6 +66,9 @@ pub enum ReadError {
     Io { offset: usize, msg: String },
     #[error("not a memory snapshot: {path}: {msg}")]
     Shape { path: String, msg: String },
+    /// Only from [`stream_snapshot_from`]: the file needs an entry it already handed out.
+    #[error("cannot stream this snapshot: {why}; read it whole instead")]
+    NeedsFullRead { why: &'static str },
 }
 
 type Result<T> = std::result::Result<T, ReadError>;
@@ -74,9 +82,12 @@ pub enum Val {
     Float(f64),
     /// Index into [`Pickle::nodes`].
     Ref(u32),
-    /// A trace entry converted when it was appended to a list (snapshot mode only): the
+    /// A trace entry converted when it was appended to a list (snapshot modes only): the
     /// entry's number. Found only inside lists, never on the machine's stack.
     Event(u32),
+    /// A frame list already interned, fetched from the memo (snapshot modes only): the
+    /// list itself was dropped once interned.
+    Stack(Option<StackId>),
 }
 
 /// An arena entry. Containers hold [`Val`]s, so sharing is preserved.
@@ -101,6 +112,8 @@ pub enum Node {
         first: u32,
         len: u32,
     },
+    /// A slot given back after its contents were converted; the next node reuses it.
+    Free,
 }
 
 /// The result of [`parse`]: the arena and the top-level value.
@@ -110,9 +123,27 @@ pub struct Pickle {
     pub root: Option<Val>,
     /// Protocol from the PROTO header (0 when there is none).
     pub protocol: u8,
+    /// Snapshot modes: how each node can be reached again besides its one container
+    /// ([`NOT_MEMOIZED`], [`SHARED`], or its memo index). Empty in plain mode.
+    reach: Vec<u32>,
 }
 
+/// [`Pickle::reach`]: the node was neither memoized nor duplicated, so its container is
+/// the only thing that refers to it.
+const NOT_MEMOIZED: u32 = u32::MAX;
+/// [`Pickle::reach`]: memoized more than once, duplicated, or under an index the dense memo
+/// cannot hold: never freed.
+const SHARED: u32 = u32::MAX - 1;
+
 impl Pickle {
+    /// Whether the node can be referred to again later in the file (through the memo or a
+    /// DUP): only then is it worth remembering by identity.
+    fn may_recur(&self, id: u32) -> bool {
+        self.reach
+            .get(id as usize)
+            .is_none_or(|&r| r != NOT_MEMOIZED)
+    }
+
     pub fn node(&self, v: Val) -> Option<&Node> {
         match v {
             Val::Ref(i) => self.nodes.get(i as usize),
@@ -155,7 +186,7 @@ impl Pickle {
 
 /// Parses any plain-data pickle into an arena of values.
 pub fn parse(bytes: &[u8]) -> Result<Pickle> {
-    let mut m = Machine::new(bytes, false);
+    let mut m = Machine::new(bytes, Mode::Plain);
     m.run(&mut |_| {})?;
     Ok(m.st.pickle)
 }
@@ -180,7 +211,35 @@ pub fn read_snapshot_from(
     input: &mut dyn std::io::Read,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Snapshot> {
-    read_chunked(input, READ_CHUNK, progress)
+    read_chunked(input, READ_CHUNK, progress, None).map(|s| s.snapshot)
+}
+
+/// A snapshot read by [`stream_snapshot_from`]: everything but the trace entries.
+#[derive(Debug, PartialEq)]
+pub struct Streamed {
+    /// `device_traces` holds one empty list per device: the entries went to the sink.
+    pub snapshot: Snapshot,
+    /// For each device, the list number its entries were handed out with.
+    pub trace_lists: Vec<u32>,
+}
+
+/// Receives each trace entry once, in file order, with the number of the list it was
+/// appended to (a device's entries all share one number, see [`Streamed::trace_lists`]).
+pub type TraceSink<'a> = &'a mut dyn FnMut(u32, TraceEntry);
+
+/// Reads a snapshot without keeping its history: each trace entry goes to `sink` as soon
+/// as it is decoded and is then dropped, and so are the dicts and frame lists it came
+/// from. Memory is the segments, the distinct frames and stacks, and 4 bytes of memo per
+/// memoized object, whatever the length of the history.
+///
+/// A file that refers back to a trace entry already handed out (no known writer does)
+/// fails with [`ReadError::NeedsFullRead`]: read it with [`read_snapshot_from`] instead.
+pub fn stream_snapshot_from(
+    input: &mut dyn std::io::Read,
+    progress: &mut dyn FnMut(usize),
+    sink: TraceSink<'_>,
+) -> Result<Streamed> {
+    read_chunked(input, READ_CHUNK, progress, Some(sink))
 }
 
 /// Bytes read from the stream at a time (more when one opcode needs more).
@@ -201,7 +260,8 @@ fn read_chunked(
     input: &mut dyn std::io::Read,
     chunk: usize,
     progress: &mut dyn FnMut(usize),
-) -> Result<Snapshot> {
+    mut sink: Option<TraceSink<'_>>,
+) -> Result<Streamed> {
     let chunk = chunk.max(1);
     let mut buf = Vec::new();
     let mut eof = fill(input, &mut buf, chunk.max(16), 0)?;
@@ -225,10 +285,21 @@ fn read_chunked(
         }
     }
     let mut base = 0usize;
-    let mut state = MachineState::new(true);
+    let mode = if sink.is_some() {
+        Mode::Stream
+    } else {
+        Mode::Keep
+    };
+    let mut state = MachineState::new(mode);
     loop {
         let mut m = Machine::resume(&buf, base, eof, state);
-        match m.run(progress) {
+        let ran = m.run(progress);
+        if let Some(sink) = sink.as_deref_mut() {
+            for (list, entry) in m.st.streamed.drain(..) {
+                sink(list, entry);
+            }
+        }
+        match ran {
             Ok(()) => {
                 state = m.st;
                 break;
@@ -264,14 +335,19 @@ fn read_chunked(
         memo_sparse,
         stack,
         marks,
+        free,
         ..
     } = state;
     // The machine's working state is not needed to convert: free it now, not at the end.
-    drop((memo, memo_side, memo_sparse, stack, marks));
+    drop((memo, memo_side, memo_sparse, stack, marks, free));
     let root = pickle.root.ok_or(ReadError::NoStop { offset: base })?;
     let total_events = events.len();
+    // Nothing is dropped from here on, so lists may be remembered by identity.
+    let mut interner = interner;
+    interner.collapse = None;
     let mut conv = Converter {
         p: &pickle,
+        mode,
         interner,
         events,
         total_events,
@@ -280,8 +356,13 @@ fn read_chunked(
         cur_device: 0,
         cur_index: 0,
         consumed: 0,
+        trace_lists: Vec::new(),
     };
-    conv.snapshot(root)
+    let snapshot = conv.snapshot(root)?;
+    Ok(Streamed {
+        snapshot,
+        trace_lists: conv.trace_lists,
+    })
 }
 
 impl ReadError {
@@ -297,7 +378,10 @@ impl ReadError {
             | ReadError::BadMemo { offset, .. }
             | ReadError::NoStop { offset }
             | ReadError::Io { offset, .. } => *offset += base,
-            ReadError::Empty | ReadError::NotPickle { .. } | ReadError::Shape { .. } => {}
+            ReadError::Empty
+            | ReadError::NotPickle { .. }
+            | ReadError::Shape { .. }
+            | ReadError::NeedsFullRead { .. } => {}
         }
         self
     }
@@ -309,8 +393,28 @@ impl ReadError {
 const PROGRESS_STEP: usize = 8 << 20;
 /// Memo slot tag: the rest is an index into `Machine::memo_side`.
 const MEMO_SIDE: u32 = 1 << 31;
+/// Memo slot tag: the rest is an interned stack ([`MEMO_NO_STACK`] for an empty one); the
+/// frame list it came from was dropped. Below this tag, a slot is a node index.
+const MEMO_STACK: u32 = 1 << 30;
+const MEMO_NO_STACK: u32 = MEMO_SIDE - 1;
+/// Memo slot of a trace entry already handed to the sink and dropped (stream mode).
+const MEMO_GONE: u32 = u32::MAX - 1;
 /// Memo slot that holds nothing in the dense vector (the value is in `memo_sparse`).
 const MEMO_UNSET: u32 = u32::MAX;
+
+/// Dropped dicts whose storage is kept for reuse.
+const SPARE_DICTS: usize = 64;
+
+/// What the machine builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// A generic value tree ([`parse`]).
+    Plain,
+    /// A snapshot: trace entries converted as they are appended, and kept.
+    Keep,
+    /// A snapshot whose entries are handed out as they are converted and not kept.
+    Stream,
+}
 
 /// Everything the pickle machine keeps between input chunks.
 struct MachineState {
@@ -324,15 +428,25 @@ struct MachineState {
     memo_side: Vec<Val>,
     /// Memo indices far beyond the dense vector (BINPUT with arbitrary numbers).
     memo_sparse: FxHashMap<u64, Val>,
-    /// Snapshot mode: convert trace entries when they are appended.
-    snapshot_mode: bool,
+    mode: Mode,
     interner: Interner,
+    /// Keep mode: the converted entries, by number.
     events: Vec<TraceEntry>,
+    /// Stream mode: converted entries not yet handed to the sink, with their list.
+    streamed: Vec<(u32, TraceEntry)>,
+    /// Entries converted so far (their numbers).
+    converted: u32,
+    /// Arena slots given back ([`Node::Free`]), reused before the arena grows.
+    free: Vec<u32>,
+    /// Scratch for [`Machine::release`].
+    release_work: Vec<u32>,
+    /// Storage of dropped dicts, for the next ones (at most [`SPARE_DICTS`]).
+    spare_dicts: Vec<Vec<(Val, Val)>>,
     next_report: usize,
 }
 
 impl MachineState {
-    fn new(snapshot_mode: bool) -> Self {
+    fn new(mode: Mode) -> Self {
         MachineState {
             pickle: Pickle::default(),
             stack: Vec::new(),
@@ -340,12 +454,17 @@ impl MachineState {
             memo: Vec::new(),
             memo_side: Vec::new(),
             memo_sparse: FxHashMap::default(),
-            snapshot_mode,
+            mode,
             interner: Interner {
-                collapse: snapshot_mode.then(Vec::new),
+                collapse: (mode != Mode::Plain).then(Vec::new),
                 ..Interner::default()
             },
             events: Vec::new(),
+            streamed: Vec::new(),
+            converted: 0,
+            free: Vec::new(),
+            release_work: Vec::new(),
+            spare_dicts: Vec::new(),
             next_report: PROGRESS_STEP,
         }
     }
@@ -366,8 +485,8 @@ struct Machine<'a> {
 }
 
 impl<'a> Machine<'a> {
-    fn new(input: &'a [u8], snapshot_mode: bool) -> Self {
-        Machine::resume(input, 0, true, MachineState::new(snapshot_mode))
+    fn new(input: &'a [u8], mode: Mode) -> Self {
+        Machine::resume(input, 0, true, MachineState::new(mode))
     }
     fn resume(input: &'a [u8], base: usize, last: bool, st: MachineState) -> Self {
         Machine {
@@ -429,9 +548,91 @@ impl<'a> Machine<'a> {
         }
     }
     fn push_node(&mut self, n: Node) -> Val {
-        let id = self.st.pickle.nodes.len() as u32;
-        self.st.pickle.nodes.push(n);
+        let p = &mut self.st.pickle;
+        if let Some(id) = self.st.free.pop() {
+            p.nodes[id as usize] = n;
+            p.reach[id as usize] = NOT_MEMOIZED;
+            return Val::Ref(id);
+        }
+        let id = p.nodes.len() as u32;
+        p.nodes.push(n);
+        if self.st.mode != Mode::Plain {
+            p.reach.push(NOT_MEMOIZED);
+        }
         Val::Ref(id)
+    }
+
+    /// Gives back a node that nothing can refer to any more, and with it every child that
+    /// only it referred to (a child never memoized nor duplicated has exactly one
+    /// container). Iterative: input depth never becomes recursion.
+    fn release(&mut self, root: u32) {
+        let mut work = std::mem::take(&mut self.st.release_work);
+        work.push(root);
+        while let Some(id) = work.pop() {
+            let p = &mut self.st.pickle;
+            let node = std::mem::replace(&mut p.nodes[id as usize], Node::Free);
+            let items: &[Val] = match &node {
+                Node::List(v) | Node::Tuple(v) => v,
+                // Its numbers name entries already converted: never reuse it.
+                Node::EventRun { .. } | Node::Free => {
+                    p.nodes[id as usize] = node;
+                    continue;
+                }
+                _ => &[],
+            };
+            if items.iter().any(|v| matches!(v, Val::Event(_))) {
+                p.nodes[id as usize] = node;
+                continue;
+            }
+            let sole = |v: &Val| match *v {
+                Val::Ref(c) => (p.reach.get(c as usize) == Some(&NOT_MEMOIZED)).then_some(c),
+                _ => None,
+            };
+            match node {
+                Node::Dict(mut d) => {
+                    work.extend(d.iter().flat_map(|(k, v)| [sole(k), sole(v)]).flatten());
+                    // Its storage serves the next dict: one event dict is much like the next.
+                    if self.st.spare_dicts.len() < SPARE_DICTS {
+                        d.clear();
+                        self.st.spare_dicts.push(d);
+                    }
+                }
+                _ => work.extend(items.iter().filter_map(sole)),
+            }
+            self.st.interner.forget(id);
+            self.st.free.push(id);
+        }
+        self.st.release_work = work;
+    }
+
+    /// A second reference to a node now exists (DUP, or a copy fetched from the memo): it
+    /// can no longer be dropped when its first container is done with it.
+    fn share(&mut self, v: Val) {
+        if let Val::Ref(id) = v
+            && let Some(reach) = self.st.pickle.reach.get_mut(id as usize)
+        {
+            *reach = SHARED;
+        }
+    }
+
+    /// Leaves node `id` referred to by its container alone, so that it can be dropped:
+    /// its memo slot, if it still names it, now holds `to`. False when other references
+    /// may exist (a DUP, a copy already fetched, a second memo slot): keep the node then.
+    fn detach(&mut self, id: u32, to: u32) -> bool {
+        match self.st.pickle.reach.get(id as usize) {
+            Some(&i) if i != NOT_MEMOIZED && i != SHARED => {
+                match self.st.memo.get_mut(i as usize) {
+                    Some(slot) if *slot == id => {
+                        *slot = to;
+                        true
+                    }
+                    // The index was reused for something else: nothing refers to `id`.
+                    _ => true,
+                }
+            }
+            Some(&NOT_MEMOIZED) => true,
+            _ => false,
+        }
     }
     fn pop(&mut self, at: usize) -> Result<Val> {
         let floor = self.st.marks.last().copied().unwrap_or(0);
@@ -457,19 +658,34 @@ impl<'a> Machine<'a> {
     }
     fn memo_put(&mut self, index: u64, v: Val) {
         let len = self.st.memo.len() as u64;
+        if let Val::Ref(id) = v
+            && let Some(reach) = self.st.pickle.reach.get_mut(id as usize)
+        {
+            // Only a node remembered under one dense index can later be dropped and its
+            // memo slot pointed at what it became.
+            *reach = if *reach == NOT_MEMOIZED
+                && index <= len
+                && index < SHARED as u64
+                && id < MEMO_STACK
+            {
+                index as u32
+            } else {
+                SHARED
+            };
+        }
         if index > len {
             self.st.memo_sparse.insert(index, v);
             return;
         }
         let slot = match v {
-            Val::Ref(id) if id < MEMO_SIDE => id,
+            Val::Ref(id) if id < MEMO_STACK => id,
             _ => {
                 self.st.memo_side.push(v);
                 // Each PUT is at least one input byte, so this index fits below 2^31 for
                 // any file under 2 GiB; beyond that the dense encoding gives way to the map.
                 let side = self.st.memo_side.len() - 1;
                 match u32::try_from(side) {
-                    Ok(i) if i < MEMO_SIDE - 1 => MEMO_SIDE | i,
+                    Ok(i) if i < MEMO_GONE - MEMO_SIDE => MEMO_SIDE | i,
                     _ => {
                         self.st.memo_side.pop();
                         if index < len {
@@ -491,7 +707,14 @@ impl<'a> Machine<'a> {
     fn memo_get(&self, index: u64, at: usize) -> Result<Val> {
         let v = match self.st.memo.get(index as usize).copied() {
             Some(MEMO_UNSET) | None => self.st.memo_sparse.get(&index).copied(),
-            Some(slot) if slot & MEMO_SIDE == 0 => Some(Val::Ref(slot)),
+            Some(MEMO_GONE) => {
+                return Err(ReadError::NeedsFullRead {
+                    why: "a trace entry is referred to a second time",
+                });
+            }
+            Some(slot) if slot < MEMO_STACK => Some(Val::Ref(slot)),
+            Some(MEMO_NO_STACK) => Some(Val::Stack(None)),
+            Some(slot) if slot < MEMO_SIDE => Some(Val::Stack(Some(slot - MEMO_STACK))),
             Some(slot) => self.st.memo_side.get((slot & !MEMO_SIDE) as usize).copied(),
         };
         v.ok_or(ReadError::BadMemo { offset: at, index })
@@ -602,6 +825,7 @@ impl<'a> Machine<'a> {
                 }
                 b'2' => {
                     let v = self.top(at)?;
+                    self.share(v);
                     self.st.stack.push(v);
                 }
                 b'N' => self.st.stack.push(Val::None),
@@ -735,18 +959,27 @@ impl<'a> Machine<'a> {
                     self.append(list, items, at)?;
                 }
                 b's' => {
-                    let v = self.pop(at)?;
-                    let k = self.pop(at)?;
-                    let d = self.top(at)?;
-                    self.set_items(d, vec![k, v], at)?;
+                    let floor = self.st.marks.last().copied().unwrap_or(0);
+                    let len = self.st.stack.len();
+                    if len < floor + 3 {
+                        return Err(self.corrupt(at, "stack underflow"));
+                    }
+                    self.set_items(self.st.stack[len - 3], len - 2, at)?;
                 }
                 b'u' => {
-                    let items = self.pop_mark(at)?;
-                    if items.len() % 2 != 0 {
+                    let m = self
+                        .st
+                        .marks
+                        .pop()
+                        .ok_or_else(|| self.corrupt(at, "no MARK before this opcode"))?;
+                    if !(self.st.stack.len() - m).is_multiple_of(2) {
                         return Err(self.corrupt(at, "SETITEMS with an odd number of items"));
                     }
-                    let d = self.top(at)?;
-                    self.set_items(d, items, at)?;
+                    let floor = self.st.marks.last().copied().unwrap_or(0);
+                    if m <= floor {
+                        return Err(self.corrupt(at, "stack underflow"));
+                    }
+                    self.set_items(self.st.stack[m - 1], m, at)?;
                 }
                 b'q' => {
                     let i = self.u8("BINPUT")? as u64;
@@ -772,17 +1005,20 @@ impl<'a> Machine<'a> {
                 b'h' => {
                     let i = self.u8("BINGET")? as u64;
                     let v = self.memo_get(i, at)?;
+                    self.share(v);
                     self.st.stack.push(v);
                 }
                 b'j' => {
                     let i = self.le(4, "LONG_BINGET")?;
                     let v = self.memo_get(i, at)?;
+                    self.share(v);
                     self.st.stack.push(v);
                 }
                 b'g' => {
                     let l = self.line("GET")?;
                     let i = parse_index(l).ok_or_else(|| self.corrupt(at, "GET: bad index"))?;
                     let v = self.memo_get(i, at)?;
+                    self.share(v);
                     self.st.stack.push(v);
                 }
                 _ => {
@@ -816,17 +1052,18 @@ impl<'a> Machine<'a> {
     }
 
     fn append(&mut self, list: Val, mut items: Vec<Val>, at: usize) -> Result<()> {
-        if self.st.snapshot_mode {
+        let idx = match list {
+            Val::Ref(i) => i,
+            _ => return Err(self.corrupt(at, "APPEND(S) to something that is not a list")),
+        };
+        if self.st.mode != Mode::Plain {
             for item in items.iter_mut() {
-                if let Some(n) = self.maybe_convert_event(*item, at)? {
+                if let Some(n) = self.maybe_convert_event(*item, idx, at)? {
                     *item = Val::Event(n);
                 }
             }
         }
-        let idx = match list {
-            Val::Ref(i) => i as usize,
-            _ => return Err(self.corrupt(at, "APPEND(S) to something that is not a list")),
-        };
+        let idx = idx as usize;
         // Entries numbered `start..start + items.len()`, when the items are exactly that.
         let run_from = |start: u32| {
             items
@@ -839,7 +1076,7 @@ impl<'a> Machine<'a> {
             Some(Node::List(v)) if v.is_empty() => {
                 let n = items.len() as u32;
                 match items.first() {
-                    Some(&Val::Event(first)) if self.st.snapshot_mode && run_from(first) => {
+                    Some(&Val::Event(first)) if run_from(first) => {
                         *node.expect("matched") = Node::EventRun { first, len: n };
                     }
                     _ => *v = items,
@@ -873,14 +1110,21 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn set_items(&mut self, dict: Val, items: Vec<Val>, at: usize) -> Result<()> {
+    /// Moves the key/value pairs `stack[from..]` into `dict`.
+    fn set_items(&mut self, dict: Val, from: usize, at: usize) -> Result<()> {
         let idx = match dict {
             Val::Ref(i) => i as usize,
             _ => return Err(self.corrupt(at, "SETITEM(S) on something that is not a dict")),
         };
         match self.st.pickle.nodes.get_mut(idx) {
             Some(Node::Dict(d)) => {
-                d.extend(items.chunks_exact(2).map(|c| (c[0], c[1])));
+                if d.capacity() == 0
+                    && let Some(spare) = self.st.spare_dicts.pop()
+                {
+                    *d = spare;
+                }
+                d.extend(self.st.stack[from..].chunks_exact(2).map(|c| (c[0], c[1])));
+                self.st.stack.truncate(from);
                 Ok(())
             }
             _ => Err(self.corrupt(at, "SETITEM(S) on something that is not a dict")),
@@ -888,13 +1132,30 @@ impl<'a> Machine<'a> {
     }
 
     /// A dict with an `action` string that is appended to a list is a trace entry: convert
-    /// it now and drop the dict (snapshot mode only).
-    fn maybe_convert_event(&mut self, item: Val, at: usize) -> Result<Option<u32>> {
+    /// it now and drop the dict and the frame lists it used (snapshot modes only).
+    fn maybe_convert_event(&mut self, item: Val, list: u32, at: usize) -> Result<Option<u32>> {
         let Val::Ref(id) = item else { return Ok(None) };
         let is_event = match self.st.pickle.nodes.get(id as usize) {
-            Some(Node::Dict(d)) => d.iter().any(|(k, v)| {
-                self.st.pickle.str(*k) == Some("action") && self.st.pickle.str(*v).is_some()
+            // A frame dict already interned (the items of a fresh frame list): not an entry.
+            Some(Node::Dict(_))
+                if self
+                    .st
+                    .interner
+                    .frame_of_node
+                    .get(id as usize)
+                    .is_some_and(|&f| f != NO_FRAME) =>
+            {
+                false
+            }
+            Some(Node::Dict(d)) => d.iter().any(|&(k, v)| {
+                self.st.interner.key(&self.st.pickle, k) == EntryKey::Action
+                    && self.st.pickle.str(v).is_some()
             }),
+            Some(Node::Event(_)) if self.st.mode == Mode::Stream => {
+                return Err(ReadError::NeedsFullRead {
+                    why: "a trace entry is appended a second time",
+                });
+            }
             _ => false,
         };
         if !is_event {
@@ -902,15 +1163,41 @@ impl<'a> Machine<'a> {
         }
         let entry = event_from_dict(&self.st.pickle, &mut self.st.interner, item)
             .map_err(|msg| self.corrupt(at, format!("trace entry: {msg}")))?;
-        let n = self.st.events.len() as u32;
-        self.st.events.push(entry);
-        self.st.pickle.nodes[id as usize] = Node::Event(n);
-        if let Some(pending) = &mut self.st.interner.collapse {
-            for (list, stack) in pending.drain(..) {
-                self.st.pickle.nodes[list as usize] = Node::Stack(stack);
-            }
+        let n = self.st.converted;
+        self.st.converted = n
+            .checked_add(1)
+            .ok_or_else(|| self.corrupt(at, "more than 2^32 trace entries"))?;
+        match self.st.mode {
+            Mode::Stream => self.st.streamed.push((list, entry)),
+            _ => self.st.events.push(entry),
+        }
+        // Frame lists first: the dict below may be their only container.
+        let mut pending = self.st.interner.collapse.take().unwrap_or_default();
+        for &(list, stack) in &pending {
+            self.collapse_stack(list, stack);
+        }
+        pending.clear();
+        self.st.interner.collapse = Some(pending);
+        if self.st.mode == Mode::Stream && self.detach(id, MEMO_GONE) {
+            self.release(id);
+        } else {
+            // Keep mode: the memo may name this entry again (a shared entry is copied).
+            self.st.pickle.nodes[id as usize] = Node::Event(n);
         }
         Ok(Some(n))
+    }
+
+    /// A frame list just interned as `stack`: the memo remembers the stack instead and the
+    /// list is dropped, unless it is shared in a way the memo slot cannot express.
+    fn collapse_stack(&mut self, list: u32, stack: Option<StackId>) {
+        let code = match stack {
+            None => Some(MEMO_NO_STACK),
+            Some(s) => s.checked_add(MEMO_STACK).filter(|&c| c < MEMO_NO_STACK),
+        };
+        match code {
+            Some(code) if self.detach(list, code) => self.release(list),
+            _ => self.st.pickle.nodes[list as usize] = Node::Stack(stack),
+        }
     }
 }
 
@@ -921,16 +1208,53 @@ fn parse_index(l: &[u8]) -> Option<u64> {
 // ---------------------------------------------------------------------------------------
 // Conversion to the model.
 
+/// The keys of a trace-entry dict the reader looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum EntryKey {
+    /// Not yet looked at (cache slot only).
+    Unknown,
+    Other,
+    Action,
+    Addr,
+    Size,
+    Stream,
+    TimeUs,
+    DeviceFree,
+    Frames,
+    UserMetadata,
+}
+
+/// Slot of [`Interner::frame_of_node`] with no frame.
+const NO_FRAME: u32 = u32::MAX;
+
 /// Frames and stacks, interned by node identity first (PyTorch shares them through the
 /// memo) and by value second (files that repeat them).
+///
+/// The by-node caches are vectors indexed by node, not hash maps: they are consulted for
+/// every key of every entry and every frame of every fresh frame list, and the arena stays
+/// small because converted nodes are reused. A reused slot is forgotten ([`Self::forget`]).
 #[derive(Default)]
 struct Interner {
     frames: Vec<Frame>,
-    stacks: Vec<Vec<u32>>,
-    frame_by_node: FxHashMap<u32, u32>,
     frame_by_value: FxHashMap<Frame, u32>,
+    /// Frame of a frame dict, by node ([`NO_FRAME`]: unknown); only nodes that may recur.
+    frame_of_node: Vec<u32>,
+    /// What a string node says as a dict key, by node; only nodes that may recur.
+    key_of_node: Vec<EntryKey>,
+    /// Every stack's frame ids back to back: stack `s` is
+    /// `stack_frames[stack_start[s]..stack_start[s + 1]]`. One block instead of a vector
+    /// per stack keeps the comparisons of by-value lookups in few cache lines.
+    stack_frames: Vec<u32>,
+    stack_start: Vec<usize>,
+    /// Stacks by the hash of their frame ids. Exact: a hit is compared in full, and the
+    /// rare stack whose hash is taken by another goes to `stack_collided`.
+    stack_by_hash: FxHashMap<u64, StackId>,
+    stack_collided: FxHashMap<Vec<u32>, StackId>,
+    /// After parsing only (nothing is dropped then): lists already interned.
     stack_by_node: FxHashMap<u32, Option<StackId>>,
-    stack_by_value: FxHashMap<Vec<u32>, StackId>,
+    /// Frame ids of the list being interned.
+    scratch: Vec<u32>,
     /// Distinct `user_metadata` values, shared by every entry that has them.
     metas: FxHashSet<Arc<str>>,
     /// While parsing: lists just interned, for the machine to collapse into `Node::Stack`.
@@ -947,9 +1271,50 @@ impl Interner {
         m
     }
 
+    /// A node slot was given back: whatever was known about it no longer holds.
+    fn forget(&mut self, id: u32) {
+        if let Some(f) = self.frame_of_node.get_mut(id as usize) {
+            *f = NO_FRAME;
+        }
+        if let Some(k) = self.key_of_node.get_mut(id as usize) {
+            *k = EntryKey::Unknown;
+        }
+    }
+
+    fn key(&mut self, p: &Pickle, k: Val) -> EntryKey {
+        let Val::Ref(id) = k else {
+            return EntryKey::Other;
+        };
+        if let Some(&key) = self.key_of_node.get(id as usize)
+            && key != EntryKey::Unknown
+        {
+            return key;
+        }
+        let key = match p.str(k) {
+            Some("action") => EntryKey::Action,
+            Some("addr") => EntryKey::Addr,
+            Some("size") => EntryKey::Size,
+            Some("stream") => EntryKey::Stream,
+            Some("time_us") => EntryKey::TimeUs,
+            Some("device_free") => EntryKey::DeviceFree,
+            Some("frames") => EntryKey::Frames,
+            Some("user_metadata") => EntryKey::UserMetadata,
+            _ => EntryKey::Other,
+        };
+        if p.may_recur(id) {
+            let i = id as usize;
+            if self.key_of_node.len() <= i {
+                self.key_of_node.resize(i + 1, EntryKey::Unknown);
+            }
+            self.key_of_node[i] = key;
+        }
+        key
+    }
+
     fn frame(&mut self, p: &Pickle, v: Val) -> u32 {
         if let Val::Ref(id) = v
-            && let Some(&f) = self.frame_by_node.get(&id)
+            && let Some(&f) = self.frame_of_node.get(id as usize)
+            && f != NO_FRAME
         {
             return f;
         }
@@ -987,15 +1352,57 @@ impl Interner {
         if f == next {
             self.frames.push(frame);
         }
-        if let Val::Ref(id) = v {
-            self.frame_by_node.insert(id, f);
+        // A frame dict never memoized cannot be seen again, and its slot may be reused.
+        if let Val::Ref(id) = v
+            && p.may_recur(id)
+        {
+            let i = id as usize;
+            if self.frame_of_node.len() <= i {
+                self.frame_of_node.resize(i + 1, NO_FRAME);
+            }
+            self.frame_of_node[i] = f;
         }
         f
+    }
+
+    fn stack_ids(&self, s: StackId) -> &[u32] {
+        let s = s as usize;
+        &self.stack_frames[self.stack_start[s]..self.stack_start[s + 1]]
+    }
+
+    /// The stack made of `self.scratch`, added if new.
+    fn intern_scratch(&mut self) -> StackId {
+        if self.stack_start.is_empty() {
+            self.stack_start.push(0);
+        }
+        let hash = std::hash::BuildHasher::hash_one(&rustc_hash::FxBuildHasher, &self.scratch);
+        let taken = match self.stack_by_hash.get(&hash) {
+            Some(&s) if self.stack_ids(s) == self.scratch.as_slice() => return s,
+            Some(_) => {
+                if let Some(&s) = self.stack_collided.get(&self.scratch) {
+                    return s;
+                }
+                true
+            }
+            None => false,
+        };
+        let next = (self.stack_start.len() - 1) as StackId;
+        self.stack_frames.extend_from_slice(&self.scratch);
+        self.stack_start.push(self.stack_frames.len());
+        if taken {
+            self.stack_collided.insert(self.scratch.clone(), next);
+        } else {
+            self.stack_by_hash.insert(hash, next);
+        }
+        next
     }
 
     /// `None` for a missing or empty frame list.
     fn stack(&mut self, p: &Pickle, v: Option<Val>) -> Option<StackId> {
         let v = v?;
+        if let Val::Stack(s) = v {
+            return s;
+        }
         let Val::Ref(id) = v else { return None };
         if let Some(Node::Stack(s)) = p.node(v) {
             return *s;
@@ -1004,22 +1411,11 @@ impl Interner {
             return s;
         }
         let items = p.items(v).unwrap_or_default();
-        let ids: Vec<u32> = items.iter().map(|&f| self.frame(p, f)).collect();
-        let s = if ids.is_empty() {
-            None
-        } else {
-            // Look up before inserting: most lists repeat a known stack, and `entry` would
-            // need an owned copy of the ids for every lookup.
-            match self.stack_by_value.get(&ids) {
-                Some(&s) => Some(s),
-                None => {
-                    let next = self.stacks.len() as StackId;
-                    self.stack_by_value.insert(ids.clone(), next);
-                    self.stacks.push(ids);
-                    Some(next)
-                }
-            }
-        };
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        ids.extend(items.iter().map(|&f| self.frame(p, f)));
+        self.scratch = ids;
+        let s = (!self.scratch.is_empty()).then(|| self.intern_scratch());
         match &mut self.collapse {
             Some(pending) if matches!(p.node(v), Some(Node::List(_))) => pending.push((id, s)),
             _ => {
@@ -1027,6 +1423,16 @@ impl Interner {
             }
         }
         s
+    }
+
+    /// The stacks as the model stores them.
+    fn into_stacks(self) -> (Vec<Frame>, Vec<Vec<u32>>) {
+        let stacks = self
+            .stack_start
+            .windows(2)
+            .map(|w| self.stack_frames[w[0]..w[1]].to_vec())
+            .collect();
+        (self.frames, stacks)
     }
 }
 
@@ -1058,20 +1464,19 @@ fn event_from_dict(
     let mut frames = None;
     let mut has_action = false;
     for &(k, val) in d {
-        let Some(key) = p.str(k) else { continue };
-        match key {
-            "action" => {
+        match interner.key(p, k) {
+            EntryKey::Action => {
                 let s = p.str(val).ok_or("`action` is not a string")?;
                 e.action = Action::parse(s);
                 has_action = true;
             }
-            "addr" => e.addr = int_of(Some(val)).ok_or("`addr` is not an integer")?,
-            "size" => e.size = int_of(Some(val)).ok_or("`size` is not an integer")?,
-            "stream" => e.stream = int_of(Some(val)).unwrap_or(0),
-            "time_us" => e.time_us = int_of(Some(val)).unwrap_or(0),
-            "device_free" => e.device_free = int_of(Some(val)),
-            "frames" => frames = Some(val),
-            "user_metadata" => {
+            EntryKey::Addr => e.addr = int_of(Some(val)).ok_or("`addr` is not an integer")?,
+            EntryKey::Size => e.size = int_of(Some(val)).ok_or("`size` is not an integer")?,
+            EntryKey::Stream => e.stream = int_of(Some(val)).unwrap_or(0),
+            EntryKey::TimeUs => e.time_us = int_of(Some(val)).unwrap_or(0),
+            EntryKey::DeviceFree => e.device_free = int_of(Some(val)),
+            EntryKey::Frames => frames = Some(val),
+            EntryKey::UserMetadata => {
                 e.user_metadata = match p.node(val) {
                     Some(Node::Str(s)) if !s.is_empty() => Some(interner.meta(s)),
                     Some(Node::Dict(kv)) if !kv.is_empty() => Some(
@@ -1106,6 +1511,9 @@ fn event_from_dict(
 
 struct Converter<'p> {
     p: &'p Pickle,
+    mode: Mode,
+    /// Stream mode: each device's trace list (the number its entries were handed out with).
+    trace_lists: Vec<u32>,
     interner: Interner,
     events: Vec<TraceEntry>,
     /// Where each converted entry went: (device, index), `u32::MAX` while not yet placed.
@@ -1118,6 +1526,22 @@ struct Converter<'p> {
     cur_index: u32,
     /// Entries moved out by the in-order fast path (they left the front of `events`).
     consumed: usize,
+}
+
+/// Stream mode: the number a device's entries were handed out with, once it is sure that
+/// they are all of the list's items (each converted where it was appended to this list).
+fn streamed_list(p: &Pickle, l: Val, d: usize) -> Result<u32> {
+    let Val::Ref(id) = l else {
+        return Err(shape(format!("device_traces[{d}]"), "not a list"));
+    };
+    match p.node(l) {
+        Some(Node::EventRun { .. }) => Ok(id),
+        Some(Node::List(items)) if items.iter().all(|v| matches!(v, Val::Event(_))) => Ok(id),
+        Some(Node::List(_)) => Err(ReadError::NeedsFullRead {
+            why: "a trace list holds items that were not trace entries when appended",
+        }),
+        _ => Err(shape(format!("device_traces[{d}]"), "not a list")),
+    }
 }
 
 fn shape(path: impl Into<String>, msg: impl Into<String>) -> ReadError {
@@ -1166,6 +1590,11 @@ impl Converter<'_> {
                     .items(dt)
                     .ok_or_else(|| shape("device_traces", "not a list"))?;
                 for (d, &l) in lists.iter().enumerate() {
+                    if self.mode == Mode::Stream {
+                        self.trace_lists.push(streamed_list(p, l, d)?);
+                        snap.device_traces.push(Vec::new());
+                        continue;
+                    }
                     // Fast path: the entries were converted in exactly this order (every
                     // writer appends device by device), so move them without a second copy.
                     if let Some(Node::EventRun { first, len }) = p.node(l)
@@ -1209,9 +1638,7 @@ impl Converter<'_> {
             }
         }
         self.events = Vec::new();
-        let interner = std::mem::take(&mut self.interner);
-        snap.frames = interner.frames;
-        snap.stacks = interner.stacks;
+        (snap.frames, snap.stacks) = std::mem::take(&mut self.interner).into_stacks();
         Ok(snap)
     }
 
@@ -1387,7 +1814,7 @@ impl Converter<'_> {
             Val::Bool(b) => Some(Meta::Bool(b)),
             Val::Int(i) => Some(Meta::Int(i)),
             Val::Float(f) => Some(Meta::Float(f)),
-            Val::Event(_) => None,
+            Val::Event(_) | Val::Stack(_) => None,
             Val::Ref(_) => match p.node(v) {
                 Some(Node::Str(s)) => Some(Meta::Str(s.to_string())),
                 Some(Node::List(x)) | Some(Node::Tuple(x)) => {
@@ -1453,17 +1880,19 @@ mod tests {
             let whole = read_snapshot(&bytes).unwrap();
             for chunk in [1, 7, 4096] {
                 let mut done = 0;
-                let s = read_chunked(&mut &bytes[..], chunk, &mut |d| done = d).unwrap();
+                let s = read_chunked(&mut &bytes[..], chunk, &mut |d| done = d, None)
+                    .unwrap()
+                    .snapshot;
                 assert_eq!(s, whole, "{name} in chunks of {chunk}");
                 assert_eq!(done, bytes.len(), "{name}: progress reaches the end");
             }
             // A file cut short fails at the same byte with the same error either way.
             let cut = &bytes[..bytes.len() * 2 / 3];
             let expected = read_snapshot_from(&mut &cut[..], &mut |_| {}).unwrap_err();
-            let whole_err = Machine::new(cut, true).run(&mut |_| {}).unwrap_err();
+            let whole_err = Machine::new(cut, Mode::Keep).run(&mut |_| {}).unwrap_err();
             assert_eq!(expected, whole_err, "{name} cut");
             for chunk in [1, 13] {
-                let e = read_chunked(&mut &cut[..], chunk, &mut |_| {}).unwrap_err();
+                let e = read_chunked(&mut &cut[..], chunk, &mut |_| {}, None).unwrap_err();
                 assert_eq!(e, whole_err, "{name} cut, chunks of {chunk}");
             }
         }
@@ -1549,7 +1978,7 @@ mod tests {
         b.extend_from_slice(&[b']', b'q', 2, b'(', b']', b'q', 3, b'(']);
         // frames list: [{"name": "f", "filename": "a.py", "line": 7}], memo 4
         let event = |b: &mut Vec<u8>, first: bool| {
-            b.extend_from_slice(&[b'}', b'(']);
+            b.extend_from_slice(b"}(");
             key(b, "action");
             key(b, "alloc");
             key(b, "addr");
@@ -1572,7 +2001,7 @@ mod tests {
         };
         event(&mut b, true);
         event(&mut b, false);
-        b.extend_from_slice(&[b'e', b'e', b'u', b'.']);
+        b.extend_from_slice(b"eeu.");
         let s = read_snapshot(&b).unwrap();
         assert_eq!(s.device_traces[0].len(), 2);
         assert_eq!(s.device_traces[0][0].addr, i64::MIN);
@@ -1598,7 +2027,7 @@ mod tests {
         // entry again, through the memo) turns back into a plain list, read in order.
         let mut b = vec![0x80, 4, b'}', b'('];
         key(&mut b, "device_traces");
-        b.extend_from_slice(&[b']', b'(', b']']);
+        b.extend_from_slice(b"](]");
         for (memo, size) in [(1u8, 5u8), (2, 6)] {
             b.extend_from_slice(&[b'}', b'q', memo, b'(']);
             key(&mut b, "action");
@@ -1614,11 +2043,11 @@ mod tests {
         // Two devices, each a run: entries go to their own device, in order.
         let mut b = vec![0x80, 4, b'}', b'('];
         key(&mut b, "device_traces");
-        b.extend_from_slice(&[b']', b'(']);
+        b.extend_from_slice(b"](");
         for sizes in [[1u8, 2, 3], [4, 5, 6]] {
-            b.extend_from_slice(&[b']', b'(']);
+            b.extend_from_slice(b"](");
             for size in sizes {
-                b.extend_from_slice(&[b'}', b'(']);
+                b.extend_from_slice(b"}(");
                 key(&mut b, "action");
                 key(&mut b, "free_completed");
                 key(&mut b, "size");
@@ -1626,7 +2055,7 @@ mod tests {
             }
             b.push(b'e');
         }
-        b.extend_from_slice(&[b'e', b'u', b'.']);
+        b.extend_from_slice(b"eu.");
         let s = read_snapshot(&b).unwrap();
         let sizes: Vec<Vec<i64>> = s
             .device_traces
@@ -1713,7 +2142,7 @@ mod tests {
                 cyc.push(b']');
             }
         }
-        cyc.extend_from_slice(&[b'u', b'.']);
+        cyc.extend_from_slice(b"u.");
         let r = read_snapshot(&cyc);
         assert!(matches!(r, Err(ReadError::Shape { .. })), "{r:?}");
         // Truncation at every prefix of a real file ends in an error, never a panic.
@@ -1721,6 +2150,155 @@ mod tests {
         for n in 0..f.len() - 1 {
             assert!(read_snapshot(&f[..n]).is_err(), "prefix {n}");
         }
+    }
+
+    /// Reads `bytes` with [`stream_snapshot_from`] in chunks of `chunk` and puts the
+    /// handed-out entries back into their devices' lists, to compare with a full read.
+    fn streamed(bytes: &[u8], chunk: usize) -> Result<Snapshot> {
+        let mut got: Vec<(u32, TraceEntry)> = Vec::new();
+        let mut done = 0;
+        let s = read_chunked(
+            &mut &bytes[..],
+            chunk,
+            &mut |d| done = d,
+            Some(&mut |list, e| got.push((list, e))),
+        )?;
+        assert_eq!(done, bytes.len(), "progress reaches the end");
+        let mut snap = s.snapshot;
+        assert_eq!(snap.device_traces.len(), s.trace_lists.len());
+        assert!(snap.device_traces.iter().all(Vec::is_empty));
+        for (d, list) in s.trace_lists.iter().enumerate() {
+            snap.device_traces[d] = got
+                .iter()
+                .filter(|(l, _)| l == list)
+                .map(|(_, e)| e.clone())
+                .collect();
+        }
+        Ok(snap)
+    }
+
+    #[test]
+    fn streaming_hands_out_every_entry_of_every_fixture_in_order() {
+        for name in FIXTURES {
+            let bytes = fixture(name);
+            let whole = read_snapshot(&bytes).unwrap();
+            for chunk in [1, 7, 4096, READ_CHUNK] {
+                assert_eq!(
+                    streamed(&bytes, chunk).unwrap(),
+                    whole,
+                    "{name}, chunks of {chunk}"
+                );
+            }
+            let cut = &bytes[..bytes.len() / 2];
+            assert_eq!(
+                streamed(cut, 13).unwrap_err(),
+                read_snapshot(cut).unwrap_err(),
+                "{name} cut"
+            );
+        }
+    }
+
+    /// memsnap's own file with a long history: streaming keeps the arena at one batch of
+    /// entries' worth of nodes (converted dicts and frame lists are reused) however long
+    /// the history, where keeping the entries needs a node per entry.
+    #[test]
+    fn streaming_memory_does_not_grow_with_the_history() {
+        use crate::snapshot::model::{Block, Segment};
+        let file = |events: i64| {
+            let frame = |i: i64| Frame {
+                name: format!("f{i}"),
+                filename: "/app/train.py".into(),
+                line: i,
+            };
+            let mut snap = Snapshot {
+                frames: (0..40).map(frame).collect(),
+                stacks: (0..30u32).map(|s| (s..s + 10).collect()).collect(),
+                ..Snapshot::default()
+            };
+            let trace = (0..events)
+                .map(|i| TraceEntry {
+                    action: if i % 2 == 0 {
+                        Action::Alloc
+                    } else {
+                        Action::FreeCompleted
+                    },
+                    addr: 0x1000 * (i / 2),
+                    size: 512,
+                    stream: 0,
+                    time_us: i,
+                    stack: Some((i % 30) as u32),
+                    device_free: None,
+                    user_metadata: Some("cudaMalloc".into()),
+                })
+                .collect();
+            snap.device_traces = vec![trace];
+            snap.segments = vec![Segment {
+                device: 0,
+                address: 0x1000,
+                total_size: 512,
+                stream: 0,
+                segment_type: "large".into(),
+                segment_pool_id: (0, 0),
+                is_expandable: false,
+                stack: Some(3),
+                blocks: vec![Block {
+                    address: 0x1000,
+                    size: 512,
+                    requested_size: 512,
+                    state: BlockState::ActiveAllocated,
+                    stack: Some(3),
+                }],
+            }];
+            let bytes = crate::snapshot::pickle_write::to_bytes(&snap);
+            let whole = read_snapshot(&bytes).unwrap();
+            assert_eq!(whole.device_traces, snap.device_traces);
+            assert_eq!(streamed(&bytes, 4096).unwrap(), whole);
+            bytes
+        };
+        let nodes_after = |bytes: &[u8], mode| {
+            let mut m = Machine::new(bytes, mode);
+            m.run(&mut |_| {}).unwrap();
+            m.st.pickle.nodes.len()
+        };
+        let (short, long) = (file(10_000), file(40_000));
+        let kept = [
+            nodes_after(&short, Mode::Keep),
+            nodes_after(&long, Mode::Keep),
+        ];
+        let streaming = [
+            nodes_after(&short, Mode::Stream),
+            nodes_after(&long, Mode::Stream),
+        ];
+        assert!(kept[1] - kept[0] >= 30_000, "keep mode: {kept:?} nodes");
+        assert_eq!(
+            streaming[0], streaming[1],
+            "stream mode: nodes for 10k and 40k entries"
+        );
+        // What stays: strings, frames, and one batch of (at most 1000) entry dicts.
+        assert!(streaming[1] < 1500, "stream mode: {streaming:?} nodes");
+    }
+
+    #[test]
+    fn streaming_refuses_entries_referred_to_twice_and_full_reading_takes_them() {
+        // An event dict appended, then fetched from the memo and appended again.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        let key = |b: &mut Vec<u8>, s: &str| {
+            b.push(0x8c);
+            b.push(s.len() as u8);
+            b.extend_from_slice(s.as_bytes());
+        };
+        key(&mut b, "device_traces");
+        b.extend_from_slice(&[b']', b'(', b']', b'}', b'q', 1, b'(']);
+        key(&mut b, "action");
+        key(&mut b, "alloc");
+        key(&mut b, "size");
+        b.extend_from_slice(&[b'K', 9, b'u', b'a', b'h', 1, b'a', b'e', b'u', b'.']);
+        let full = read_snapshot(&b).unwrap();
+        assert_eq!(full.device_traces[0].len(), 2);
+        assert!(matches!(
+            streamed(&b, READ_CHUNK),
+            Err(ReadError::NeedsFullRead { .. })
+        ));
     }
 
     /// Random byte mutations of every fixture: Ok or Err, never a panic. Deterministic.
@@ -1746,7 +2324,7 @@ mod tests {
                     2 => b.truncate(at.max(1)),
                     _ => {
                         let len = b.len();
-                        b[at..].rotate_left(((next() as usize) % (len - at)).max(0));
+                        b[at..].rotate_left((next() as usize) % (len - at));
                     }
                 }
             }
@@ -1754,9 +2332,17 @@ mod tests {
             if whole.is_err() {
                 errors += 1;
             }
+            // Streaming the entries out gives the same, or says the file needs a full read.
+            match (streamed(&b, READ_CHUNK), &whole) {
+                (Ok(s), Ok(w)) => assert_eq!(&s, w, "mutation {i}: streamed"),
+                (Ok(_), Err(e)) => panic!("mutation {i}: streamed fine, full read failed: {e}"),
+                (Err(ReadError::NeedsFullRead { .. }), _) => {}
+                (Err(e), Err(w)) => assert_eq!(&e, w, "mutation {i}: streamed"),
+                (Err(e), Ok(_)) => panic!("mutation {i}: full read fine, streamed failed: {e}"),
+            }
             // Streaming in small chunks reaches the same result or the same error.
             if i % 10 == 0 {
-                let chunked = read_chunked(&mut &b[..], 997, &mut |_| {});
+                let chunked = read_chunked(&mut &b[..], 997, &mut |_| {}, None).map(|s| s.snapshot);
                 assert_eq!(chunked, whole, "mutation {i}, chunks of 997");
             }
         }
