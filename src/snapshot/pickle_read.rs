@@ -402,8 +402,8 @@ const MEMO_GONE: u32 = u32::MAX - 1;
 /// Memo slot that holds nothing in the dense vector (the value is in `memo_sparse`).
 const MEMO_UNSET: u32 = u32::MAX;
 
-/// Dropped dicts whose storage is kept for reuse.
-const SPARE_DICTS: usize = 64;
+/// Dropped dicts (and lists) whose storage is kept for reuse.
+const SPARES: usize = 64;
 
 /// What the machine builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -440,8 +440,9 @@ struct MachineState {
     free: Vec<u32>,
     /// Scratch for [`Machine::release`].
     release_work: Vec<u32>,
-    /// Storage of dropped dicts, for the next ones (at most [`SPARE_DICTS`]).
+    /// Storage of dropped dicts and lists, for the next ones (at most [`SPARES`] each).
     spare_dicts: Vec<Vec<(Val, Val)>>,
+    spare_lists: Vec<Vec<Val>>,
     next_report: usize,
 }
 
@@ -465,6 +466,7 @@ impl MachineState {
             free: Vec::new(),
             release_work: Vec::new(),
             spare_dicts: Vec::new(),
+            spare_lists: Vec::new(),
             next_report: PROGRESS_STEP,
         }
     }
@@ -571,16 +573,13 @@ impl<'a> Machine<'a> {
         while let Some(id) = work.pop() {
             let p = &mut self.st.pickle;
             let node = std::mem::replace(&mut p.nodes[id as usize], Node::Free);
-            let items: &[Val] = match &node {
-                Node::List(v) | Node::Tuple(v) => v,
+            let keep = match &node {
                 // Its numbers name entries already converted: never reuse it.
-                Node::EventRun { .. } | Node::Free => {
-                    p.nodes[id as usize] = node;
-                    continue;
-                }
-                _ => &[],
+                Node::EventRun { .. } | Node::Free => true,
+                Node::List(v) | Node::Tuple(v) => v.iter().any(|v| matches!(v, Val::Event(_))),
+                _ => false,
             };
-            if items.iter().any(|v| matches!(v, Val::Event(_))) {
+            if keep {
                 p.nodes[id as usize] = node;
                 continue;
             }
@@ -588,16 +587,25 @@ impl<'a> Machine<'a> {
                 Val::Ref(c) => (p.reach.get(c as usize) == Some(&NOT_MEMOIZED)).then_some(c),
                 _ => None,
             };
+            // The storage of dicts and lists serves the next ones: one event dict or frame
+            // list is much like the next.
             match node {
                 Node::Dict(mut d) => {
                     work.extend(d.iter().flat_map(|(k, v)| [sole(k), sole(v)]).flatten());
-                    // Its storage serves the next dict: one event dict is much like the next.
-                    if self.st.spare_dicts.len() < SPARE_DICTS {
+                    if self.st.spare_dicts.len() < SPARES {
                         d.clear();
                         self.st.spare_dicts.push(d);
                     }
                 }
-                _ => work.extend(items.iter().filter_map(sole)),
+                Node::List(mut v) => {
+                    work.extend(v.iter().filter_map(sole));
+                    if self.st.spare_lists.len() < SPARES {
+                        v.clear();
+                        self.st.spare_lists.push(v);
+                    }
+                }
+                Node::Tuple(v) => work.extend(v.iter().filter_map(sole)),
+                _ => {}
             }
             self.st.interner.forget(id);
             self.st.free.push(id);
@@ -949,14 +957,24 @@ impl<'a> Machine<'a> {
                     self.st.stack.push(v);
                 }
                 b'a' => {
-                    let item = self.pop(at)?;
-                    let list = self.top(at)?;
-                    self.append(list, vec![item], at)?;
+                    let floor = self.st.marks.last().copied().unwrap_or(0);
+                    let len = self.st.stack.len();
+                    if len < floor + 2 {
+                        return Err(self.corrupt(at, "stack underflow"));
+                    }
+                    self.append(self.st.stack[len - 2], len - 1, at)?;
                 }
                 b'e' => {
-                    let items = self.pop_mark(at)?;
-                    let list = self.top(at)?;
-                    self.append(list, items, at)?;
+                    let m = self
+                        .st
+                        .marks
+                        .pop()
+                        .ok_or_else(|| self.corrupt(at, "no MARK before this opcode"))?;
+                    let floor = self.st.marks.last().copied().unwrap_or(0);
+                    if m <= floor {
+                        return Err(self.corrupt(at, "stack underflow"));
+                    }
+                    self.append(self.st.stack[m - 1], m, at)?;
                 }
                 b's' => {
                     let floor = self.st.marks.last().copied().unwrap_or(0);
@@ -1051,19 +1069,20 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn append(&mut self, list: Val, mut items: Vec<Val>, at: usize) -> Result<()> {
+    /// Moves the items `stack[from..]` into `list`.
+    fn append(&mut self, list: Val, from: usize, at: usize) -> Result<()> {
         let idx = match list {
             Val::Ref(i) => i,
             _ => return Err(self.corrupt(at, "APPEND(S) to something that is not a list")),
         };
         if self.st.mode != Mode::Plain {
-            for item in items.iter_mut() {
-                if let Some(n) = self.maybe_convert_event(*item, idx, at)? {
-                    *item = Val::Event(n);
+            for i in from..self.st.stack.len() {
+                if let Some(n) = self.maybe_convert_event(self.st.stack[i], idx, at)? {
+                    self.st.stack[i] = Val::Event(n);
                 }
             }
         }
-        let idx = idx as usize;
+        let items = &self.st.stack[from..];
         // Entries numbered `start..start + items.len()`, when the items are exactly that.
         let run_from = |start: u32| {
             items
@@ -1071,22 +1090,23 @@ impl<'a> Machine<'a> {
                 .enumerate()
                 .all(|(i, v)| matches!(v, Val::Event(n) if Some(*n) == start.checked_add(i as u32)))
         };
-        let node = self.st.pickle.nodes.get_mut(idx);
+        let node = self.st.pickle.nodes.get_mut(idx as usize);
         match node {
-            Some(Node::List(v)) if v.is_empty() => {
-                let n = items.len() as u32;
-                match items.first() {
-                    Some(&Val::Event(first)) if run_from(first) => {
-                        *node.expect("matched") = Node::EventRun { first, len: n };
-                    }
-                    _ => *v = items,
+            Some(Node::List(v)) if v.is_empty() => match items.first() {
+                Some(&Val::Event(first)) if run_from(first) => {
+                    let len = items.len() as u32;
+                    *node.expect("matched") = Node::EventRun { first, len };
                 }
-                Ok(())
-            }
-            Some(Node::List(v)) => {
-                v.extend_from_slice(&items);
-                Ok(())
-            }
+                _ => {
+                    if v.capacity() == 0
+                        && let Some(spare) = self.st.spare_lists.pop()
+                    {
+                        *v = spare;
+                    }
+                    v.extend_from_slice(items);
+                }
+            },
+            Some(Node::List(v)) => v.extend_from_slice(items),
             Some(Node::EventRun { first, len }) => {
                 let next = first.checked_add(*len);
                 match next {
@@ -1100,14 +1120,15 @@ impl<'a> Machine<'a> {
                         let mut v: Vec<Val> = (*first..first.saturating_add(*len))
                             .map(Val::Event)
                             .collect();
-                        v.extend_from_slice(&items);
+                        v.extend_from_slice(items);
                         *node.expect("matched") = Node::List(v);
                     }
                 }
-                Ok(())
             }
-            _ => Err(self.corrupt(at, "APPEND(S) to something that is not a list")),
+            _ => return Err(self.corrupt(at, "APPEND(S) to something that is not a list")),
         }
+        self.st.stack.truncate(from);
+        Ok(())
     }
 
     /// Moves the key/value pairs `stack[from..]` into `dict`.
@@ -1225,6 +1246,20 @@ enum EntryKey {
     UserMetadata,
 }
 
+/// The actions remembered by node in [`Interner::action_of_node`].
+const ACTIONS: [Action; 10] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::Free,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Snapshot,
+    Action::Oom,
+];
+
 /// Slot of [`Interner::frame_of_node`] with no frame.
 const NO_FRAME: u32 = u32::MAX;
 
@@ -1242,6 +1277,11 @@ struct Interner {
     frame_of_node: Vec<u32>,
     /// What a string node says as a dict key, by node; only nodes that may recur.
     key_of_node: Vec<EntryKey>,
+    /// A string node as an `action` value: 1 + its index in [`ACTIONS`] (0: not known).
+    action_of_node: Vec<u8>,
+    /// A string node as a `user_metadata` value: its index in `meta_list` + 1 (0: not known).
+    meta_of_node: Vec<u32>,
+    meta_list: Vec<Arc<str>>,
     /// Every stack's frame ids back to back: stack `s` is
     /// `stack_frames[stack_start[s]..stack_start[s + 1]]`. One block instead of a vector
     /// per stack keeps the comparisons of by-value lookups in few cache lines.
@@ -1279,6 +1319,54 @@ impl Interner {
         if let Some(k) = self.key_of_node.get_mut(id as usize) {
             *k = EntryKey::Unknown;
         }
+        if let Some(a) = self.action_of_node.get_mut(id as usize) {
+            *a = 0;
+        }
+        if let Some(m) = self.meta_of_node.get_mut(id as usize) {
+            *m = 0;
+        }
+    }
+
+    /// The `action` a string value names (remembered by node: a file has a handful).
+    fn action(&mut self, p: &Pickle, v: Val) -> Option<Action> {
+        let Val::Ref(id) = v else { return None };
+        let i = id as usize;
+        if let Some(&a) = self.action_of_node.get(i)
+            && a != 0
+        {
+            return Some(ACTIONS[a as usize - 1].clone());
+        }
+        let action = Action::parse(p.str(v)?);
+        if p.may_recur(id)
+            && let Some(known) = ACTIONS.iter().position(|a| *a == action)
+        {
+            if self.action_of_node.len() <= i {
+                self.action_of_node.resize(i + 1, 0);
+            }
+            self.action_of_node[i] = known as u8 + 1;
+        }
+        Some(action)
+    }
+
+    /// A `user_metadata` string, shared (`None` when empty).
+    fn meta_str(&mut self, p: &Pickle, v: Val) -> Option<Arc<str>> {
+        let Val::Ref(id) = v else { return None };
+        let i = id as usize;
+        if let Some(&m) = self.meta_of_node.get(i)
+            && m != 0
+        {
+            return Some(self.meta_list[m as usize - 1].clone());
+        }
+        let s = p.str(v).filter(|s| !s.is_empty())?;
+        let m = self.meta(s);
+        if p.may_recur(id) {
+            if self.meta_of_node.len() <= i {
+                self.meta_of_node.resize(i + 1, 0);
+            }
+            self.meta_list.push(m.clone());
+            self.meta_of_node[i] = self.meta_list.len() as u32;
+        }
+        Some(m)
     }
 
     fn key(&mut self, p: &Pickle, k: Val) -> EntryKey {
@@ -1466,8 +1554,7 @@ fn event_from_dict(
     for &(k, val) in d {
         match interner.key(p, k) {
             EntryKey::Action => {
-                let s = p.str(val).ok_or("`action` is not a string")?;
-                e.action = Action::parse(s);
+                e.action = interner.action(p, val).ok_or("`action` is not a string")?;
                 has_action = true;
             }
             EntryKey::Addr => e.addr = int_of(Some(val)).ok_or("`addr` is not an integer")?,
@@ -1478,7 +1565,7 @@ fn event_from_dict(
             EntryKey::Frames => frames = Some(val),
             EntryKey::UserMetadata => {
                 e.user_metadata = match p.node(val) {
-                    Some(Node::Str(s)) if !s.is_empty() => Some(interner.meta(s)),
+                    Some(Node::Str(_)) => interner.meta_str(p, val),
                     Some(Node::Dict(kv)) if !kv.is_empty() => Some(
                         interner.meta(
                             &kv.iter()
