@@ -68,8 +68,13 @@ pub struct Diff {
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let b = super::load_final_state(&a.before)?;
-    let c = super::load_final_state(&a.after)?;
+    // Both files at once: reading is one core per file.
+    let mut loaded =
+        super::map_files(&[&a.before, &a.after], |p| super::load_final_state(p)).into_iter();
+    let (Some(b), Some(c)) = (loaded.next(), loaded.next()) else {
+        anyhow::bail!("internal error: two files read, fewer results");
+    };
+    let (b, c) = (b?, c?);
     let (sb, sc) = (Sites::new(&b), Sites::new(&c));
     // Sites are compared by their text, which is stable across files.
     let mut rows: BTreeMap<String, (SiteKind, Tally, Tally)> = BTreeMap::new();

@@ -109,6 +109,53 @@ pub fn load_final_state(path: &Path) -> Result<Snapshot> {
 /// Files at least this large get a progress bar (when stderr is a terminal).
 const PROGRESS_MIN_BYTES: usize = 64 << 20;
 
+/// At most this many files are read at once: each reader holds its own model (about a
+/// tenth of its file's size when streaming), and reading is one core per file.
+const MAX_PARALLEL_READS: usize = 8;
+
+/// `f` over every item, several at once (one thread per core, up to
+/// [`MAX_PARALLEL_READS`]), results in the items' order. The pickle format is read front to
+/// back, so a file is one core's work; `diff` and `ranks` read several files.
+pub fn map_files<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_PARALLEL_READS)
+        .min(items.len());
+    if workers <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break mine };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| match w.join() {
+                Ok(v) => v,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Progress bars of files read at the same time, drawn together.
+fn bars() -> &'static indicatif::MultiProgress {
+    static BARS: std::sync::OnceLock<indicatif::MultiProgress> = std::sync::OnceLock::new();
+    BARS.get_or_init(indicatif::MultiProgress::new)
+}
+
 /// Opens `path` and runs `read` on it with a progress bar on large files.
 fn decode<T>(
     path: &Path,
@@ -124,7 +171,7 @@ fn decode<T>(
         .with_context(|| format!("cannot read {}", path.display()))?
         .len() as usize;
     let bar = (len >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
-        let b = indicatif::ProgressBar::new(len as u64);
+        let b = bars().add(indicatif::ProgressBar::new(len as u64));
         b.set_style(
             indicatif::ProgressStyle::with_template(
                 "{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
@@ -150,4 +197,19 @@ pub fn display_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn map_files_keeps_the_order_of_items_whatever_finishes_first() {
+        let items: Vec<u64> = (0..40).collect();
+        // Early items take longest, so workers finish out of order.
+        let out = super::map_files(&items, |&i| {
+            std::thread::sleep(std::time::Duration::from_millis(40 - i));
+            i * 10
+        });
+        assert_eq!(out, items.iter().map(|i| i * 10).collect::<Vec<_>>());
+        assert!(super::map_files(&[] as &[u64], |&i| i).is_empty());
+    }
 }

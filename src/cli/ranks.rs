@@ -135,7 +135,9 @@ pub fn build(dir: &Path) -> Result<Ranks> {
     if files.is_empty() {
         anyhow::bail!("{}: no *.pickle or *.pkl files", dir.display());
     }
-    let mut ranks = files.iter().map(|p| row(p)).collect::<Result<Vec<_>>>()?;
+    let mut ranks = super::map_files(&files, |p| row(p))
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
     ranks.sort_by(|a, b| {
         a.rank
             .is_none()
