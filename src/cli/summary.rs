@@ -21,9 +21,9 @@ JSON (--json):
                  libraries: [ {library, bytes, count} ],
                  ooms: [ { event, requested_bytes, device_free_bytes, time_us, site, library,
                            live_requested_bytes, live_allocations, reserved_bytes, top_sites } ] } ] }
-Live = active_allocated blocks (block bytes). Peak = replay of the recorded events backwards
-from the final state, in requested bytes (what `alloc` events carry); a capped history starts
-from the live state it implies. Site = innermost user Python file:line, else the first native
+Live = active_allocated blocks (block bytes). Peak = the most live bytes after any recorded
+event, each state derived from the final one, in requested bytes (what `alloc` events carry);
+a capped history starts from the live state it implies. Site = innermost user Python file:line, else the first native
 frame outside the CUDA runtime, the allocator and PyTorch's filtered frames.";
 
 #[derive(clap::Args, Debug)]
