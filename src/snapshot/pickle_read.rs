@@ -128,11 +128,11 @@ pub struct Pickle {
     reach: Vec<u32>,
 }
 
-/// [`Pickle::reach`]: the node was neither memoized nor duplicated, so its container is
+/// [`Pickle::reach`]: the node was neither memoized nor duplicated, so its one container is
 /// the only thing that refers to it.
 const NOT_MEMOIZED: u32 = u32::MAX;
-/// [`Pickle::reach`]: memoized more than once, duplicated, or under an index the dense memo
-/// cannot hold: never freed.
+/// [`Pickle::reach`]: fetched from the memo while its container was being built, memoized
+/// more than once, duplicated, or under an index the dense memo cannot hold: never freed.
 const SHARED: u32 = u32::MAX - 1;
 
 impl Pickle {
@@ -656,6 +656,28 @@ impl<'a> Machine<'a> {
         }
         Ok(*self.st.stack.last().expect("checked above"))
     }
+    /// APPEND/SETITEM: where the top `n` items start, with the container below them.
+    fn top_items(&self, n: usize, at: usize) -> Result<usize> {
+        let floor = self.st.marks.last().copied().unwrap_or(0);
+        let len = self.st.stack.len();
+        if len < floor + n + 1 {
+            return Err(self.corrupt(at, "stack underflow"));
+        }
+        Ok(len - n)
+    }
+    /// APPENDS/SETITEMS: pops the mark; where its items start, with the container below.
+    fn marked_items(&mut self, at: usize) -> Result<usize> {
+        let m = self
+            .st
+            .marks
+            .pop()
+            .ok_or_else(|| self.corrupt(at, "no MARK before this opcode"))?;
+        let floor = self.st.marks.last().copied().unwrap_or(0);
+        if m <= floor {
+            return Err(self.corrupt(at, "stack underflow"));
+        }
+        Ok(m)
+    }
     fn pop_mark(&mut self, at: usize) -> Result<Vec<Val>> {
         let m = self
             .st
@@ -957,47 +979,23 @@ impl<'a> Machine<'a> {
                     self.st.stack.push(v);
                 }
                 b'a' => {
-                    let floor = self.st.marks.last().copied().unwrap_or(0);
-                    let len = self.st.stack.len();
-                    if len < floor + 2 {
-                        return Err(self.corrupt(at, "stack underflow"));
-                    }
-                    self.append(self.st.stack[len - 2], len - 1, at)?;
+                    let from = self.top_items(1, at)?;
+                    self.append(self.st.stack[from - 1], from, at)?;
                 }
                 b'e' => {
-                    let m = self
-                        .st
-                        .marks
-                        .pop()
-                        .ok_or_else(|| self.corrupt(at, "no MARK before this opcode"))?;
-                    let floor = self.st.marks.last().copied().unwrap_or(0);
-                    if m <= floor {
-                        return Err(self.corrupt(at, "stack underflow"));
-                    }
-                    self.append(self.st.stack[m - 1], m, at)?;
+                    let from = self.marked_items(at)?;
+                    self.append(self.st.stack[from - 1], from, at)?;
                 }
                 b's' => {
-                    let floor = self.st.marks.last().copied().unwrap_or(0);
-                    let len = self.st.stack.len();
-                    if len < floor + 3 {
-                        return Err(self.corrupt(at, "stack underflow"));
-                    }
-                    self.set_items(self.st.stack[len - 3], len - 2, at)?;
+                    let from = self.top_items(2, at)?;
+                    self.set_items(self.st.stack[from - 1], from, at)?;
                 }
                 b'u' => {
-                    let m = self
-                        .st
-                        .marks
-                        .pop()
-                        .ok_or_else(|| self.corrupt(at, "no MARK before this opcode"))?;
-                    if !(self.st.stack.len() - m).is_multiple_of(2) {
+                    let from = self.marked_items(at)?;
+                    if !(self.st.stack.len() - from).is_multiple_of(2) {
                         return Err(self.corrupt(at, "SETITEMS with an odd number of items"));
                     }
-                    let floor = self.st.marks.last().copied().unwrap_or(0);
-                    if m <= floor {
-                        return Err(self.corrupt(at, "stack underflow"));
-                    }
-                    self.set_items(self.st.stack[m - 1], m, at)?;
+                    self.set_items(self.st.stack[from - 1], from, at)?;
                 }
                 b'q' => {
                     let i = self.u8("BINPUT")? as u64;
