@@ -131,7 +131,7 @@ pub struct Pickle {
 /// [`Pickle::reach`]: the node was neither memoized nor duplicated, so its one container is
 /// the only thing that refers to it.
 const NOT_MEMOIZED: u32 = u32::MAX;
-/// [`Pickle::reach`]: fetched from the memo while its container was being built, memoized
+/// [`Pickle::reach`]: fetched from the memo (a copy exists besides its container), memoized
 /// more than once, duplicated, or under an index the dense memo cannot hold: never freed.
 const SHARED: u32 = u32::MAX - 1;
 
