@@ -128,24 +128,8 @@ fn summary_json_shape_and_values() {
 /// writer does this, the reader cannot stream it, and `summary` reads it whole instead.
 #[test]
 fn summary_reads_a_file_that_cannot_be_streamed_whole() {
-    let mut b = vec![0x80, 4, b'}', b'('];
-    let key = |b: &mut Vec<u8>, s: &str| {
-        b.push(0x8c);
-        b.push(s.len() as u8);
-        b.extend_from_slice(s.as_bytes());
-    };
-    key(&mut b, "device_traces");
-    b.extend_from_slice(&[b']', b'(', b']', b'}', b'q', 1, b'(']);
-    key(&mut b, "action");
-    key(&mut b, "alloc");
-    key(&mut b, "addr");
-    b.extend_from_slice(&[b'M', 0, 16]);
-    key(&mut b, "size");
-    b.extend_from_slice(&[b'K', 9, b'u', b'a', b'h', 1, b'a', b'e', b'u', b'.']);
-    let dir = std::env::temp_dir().join(format!("memsnap-cli-shared-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("shared-entry.pickle");
-    std::fs::write(&path, &b).unwrap();
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hand/shared-entry.pickle");
     let o = memsnap(&["summary", "--json", path.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -153,7 +137,6 @@ fn summary_reads_a_file_that_cannot_be_streamed_whole() {
     assert_eq!(h["events"], 2);
     // Two allocations of 9 bytes from nothing live at the end: the history started at -18.
     assert_eq!(h["start_live_requested_bytes"], -18);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

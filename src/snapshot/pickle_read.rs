@@ -2366,18 +2366,11 @@ mod tests {
     #[test]
     fn streaming_refuses_entries_referred_to_twice_and_full_reading_takes_them() {
         // An event dict appended, then fetched from the memo and appended again.
-        let mut b = vec![0x80, 4, b'}', b'('];
-        let key = |b: &mut Vec<u8>, s: &str| {
-            b.push(0x8c);
-            b.push(s.len() as u8);
-            b.extend_from_slice(s.as_bytes());
-        };
-        key(&mut b, "device_traces");
-        b.extend_from_slice(&[b']', b'(', b']', b'}', b'q', 1, b'(']);
-        key(&mut b, "action");
-        key(&mut b, "alloc");
-        key(&mut b, "size");
-        b.extend_from_slice(&[b'K', 9, b'u', b'a', b'h', 1, b'a', b'e', b'u', b'.']);
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/hand/shared-entry.pickle"
+        );
+        let b = std::fs::read(path).unwrap();
         let full = read_snapshot(&b).unwrap();
         assert_eq!(full.device_traces[0].len(), 2);
         assert!(matches!(
