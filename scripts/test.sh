@@ -10,9 +10,9 @@ for tool in cargo cc python3; do
 done
 echo "== cargo fmt --check"
 cargo fmt --check
-echo "== cargo build (the preload tests need target/debug/libmemsnap.so)"
-cargo build --all-targets
+echo "== cargo build (the preload tests need target/debug/libmemsnap.so and memsnap)"
+cargo build --workspace --all-targets
 echo "== snapshot checker self-test (the viewer's crash conditions)"
 python3 tests/python/check_snapshot.py --self-test
 echo "== cargo test"
-cargo test --no-fail-fast
+cargo test --workspace --no-fail-fast

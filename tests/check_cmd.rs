@@ -1,11 +1,13 @@
 //! `memsnap check`: every PyTorch fixture follows the viewer's rules; a snapshot that breaks
 //! one (a block outside any segment's tiling) is reported with exit status 1.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn memsnap(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_memsnap"))
+    Command::new(common::memsnap_bin())
         .args(args)
         .output()
         .expect("run memsnap")

@@ -3,6 +3,8 @@
 //! ranks, flamegraph, and the HTML page (self-contained; loaded in headless Chromium when
 //! it is installed).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -23,7 +25,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn memsnap(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memsnap"))
+    Command::new(common::memsnap_bin())
         .args(args)
         .output()
         .expect("run memsnap")
@@ -264,7 +266,7 @@ fn bad_inputs_exit_2_with_one_clear_message() {
 
 #[test]
 fn closed_stdout_is_not_an_error() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_memsnap"))
+    let mut child = Command::new(common::memsnap_bin())
         .args([
             "summary",
             "--json",

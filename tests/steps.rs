@@ -436,7 +436,7 @@ fn python_module_steps_and_dumps_with_the_preload() {
 // memsnap run
 
 fn memsnap(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memsnap"));
+    let mut cmd = Command::new(common::memsnap_bin());
     cmd.args(args).current_dir(cwd);
     clean_env(&mut cmd);
     for (k, v) in env {

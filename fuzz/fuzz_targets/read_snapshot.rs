@@ -2,9 +2,7 @@
 //! a hang, or unbounded memory. Seed the corpus with tests/fixtures/torch/*.pickle.
 #![no_main]
 
-#[allow(dead_code)]
-#[path = "../../src/snapshot/mod.rs"]
-mod snapshot;
+use memsnap_format as snapshot;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let whole = snapshot::pickle_read::read_snapshot(data);

@@ -4,7 +4,7 @@
 //! stack is symbolized once per process and written once per file (the encoder shares it
 //! through the pickle memo).
 
-use crate::preload::event::Api;
+use crate::channel::event::Api;
 use crate::snapshot::model::{
     Action as ModelAction, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, TraceEntry,
 };

@@ -12,12 +12,12 @@ pub mod files;
 pub mod stacks;
 pub mod state;
 
+use crate::channel::event::{Api, Control, Event, Kind, NO_STACK, Payload};
+use crate::channel::handshake::{
+    self, API_DUMPS, DUMP_TAGS, EXIT_DONE, OOM_DUMPS, ROUTED, SIGNAL_PENDING,
+};
+use crate::channel::queue::Recorder;
 use crate::config::Config;
-use crate::preload::control::{self, API_DUMPS_DONE, EXIT_DONE, OOM_DONE, SIGNAL_PENDING, TAGS};
-use crate::preload::event::{Api, Control, Event, Kind, NO_STACK};
-use crate::preload::guard;
-use crate::preload::hooks::ROUTED;
-use crate::preload::queue::Recorder;
 use crate::snapshot::model::Meta;
 use crate::snapshot::pickle_write;
 use dump::{FrameInterner, meta_int, meta_str};
@@ -29,35 +29,18 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
 
-/// Starts the writer thread.
-pub fn start(rec: &'static Recorder, cfg: Config, wake_fd: i32) -> io::Result<()> {
-    std::thread::Builder::new()
-        .name("memsnap-writer".to_string())
-        .spawn(move || {
-            block_signals();
-            guard::mark_thread_internal();
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                Writer::new(rec, cfg, wake_fd).run();
-            }));
-            if outcome.is_err() {
-                eprintln!("memsnap: internal error in the writer thread; recording is off");
-            }
-            rec.writer_alive.store(false, Release);
-            control::turn_off();
-            EXIT_DONE.store(true, Release);
-        })?;
-    Ok(())
-}
-
-/// The dump signal must reach a thread of the program, never this one (heaptrack learned
-/// this: KDE bug 378494), and no other signal should land here either.
-fn block_signals() {
-    // SAFETY: plain sigset manipulation on a local set; pthread_sigmask affects only this thread.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+/// The writer thread's body: drains the channel and writes snapshots until exit. Catches
+/// its own panics (a bug in here must never take the program down); when it returns, the
+/// writer is gone and the channel says so.
+pub fn run(rec: &'static Recorder, cfg: Config) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Writer::new(rec, cfg).run();
+    }));
+    if outcome.is_err() {
+        eprintln!("memsnap: internal error in the writer thread; recording is off");
     }
+    rec.writer_alive.store(false, Release);
+    EXIT_DONE.store(true, Release);
 }
 
 /// Longest idle sleep between queue polls.
@@ -72,7 +55,6 @@ const MAX_WRITE_WARNINGS: u32 = 3;
 struct Writer {
     rec: &'static Recorder,
     cfg: Config,
-    wake_fd: i32,
     state: State,
     stacks: StackTable,
     interner: FrameInterner,
@@ -96,7 +78,7 @@ enum Flow {
 }
 
 impl Writer {
-    fn new(rec: &'static Recorder, cfg: Config, wake_fd: i32) -> Writer {
+    fn new(rec: &'static Recorder, cfg: Config) -> Writer {
         let id = Identity::current();
         let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
         Writer {
@@ -116,7 +98,6 @@ impl Writer {
             write_warnings: 0,
             stats,
             cfg,
-            wake_fd,
         }
     }
 
@@ -156,12 +137,13 @@ impl Writer {
 
     /// Waits for the wake-up eventfd or the timeout.
     fn sleep(&self, timeout: Duration) {
-        if self.wake_fd < 0 {
+        let wake_fd = self.rec.wake_fd();
+        if wake_fd < 0 {
             std::thread::sleep(timeout);
             return;
         }
         let mut pfd = libc::pollfd {
-            fd: self.wake_fd,
+            fd: wake_fd,
             events: libc::POLLIN,
             revents: 0,
         };
@@ -170,7 +152,7 @@ impl Writer {
         unsafe {
             if libc::poll(&mut pfd, 1, ms) > 0 {
                 let mut buf = 0u64;
-                libc::read(self.wake_fd, (&mut buf as *mut u64).cast(), 8);
+                libc::read(wake_fd, (&mut buf as *mut u64).cast(), 8);
             }
         }
     }
@@ -213,7 +195,7 @@ impl Writer {
         }
         let live = Live {
             size: ev.size,
-            stream: ev.aux,
+            stream: ev.payload.stream(),
             api: ev.api,
             stack,
             time_us: ev.time_us,
@@ -222,14 +204,19 @@ impl Writer {
         match ev.kind {
             Kind::Alloc => self.state.alloc(ev.device, ev.addr, ev.size, live),
             Kind::AllocManaged => self.state.managed_alloc(ev.addr, live),
-            Kind::Free => self.state.free(ev.addr, ev.api, ev.aux, ev.time_us, stack),
-            Kind::MemCreate => self.state.mem_create(ev.aux, ev.size, ev.device),
-            Kind::MemRelease => self.state.mem_release(ev.aux),
+            Kind::Free => {
+                let stream = ev.payload.stream();
+                self.state.free(ev.addr, ev.api, stream, ev.time_us, stack)
+            }
+            Kind::MemCreate => self
+                .state
+                .mem_create(ev.payload.handle(), ev.size, ev.device),
+            Kind::MemRelease => self.state.mem_release(ev.payload.handle()),
             Kind::Map => self.state.map(
                 ev.addr,
                 ev.size,
                 Live {
-                    handle: ev.aux,
+                    handle: ev.payload.handle(),
                     stream: 0,
                     ..live
                 },
@@ -238,12 +225,20 @@ impl Writer {
             Kind::Reserve => self.state.reserve(ev.addr, ev.size),
             Kind::ReserveFree => self.state.reserve_free(ev.addr),
             Kind::Oom => {
-                let free = ev.aux as i64;
-                self.state
-                    .oom(ev.device, ev.size, free, ev.aux2, ev.time_us, ev.api, stack);
-                if ev.addr != 0 {
-                    self.dump(Reason::Oom, "");
-                    OOM_DONE.fetch_max(ev.addr, AcqRel);
+                if let Payload::Oom {
+                    free_bytes,
+                    stream,
+                    dump_ticket,
+                } = ev.payload
+                {
+                    let free = free_bytes.map_or(-1, |b| b as i64);
+                    let (device, size, time) = (ev.device, ev.size, ev.time_us);
+                    self.state
+                        .oom(device, size, free, stream, time, ev.api, stack);
+                    if dump_ticket != 0 {
+                        self.dump(Reason::Oom, "");
+                        OOM_DUMPS.complete(dump_ticket);
+                    }
                 }
             }
             Kind::Control => return self.control(ev),
@@ -252,19 +247,22 @@ impl Writer {
     }
 
     fn control(&mut self, ev: Event) -> Flow {
-        match ev.aux {
-            x if x == Control::Step as u64 => self.on_step(),
-            x if x == Control::Dump as u64 => {
-                let tag = TAGS
+        let Payload::Control(control) = ev.payload else {
+            return Flow::Continue;
+        };
+        match control {
+            Control::Step => self.on_step(),
+            Control::Dump { tag_index, ticket } => {
+                let tag = DUMP_TAGS
                     .lock()
                     .ok()
-                    .and_then(|t| t.get(ev.aux2 as usize).cloned())
+                    .and_then(|t| t.get(tag_index as usize).cloned())
                     .unwrap_or_default();
                 self.dump(Reason::Api, &tag);
-                API_DUMPS_DONE.fetch_add(1, AcqRel);
+                API_DUMPS.complete(ticket);
             }
-            x if x == Control::Signal as u64 => self.dump(Reason::Signal, ""),
-            x if x == Control::Exit as u64 => {
+            Control::Signal => self.dump(Reason::Signal, ""),
+            Control::Exit => {
                 if self.cfg.at_exit {
                     self.dump(Reason::Exit, "");
                 }
@@ -273,7 +271,6 @@ impl Writer {
                 EXIT_DONE.store(true, Release);
                 return Flow::Exit;
             }
-            _ => {}
         }
         Flow::Continue
     }
@@ -434,7 +431,7 @@ impl Writer {
             meta_str("tag", tag),
             meta_int("seq", self.seq),
             meta_int("step", self.step),
-            meta_int("time_us", crate::preload::record::now_us()),
+            meta_int("time_us", handshake::now_us()),
             meta_int("events_recorded", c.pushed.load(Relaxed)),
             meta_int("dropped_events", c.dropped_total()),
             meta_int("dropped_allocs", c.dropped_allocs.load(Relaxed)),
@@ -508,7 +505,7 @@ impl Writer {
 }
 
 fn api_name(i: usize) -> Option<&'static str> {
-    crate::preload::event::Api::ALL.get(i).map(|a| a.name())
+    crate::channel::event::Api::ALL.get(i).map(|a| a.name())
 }
 
 /// `MEMSNAP_STATS`: one CSV row per device per step (or period), like KempnerForge's
@@ -562,10 +559,10 @@ mod stats {
         pub fn row(&mut self, step: u64, reason: Reason, state: &State) {
             let Some(f) = &mut self.file else { return };
             let rank = &self.rank;
-            let now = crate::preload::record::now_us();
+            let now = crate::channel::handshake::now_us();
             let mut out = String::new();
             for (d, dev) in state.devices.iter().enumerate() {
-                let total = crate::preload::hooks::device_total(d);
+                let total = crate::channel::handshake::device_total(d);
                 // What the process holds from CUDA: allocations, plus VMM physical memory
                 // whether mapped or not.
                 let mapped: u64 = dev.mappings.values().map(|l| l.size).sum();

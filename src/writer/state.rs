@@ -10,7 +10,7 @@
 //! (dropped under back-pressure); the stale one is closed with synthesized free events
 //! and counted, so the history stays valid and the live set stays right.
 
-use crate::preload::event::Api;
+use crate::channel::event::Api;
 use crate::writer::stacks::RawStackId;
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};

@@ -56,20 +56,32 @@ pub fn program_path(program: &str) -> PathBuf {
     fake_cuda().join("bin").join(program)
 }
 
-/// The `libmemsnap.so` built next to the `memsnap` binary (same `target/<profile>/`).
-pub fn preload_lib() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_memsnap"));
-    let lib = bin
+/// `target/<profile>/NAME`: the workspace's build outputs sit one folder above the test
+/// executable (`target/<profile>/deps/`). `cargo build --workspace` builds them
+/// (scripts/test.sh does, before `cargo test`).
+pub fn built(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let path = exe
         .parent()
-        .expect("the memsnap binary has a directory")
-        .join("libmemsnap.so");
+        .and_then(Path::parent)
+        .expect("test executables live in target/<profile>/deps")
+        .join(name);
     assert!(
-        lib.is_file(),
-        "{} is missing: run `cargo build` first (integration tests build the memsnap binary, \
-         not the cdylib)",
-        lib.display()
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace` first (scripts/test.sh does)",
+        path.display()
     );
-    lib
+    path
+}
+
+/// The `libmemsnap.so` of this build.
+pub fn preload_lib() -> PathBuf {
+    built("libmemsnap.so")
+}
+
+/// The `memsnap` binary of this build.
+pub fn memsnap_bin() -> PathBuf {
+    built("memsnap")
 }
 
 /// What a program run produced. `dir` is the run's temporary `MEMSNAP_FOLDER` (kept alive as

@@ -7,8 +7,8 @@
 //! only if its type pointer is `PyCode_Type` and its first line and name/file pointers give the check value
 //! the hook computed; decoded objects are cached per (address, check value).
 
-use crate::preload::event::PyFrameRaw;
-use crate::preload::stack::python::{FLAG_ENTRY, Layout, STR_HASH, check_value, fold};
+use crate::capture::python::{FLAG_ENTRY, Layout, STR_HASH, check_value, fold};
+use crate::channel::event::PyFrameRaw;
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 use std::sync::Arc as Rc;
@@ -135,10 +135,10 @@ impl PyResolver {
     /// Picks up the interpreter the hooks found (cheap; call before resolving).
     fn ensure_layout(&mut self) -> Option<Layout> {
         if self.layout.is_none()
-            && let crate::preload::stack::python::Interpreter::Supported(l, _, _) =
-                crate::preload::stack::python::interpreter()
+            && let crate::capture::python::Interpreter::Supported(l, _, _) =
+                crate::capture::python::interpreter()
         {
-            let t = crate::preload::stack::python::lookup(c"PyCode_Type");
+            let t = crate::capture::python::lookup(c"PyCode_Type");
             if t != 0 {
                 self.layout = Some(l);
                 self.code_type = t as u64;

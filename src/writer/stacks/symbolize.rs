@@ -7,7 +7,7 @@
 //! shape: `name` = demangled function, `filename` = source path or `"??"`, `line` = 0 when
 //! unknown; an address with no symbol at all gives `{"??", <module path>, 0}`.
 
-use crate::preload::stack::modules::{self, ModuleInfo};
+use crate::capture::modules::{self, ModuleInfo};
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};

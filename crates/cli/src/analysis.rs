@@ -1,0 +1,768 @@
+//! What the commands compute from a [`Snapshot`]: allocation sites, owning libraries,
+//! per-device live/reserved/peak figures, and the state at an OOM.
+//!
+//! Cold code. Definitions (also printed by `memsnap summary --help`):
+//! - *live*: blocks in state `active_allocated` (block sizes); *reserved*: Σ segment sizes.
+//! - *peak*: the history is followed forward and anchored to the final state, in the units
+//!   the trace uses (requested bytes: `alloc` carries the requested size), so a history
+//!   capped by a ring buffer starts from the live state it implies instead of from zero
+//!   (see `history.rs`).
+//! - *site*: the innermost frame in user code: a Python `file:line` when the stack has a
+//!   Python frame (library files under site-packages/dist-packages/the stdlib are skipped
+//!   unless nothing else is there), else the first native frame outside the CUDA runtime,
+//!   the allocator and PyTorch's filtered plumbing (snapshot-format.md §5.4).
+
+use crate::history::{EndBlock, History};
+use memsnap_format::model::{BlockState, Frame, Snapshot, StackId};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+/// Who owns an allocation, from the innermost meaningful frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Library {
+    Torch,
+    Nccl,
+    Cublas,
+    Cudnn,
+    Xla,
+    Cupy,
+    Cudart,
+    Python,
+    App,
+    Unknown,
+}
+
+impl Library {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Library::Torch => "torch",
+            Library::Nccl => "nccl",
+            Library::Cublas => "cublas",
+            Library::Cudnn => "cudnn",
+            Library::Xla => "xla",
+            Library::Cupy => "cupy",
+            Library::Cudart => "cudart",
+            Library::Python => "python",
+            Library::App => "app",
+            Library::Unknown => "unknown",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SiteKind {
+    Python,
+    Native,
+    None,
+}
+
+#[derive(Clone, Debug)]
+pub struct Site {
+    pub text: String,
+    pub kind: SiteKind,
+}
+
+/// Sites and owners of every stack of one snapshot, computed once.
+pub struct Sites {
+    pub sites: Vec<Site>,
+    site_of_stack: Vec<u32>,
+    lib_of_stack: Vec<Library>,
+    no_stack: u32,
+    /// PyTorch's recorder sees only its caching allocator: every block there is torch's.
+    all_torch: bool,
+}
+
+impl Sites {
+    pub fn new(snap: &Snapshot) -> Self {
+        let mut sites = Vec::new();
+        let mut by_text: FxHashMap<String, u32> = FxHashMap::default();
+        let mut intern = |s: Site| -> u32 {
+            if let Some(&i) = by_text.get(&s.text) {
+                return i;
+            }
+            let i = sites.len() as u32;
+            by_text.insert(s.text.clone(), i);
+            sites.push(s);
+            i
+        };
+        let no_stack = intern(Site {
+            text: "<no frames recorded>".into(),
+            kind: SiteKind::None,
+        });
+        let mut site_of_stack = Vec::with_capacity(snap.stacks.len());
+        let mut lib_of_stack = Vec::with_capacity(snap.stacks.len());
+        for st in &snap.stacks {
+            let frames: Vec<&Frame> = st
+                .iter()
+                .filter_map(|&f| snap.frames.get(f as usize))
+                .collect();
+            site_of_stack.push(intern(site_of(&frames)));
+            lib_of_stack.push(library_of(&frames));
+        }
+        Sites {
+            sites,
+            site_of_stack,
+            lib_of_stack,
+            no_stack,
+            all_torch: snap.memsnap.is_empty(),
+        }
+    }
+    pub fn site(&self, stack: Option<StackId>) -> u32 {
+        stack
+            .and_then(|s| self.site_of_stack.get(s as usize).copied())
+            .unwrap_or(self.no_stack)
+    }
+    pub fn library(&self, stack: Option<StackId>) -> Library {
+        if self.all_torch {
+            return Library::Torch;
+        }
+        stack
+            .and_then(|s| self.lib_of_stack.get(s as usize).copied())
+            .unwrap_or(Library::Unknown)
+    }
+    pub fn text(&self, site: u32) -> &str {
+        &self.sites[site as usize].text
+    }
+}
+
+pub fn is_python_frame(f: &Frame) -> bool {
+    f.filename.ends_with(".py") || (f.filename.starts_with('<') && f.filename.ends_with('>'))
+}
+
+/// PyTorch's frame filter (`_memory_viz._frame_filter`, snapshot-format.md §5.4).
+pub fn is_hidden(f: &Frame) -> bool {
+    const NAMES: &[&str] = &[
+        "unwind::unwind",
+        "CapturedTraceback::gather",
+        "gather_with_cpp",
+        "_start",
+        "__libc_start_main",
+        "PyEval_",
+        "PyObject_",
+        "PyFunction_",
+    ];
+    const FILES: &[&str] = &[
+        "core/boxing",
+        "/Register",
+        "/Redispatch",
+        "pythonrun.c",
+        "Modules/main.c",
+        "Objects/call.c",
+        "Objects/methodobject.c",
+        "pycore_ceval.h",
+        "ceval.c",
+        "cpython/abstract.h",
+    ];
+    NAMES.iter().any(|n| f.name.contains(n)) || FILES.iter().any(|n| f.filename.contains(n))
+}
+
+fn is_library_python_file(path: &str) -> bool {
+    path.contains("/site-packages/")
+        || path.contains("/dist-packages/")
+        || path.contains("/lib/python3")
+        || path.starts_with("<frozen")
+}
+
+/// CUDA runtime/driver entry points and memsnap's own hooks: never the interesting frame.
+fn is_runtime(f: &Frame) -> bool {
+    let file = f.filename.as_str();
+    let n = f.name.as_str();
+    let cuda_api = |p: &str| {
+        n.strip_prefix(p)
+            .and_then(|r| r.chars().next())
+            .is_some_and(|c| c.is_ascii_uppercase())
+    };
+    file.contains("libcudart")
+        || file.contains("libcuda.so")
+        || file.contains("libmemsnap")
+        || n.starts_with("memsnap::")
+        || cuda_api("cuda")
+        || cuda_api("cu")
+}
+
+/// Allocation plumbing inside PyTorch (the allocator, empty_* factories, dispatch glue).
+fn is_allocator_plumbing(f: &Frame) -> bool {
+    const P: &[&str] = &[
+        "CachingAllocator",
+        "at::detail::empty",
+        "at::native::empty",
+        "at::empty",
+        "create_out",
+        "set_output_raw_strided",
+        "wrap_kernel_functor",
+        "redispatch",
+        "c10::Dispatcher",
+        "c10::impl::",
+        "at::_ops::empty",
+        "AllocatorWrapper",
+        "wrapper_CUDA",
+        "TensorIteratorBase::",
+        "resize_reduction",
+        "resize_output",
+    ];
+    P.iter().any(|p| f.name.contains(p))
+}
+
+fn site_of(frames: &[&Frame]) -> Site {
+    let py: Vec<&&Frame> = frames.iter().filter(|f| is_python_frame(f)).collect();
+    if let Some(f) = py
+        .iter()
+        .find(|f| !is_library_python_file(&f.filename))
+        .or_else(|| py.first())
+    {
+        return Site {
+            text: format!("{}:{} ({})", short_path(&f.filename), f.line, f.name),
+            kind: SiteKind::Python,
+        };
+    }
+    let chosen = frames
+        .iter()
+        .find(|f| !is_hidden(f) && !is_runtime(f) && !is_allocator_plumbing(f))
+        .or_else(|| frames.iter().find(|f| !is_hidden(f)))
+        .or_else(|| frames.first());
+    match chosen {
+        Some(f) => Site {
+            text: native_text(f),
+            kind: SiteKind::Native,
+        },
+        None => Site {
+            text: "<no frames recorded>".into(),
+            kind: SiteKind::None,
+        },
+    }
+}
+
+/// Drops the part of a path up to site-packages/dist-packages: `torch/nn/modules/linear.py`.
+pub fn short_path(path: &str) -> &str {
+    for m in ["/site-packages/", "/dist-packages/"] {
+        if let Some(i) = path.rfind(m) {
+            return &path[i + m.len()..];
+        }
+    }
+    path
+}
+
+/// A native frame as one short line: the function without arguments or template
+/// parameters, then the file (base name) and line when known.
+pub fn native_text(f: &Frame) -> String {
+    let mut s = simplify_cpp(&f.name);
+    let file = f.filename.rsplit('/').next().unwrap_or("");
+    if !file.is_empty() && file != "??" {
+        if f.line > 0 {
+            s.push_str(&format!(" ({file}:{})", f.line));
+        } else {
+            s.push_str(&format!(" ({file})"));
+        }
+    }
+    s
+}
+
+/// `void at::native::f<float, 4>(at::Tensor const&)` → `at::native::f`.
+pub fn simplify_cpp(name: &str) -> String {
+    let n = name.replace("(anonymous namespace)", "{anon}");
+    let mut out = String::with_capacity(n.len());
+    let mut depth = 0usize;
+    for c in n.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            '(' if depth == 0 && !out.ends_with("operator") => break,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    // A leading return type (`void `, `at::Tensor `) is separated by a space at depth 0.
+    let out = match out.rsplit_once(' ') {
+        Some((_, last)) if !last.is_empty() && !out.contains("operator") => last.to_string(),
+        _ => out,
+    };
+    if out.is_empty() {
+        name.to_string()
+    } else {
+        out
+    }
+}
+
+fn frame_library(f: &Frame) -> Option<Library> {
+    let file = f.filename.to_ascii_lowercase();
+    let n = f.name.as_str();
+    let nl = n.to_ascii_lowercase();
+    let has = |s: &str| file.contains(s) || nl.contains(s);
+    if is_python_frame(f) {
+        return Some(if file.contains("/torch/") {
+            Library::Torch
+        } else if file.contains("/cupy/") || file.contains("/cupy_backends/") {
+            Library::Cupy
+        } else if file.contains("/jax/") || file.contains("/jaxlib/") {
+            Library::Xla
+        } else if is_library_python_file(&f.filename) {
+            Library::Python
+        } else {
+            Library::App
+        });
+    }
+    Some(if has("nccl") {
+        Library::Nccl
+    } else if has("cublas") {
+        Library::Cublas
+    } else if has("cudnn") {
+        Library::Cudnn
+    } else if has("xla")
+        || has("jaxlib")
+        || n.starts_with("stream_executor::")
+        || n.starts_with("tsl::")
+    {
+        Library::Xla
+    } else if has("cupy") {
+        Library::Cupy
+    } else if file.contains("libtorch")
+        || file.contains("libc10")
+        || file.contains("/torch/")
+        || [
+            "c10::",
+            "at::",
+            "torch::",
+            "caffe2::",
+            "void at::",
+            "void c10::",
+        ]
+        .iter()
+        .any(|p| n.starts_with(p))
+    {
+        Library::Torch
+    } else if file.contains("libpython") || n.starts_with("Py") || n.starts_with("_Py") {
+        Library::Python
+    } else if (file.is_empty() || file == "??")
+        && (n == "??" || n.starts_with("0x") || n.starts_with('<'))
+    {
+        return None;
+    } else {
+        Library::App
+    })
+}
+
+fn library_of(frames: &[&Frame]) -> Library {
+    if frames.is_empty() {
+        return Library::Unknown;
+    }
+    let mut saw_runtime = false;
+    for f in frames {
+        if is_runtime(f) {
+            saw_runtime = true;
+            continue;
+        }
+        if is_hidden(f) {
+            continue;
+        }
+        if let Some(l) = frame_library(f) {
+            return l;
+        }
+    }
+    if saw_runtime {
+        Library::Cudart
+    } else {
+        Library::Unknown
+    }
+}
+
+/// Bytes and count of one group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    pub bytes: i64,
+    pub count: i64,
+}
+
+impl Tally {
+    pub fn add(&mut self, bytes: i64) {
+        self.bytes += bytes;
+        self.count += 1;
+    }
+}
+
+/// Groups, largest first (ties by name for stable output).
+pub fn sorted<K: Ord + Copy>(m: &FxHashMap<K, Tally>) -> Vec<(K, Tally)> {
+    let mut v: Vec<(K, Tally)> = m.iter().map(|(k, t)| (*k, *t)).collect();
+    v.sort_by(|a, b| {
+        b.1.bytes
+            .cmp(&a.1.bytes)
+            .then(b.1.count.cmp(&a.1.count))
+            .then(a.0.cmp(&b.0))
+    });
+    v
+}
+
+pub struct OomInfo {
+    pub event: usize,
+    pub requested: i64,
+    pub device_free: Option<i64>,
+    pub time_us: i64,
+    pub site: u32,
+    pub library: Library,
+    /// Live (requested bytes, allocations) at that moment, and reserved bytes.
+    pub live: Tally,
+    pub reserved: i64,
+    pub holders: Vec<(u32, Tally)>,
+}
+
+pub struct DeviceStats {
+    pub device: i64,
+    pub live: Tally,
+    pub live_requested: i64,
+    pub pending_free: Tally,
+    pub reserved: Tally,
+    pub events: usize,
+    pub start_live_requested: i64,
+    pub peak_live_requested: i64,
+    /// Index of the event after which the peak was reached; `None` = before the first.
+    pub peak_after_event: Option<usize>,
+    pub start_reserved: i64,
+    pub peak_reserved: i64,
+    pub by_site: FxHashMap<u32, Tally>,
+    pub by_library: FxHashMap<Library, Tally>,
+    pub ooms: Vec<OomInfo>,
+}
+
+/// Every device that appears in segments or has trace entries (`events[d]` of them), in
+/// order.
+pub fn devices(snap: &Snapshot, events: impl IntoIterator<Item = usize>) -> Vec<i64> {
+    let mut d: Vec<i64> = snap.segments.iter().map(|s| s.device).collect();
+    d.extend(
+        events
+            .into_iter()
+            .zip(0i64..)
+            .filter(|&(n, _)| n > 0)
+            .map(|(_, i)| i),
+    );
+    d.sort_unstable();
+    d.dedup();
+    d
+}
+
+/// The history of `device` (an empty one for a device without entries).
+pub fn history_of(histories: &[History], device: i64) -> std::borrow::Cow<'_, History> {
+    usize::try_from(device)
+        .ok()
+        .and_then(|d| histories.get(d))
+        .map_or_else(Default::default, std::borrow::Cow::Borrowed)
+}
+
+pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64, hist: &History) -> DeviceStats {
+    let mut st = DeviceStats {
+        device,
+        live: Tally::default(),
+        live_requested: 0,
+        pending_free: Tally::default(),
+        reserved: Tally::default(),
+        events: hist.events,
+        start_live_requested: 0,
+        peak_live_requested: 0,
+        peak_after_event: None,
+        start_reserved: 0,
+        peak_reserved: 0,
+        by_site: FxHashMap::default(),
+        by_library: FxHashMap::default(),
+        ooms: Vec::new(),
+    };
+    let mut active_requested = 0i64;
+    let mut end_blocks = Vec::new();
+    for seg in snap.segments.iter().filter(|s| s.device == device) {
+        st.reserved.add(seg.total_size);
+        for b in &seg.blocks {
+            match b.state {
+                BlockState::ActiveAllocated => {
+                    st.live.add(b.size);
+                    st.live_requested += b.requested_size;
+                    active_requested += b.requested_size;
+                    st.by_site
+                        .entry(sites.site(b.stack))
+                        .or_default()
+                        .add(b.size);
+                    st.by_library
+                        .entry(sites.library(b.stack))
+                        .or_default()
+                        .add(b.size);
+                }
+                BlockState::ActivePendingFree => {
+                    st.pending_free.add(b.size);
+                    active_requested += b.requested_size;
+                }
+                BlockState::Inactive => {}
+            }
+            if b.state.is_active() && hist.has_oom() {
+                end_blocks.push(EndBlock {
+                    address: b.address,
+                    requested: b.requested_size,
+                    stack: b.stack,
+                });
+            }
+        }
+    }
+    // The state after the last entry is the snapshot itself.
+    st.start_live_requested = hist.start_live(active_requested);
+    (st.peak_live_requested, st.peak_after_event) = hist.peak_live(active_requested);
+    st.start_reserved = hist.start_reserved(st.reserved.bytes);
+    st.peak_reserved = hist.peak_reserved(st.reserved.bytes);
+    st.ooms = hist
+        .ooms_with_end(&end_blocks, st.reserved.bytes)
+        .into_iter()
+        .map(|o| {
+            let mut by_site: FxHashMap<u32, Tally> = FxHashMap::default();
+            let mut total = Tally::default();
+            for (stack, t) in &o.holders {
+                let site = by_site.entry(sites.site(*stack)).or_default();
+                site.bytes += t.bytes;
+                site.count += t.count;
+                total.bytes += t.bytes;
+                total.count += t.count;
+            }
+            OomInfo {
+                event: o.oom.event,
+                requested: o.oom.requested,
+                device_free: o.oom.device_free,
+                time_us: o.oom.time_us,
+                site: sites.site(o.oom.stack),
+                library: sites.library(o.oom.stack),
+                live: total,
+                reserved: o.reserved,
+                holders: sorted(&by_site),
+            }
+        })
+        .collect();
+    st
+}
+
+/// Live bytes by site over all devices (for diff and ranks).
+pub fn live_by_site(snap: &Snapshot, sites: &Sites) -> FxHashMap<u32, Tally> {
+    let mut m: FxHashMap<u32, Tally> = FxHashMap::default();
+    for seg in &snap.segments {
+        for b in seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+        {
+            m.entry(sites.site(b.stack)).or_default().add(b.size);
+        }
+    }
+    m
+}
+
+/// `1.5 GiB`, `512 B`: binary units, one decimal.
+pub fn fmt_bytes(b: i64) -> String {
+    let sign = if b < 0 { "-" } else { "" };
+    let a = b.unsigned_abs() as f64;
+    const U: &[&str] = &["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if a < 1024.0 {
+        return format!("{b} B");
+    }
+    let mut v = a / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u < U.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{sign}{v:.1} {}", U[u])
+}
+
+/// Parses `1000`, `64MiB`, `1.5GB`, `2G` (binary multiples for K/M/G/T, with or without `iB`/`B`).
+pub fn parse_bytes(s: &str) -> Result<i64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (try 1000, 64MiB, 2GiB)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" | "tib" => 1024f64.powi(4),
+        _ => return Err(format!("{s:?}: unknown unit (use B, KiB, MiB, GiB, TiB)")),
+    };
+    Ok((v * mult) as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memsnap_format::model::Action;
+
+    fn fr(name: &str, file: &str, line: i64) -> Frame {
+        Frame {
+            name: name.into(),
+            filename: file.into(),
+            line,
+        }
+    }
+
+    #[test]
+    fn site_prefers_user_python_then_native_outside_runtime() {
+        let torch = fr(
+            "forward",
+            "/x/site-packages/torch/nn/modules/linear.py",
+            125,
+        );
+        let user = fr("<module>", "/work/train.py", 36);
+        let s = site_of(&[&torch, &user]);
+        assert_eq!(s.text, "/work/train.py:36 (<module>)");
+        let s = site_of(&[&torch]);
+        assert_eq!(s.text, "torch/nn/modules/linear.py:125 (forward)");
+        let rt = fr("cudaMalloc", "/usr/lib/libcudart.so.12", 0);
+        let alloc = fr(
+            "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long)",
+            "??",
+            0,
+        );
+        let nccl = fr("ncclMemAlloc", "/usr/lib/libnccl.so.2", 0);
+        let op = fr(
+            "void at::native::gpu_reduce_kernel<float, 4>(at::TensorIterator&)",
+            "Reduce.cuh",
+            10,
+        );
+        assert_eq!(site_of(&[&rt, &nccl]).text, "ncclMemAlloc (libnccl.so.2)");
+        assert_eq!(
+            site_of(&[&rt, &alloc, &op]).text,
+            "at::native::gpu_reduce_kernel (Reduce.cuh:10)"
+        );
+        assert_eq!(library_of(&[&rt, &nccl]), Library::Nccl);
+        assert_eq!(library_of(&[&rt, &alloc, &op]), Library::Torch);
+        assert_eq!(library_of(&[&rt]), Library::Cudart);
+        assert_eq!(
+            library_of(&[&rt, &fr("main", "/src/app.cpp", 7)]),
+            Library::App
+        );
+        assert_eq!(
+            library_of(&[&rt, &fr("cublasLtMatmul", "libcublasLt.so.12", 0)]),
+            Library::Cublas
+        );
+        assert_eq!(library_of(&[]), Library::Unknown);
+    }
+
+    #[test]
+    fn sizes_format_and_parse() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(3 << 20), "3.0 MiB");
+        assert_eq!(fmt_bytes(-(3 << 30)), "-3.0 GiB");
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert_eq!(parse_bytes("1.5G"), Ok(3 << 29));
+        assert!(parse_bytes("lots").is_err());
+    }
+
+    /// A memsnap-style snapshot: one segment per live block, stacks `x.py:1`, `y.py:2`...
+    fn snap_with(
+        events: &[(Action, i64, i64, Option<StackId>)],
+        live: &[(i64, i64, StackId)],
+    ) -> Snapshot {
+        use memsnap_format::model::{Block, Meta, Segment, TraceEntry};
+        let frames: Vec<Frame> = (0..4)
+            .map(|i| fr("f", &format!("/app/s{i}.py"), i + 1))
+            .collect();
+        let entry =
+            |(action, addr, size, stack): &(Action, i64, i64, Option<StackId>)| TraceEntry {
+                action: action.clone(),
+                addr: *addr,
+                size: *size,
+                stream: 0,
+                time_us: 0,
+                stack: *stack,
+                device_free: (*action == Action::Oom).then_some(7),
+                user_metadata: None,
+            };
+        Snapshot {
+            frames,
+            stacks: (0..4).map(|i| vec![i]).collect(),
+            segments: live
+                .iter()
+                .map(|&(addr, size, st)| Segment {
+                    device: 0,
+                    address: addr,
+                    total_size: size,
+                    stream: 0,
+                    segment_type: "large".into(),
+                    segment_pool_id: (0, 0),
+                    is_expandable: false,
+                    stack: Some(st),
+                    blocks: vec![Block {
+                        address: addr,
+                        size,
+                        requested_size: size,
+                        state: BlockState::ActiveAllocated,
+                        stack: Some(st),
+                    }],
+                })
+                .collect(),
+            device_traces: vec![events.iter().map(entry).collect()],
+            allocator_settings: vec![],
+            memsnap: vec![("dropped_events".into(), Meta::Int(0))],
+        }
+    }
+
+    #[test]
+    fn oom_holders_are_the_live_set_at_the_oom_not_at_the_end() {
+        use Action::*;
+        // A (s0) and B (s1) live; OOM asked by s2; then A freed and C (s3) allocated.
+        let s = snap_with(
+            &[
+                (Alloc, 0x1000, 100, Some(0)),
+                (Alloc, 0x2000, 200, Some(1)),
+                (Oom, 0, 5000, Some(2)),
+                (FreeCompleted, 0x1000, 100, None),
+                (Alloc, 0x3000, 300, Some(3)),
+            ],
+            &[(0x2000, 200, 1), (0x3000, 300, 3)],
+        );
+        let sites = Sites::new(&s);
+        let st = device_stats(&s, &sites, 0, &History::of(&s.device_traces[0]));
+        assert_eq!(st.ooms.len(), 1);
+        let o = &st.ooms[0];
+        assert_eq!((o.event, o.requested, o.device_free), (2, 5000, Some(7)));
+        assert_eq!(sites.text(o.site), "/app/s2.py:3 (f)");
+        assert_eq!(
+            o.live,
+            Tally {
+                bytes: 300,
+                count: 2
+            }
+        );
+        let held: Vec<(&str, i64)> = o
+            .holders
+            .iter()
+            .map(|(s, t)| (sites.text(*s), t.bytes))
+            .collect();
+        // The free carried no stack: the holder is found through its alloc.
+        assert_eq!(held, [("/app/s1.py:2 (f)", 200), ("/app/s0.py:1 (f)", 100)]);
+        assert_eq!(
+            st.live,
+            Tally {
+                bytes: 500,
+                count: 2
+            }
+        );
+        assert_eq!(st.peak_live_requested, 500);
+        assert_eq!(st.start_live_requested, 0);
+    }
+
+    #[test]
+    fn capped_history_starts_from_the_implied_live_state() {
+        use Action::*;
+        // 1000 bytes were live before the first kept event; then one freed, one allocated.
+        let s = snap_with(
+            &[
+                (FreeCompleted, 0x9000, 400, Some(0)),
+                (Alloc, 0x1000, 100, Some(1)),
+            ],
+            &[(0x1000, 100, 1), (0x5000, 600, 2)],
+        );
+        let sites = Sites::new(&s);
+        let st = device_stats(&s, &sites, 0, &History::of(&s.device_traces[0]));
+        assert_eq!(st.start_live_requested, 1000);
+        assert_eq!(st.peak_live_requested, 1000);
+        assert_eq!(st.peak_after_event, None);
+        assert_eq!(st.live.bytes, 700);
+    }
+}

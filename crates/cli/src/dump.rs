@@ -1,0 +1,420 @@
+//! `memsnap dump [PID ...|--all]`: asks running processes for a snapshot now.
+//!
+//! Cold, no unsafe. For each process: checks that it exists, is the user's, has
+//! `libmemsnap.so` mapped and is recording (its `memsnap-writer` thread exists and it
+//! catches the dump signal: sending SIGUSR1 to a process that does not would kill it),
+//! reads where it writes from `/proc/PID/environ` with the library's own parser, sends the
+//! signal, and waits for the new `signal` snapshot. The library publishes files by atomic
+//! rename, so a file that exists is complete.
+//!
+//! Signals are sent with the `kill` program: the CLI has no unsafe code, and `libc::kill`
+//! is an unsafe FFI call.
+
+use anyhow::{Result, bail};
+use memsnap_format::config::{self, Config, DEFAULT_FILENAME, var};
+use std::collections::{BTreeSet, HashMap};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  memsnap dump 12345\n  memsnap dump --all          # every process of yours on this host recording with memsnap (all ranks)\n  memsnap dump --all --folder snaps   # only those writing to ./snaps (one job)"
+)]
+pub struct DumpArgs {
+    /// Processes to dump
+    #[arg(value_name = "PID", required_unless_present = "all")]
+    pub pids: Vec<u32>,
+    /// Every process of the current user on this host that has memsnap loaded
+    #[arg(long, conflicts_with = "pids")]
+    pub all: bool,
+    /// With --all: only processes whose snapshot folder is DIR (one job's ranks)
+    #[arg(long, value_name = "DIR", requires = "all")]
+    pub folder: Option<PathBuf>,
+    /// Seconds to wait for each snapshot
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub timeout: f64,
+}
+
+/// A process about to be dumped.
+struct Target {
+    pid: u32,
+    signal: i32,
+    folder: PathBuf,
+    filename: String,
+    before: BTreeSet<String>,
+}
+
+pub fn dump(args: DumpArgs) -> Result<ExitCode> {
+    let me = std::process::id();
+    let uid = std::fs::metadata("/proc/self")?.uid();
+    let mut failed = 0usize;
+    let mut targets = Vec::new();
+
+    if args.all {
+        let pids = memsnap_processes(uid, me);
+        if pids.is_empty() {
+            eprintln!("memsnap: no process of yours on this host has memsnap loaded");
+            return Ok(ExitCode::from(1));
+        }
+        for pid in pids {
+            match prepare(pid, uid, args.folder.as_deref()) {
+                Ok(t) => targets.push(t),
+                Err(Prepare::Excluded | Prepare::Gone(_)) => {}
+                // Launchers (torchrun's agent) and helpers that never touch CUDA load the
+                // library too: skipping them is not a failure.
+                Err(Prepare::NotRecording(msg)) => eprintln!("memsnap: skipping: {msg}"),
+                Err(Prepare::Failed(msg)) => {
+                    eprintln!("memsnap: {msg}");
+                    failed += 1;
+                }
+            }
+        }
+        if targets.is_empty() && failed == 0 && args.folder.is_some() {
+            eprintln!("memsnap: no recording process writes to that folder");
+            return Ok(ExitCode::from(1));
+        }
+        if targets.is_empty() && failed == 0 {
+            eprintln!("memsnap: none of the processes with memsnap loaded is recording");
+            return Ok(ExitCode::from(1));
+        }
+    } else {
+        for &pid in &args.pids {
+            match prepare(pid, uid, None) {
+                Ok(t) => targets.push(t),
+                Err(Prepare::Excluded) => {}
+                Err(Prepare::NotRecording(msg) | Prepare::Failed(msg) | Prepare::Gone(msg)) => {
+                    eprintln!("memsnap: {msg}");
+                    failed += 1;
+                }
+            }
+        }
+    }
+
+    let mut waiting = Vec::new();
+    for t in targets {
+        match send_signal(t.pid, t.signal) {
+            Ok(()) => waiting.push(t),
+            Err(e) => {
+                eprintln!("memsnap: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.0));
+    let start = Instant::now();
+    let mut claimed: BTreeSet<PathBuf> = BTreeSet::new();
+    while !waiting.is_empty() {
+        waiting.retain(|t| match find_new(t, &claimed) {
+            Some(path) => {
+                println!("{}", path.display());
+                claimed.insert(path);
+                false
+            }
+            None if !Path::new(&format!("/proc/{}", t.pid)).exists() => {
+                eprintln!("memsnap: pid {} exited before its snapshot appeared", t.pid);
+                failed += 1;
+                false
+            }
+            None => true,
+        });
+        if waiting.is_empty() {
+            break;
+        }
+        if start.elapsed() > timeout {
+            for t in &waiting {
+                eprintln!(
+                    "memsnap: no new snapshot from pid {} in {} after {:.0} s",
+                    t.pid,
+                    t.folder.display(),
+                    timeout.as_secs_f64()
+                );
+                failed += 1;
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+enum Prepare {
+    /// memsnap is loaded but not recording (no CUDA allocation yet, a forked child, or
+    /// signals off): nothing would answer the signal.
+    NotRecording(String),
+    Failed(String),
+    /// The process no longer exists. An error for a pid the user named; with `--all`, a
+    /// process that exited between the scan and its check is simply not there any more.
+    Gone(String),
+    /// `--all --folder DIR`: writes somewhere else.
+    Excluded,
+}
+
+/// Whether two folders are the same (resolving links where they exist).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    let resolve = |p: &Path| {
+        p.canonicalize()
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    resolve(a) == resolve(b)
+}
+
+fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Prepare> {
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    let meta = std::fs::metadata(&proc).map_err(|_| Prepare::Gone(format!("no process {pid}")))?;
+    if meta.uid() != uid {
+        return Err(Prepare::Failed(format!(
+            "pid {pid} belongs to another user (uid {}); you can only dump your own processes",
+            meta.uid()
+        )));
+    }
+    let maps = std::fs::read_to_string(proc.join("maps")).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            Prepare::Failed(format!(
+                "permission denied reading /proc/{pid}/maps: cannot tell whether pid {pid} has memsnap loaded"
+            ))
+        } else {
+            Prepare::Gone(format!("no process {pid} ({e})"))
+        }
+    })?;
+    if !has_memsnap(&maps) {
+        return Err(Prepare::Failed(format!(
+            "pid {pid} does not have memsnap loaded (start it with `memsnap run -- ...` or LD_PRELOAD=libmemsnap.so)"
+        )));
+    }
+
+    let env = read_environ(&proc.join("environ"));
+    let (cfg, _) = Config::from_lookup(|k| env.get(k).cloned());
+    let folder = expand_folder(&cfg.folder, pid, &env).map_err(|msg| match only_folder {
+        Some(_) => Prepare::Excluded, // not provably this job's
+        None => Prepare::Failed(msg),
+    })?;
+    let folder = if folder.is_absolute() {
+        folder
+    } else {
+        let cwd = std::fs::read_link(proc.join("cwd")).map_err(|e| {
+            if !proc.exists() {
+                return Prepare::Gone(format!("no process {pid}"));
+            }
+            Prepare::Failed(format!(
+                "cannot read the working directory of pid {pid} ({e}), which {} is relative to",
+                var::FOLDER
+            ))
+        })?;
+        // `.` components only make the printed paths longer.
+        cwd.join(folder)
+            .components()
+            .filter(|c| *c != std::path::Component::CurDir)
+            .collect()
+    };
+    if let Some(only) = only_folder
+        && !same_dir(&folder, only)
+    {
+        return Err(Prepare::Excluded);
+    }
+    let Some(signal) = cfg.signal else {
+        return Err(Prepare::NotRecording(format!(
+            "signals are off for pid {pid} ({}=none)",
+            var::SIGNAL
+        )));
+    };
+    // The writer names itself a moment after it starts: give a process that has just
+    // started recording a second to show it.
+    let start = Instant::now();
+    while !has_writer_thread(&proc) && start.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !has_writer_thread(&proc) {
+        return Err(Prepare::NotRecording(format!(
+            "pid {pid} has memsnap loaded but is not recording (no CUDA allocation yet, a forked \
+             child of a recording process, or already exiting); not signalling it"
+        )));
+    }
+    if !catches(&proc, signal) {
+        return Err(Prepare::NotRecording(format!(
+            "pid {pid} does not catch signal {signal} yet; sending it could kill the process"
+        )));
+    }
+
+    let before = list_names(&folder);
+    Ok(Target {
+        pid,
+        signal,
+        folder,
+        filename: cfg.filename,
+        before,
+    })
+}
+
+fn has_memsnap(maps: &str) -> bool {
+    maps.lines().any(|l| {
+        l.split_whitespace()
+            .nth(5)
+            .is_some_and(|path| path.rsplit('/').next() == Some("libmemsnap.so"))
+    })
+}
+
+/// The process's environment at exec time (what `MEMSNAP_*` the library most likely read).
+fn read_environ(path: &Path) -> HashMap<String, String> {
+    std::fs::read(path)
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// The library's writer thread is named `memsnap-writer`; it exists only while recording.
+fn has_writer_thread(proc: &Path) -> bool {
+    let Ok(tasks) = std::fs::read_dir(proc.join("task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "memsnap-writer")
+    })
+}
+
+/// Whether the process has a handler for `signal` (`SigCgt` in /proc/PID/status).
+fn catches(proc: &Path, signal: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(proc.join("status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|mask| (1..=64).contains(&signal) && mask & (1u64 << (signal - 1)) != 0)
+}
+
+/// `MEMSNAP_FOLDER` for this process. Placeholders that are fixed for a process are
+/// expanded; ones that change per file (`{seq}`, `{step}`, `{time}`, ...) cannot be.
+fn expand_folder(folder: &str, pid: u32, env: &HashMap<String, String>) -> Result<PathBuf, String> {
+    // The library's own rules (src/config.rs), applied to the other process's environment.
+    let (rank, local_rank) = config::ranks(|k| env.get(k).cloned(), pid);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string());
+    let value = |key: &str| match key {
+        "pid" => Some(pid.to_string()),
+        "rank" => Some(config::sanitize(&rank)),
+        "local_rank" => Some(config::sanitize(&local_rank)),
+        "host" => Some(config::sanitize(&host)),
+        "reason" | "tag" => Some("signal".to_string()),
+        _ => None,
+    };
+    config::expand_template(folder, value)
+        .map(PathBuf::from)
+        .map_err(|key| {
+            format!(
+                "cannot tell where pid {pid} writes: {}={folder} uses {{{key}}}",
+                var::FOLDER
+            )
+        })
+}
+
+fn list_names(folder: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(folder)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A new complete snapshot from `t`: under the default name one that says `-p<pid>-signal-`;
+/// under a custom name any new visible file its template could produce.
+fn find_new(t: &Target, claimed: &BTreeSet<PathBuf>) -> Option<PathBuf> {
+    let pid = t.pid.to_string();
+    let fixed: &[(&str, &str)] = if t.filename == DEFAULT_FILENAME {
+        &[("pid", &pid), ("reason", "signal")]
+    } else {
+        &[("pid", &pid), ("reason", "signal"), ("tag", "signal")]
+    };
+    let mut names: Vec<String> = list_names(&t.folder)
+        .into_iter()
+        .filter(|n| !n.starts_with('.') && !t.before.contains(n))
+        .filter(|n| crate::run::template_matches(&t.filename, fixed, n))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| t.folder.join(n))
+        .find(|p| p.is_file() && !claimed.contains(p))
+}
+
+fn send_signal(pid: u32, signal: i32) -> Result<()> {
+    let out = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => bail!(
+            "could not signal pid {pid}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => bail!("could not run `kill` to signal pid {pid}: {e}"),
+    }
+}
+
+/// Every process of `uid` except `me` with libmemsnap.so mapped.
+fn memsnap_processes(uid: u32, me: u32) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.sort_unstable();
+    pids.into_iter()
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            let proc = PathBuf::from(format!("/proc/{pid}"));
+            std::fs::metadata(&proc).is_ok_and(|m| m.uid() == uid)
+                && std::fs::read_to_string(proc.join("maps")).is_ok_and(|m| has_memsnap(&m))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_library_in_maps() {
+        let maps = "7f00-7f10 r-xp 00000000 08:01 123 /opt/x/lib/libmemsnap.so\n";
+        assert!(has_memsnap(maps));
+        assert!(has_memsnap(
+            "7f00-7f10 r-xp 00000000 08:01 123 /t/libmemsnap.so (deleted)\n"
+        ));
+        assert!(!has_memsnap(
+            "7f00-7f10 r-xp 00000000 08:01 123 /usr/lib/libmemsnap.so.bak\n"
+        ));
+        assert!(!has_memsnap("7f00-7f10 rw-p 00000000 00:00 0 \n"));
+    }
+
+    #[test]
+    fn folder_placeholders() {
+        let env: HashMap<String, String> = [("SLURM_PROCID".to_string(), "5".to_string())].into();
+        assert_eq!(
+            expand_folder("/s/r{rank}-p{pid}", 42, &env).unwrap(),
+            PathBuf::from("/s/r5-p42")
+        );
+        assert!(expand_folder("/s/{step}", 42, &env).is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! Reading snapshot files for the commands: whole, streamed into histories, or final state
+//! only; several files at once; progress bars; display names. The readers (summary, diff,
+//! ranks, view, flamegraph, check) write to a `Write`, so a closed pipe is an error the
+//! dispatcher turns into exit 0 instead of a panic; the launchers (run, dump) manage their
+//! own output. Cold code, no unsafe.
+
+use crate::history::History;
+use anyhow::{Context, Result};
+use memsnap_format::model::Snapshot;
+use memsnap_format::pickle_read;
+use std::io::IsTerminal;
+use std::path::Path;
+
+/// Reads and decodes one snapshot, history included (for `view`, `check`); errors name
+/// the file and the problem.
+///
+/// The file is streamed through the decoder a chunk at a time rather than read whole or
+/// memory-mapped: the pickle is decoded front to back once, so holding the whole file
+/// would only add its size to the peak memory, while a file truncated by a writer during
+/// the read stays a clear error (a map would turn it into SIGBUS, and mapping needs
+/// `unsafe` in code that otherwise forbids it).
+pub fn load(path: &Path) -> Result<Snapshot> {
+    decode(path, |file, progress| {
+        pickle_read::read_snapshot_from(file, progress)
+    })
+}
+
+/// A snapshot whose histories were folded as they were read, never held.
+pub struct Summarized {
+    /// Everything but the entries (`device_traces` lists are empty).
+    pub snap: Snapshot,
+    /// One per device ordinal.
+    pub histories: Vec<History>,
+}
+
+/// Reads a snapshot for `summary` and `ranks`: each trace entry goes into its device's
+/// [`History`] as it is decoded and is dropped, so memory follows the live set and the
+/// distinct stacks, not the length of the history.
+pub fn load_summarized(path: &Path) -> Result<Summarized> {
+    let mut by_list: Vec<(u32, History)> = Vec::new();
+    let streamed = decode(path, |file, progress| {
+        pickle_read::stream_snapshot_from(file, progress, &mut |list, entry| {
+            // A file has one list per device: a short scan beats hashing per entry.
+            let h = match by_list.iter().position(|(l, _)| *l == list) {
+                Some(i) => &mut by_list[i].1,
+                None => {
+                    by_list.push((list, History::default()));
+                    &mut by_list.last_mut().expect("just pushed").1
+                }
+            };
+            h.push(&entry);
+        })
+        .map(Some)
+        .or_else(|e| match e {
+            pickle_read::ReadError::NeedsFullRead { .. } => Ok(None),
+            e => Err(e),
+        })
+    })?;
+    let Some(streamed) = streamed else {
+        // A file that refers back to an entry (no known writer): read it whole.
+        let snap = load(path)?;
+        let histories = snap.device_traces.iter().map(|t| History::of(t)).collect();
+        return Ok(Summarized { snap, histories });
+    };
+    let histories = streamed
+        .trace_lists
+        .iter()
+        .map(|l| {
+            by_list
+                .iter()
+                .find(|(list, _)| list == l)
+                .map(|(_, h)| h.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    Ok(Summarized {
+        snap: streamed.snapshot,
+        histories,
+    })
+}
+
+/// Reads a snapshot for commands that only need its final state (`diff`, `flamegraph`):
+/// the history is decoded (that is how a pickle is read) but nothing of it is kept.
+pub fn load_final_state(path: &Path) -> Result<Snapshot> {
+    let streamed = decode(path, |file, progress| {
+        pickle_read::stream_snapshot_from(file, progress, &mut |_, _| {})
+            .map(Some)
+            .or_else(|e| match e {
+                pickle_read::ReadError::NeedsFullRead { .. } => Ok(None),
+                e => Err(e),
+            })
+    })?;
+    match streamed {
+        Some(s) => Ok(s.snapshot),
+        None => load(path),
+    }
+}
+
+/// Files at least this large get a progress bar (when stderr is a terminal).
+const PROGRESS_MIN_BYTES: usize = 64 << 20;
+
+/// At most this many files are read at once: each reader holds its own model (about a
+/// tenth of its file's size when streaming), and reading is one core per file.
+const MAX_PARALLEL_READS: usize = 8;
+
+/// `f` over every item, several at once (one thread per core, up to
+/// [`MAX_PARALLEL_READS`]), results in the items' order. The pickle format is read front to
+/// back, so a file is one core's work; `diff` and `ranks` read several files.
+pub fn map_files<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_PARALLEL_READS)
+        .min(items.len());
+    if workers <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break mine };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| match w.join() {
+                Ok(v) => v,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Progress bars of files read at the same time, drawn together.
+fn bars() -> &'static indicatif::MultiProgress {
+    static BARS: std::sync::OnceLock<indicatif::MultiProgress> = std::sync::OnceLock::new();
+    BARS.get_or_init(indicatif::MultiProgress::new)
+}
+
+/// Opens `path` and runs `read` on it with a progress bar on large files.
+fn decode<T>(
+    path: &Path,
+    read: impl FnOnce(
+        &mut std::fs::File,
+        &mut dyn FnMut(usize),
+    ) -> std::result::Result<T, pickle_read::ReadError>,
+) -> Result<T> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let len = file
+        .metadata()
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len() as usize;
+    let bar = (len >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
+        let b = bars().add(indicatif::ProgressBar::new(len as u64));
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b.set_message(format!("reading {}", path.display()));
+        b
+    });
+    let out = read(&mut file, &mut |done| {
+        if let Some(b) = &bar {
+            b.set_position(done as u64);
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    out.with_context(|| format!("{} is not a readable memory snapshot", path.display()))
+}
+
+/// The file name for messages and tables (the full path is in JSON).
+pub fn display_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn map_files_keeps_the_order_of_items_whatever_finishes_first() {
+        let items: Vec<u64> = (0..40).collect();
+        // Early items take longest, so workers finish out of order.
+        let out = super::map_files(&items, |&i| {
+            std::thread::sleep(std::time::Duration::from_millis(40 - i));
+            i * 10
+        });
+        assert_eq!(out, items.iter().map(|i| i * 10).collect::<Vec<_>>());
+        assert!(super::map_files(&[] as &[u64], |&i| i).is_empty());
+    }
+}

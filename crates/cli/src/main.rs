@@ -1,0 +1,112 @@
+//! The `memsnap` command line: a thin dispatcher over one module per command; [`input`]
+//! reads snapshot files for all of them.
+//!
+//! Exit status: 0 ok; 1 only for `diff --fail-above` when growth passes the limit;
+//! 2 for every error (bad arguments, unreadable or invalid files). A closed stdout
+//! (`memsnap summary x | head`) is not an error: exit 0.
+#![forbid(unsafe_code)]
+
+mod analysis;
+mod check;
+mod diff;
+mod dump;
+mod flamegraph;
+mod history;
+mod input;
+mod ranks;
+mod run;
+mod summary;
+mod view;
+
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "memsnap",
+    version,
+    about = "Read GPU memory snapshots (memsnap's and PyTorch's) and answer what holds the memory"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Per device: live, reserved and peak bytes, top allocation sites and libraries, OOMs.
+    Summary(summary::Args),
+    /// What grew between two snapshots, by allocation site (exit 1 past --fail-above).
+    Diff(diff::Args),
+    /// One row per rank file in a folder; marks the ranks that stand out.
+    Ranks(ranks::Args),
+    /// Write one self-contained HTML page: timeline, segments, stacks, search, zoom.
+    View(view::Args),
+    /// Write a flame graph (SVG) of live bytes by stack.
+    Flamegraph(flamegraph::Args),
+    /// Check snapshots against the format rules PyTorch's viewer relies on (exit 1 if not).
+    Check(check::Args),
+    /// Run a command with libmemsnap.so preloaded; list the snapshots it wrote.
+    Run(Box<run::RunArgs>),
+    /// Ask running processes (with memsnap loaded) for a snapshot now.
+    Dump(dump::DumpArgs),
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>()
+                .and_then(|j| j.io_error_kind())
+                .is_some_and(|k| k == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match cli.cmd {
+        Cmd::Summary(a) => report(|out| summary::run(&a, out)),
+        Cmd::Diff(a) => report(|out| diff::run(&a, out)),
+        Cmd::Ranks(a) => report(|out| ranks::run(&a, out)),
+        Cmd::View(a) => report(|out| view::run(&a, out)),
+        Cmd::Flamegraph(a) => report(|out| flamegraph::run(&a, out)),
+        Cmd::Check(a) => report(|out| check::run(&a, out)),
+        // The launchers manage their own output and exit status.
+        Cmd::Run(a) => launch(run::run(*a)),
+        Cmd::Dump(a) => launch(dump::dump(a)),
+    }
+}
+
+/// Runs a command that reads snapshots and prints a report to (buffered) stdout.
+fn report(command: impl FnOnce(&mut dyn Write) -> anyhow::Result<i32>) -> ExitCode {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = command(&mut out).and_then(|code| {
+        out.flush()?;
+        Ok(code)
+    });
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            drop(out);
+            eprintln!("memsnap: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn launch(result: anyhow::Result<ExitCode>) -> ExitCode {
+    result.unwrap_or_else(|e| {
+        eprintln!("memsnap: {e:#}");
+        ExitCode::from(2)
+    })
+}

@@ -1,0 +1,521 @@
+//! `memsnap run [options] -- CMD ...`: runs a command with `libmemsnap.so` preloaded.
+//!
+//! Cold, no unsafe. Finds the library installed beside the `memsnap` binary, prepends it to
+//! `LD_PRELOAD`, turns options into `MEMSNAP_*` variables (checked with the library's own
+//! parser before anything runs), runs the command, exits with its status (128+N when a
+//! signal killed it, as a shell does), then lists the snapshots the run wrote.
+//!
+//! Everything reaches the program through the environment, so launchers (`torchrun`,
+//! `srun`, `mpirun`) pass it on to every rank, and each rank names its own files.
+//!
+//! Signals: the CLI has no unsafe code, so it installs no signal handler. A terminal's
+//! Ctrl-C reaches the whole foreground process group: the command gets it directly (and
+//! writes its exit snapshot if it exits through `exit`), and `memsnap run` ends at once
+//! without listing the files.
+
+use anyhow::{Context as _, Result, bail};
+use memsnap_format::config::{Config, var};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::SystemTime;
+
+/// Options of `memsnap run`. Each sets the `MEMSNAP_*` variable named in its help; values
+/// are checked by the same parser the library uses.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  memsnap run -- python train.py\n  memsnap run --folder snaps --skip 10 --interval 3 -- torchrun --nproc-per-node 8 train.py\n  memsnap run --stats mem.csv --every 100 -- ./app\n\nThe command gets LD_PRELOAD=libmemsnap.so and the MEMSNAP_* variables; options override variables already set."
+)]
+pub struct RunArgs {
+    /// Folder for snapshots (MEMSNAP_FOLDER; placeholders like {rank} allowed)
+    #[arg(long, value_name = "DIR")]
+    pub folder: Option<String>,
+    /// File name template (MEMSNAP_FILENAME), e.g. 'rank{rank}.{step}.pickle'
+    #[arg(long, value_name = "TEMPLATE")]
+    pub filename: Option<String>,
+    /// History entries kept per device (MEMSNAP_MAX_ENTRIES)
+    #[arg(long, value_name = "N")]
+    pub max_entries: Option<String>,
+    /// Stacks to record: none, python, native, all (MEMSNAP_STACKS)
+    #[arg(long, value_name = "KIND")]
+    pub stacks: Option<String>,
+    /// Stacks for frees: alloc or all (MEMSNAP_CONTEXT)
+    #[arg(long, value_name = "KIND")]
+    pub context: Option<String>,
+    /// Signal that asks for a snapshot: USR1, USR2, a number, or none (MEMSNAP_SIGNAL)
+    #[arg(long, value_name = "SIG")]
+    pub signal: Option<String>,
+    /// Steps before the recording window opens (MEMSNAP_SKIP, default 1)
+    #[arg(long, value_name = "N")]
+    pub skip: Option<String>,
+    /// Steps in the recording window; one snapshot when it closes (MEMSNAP_INTERVAL)
+    #[arg(long, value_name = "N")]
+    pub interval: Option<String>,
+    /// A snapshot every N steps (MEMSNAP_EVERY)
+    #[arg(long, value_name = "N")]
+    pub every: Option<String>,
+    /// A snapshot every duration, e.g. 30s, 5m (MEMSNAP_PERIOD)
+    #[arg(long, value_name = "DURATION")]
+    pub period: Option<String>,
+    /// CSV file for per-step memory figures (MEMSNAP_STATS)
+    #[arg(long, value_name = "PATH")]
+    pub stats: Option<String>,
+    /// No snapshot at exit (MEMSNAP_AT_EXIT=0)
+    #[arg(long)]
+    pub no_at_exit: bool,
+    /// No summary line from each process at exit (MEMSNAP_QUIET=1). The default under
+    /// `memsnap run`, which lists the files itself; `MEMSNAP_QUIET=0` keeps the line
+    #[arg(long)]
+    pub quiet: bool,
+    /// Replace files with the same name instead of numbering them (MEMSNAP_OVERWRITE=1)
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Switch PyTorch, JAX and TensorFlow to allocate each tensor from CUDA (where unset)
+    #[arg(long)]
+    pub tensors: bool,
+    /// The libmemsnap.so to preload (default: beside this binary, or ../lib/)
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+    /// The command and its arguments
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// Framework settings `--tensors` makes, each only when the user has not set it.
+pub const TENSOR_SETTINGS: &[(&str, &str)] = &[
+    ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync"),
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+    ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
+    ("TF_GPU_ALLOCATOR", "cuda_malloc_async"),
+];
+
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let lib = find_library(args.lib.as_deref())?;
+
+    // The variables the options set, in option order.
+    let mut set: Vec<(&'static str, String, &'static str)> = Vec::new();
+    let mut opt = |name: &'static str, option: &'static str, value: &Option<String>| {
+        if let Some(v) = value {
+            set.push((name, v.clone(), option));
+        }
+    };
+    opt(var::FOLDER, "--folder", &args.folder);
+    opt(var::FILENAME, "--filename", &args.filename);
+    opt(var::MAX_ENTRIES, "--max-entries", &args.max_entries);
+    opt(var::STACKS, "--stacks", &args.stacks);
+    opt(var::CONTEXT, "--context", &args.context);
+    opt(var::SIGNAL, "--signal", &args.signal);
+    opt(var::SKIP, "--skip", &args.skip);
+    opt(var::INTERVAL, "--interval", &args.interval);
+    opt(var::EVERY, "--every", &args.every);
+    opt(var::PERIOD, "--period", &args.period);
+    opt(var::STATS, "--stats", &args.stats);
+    if args.no_at_exit {
+        set.push((var::AT_EXIT, "0".into(), "--no-at-exit"));
+    }
+    // The launcher lists the files itself at the end, so each process's own exit line
+    // would repeat it (once per rank); keep it only if the user asked for it explicitly.
+    if args.quiet || std::env::var_os(var::QUIET).is_none() {
+        set.push((var::QUIET, "1".into(), "--quiet"));
+    }
+    if args.overwrite {
+        set.push((var::OVERWRITE, "1".into(), "--overwrite"));
+    }
+
+    // What the library will see: the inherited MEMSNAP_* variables, overridden by options.
+    let mut seen: HashMap<String, String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("MEMSNAP_"))
+        .collect();
+    for (name, value, _) in &set {
+        seen.insert(name.to_string(), value.clone());
+    }
+    let (cfg, errors) = Config::from_lookup(|k| seen.get(k).cloned());
+    if !errors.is_empty() {
+        for e in &errors {
+            let origin = set
+                .iter()
+                .find(|(name, _, _)| mentions_var(e, name))
+                .map(|(_, _, option)| format!(" (set by {option})"))
+                .unwrap_or_else(|| " (from the environment)".to_string());
+            eprintln!("{e}{origin}");
+        }
+        bail!(
+            "not running {}: fix the invalid value{} above",
+            args.command[0].to_string_lossy(),
+            if errors.len() == 1 { "" } else { "s" }
+        );
+    }
+    if cfg.disabled {
+        eprintln!("memsnap: MEMSNAP_DISABLE is set: the command runs without recording");
+    }
+
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    for (name, value, _) in &set {
+        cmd.env(name, value);
+    }
+    cmd.env(
+        "LD_PRELOAD",
+        prepend_preload(&lib, std::env::var_os("LD_PRELOAD")),
+    );
+    if let Some(dir) = find_python_module() {
+        cmd.env(
+            "PYTHONPATH",
+            prepend_path(&dir, std::env::var_os("PYTHONPATH")),
+        );
+    }
+    if args.tensors {
+        for (name, value) in TENSOR_SETTINGS {
+            match std::env::var_os(name) {
+                Some(current) if !current.is_empty() => eprintln!(
+                    "memsnap: --tensors: keeping {name}={} (already set)",
+                    current.to_string_lossy()
+                ),
+                _ => {
+                    cmd.env(name, value);
+                    eprintln!("memsnap: --tensors: set {name}={value}");
+                }
+            }
+        }
+    }
+
+    let folder = SnapshotFolder::new(&cfg.folder);
+    let before = folder.list();
+    let started = SystemTime::now();
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {}", args.command[0].to_string_lossy()))?;
+
+    let written = new_snapshots(&folder, &before, &cfg.filename, started);
+    report(&written, &cfg);
+
+    if let Some(code) = status.code() {
+        return Ok(ExitCode::from(code.clamp(0, 255) as u8));
+    }
+    let signal = status.signal().unwrap_or(0);
+    eprintln!(
+        "memsnap: {} was killed by signal {signal}{}",
+        args.command[0].to_string_lossy(),
+        signal_name(signal)
+            .map(|n| format!(" (SIG{n})"))
+            .unwrap_or_default()
+    );
+    Ok(ExitCode::from((128 + signal).clamp(0, 255) as u8))
+}
+
+/// Whether a config message is about `name` (and not a longer name sharing its prefix).
+fn mentions_var(message: &str, name: &str) -> bool {
+    message.contains(&format!("{name}="))
+}
+
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        1 => "HUP",
+        2 => "INT",
+        3 => "QUIT",
+        4 => "ILL",
+        6 => "ABRT",
+        7 => "BUS",
+        8 => "FPE",
+        9 => "KILL",
+        10 => "USR1",
+        11 => "SEGV",
+        12 => "USR2",
+        13 => "PIPE",
+        14 => "ALRM",
+        15 => "TERM",
+        _ => return None,
+    })
+}
+
+/// `libmemsnap.so`: `--lib`, else beside the `memsnap` binary (a cargo build or a flat
+/// install), else `../lib/` (a `prefix/bin` + `prefix/lib` install). Absolute, so children
+/// that change directory still find it.
+fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        if !p.is_file() {
+            bail!("--lib {}: no such file", p.display());
+        }
+        return std::path::absolute(p).context("cannot make the --lib path absolute");
+    }
+    let exe = std::env::current_exe().context("cannot find the memsnap binary's path")?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [dir.join("libmemsnap.so"), dir.join("../lib/libmemsnap.so")];
+    for c in &candidates {
+        if c.is_file() {
+            return Ok(c.canonicalize().unwrap_or_else(|_| c.clone()));
+        }
+    }
+    bail!(
+        "cannot find libmemsnap.so (looked for {}); install it beside the memsnap binary, or pass --lib PATH",
+        candidates
+            .iter()
+            .map(|c| c.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    )
+}
+
+/// The folder holding `memsnap.py`: beside the binary, `../share/memsnap/` (installed), or
+/// the source tree's `scripts/` (a cargo build: `target/<profile>/../../scripts`).
+fn find_python_module() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.to_path_buf(),
+        dir.join("../share/memsnap"),
+        dir.join("../../scripts"),
+    ]
+    .into_iter()
+    .find(|d| d.join("memsnap.py").is_file())
+    .map(|d| d.canonicalize().unwrap_or(d))
+}
+
+/// `lib` first, then the existing entries (space- or colon-separated), without other
+/// copies of libmemsnap.so.
+pub fn prepend_preload(lib: &Path, existing: Option<OsString>) -> OsString {
+    let mut out = OsString::from(lib.as_os_str());
+    if let Some(existing) = existing {
+        let existing = existing.to_string_lossy().into_owned();
+        for entry in existing.split([' ', ':']).filter(|e| !e.is_empty()) {
+            if Path::new(entry).file_name() == Some(OsStr::new("libmemsnap.so")) {
+                continue;
+            }
+            out.push(":");
+            out.push(entry);
+        }
+    }
+    out
+}
+
+fn prepend_path(dir: &Path, existing: Option<OsString>) -> OsString {
+    let mut out = OsString::from(dir.as_os_str());
+    if let Some(existing) = existing.filter(|e| !e.is_empty()) {
+        out.push(":");
+        out.push(existing);
+    }
+    out
+}
+
+/// Where the run's snapshots land: the folder, or, when it has placeholders (`{rank}`),
+/// the deepest fixed folder above them, searched a few levels down.
+struct SnapshotFolder {
+    root: PathBuf,
+    depth: usize,
+}
+
+impl SnapshotFolder {
+    fn new(folder: &str) -> SnapshotFolder {
+        let path = Path::new(folder);
+        let mut root = PathBuf::new();
+        let mut depth = 0;
+        for part in path.components() {
+            if depth > 0 || part.as_os_str().to_string_lossy().contains('{') {
+                depth += 1;
+            } else {
+                root.push(part);
+            }
+        }
+        if root.as_os_str().is_empty() {
+            root.push(".");
+        }
+        SnapshotFolder { root, depth }
+    }
+
+    /// Every visible regular file with its modification time.
+    fn list(&self) -> BTreeMap<PathBuf, SystemTime> {
+        let mut out = BTreeMap::new();
+        walk(&self.root, self.depth, &mut out);
+        out
+    }
+}
+
+fn walk(dir: &Path, depth: usize, out: &mut BTreeMap<PathBuf, SystemTime>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() && depth > 0 {
+            walk(&entry.path(), depth - 1, out);
+        } else if meta.is_file() && depth == 0 {
+            out.insert(
+                entry.path(),
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            );
+        }
+    }
+}
+
+/// Files that appeared or changed during the run and whose names fit the template, oldest
+/// first.
+fn new_snapshots(
+    folder: &SnapshotFolder,
+    before: &BTreeMap<PathBuf, SystemTime>,
+    template: &str,
+    started: SystemTime,
+) -> Vec<PathBuf> {
+    let mut found: Vec<(SystemTime, PathBuf)> = folder
+        .list()
+        .into_iter()
+        .filter(|(path, mtime)| before.get(path).is_none_or(|old| old != mtime))
+        .filter(|(path, _)| {
+            path.file_name()
+                .is_some_and(|n| template_matches(template, &[], &n.to_string_lossy()))
+        })
+        .map(|(path, mtime)| (mtime, path))
+        .collect();
+    // Files from before the run were excluded above; `started` only orders ties sensibly.
+    found.sort_by_key(|(mtime, path)| (mtime.duration_since(started).ok(), path.clone()));
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
+fn report(written: &[PathBuf], cfg: &Config) {
+    if let Some(stats) = &cfg.stats {
+        eprintln!("memsnap: per-step figures: {stats}");
+    }
+    let Some(newest) = written.last() else {
+        eprintln!(
+            "memsnap: the run wrote no snapshot in {} (memsnap records from the first CUDA allocation)",
+            cfg.folder
+        );
+        return;
+    };
+    eprintln!(
+        "memsnap: the run wrote {} snapshot{}:",
+        written.len(),
+        if written.len() == 1 { "" } else { "s" }
+    );
+    for p in written {
+        eprintln!("  {}", p.display());
+    }
+    eprintln!("memsnap: next: memsnap summary {}", newest.display());
+}
+
+/// Whether `name` is what `template` expands to, with the placeholders in `fixed` replaced
+/// by their values and every other placeholder matching anything. Also accepts the `-N`
+/// suffix the library adds before the extension when a name is taken.
+pub fn template_matches(template: &str, fixed: &[(&str, &str)], name: &str) -> bool {
+    let pattern = compile(template, fixed);
+    if glob(&pattern, name.as_bytes()) {
+        return true;
+    }
+    let (stem, ext) = match name.rfind('.') {
+        Some(i) if i > 0 => (&name[..i], &name[i..]),
+        _ => (name, ""),
+    };
+    match stem.rsplit_once('-') {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            glob(&pattern, format!("{base}{ext}").as_bytes())
+        }
+        _ => false,
+    }
+}
+
+enum Piece {
+    Text(Vec<u8>),
+    Any,
+}
+
+fn compile(template: &str, fixed: &[(&str, &str)]) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push(Piece::Text(rest.as_bytes()[..open].to_vec()));
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            out.push(Piece::Text(rest.as_bytes()[open..].to_vec()));
+            return out;
+        };
+        let key = &after[..close];
+        match fixed.iter().find(|(k, _)| *k == key) {
+            Some((_, value)) => out.push(Piece::Text(value.as_bytes().to_vec())),
+            None => out.push(Piece::Any),
+        }
+        rest = &after[close + 1..];
+    }
+    out.push(Piece::Text(rest.as_bytes().to_vec()));
+    out
+}
+
+fn glob(pattern: &[Piece], name: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some((Piece::Text(t), rest)) => name.starts_with(t) && glob(rest, &name[t.len()..]),
+        Some((Piece::Any, rest)) => (1..=name.len()).any(|i| glob(rest, &name[i..])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_template_matches_library_names() {
+        let t = memsnap_format::config::DEFAULT_FILENAME;
+        let name = "memsnap-demo-node1-r0-p123-signal-2.pickle";
+        assert!(template_matches(t, &[], name));
+        assert!(template_matches(
+            t,
+            &[("pid", "123"), ("reason", "signal")],
+            name
+        ));
+        assert!(!template_matches(t, &[("pid", "124")], name));
+        assert!(!template_matches(t, &[("reason", "exit")], name));
+        assert!(template_matches(
+            t,
+            &[("reason", "signal")],
+            "memsnap-demo-node1-r0-p123-signal-2-1.pickle"
+        ));
+        assert!(!template_matches(t, &[], "notes.txt"));
+        assert!(!template_matches(t, &[], "stats.csv"));
+    }
+
+    #[test]
+    fn custom_templates() {
+        assert!(template_matches(
+            "rank{rank}.{step}.pickle",
+            &[],
+            "rank3.12.pickle"
+        ));
+        assert!(!template_matches(
+            "rank{rank}.{step}.pickle",
+            &[],
+            "rank3.12.csv"
+        ));
+        assert!(template_matches("fixed.pickle", &[], "fixed-2.pickle"));
+        assert!(!template_matches("fixed.pickle", &[], "fixed-x.pickle"));
+    }
+
+    #[test]
+    fn preload_is_prepended_once() {
+        let lib = Path::new("/opt/memsnap/lib/libmemsnap.so");
+        assert_eq!(prepend_preload(lib, None), "/opt/memsnap/lib/libmemsnap.so");
+        assert_eq!(
+            prepend_preload(
+                lib,
+                Some("/old/libmemsnap.so /usr/lib/libfoo.so:libbar.so".into())
+            ),
+            "/opt/memsnap/lib/libmemsnap.so:/usr/lib/libfoo.so:libbar.so"
+        );
+    }
+
+    #[test]
+    fn placeholder_folders_are_searched_below_their_fixed_part() {
+        let f = SnapshotFolder::new("out/run1/rank{rank}");
+        assert_eq!(f.root, PathBuf::from("out/run1"));
+        assert_eq!(f.depth, 1);
+        let f = SnapshotFolder::new("snaps");
+        assert_eq!((f.root, f.depth), (PathBuf::from("snaps"), 0));
+    }
+}

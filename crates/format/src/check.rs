@@ -1,0 +1,1258 @@
+//! Snapshot validity checker: the consistency rules of reference/snapshot-format.md §3,
+//! §4 and §7.3 applied to a [`Snapshot`].
+//!
+//! Cold, no unsafe. [`check`] returns every rule broken, as [`Violation`]s; an empty list
+//! means the viewer's "Allocator State History" can step through every event and the
+//! timelines match the snapshot.
+//!
+//! What it checks:
+//! - every segment's device has a `device_traces` list (§0.2), stack and frame ids exist;
+//! - sizes are non-negative, addresses, sizes and times below 2^53 (§0.4);
+//! - blocks tile their segment: in address order from the segment address, sizes summing
+//!   to `total_size` (§3); `requested_size ≤ size`; a device's segments do not overlap;
+//! - per device, the trace is a valid forward history under the §7.3 state machine
+//!   whose end state equals `segments`.
+//!
+//! # Capped histories: the rule
+//!
+//! A ring buffer drops the oldest events, so a history may start mid-way. The forward
+//! replay therefore does not start from the empty state but from the state **S0 obtained by
+//! undoing every event, last to first, starting from the snapshot** (what the viewer's
+//! backward walk does, §7.2). A device's history is accepted iff
+//! 1. S0 is a valid state: disjoint segments, disjoint live blocks, every live block inside
+//!    one segment (else [`ViolationKind::InitialState`], reported at event 0);
+//! 2. replaying the events forward from S0 obeys §7.3 at every step;
+//! 3. the state after the last event equals `segments`: the same segments (address, size,
+//!    expandable or not) and the same live blocks (address, requested size, pending free
+//!    or not) ([`ViolationKind::FinalStateMismatch`]).
+//!
+//! A complete history gives S0 = empty; any suffix of a valid history gives the state at
+//! the cut and is accepted too, as the viewer accepts it (§8.4). Segments or blocks that
+//! exist from the start are accepted as pre-existing: a history cannot tell a dropped
+//! prefix from a recorder that started late.
+//!
+//! The undo step of each event is the exact inverse of its forward step, so S0 is unique:
+//! if any valid start state leads through a legal forward replay to the snapshot, S0 is
+//! that state and [`check`] reports nothing; otherwise it reports at least one violation.
+//! Where an undo is impossible (an `alloc` whose block is not live afterwards, ...) it is
+//! skipped and the forward replay reports the discrepancy.
+//!
+//! Consequences worth knowing: a free, `segment_free` or `segment_unmap` of something the
+//! kept history never created is accepted (a dropped prefix may have created it), so
+//! [`ViolationKind::FreeUnknownBlock`] means a block freed twice within the history. The
+//! kind and event of a violation are diagnostics: a broken history is always rejected,
+//! but the rule may blame a neighbouring event (e.g. a double `segment_unmap` shows up as
+//! the earlier `segment_map` overlapping a range that S0 had to contain).
+//! `tests/python/check_snapshot.py` implements the same rule independently.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::model::{Action, BlockState, Snapshot, StackId, TraceEntry};
+
+/// Integers above this lose precision in the viewer's JS numbers (§6.3).
+const JS_SAFE: i64 = 1 << 53;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ViolationKind {
+    /// A segment's device has no list in `device_traces`.
+    MissingDeviceTrace,
+    /// A stack id or a frame id that does not exist.
+    BadStack,
+    /// A negative size, or an address, size or time at or above 2^53.
+    ValueRange,
+    /// Blocks do not tile their segment (address order from the segment start, sizes
+    /// summing to `total_size`).
+    BlockTiling,
+    /// A block's `requested_size` is negative or above its `size`.
+    RequestedSize,
+    /// Two segments of one device overlap in `segments`.
+    SegmentOverlap,
+    /// The state reconstructed before the first event is not valid.
+    InitialState,
+    /// `segment_alloc` over a live segment.
+    SegmentAllocOverlap,
+    /// `segment_free` of a range that is not a live (non-expandable) segment.
+    SegmentFreeUnknown,
+    /// `segment_free` or `segment_unmap` of a range that still holds live blocks.
+    SegmentNotEmpty,
+    /// `segment_map` over a live segment.
+    SegmentMapOverlap,
+    /// `segment_unmap` of a range that is not inside one mapped range.
+    SegmentUnmapUnmapped,
+    /// `alloc` outside every live segment.
+    AllocOutsideSegment,
+    /// `alloc` over a live block.
+    AllocOverlap,
+    /// A free at an address where no live block starts.
+    FreeUnknownBlock,
+    /// A free whose size differs from the allocation's.
+    FreeSizeMismatch,
+    /// `free_completed` of a block that was not `free_requested`.
+    FreeNotRequested,
+    /// `free_requested` of a block already pending free.
+    FreeRequestedTwice,
+    /// An action the §7.3 state machine does not know.
+    UnknownAction,
+    /// An `oom` event without `device_free` (the viewer and `_memory_viz trace` need it).
+    OomWithoutDeviceFree,
+    /// The state after the last event differs from `segments`.
+    FinalStateMismatch,
+}
+
+/// One broken rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Device ordinal, when the rule is about one device.
+    pub device: Option<i64>,
+    /// Index into that device's trace, when the rule is about one event.
+    pub event: Option<usize>,
+    pub kind: ViolationKind,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.device, self.event) {
+            (Some(d), Some(e)) => write!(f, "device {d}, event {e}: ")?,
+            (Some(d), None) => write!(f, "device {d}: ")?,
+            _ => {}
+        }
+        write!(f, "{}", self.message)
+    }
+}
+
+/// Checks `snap` against every rule above; an empty result means valid.
+pub fn check(snap: &Snapshot) -> Vec<Violation> {
+    let mut out = Vec::new();
+    check_stacks(snap, &mut out);
+    check_segments(snap, &mut out);
+    for (device, trace) in snap.device_traces.iter().enumerate() {
+        check_history(snap, device as i64, trace, &mut out);
+    }
+    out
+}
+
+fn push(
+    out: &mut Vec<Violation>,
+    device: Option<i64>,
+    event: Option<usize>,
+    kind: ViolationKind,
+    message: String,
+) {
+    out.push(Violation {
+        device,
+        event,
+        kind,
+        message,
+    });
+}
+
+fn check_stacks(snap: &Snapshot, out: &mut Vec<Violation>) {
+    for (i, stack) in snap.stacks.iter().enumerate() {
+        if let Some(&bad) = stack.iter().find(|&&f| f as usize >= snap.frames.len()) {
+            let msg = format!(
+                "stack {i} refers to frame {bad}, but there are {} frames",
+                snap.frames.len()
+            );
+            push(out, None, None, ViolationKind::BadStack, msg);
+        }
+    }
+    let mut check_id = |what: &dyn Fn() -> String, id: Option<StackId>, device, event| {
+        if let Some(id) = id
+            && id as usize >= snap.stacks.len()
+        {
+            let msg = format!(
+                "{} uses stack {id}, but there are {} stacks",
+                what(),
+                snap.stacks.len()
+            );
+            push(out, device, event, ViolationKind::BadStack, msg);
+        }
+    };
+    for s in &snap.segments {
+        check_id(
+            &|| format!("segment {:#x}", s.address),
+            s.stack,
+            Some(s.device),
+            None,
+        );
+        for b in &s.blocks {
+            check_id(
+                &|| format!("block {:#x}", b.address),
+                b.stack,
+                Some(s.device),
+                None,
+            );
+        }
+    }
+    for (d, trace) in snap.device_traces.iter().enumerate() {
+        for (i, e) in trace.iter().enumerate() {
+            check_id(
+                &|| e.action.as_str().to_string(),
+                e.stack,
+                Some(d as i64),
+                Some(i),
+            );
+        }
+    }
+}
+
+fn js_safe(v: i64) -> bool {
+    v > -JS_SAFE && v < JS_SAFE
+}
+
+fn check_segments(snap: &Snapshot, out: &mut Vec<Violation>) {
+    let mut by_device: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for s in &snap.segments {
+        let dev = Some(s.device);
+        let here = format!("segment {:#x}", s.address);
+        if s.device < 0 || s.device as usize >= snap.device_traces.len() {
+            let msg = format!(
+                "{here}: device {} has no list in device_traces ({} lists)",
+                s.device,
+                snap.device_traces.len()
+            );
+            push(out, dev, None, ViolationKind::MissingDeviceTrace, msg);
+        }
+        if s.total_size <= 0 || !js_safe(s.total_size) || !js_safe(s.address) || s.address < 0 {
+            let msg = format!(
+                "{here}: address or total_size {} out of range",
+                s.total_size
+            );
+            push(out, dev, None, ViolationKind::ValueRange, msg);
+        }
+        let mut running = s.address;
+        for b in &s.blocks {
+            if b.address != running {
+                let msg = format!(
+                    "{here}: block at {:#x} where the tiling puts {running:#x}",
+                    b.address
+                );
+                push(out, dev, None, ViolationKind::BlockTiling, msg);
+            }
+            if b.size < 0 || !js_safe(b.size) {
+                let msg = format!("{here}: block {:#x} has size {}", b.address, b.size);
+                push(out, dev, None, ViolationKind::ValueRange, msg);
+            }
+            if b.requested_size < 0 || b.requested_size > b.size {
+                let msg = format!(
+                    "{here}: block {:#x} has requested_size {} for size {}",
+                    b.address, b.requested_size, b.size
+                );
+                push(out, dev, None, ViolationKind::RequestedSize, msg);
+            }
+            running = running.saturating_add(b.size);
+        }
+        let sum = running.saturating_sub(s.address);
+        if sum != s.total_size {
+            let msg = format!(
+                "{here}: block sizes sum to {sum}, total_size is {}",
+                s.total_size
+            );
+            push(out, dev, None, ViolationKind::BlockTiling, msg);
+        }
+        by_device
+            .entry(s.device)
+            .or_default()
+            .push((s.address, s.total_size));
+    }
+    for (dev, mut segs) in by_device {
+        segs.sort_unstable();
+        for w in segs.windows(2) {
+            if w[0].0.saturating_add(w[0].1) > w[1].0 {
+                let msg = format!("segments {:#x} and {:#x} overlap", w[0].0, w[1].0);
+                push(out, Some(dev), None, ViolationKind::SegmentOverlap, msg);
+            }
+        }
+    }
+}
+
+/// A live segment, or one mapped range of an expandable segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seg {
+    size: i64,
+    /// Created by `segment_map` (expandable); merges with adjacent mapped ranges.
+    mapped: bool,
+    stream: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Blk {
+    /// The allocation's requested size (what `alloc` and the frees carry).
+    size: i64,
+    pending_free: bool,
+}
+
+fn end(a: i64, n: i64) -> i64 {
+    a.saturating_add(n.max(1))
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+struct State {
+    segs: BTreeMap<i64, Seg>,
+    blocks: BTreeMap<i64, Blk>,
+}
+
+impl State {
+    /// The snapshot's segments and live blocks of `device`.
+    fn from_snapshot(snap: &Snapshot, device: i64) -> Self {
+        let mut st = State::default();
+        for s in snap.segments.iter().filter(|s| s.device == device) {
+            let seg = Seg {
+                size: s.total_size,
+                mapped: s.is_expandable,
+                stream: s.stream,
+            };
+            st.segs.insert(s.address, seg);
+            // Block addresses as the viewer computes them: by tiling.
+            let mut addr = s.address;
+            for b in &s.blocks {
+                if b.state.is_active() {
+                    let pending_free = b.state == BlockState::ActivePendingFree;
+                    st.blocks.insert(
+                        addr,
+                        Blk {
+                            size: b.requested_size,
+                            pending_free,
+                        },
+                    );
+                }
+                addr = addr.saturating_add(b.size);
+            }
+        }
+        st
+    }
+
+    /// Start of the segment that holds `[a, a+n)` entirely.
+    fn seg_containing(&self, a: i64, n: i64) -> Option<i64> {
+        let (&sa, seg) = self.segs.range(..=a).next_back()?;
+        (end(a, n) <= end(sa, seg.size)).then_some(sa)
+    }
+
+    fn seg_overlaps(&self, a: i64, n: i64) -> bool {
+        let below = self
+            .segs
+            .range(..=a)
+            .next_back()
+            .is_some_and(|(&sa, s)| end(sa, s.size) > a);
+        below || self.segs.range(a..end(a, n)).next().is_some()
+    }
+
+    fn block_overlaps(&self, a: i64, n: i64) -> bool {
+        let below = self
+            .blocks
+            .range(..=a)
+            .next_back()
+            .is_some_and(|(&ba, b)| end(ba, b.size) > a);
+        below || self.blocks.range(a..end(a, n)).next().is_some()
+    }
+
+    /// Adds a mapped range, merging it with adjacent mapped ranges on the same stream.
+    fn map_range(&mut self, a: i64, n: i64, stream: i64) {
+        let (mut start, mut stop) = (a, a.saturating_add(n));
+        if let Some((&sa, s)) = self.segs.range(..start).next_back()
+            && s.mapped
+            && s.stream == stream
+            && sa.saturating_add(s.size) == start
+        {
+            self.segs.remove(&sa);
+            start = sa;
+        }
+        if let Some(s) = self.segs.get(&stop).copied()
+            && s.mapped
+            && s.stream == stream
+        {
+            self.segs.remove(&stop);
+            stop = stop.saturating_add(s.size);
+        }
+        self.segs.insert(
+            start,
+            Seg {
+                size: stop - start,
+                mapped: true,
+                stream,
+            },
+        );
+    }
+
+    /// Removes `[a, a+n)` from the segment that contains it, splitting it if needed.
+    fn carve(&mut self, a: i64, n: i64) -> bool {
+        let Some(sa) = self.seg_containing(a, n) else {
+            return false;
+        };
+        let seg = self.segs.remove(&sa).expect("found above");
+        if a > sa {
+            self.segs.insert(
+                sa,
+                Seg {
+                    size: a - sa,
+                    ..seg
+                },
+            );
+        }
+        let (cut_end, seg_end) = (a.saturating_add(n), sa.saturating_add(seg.size));
+        if cut_end < seg_end {
+            self.segs.insert(
+                cut_end,
+                Seg {
+                    size: seg_end - cut_end,
+                    ..seg
+                },
+            );
+        }
+        true
+    }
+
+    /// The inverse of `e`'s forward step, best effort (see the module docs).
+    fn undo(&mut self, e: &TraceEntry) {
+        let (a, n) = (e.addr, e.size);
+        match e.action {
+            Action::SegmentAlloc => {
+                self.segs.remove(&a);
+            }
+            Action::SegmentFree => {
+                self.segs.insert(
+                    a,
+                    Seg {
+                        size: n,
+                        mapped: false,
+                        stream: e.stream,
+                    },
+                );
+            }
+            Action::SegmentMap => {
+                self.carve(a, n);
+            }
+            Action::SegmentUnmap => self.map_range(a, n, e.stream),
+            Action::Alloc => {
+                self.blocks.remove(&a);
+            }
+            Action::FreeRequested => {
+                if let Some(b) = self.blocks.get_mut(&a) {
+                    b.pending_free = false;
+                }
+            }
+            Action::FreeCompleted => {
+                self.blocks.insert(
+                    a,
+                    Blk {
+                        size: n,
+                        pending_free: true,
+                    },
+                );
+            }
+            Action::Free => {
+                self.blocks.insert(
+                    a,
+                    Blk {
+                        size: n,
+                        pending_free: false,
+                    },
+                );
+            }
+            Action::Snapshot | Action::Oom | Action::Other(_) => {}
+        }
+    }
+
+    /// Problems of a state that must be valid by itself (S0).
+    fn problems(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        let segs: Vec<_> = self.segs.iter().collect();
+        for w in segs.windows(2) {
+            if end(*w[0].0, w[0].1.size) > *w[1].0 {
+                found.push(format!("segments {:#x} and {:#x} overlap", w[0].0, w[1].0));
+            }
+        }
+        let blocks: Vec<_> = self.blocks.iter().collect();
+        for w in blocks.windows(2) {
+            if end(*w[0].0, w[0].1.size) > *w[1].0 {
+                found.push(format!(
+                    "live blocks {:#x} and {:#x} overlap",
+                    w[0].0, w[1].0
+                ));
+            }
+        }
+        for (&a, b) in &self.blocks {
+            if self.seg_containing(a, b.size).is_none() {
+                found.push(format!(
+                    "live block [{a:#x}, +{}) lies in no segment",
+                    b.size
+                ));
+            }
+        }
+        found
+    }
+
+    /// Applies `e` forward; returns the rules it breaks (§7.3).
+    fn apply(&mut self, e: &TraceEntry) -> Vec<(ViolationKind, String)> {
+        use ViolationKind as K;
+        let (a, n) = (e.addr, e.size);
+        let mut found = Vec::new();
+        match &e.action {
+            Action::SegmentAlloc => {
+                if self.seg_overlaps(a, n) {
+                    found.push((
+                        K::SegmentAllocOverlap,
+                        format!("segment_alloc [{a:#x}, +{n}) overlaps a live segment"),
+                    ));
+                }
+                self.segs.insert(
+                    a,
+                    Seg {
+                        size: n,
+                        mapped: false,
+                        stream: e.stream,
+                    },
+                );
+            }
+            Action::SegmentFree => {
+                match self.segs.get(&a) {
+                    Some(s) if s.size == n && !s.mapped => {}
+                    Some(s) if s.mapped => found.push((
+                        K::SegmentFreeUnknown,
+                        format!("segment_free of mapped (expandable) range {a:#x}"),
+                    )),
+                    _ => found.push((
+                        K::SegmentFreeUnknown,
+                        format!("segment_free [{a:#x}, +{n}): no such live segment"),
+                    )),
+                }
+                if self.block_overlaps(a, n) {
+                    found.push((
+                        K::SegmentNotEmpty,
+                        format!("segment_free [{a:#x}, +{n}) while it holds live blocks"),
+                    ));
+                }
+                self.segs.remove(&a);
+            }
+            Action::SegmentMap => {
+                if self.seg_overlaps(a, n) {
+                    found.push((
+                        K::SegmentMapOverlap,
+                        format!("segment_map [{a:#x}, +{n}) overlaps a live segment"),
+                    ));
+                }
+                self.map_range(a, n, e.stream);
+            }
+            Action::SegmentUnmap => {
+                let inside = self.seg_containing(a, n).filter(|sa| self.segs[sa].mapped);
+                if inside.is_none() {
+                    found.push((
+                        K::SegmentUnmapUnmapped,
+                        format!("segment_unmap [{a:#x}, +{n}) is not inside one mapped range"),
+                    ));
+                }
+                if self.block_overlaps(a, n) {
+                    found.push((
+                        K::SegmentNotEmpty,
+                        format!("segment_unmap [{a:#x}, +{n}) while it holds live blocks"),
+                    ));
+                }
+                if inside.is_some() {
+                    self.carve(a, n);
+                }
+            }
+            Action::Alloc => {
+                if self.seg_containing(a, n).is_none() {
+                    found.push((
+                        K::AllocOutsideSegment,
+                        format!("alloc [{a:#x}, +{n}) lies in no live segment"),
+                    ));
+                }
+                if self.block_overlaps(a, n) {
+                    found.push((
+                        K::AllocOverlap,
+                        format!("alloc [{a:#x}, +{n}) overlaps a live block"),
+                    ));
+                }
+                self.blocks.insert(
+                    a,
+                    Blk {
+                        size: n,
+                        pending_free: false,
+                    },
+                );
+            }
+            Action::FreeRequested | Action::FreeCompleted | Action::Free => {
+                let what = e.action.as_str();
+                let Some(b) = self.blocks.get_mut(&a) else {
+                    found.push((
+                        K::FreeUnknownBlock,
+                        format!("{what} at {a:#x}: no live block starts there"),
+                    ));
+                    return found;
+                };
+                if b.size != n {
+                    found.push((
+                        K::FreeSizeMismatch,
+                        format!("{what} of {n} bytes at {a:#x}, allocated {}", b.size),
+                    ));
+                }
+                match e.action {
+                    Action::FreeRequested => {
+                        if b.pending_free {
+                            found.push((
+                                K::FreeRequestedTwice,
+                                format!("free_requested twice at {a:#x}"),
+                            ));
+                        }
+                        b.pending_free = true;
+                    }
+                    Action::FreeCompleted => {
+                        if !b.pending_free {
+                            found.push((
+                                K::FreeNotRequested,
+                                format!("free_completed at {a:#x} without free_requested"),
+                            ));
+                        }
+                        self.blocks.remove(&a);
+                    }
+                    _ => {
+                        self.blocks.remove(&a);
+                    }
+                }
+            }
+            Action::Snapshot | Action::Oom => {}
+            // Newest PyTorch's note on an allocation; no state change (§5.2).
+            Action::Other(s) if s == "annotate" => {}
+            Action::Other(s) => found.push((K::UnknownAction, format!("unknown action {s:?}"))),
+        }
+        found
+    }
+}
+
+fn check_history(snap: &Snapshot, device: i64, trace: &[TraceEntry], out: &mut Vec<Violation>) {
+    use ViolationKind as K;
+    let dev = Some(device);
+    for (i, e) in trace.iter().enumerate() {
+        if e.size < 0 || !js_safe(e.size) || !js_safe(e.addr) || !js_safe(e.time_us) {
+            let msg = format!(
+                "{}: addr {:#x}, size {} or time_us {} out of range",
+                e.action.as_str(),
+                e.addr,
+                e.size,
+                e.time_us
+            );
+            push(out, dev, Some(i), K::ValueRange, msg);
+        }
+        if e.action == Action::Oom && e.device_free.is_none() {
+            push(
+                out,
+                dev,
+                Some(i),
+                K::OomWithoutDeviceFree,
+                "oom without device_free".into(),
+            );
+        }
+    }
+    let last = State::from_snapshot(snap, device);
+    let mut st = last.clone();
+    for e in trace.iter().rev() {
+        st.undo(e);
+    }
+    for p in st.problems() {
+        push(
+            out,
+            dev,
+            Some(0),
+            K::InitialState,
+            format!("state before the first kept event: {p}"),
+        );
+    }
+    for (i, e) in trace.iter().enumerate() {
+        for (kind, msg) in st.apply(e) {
+            push(out, dev, Some(i), kind, msg);
+        }
+    }
+    for (&a, s) in &st.segs {
+        match last.segs.get(&a) {
+            None => push(
+                out,
+                dev,
+                None,
+                K::FinalStateMismatch,
+                format!(
+                    "segment [{a:#x}, +{}) is live after the history but not in `segments`",
+                    s.size
+                ),
+            ),
+            Some(t) if t.size != s.size || t.mapped != s.mapped => push(
+                out,
+                dev,
+                None,
+                K::FinalStateMismatch,
+                format!(
+                    "segment {a:#x}: the history ends with size {} (mapped: {}), `segments` has {} (expandable: {})",
+                    s.size, s.mapped, t.size, t.mapped
+                ),
+            ),
+            Some(_) => {}
+        }
+    }
+    for (&a, t) in &last.segs {
+        if !st.segs.contains_key(&a) {
+            push(
+                out,
+                dev,
+                None,
+                K::FinalStateMismatch,
+                format!(
+                    "segment [{a:#x}, +{}) is in `segments` but not live after the history",
+                    t.size
+                ),
+            );
+        }
+    }
+    for (&a, b) in &st.blocks {
+        match last.blocks.get(&a) {
+            None => push(
+                out,
+                dev,
+                None,
+                K::FinalStateMismatch,
+                format!(
+                    "block [{a:#x}, +{}) is live after the history but not active in `segments`",
+                    b.size
+                ),
+            ),
+            Some(t) if t != b => push(
+                out,
+                dev,
+                None,
+                K::FinalStateMismatch,
+                format!(
+                    "block {a:#x}: the history ends with {} bytes (pending free: {}), `segments` has requested_size {} (pending free: {})",
+                    b.size, b.pending_free, t.size, t.pending_free
+                ),
+            ),
+            Some(_) => {}
+        }
+    }
+    for (&a, t) in &last.blocks {
+        if !st.blocks.contains_key(&a) {
+            push(
+                out,
+                dev,
+                None,
+                K::FinalStateMismatch,
+                format!(
+                    "active block [{a:#x}, +{}) in `segments` is not live after the history",
+                    t.size
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Block, Segment};
+    use crate::pickle_write::tests::section10;
+    use ViolationKind as K;
+
+    const A: i64 = 0x7F00_0000_0000;
+    const MIB: i64 = 1 << 20;
+
+    fn ev(action: Action, addr: i64, size: i64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: 1_795_314_852_136_082,
+            stack: None,
+            device_free: None,
+            user_metadata: None,
+        }
+    }
+
+    /// A segment tiled by `blocks` = (size, requested_size, state).
+    fn seg(address: i64, blocks: &[(i64, i64, BlockState)], expandable: bool) -> Segment {
+        let mut addr = address;
+        let blocks = blocks
+            .iter()
+            .map(|&(size, requested_size, state)| {
+                let b = Block {
+                    address: addr,
+                    size,
+                    requested_size,
+                    state,
+                    stack: None,
+                };
+                addr += size;
+                b
+            })
+            .collect();
+        Segment {
+            device: 0,
+            address,
+            total_size: addr - address,
+            stream: 0,
+            segment_type: "large".into(),
+            segment_pool_id: (0, 0),
+            is_expandable: expandable,
+            stack: None,
+            blocks,
+        }
+    }
+
+    fn snapshot(segments: Vec<Segment>, trace: Vec<TraceEntry>) -> Snapshot {
+        Snapshot {
+            segments,
+            device_traces: vec![trace],
+            ..Default::default()
+        }
+    }
+
+    fn kinds(snap: &Snapshot) -> Vec<ViolationKind> {
+        check(snap).into_iter().map(|v| v.kind).collect()
+    }
+
+    /// Every suffix of `snap`'s device-0 trace (the ring-buffer cut) must stay valid.
+    fn assert_valid_with_every_suffix(snap: &Snapshot) {
+        let full = check(snap);
+        assert!(
+            full.is_empty(),
+            "{}",
+            full.iter().map(|v| format!("{v}\n")).collect::<String>()
+        );
+        for cut in 1..=snap.device_traces[0].len() {
+            let mut capped = snap.clone();
+            capped.device_traces[0].drain(..cut);
+            let v = check(&capped);
+            assert!(
+                v.is_empty(),
+                "suffix from {cut}: {}",
+                v.iter().map(|v| format!("{v}\n")).collect::<String>()
+            );
+        }
+    }
+
+    #[test]
+    fn section10_example_and_its_suffixes_are_valid() {
+        assert_valid_with_every_suffix(&section10());
+    }
+
+    use BlockState::{ActiveAllocated as Live, ActivePendingFree as Pending, Inactive};
+
+    /// Deterministic pseudo-random cudaMalloc-level history (§8.1) plus a caching-allocator
+    /// style part (several blocks per segment, segments kept, a deferred free).
+    fn generated() -> Snapshot {
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut trace = Vec::new();
+        let mut live: Vec<(i64, i64)> = Vec::new();
+        let mut next = A;
+        for _ in 0..300 {
+            if live.len() < 20 && (live.is_empty() || rnd(2) == 0) {
+                let n = 512 * (1 + rnd(4096) as i64);
+                trace.push(ev(Action::SegmentAlloc, next, n));
+                trace.push(ev(Action::Alloc, next, n));
+                live.push((next, n));
+                next += 2 * MIB * (1 + n / (2 * MIB));
+            } else {
+                let (a, n) = live.swap_remove(rnd(live.len() as u64) as usize);
+                trace.push(ev(Action::FreeRequested, a, n));
+                trace.push(ev(Action::FreeCompleted, a, n));
+                trace.push(ev(Action::SegmentFree, a, n));
+            }
+        }
+        // Caching-allocator part: one 20 MiB segment, blocks split out of it.
+        let c = 0x7E00_0000_0000;
+        trace.push(ev(Action::SegmentAlloc, c, 20 * MIB));
+        trace.push(ev(Action::Alloc, c, 4 * MIB));
+        trace.push(ev(Action::Alloc, c + 4 * MIB, 6 * MIB - 100));
+        trace.push(ev(Action::Alloc, c + 10 * MIB, MIB));
+        trace.push(ev(Action::FreeRequested, c, 4 * MIB));
+        trace.push(ev(Action::FreeCompleted, c, 4 * MIB));
+        trace.push(ev(Action::FreeRequested, c + 10 * MIB, MIB)); // deferred (record_stream)
+        trace.push(TraceEntry {
+            device_free: Some(MIB),
+            ..ev(Action::Oom, 0, 80 << 30)
+        });
+        let mut segments: Vec<Segment> = {
+            live.sort();
+            live.iter()
+                .map(|&(a, n)| seg(a, &[(n, n, Live)], false))
+                .collect()
+        };
+        segments.insert(
+            0,
+            seg(
+                c,
+                &[
+                    (4 * MIB, 0, Inactive),
+                    (6 * MIB, 6 * MIB - 100, Live),
+                    (MIB, MIB, Pending),
+                    (9 * MIB, 0, Inactive),
+                ],
+                false,
+            ),
+        );
+        snapshot(segments, trace)
+    }
+
+    #[test]
+    fn generated_history_and_its_suffixes_are_valid() {
+        let snap = generated();
+        assert!(snap.segments.len() > 2);
+        assert_valid_with_every_suffix(&snap);
+    }
+
+    /// The torch-expandable-segments.pickle fixture's history (addresses as recorded).
+    fn expandable() -> Snapshot {
+        let m = |a: i64, n| ev(Action::SegmentMap, a, n);
+        let trace = vec![
+            m(12918456320, 41943040),
+            ev(Action::Alloc, 12918456320, 31457280),
+            m(12960399360, 62914560),
+            // Spans the first two mapped ranges: legal only because they merged.
+            ev(Action::Alloc, 12949913600, 73400320),
+            m(13023313920, 167772160),
+            ev(Action::Alloc, 13023313920, 157286400),
+            m(13191086080, 20971520),
+            ev(Action::Alloc, 13180600320, 20971520),
+            ev(Action::FreeRequested, 12949913600, 73400320),
+            ev(Action::FreeCompleted, 12949913600, 73400320),
+            ev(Action::SegmentUnmap, 12960399360, 62914560),
+        ];
+        let segments = vec![
+            seg(
+                12918456320,
+                &[(31457280, 31457280, Live), (10485760, 0, Inactive)],
+                true,
+            ),
+            seg(
+                13023313920,
+                &[
+                    (157286400, 157286400, Live),
+                    (20971520, 20971520, Live),
+                    (10485760, 0, Inactive),
+                ],
+                true,
+            ),
+        ];
+        snapshot(segments, trace)
+    }
+
+    #[test]
+    fn expandable_segments_map_merge_and_unmap() {
+        assert_valid_with_every_suffix(&expandable());
+    }
+
+    #[test]
+    fn alloc_before_segment_alloc() {
+        let mut snap = section10();
+        snap.device_traces[0].swap(5, 6);
+        assert!(
+            kinds(&snap).contains(&K::AllocOutsideSegment),
+            "{:?}",
+            kinds(&snap)
+        );
+    }
+
+    #[test]
+    fn segment_free_before_the_blocks_free() {
+        let mut snap = section10();
+        let t = &mut snap.device_traces[0];
+        let seg_free = t.remove(4);
+        t.insert(2, seg_free);
+        let v = check(&snap);
+        let hit = v
+            .iter()
+            .find(|v| v.kind == K::SegmentNotEmpty)
+            .expect("SegmentNotEmpty");
+        assert_eq!((hit.device, hit.event), (Some(0), Some(2)));
+    }
+
+    #[test]
+    fn missing_free_completed() {
+        let mut snap = section10();
+        snap.device_traces[0].remove(3);
+        let k = kinds(&snap);
+        // The block stays pending: the segment cannot be freed and the address is reused.
+        assert!(k.contains(&K::SegmentNotEmpty), "{k:?}");
+        assert!(k.contains(&K::AllocOverlap), "{k:?}");
+    }
+
+    #[test]
+    fn free_completed_without_free_requested() {
+        let mut snap = section10();
+        snap.device_traces[0].remove(2);
+        assert_eq!(kinds(&snap), vec![K::FreeNotRequested]);
+    }
+
+    #[test]
+    fn free_requested_twice_and_free_size_mismatch() {
+        let mut snap = section10();
+        let dup = snap.device_traces[0][2].clone();
+        snap.device_traces[0].insert(2, dup);
+        assert_eq!(kinds(&snap), vec![K::FreeRequestedTwice]);
+        let mut snap = section10();
+        snap.device_traces[0][2].size = 100;
+        assert_eq!(kinds(&snap), vec![K::FreeSizeMismatch]);
+    }
+
+    #[test]
+    fn double_free() {
+        // A free of a block that the kept history already freed. (A free of a block the
+        // history never allocated is accepted: the allocation may be in a dropped prefix.)
+        let mut snap = section10();
+        snap.device_traces[0].insert(4, ev(Action::Free, A, MIB));
+        let v = check(&snap);
+        assert_eq!(
+            v.iter().map(|v| v.kind).collect::<Vec<_>>(),
+            vec![K::FreeUnknownBlock]
+        );
+        assert_eq!(v[0].event, Some(4));
+    }
+
+    #[test]
+    fn blocks_not_tiling() {
+        let mut snap = section10();
+        snap.segments[0].blocks[0].size -= 512;
+        snap.segments[0].blocks[0].requested_size -= 512;
+        assert!(kinds(&snap).contains(&K::BlockTiling));
+        let mut snap = section10();
+        snap.segments[0].blocks[0].address += 512;
+        assert!(kinds(&snap).contains(&K::BlockTiling));
+    }
+
+    #[test]
+    fn requested_size_above_size() {
+        let mut snap = section10();
+        snap.segments[0].blocks[0].requested_size += 1;
+        assert!(kinds(&snap).contains(&K::RequestedSize));
+    }
+
+    #[test]
+    fn final_state_mismatch() {
+        // The live allocation is missing from `segments`.
+        let mut snap = section10();
+        snap.segments[0].blocks[0].state = Inactive;
+        assert_eq!(kinds(&snap), vec![K::FinalStateMismatch]);
+        // The snapshot says pending free, the history says allocated.
+        let mut snap = section10();
+        snap.segments[0].blocks[0].state = Pending;
+        assert_eq!(kinds(&snap), vec![K::FinalStateMismatch]);
+        // The last segment_alloc has a different size from the snapshot's segment.
+        let mut snap = section10();
+        snap.device_traces[0][5].size = 4 * MIB;
+        assert!(kinds(&snap).contains(&K::FinalStateMismatch));
+    }
+
+    #[test]
+    fn segments_overlap() {
+        let mut snap = section10();
+        let mut other = seg(A + MIB, &[(MIB, MIB, Live)], false);
+        other.blocks[0].state = Inactive;
+        snap.segments.push(other);
+        assert!(kinds(&snap).contains(&K::SegmentOverlap));
+    }
+
+    #[test]
+    fn segment_device_without_trace_list() {
+        let mut snap = section10();
+        snap.segments[0].device = 1;
+        let k = kinds(&snap);
+        assert!(k.contains(&K::MissingDeviceTrace), "{k:?}");
+    }
+
+    #[test]
+    fn segment_alloc_over_a_live_segment() {
+        let mut snap = section10();
+        snap.device_traces[0].remove(4);
+        assert!(kinds(&snap).contains(&K::SegmentAllocOverlap));
+    }
+
+    #[test]
+    fn segment_free_of_unknown_segment() {
+        let mut snap = section10();
+        snap.device_traces[0][4].size = 2 * MIB;
+        assert!(kinds(&snap).contains(&K::SegmentFreeUnknown));
+    }
+
+    #[test]
+    fn segment_map_overlap_and_unmap_of_unmapped_range() {
+        let mut snap = expandable();
+        snap.device_traces[0].insert(1, ev(Action::SegmentMap, 12918456320 + MIB, MIB));
+        assert!(kinds(&snap).contains(&K::SegmentMapOverlap));
+        let mut snap = expandable();
+        // Unmapping a range that holds the live block.
+        snap.device_traces[0].push(ev(Action::SegmentUnmap, 12918456320, 41943040));
+        assert!(kinds(&snap).contains(&K::SegmentNotEmpty));
+        // Unmapping the same range twice: the rule explains the second unmap by a range that
+        // existed before the history (a dropped prefix could have mapped it), and then the
+        // map at event 2 overlaps it.
+        let mut snap = expandable();
+        snap.device_traces[0].push(ev(Action::SegmentUnmap, 12960399360, 62914560));
+        assert_eq!(kinds(&snap), vec![K::SegmentMapOverlap]);
+        // Unmapping a range that straddles the end of a mapped range: rejected, reported
+        // where the reconstructed start state makes the earlier events fail.
+        let mut snap = expandable();
+        snap.device_traces[0].push(ev(Action::SegmentUnmap, 12960399360 - MIB, 2 * MIB));
+        let k = kinds(&snap);
+        assert!(k.contains(&K::SegmentMapOverlap), "{k:?}");
+        // Unmapping part of a whole (segment_alloc) segment.
+        let mut snap = section10();
+        snap.device_traces[0].insert(5, ev(Action::SegmentUnmap, A, MIB));
+        let k = kinds(&snap);
+        assert!(k.contains(&K::SegmentUnmapUnmapped), "{k:?}");
+    }
+
+    #[test]
+    fn capped_history_must_start_from_a_valid_state() {
+        // A suffix that frees a block no segment ever held.
+        let mut snap = section10();
+        snap.device_traces[0] = vec![
+            ev(Action::FreeRequested, A + 64 * MIB, MIB),
+            ev(Action::FreeCompleted, A + 64 * MIB, MIB),
+        ];
+        let v = check(&snap);
+        assert_eq!(
+            v.iter().map(|v| v.kind).collect::<Vec<_>>(),
+            vec![K::InitialState]
+        );
+        assert_eq!(v[0].event, Some(0));
+    }
+
+    #[test]
+    fn bad_ids_and_ranges() {
+        let mut snap = section10();
+        snap.stacks.push(vec![7]);
+        snap.device_traces[0][0].stack = Some(9);
+        assert_eq!(kinds(&snap), vec![K::BadStack, K::BadStack]);
+        let mut snap = section10();
+        snap.device_traces[0][6].time_us = 1 << 53;
+        assert_eq!(kinds(&snap), vec![K::ValueRange]);
+        let mut snap = section10();
+        snap.device_traces[0].push(ev(Action::Other("mystery".into()), A, 0));
+        assert_eq!(kinds(&snap), vec![K::UnknownAction]);
+        let mut snap = section10();
+        snap.device_traces[0].push(ev(Action::Oom, 0, 80 << 30));
+        assert_eq!(kinds(&snap), vec![K::OomWithoutDeviceFree]);
+    }
+
+    /// The Python checker (tests/python/check_snapshot.py) must agree on valid and on
+    /// broken histories, through the real encoder.
+    #[test]
+    fn python_checker_agrees() {
+        let Ok(st) = std::process::Command::new("python3")
+            .arg("-c")
+            .arg("pass")
+            .status()
+        else {
+            return;
+        };
+        assert!(st.success());
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_snapshot.py");
+        let mut broken_dup = section10();
+        let dup = broken_dup.device_traces[0][2].clone();
+        broken_dup.device_traces[0].insert(2, dup);
+        let mut broken_order = section10();
+        broken_order.device_traces[0].swap(5, 6);
+        let mut capped = generated();
+        capped.device_traces[0].drain(..333);
+        let cases = [
+            (section10(), true),
+            (generated(), true),
+            (capped, true),
+            (expandable(), true),
+            (broken_dup, false),
+            (broken_order, false),
+        ];
+        for (i, (snap, valid)) in cases.iter().enumerate() {
+            assert_eq!(check(snap).is_empty(), *valid, "case {i}: Rust checker");
+            let file = tempfile::NamedTempFile::new().unwrap();
+            crate::pickle_write::write_to(snap, file.as_file()).unwrap();
+            let out = std::process::Command::new("python3")
+                .arg(&script)
+                .arg(file.path())
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.success(),
+                *valid,
+                "case {i}: Python checker said\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+
+    /// The Python checker passes its own self-test (valid and broken histories, the §7.2
+    /// crash table) and accepts the six real PyTorch snapshots in tests/fixtures/torch.
+    #[test]
+    fn python_checker_self_test_and_torch_fixtures() {
+        let Ok(st) = std::process::Command::new("python3")
+            .arg("-c")
+            .arg("pass")
+            .status()
+        else {
+            return;
+        };
+        assert!(st.success());
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let script = root.join("tests/python/check_snapshot.py");
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg("--self-test")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let mut fixtures: Vec<_> = std::fs::read_dir(root.join("tests/fixtures/torch"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+            .collect();
+        fixtures.sort();
+        assert_eq!(fixtures.len(), 6, "{fixtures:?}");
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg("--json")
+            .args(&fixtures)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let events: u64 = summary
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["events_per_device"][0].as_u64().unwrap())
+            .sum();
+        // 11 + 754 + 265 + 17 + 269 + 12561 events (tests/fixtures/torch/README.md).
+        assert_eq!(events, 13877);
+    }
+
+    #[test]
+    fn display_names_device_and_event() {
+        let mut snap = section10();
+        snap.device_traces[0].swap(5, 6);
+        let v = check(&snap);
+        let text = v
+            .iter()
+            .find(|v| v.kind == K::AllocOutsideSegment)
+            .unwrap()
+            .to_string();
+        assert!(
+            text.starts_with("device 0, event 5: alloc [0x7f0000000000, +3145728)"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,43 @@
+//! Stack capture in the hook: native return addresses and raw Python frames.
+//!
+//! Hot. [`capture`] fills a [`StackSlot`] in place; it never locks, never panics, and after
+//! the first capture on a thread it never allocates or makes a syscall (the first one builds
+//! the module table once per process, and the thread's unwinder cache and stack bounds once
+//! per thread). Turning the raw records into frames is the writer's job (`writer::stacks`).
+
+pub mod modules;
+pub mod native;
+pub mod python;
+
+use crate::channel::event::StackSlot;
+use crate::config::{FRAME_CAPACITY, Stacks};
+
+/// One-time setup the hooks may run at initialisation instead of on the first capture:
+/// builds the module table (`dl_iterate_phdr`, allocates) and looks up the CPython symbols
+/// (`dlsym`). Calling it is optional; `capture` does the same lazily.
+pub fn prepare(stacks: Stacks) {
+    if stacks.native() {
+        modules::ensure();
+    }
+    if stacks.python() {
+        let mut scratch = StackSlot::EMPTY;
+        python::capture(&mut scratch, 1);
+    }
+}
+
+/// Captures the calling thread's stack into `slot`, at most `max_frames` of each kind.
+/// Native frames: innermost first, memsnap's own frames removed. Python frames: innermost
+/// first, from the calling thread's own frame chain (no GIL).
+#[inline(never)]
+pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) {
+    let max = max_frames.min(FRAME_CAPACITY);
+    slot.n_native = 0;
+    slot.n_python = 0;
+    slot.truncated = false;
+    if stacks.native() {
+        native::capture(slot, max);
+    }
+    if stacks.python() {
+        python::capture(slot, max);
+    }
+}

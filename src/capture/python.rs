@@ -1,0 +1,403 @@
+//! The calling thread's Python frames, read without the GIL (docs/DESIGN.md, decision 2).
+//!
+//! Hot. The thread sits in our hook, so its own frame chain cannot change under us; we read
+//! it with the frame layout of the running CPython (3.10–3.13), chosen once from the
+//! interpreter's version. Each frame becomes a [`PyFrameRaw`]: the code object's address, the
+//! raw instruction position (3.10: `f_lasti`; 3.11+: the instruction pointer) and
+//! `co_firstlineno` as a check value; the writer turns them into file, function and line.
+//!
+//! One-time resolution (first capture in the process): `dlsym` of `Py_IsInitialized`,
+//! `PyGILState_GetThisThreadState` and the version (`Py_Version`, or `Py_GetVersion()` on
+//! 3.10). Steady state: two calls into CPython that only read globals / a TSS key, then plain
+//! loads along the chain. No Python API that needs the GIL is ever called.
+
+use crate::channel::event::{PyFrameRaw, StackSlot};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+
+/// `PyFrameRaw::flags` bit: the first frame its `_PyEval_EvalFrameDefault` call ran.
+pub const FLAG_ENTRY: u32 = 1;
+
+/// Frame and code object layouts memsnap knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Layout {
+    Py310 = 1,
+    Py311 = 2,
+    Py312 = 3,
+    Py313 = 4,
+}
+
+impl Layout {
+    pub fn from_version(major: u32, minor: u32) -> Option<Layout> {
+        match (major, minor) {
+            (3, 10) => Some(Layout::Py310),
+            (3, 11) => Some(Layout::Py311),
+            (3, 12) => Some(Layout::Py312),
+            (3, 13) => Some(Layout::Py313),
+            _ => None,
+        }
+    }
+    fn from_u8(v: u8) -> Option<Layout> {
+        match v {
+            1 => Some(Layout::Py310),
+            2 => Some(Layout::Py311),
+            3 => Some(Layout::Py312),
+            4 => Some(Layout::Py313),
+            _ => None,
+        }
+    }
+}
+
+/// Resolution state, in [`STATE`].
+const UNRESOLVED: u8 = 0;
+/// No CPython in the process (yet): no Python frames.
+const ABSENT: u8 = 1;
+/// A CPython whose version memsnap has no layout for (the writer warns once).
+const UNSUPPORTED: u8 = 2;
+/// Resolved: [`LAYOUT`], [`GET_TSTATE`] and [`IS_INITIALIZED`] are set.
+const READY: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
+static LAYOUT: AtomicU8 = AtomicU8::new(0);
+static GET_TSTATE: AtomicUsize = AtomicUsize::new(0);
+static IS_INITIALIZED: AtomicUsize = AtomicUsize::new(0);
+/// `major << 8 | minor` of the interpreter found, for the writer's messages.
+static VERSION: AtomicUsize = AtomicUsize::new(0);
+static FREE_THREADED: AtomicBool = AtomicBool::new(false);
+
+/// What the hook found out about the interpreter (for the writer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interpreter {
+    /// Not resolved yet, or no CPython in the process.
+    None,
+    /// Python frames are captured with this layout.
+    Supported(Layout, u32, u32),
+    /// Python frames are off: no layout for this version (or a free-threaded build: true).
+    Unsupported(u32, u32, bool),
+}
+
+pub fn interpreter() -> Interpreter {
+    let v = VERSION.load(Ordering::Relaxed) as u32;
+    let (major, minor) = (v >> 8, v & 0xff);
+    match STATE.load(Ordering::Acquire) {
+        READY => match Layout::from_u8(LAYOUT.load(Ordering::Relaxed)) {
+            Some(l) => Interpreter::Supported(l, major, minor),
+            None => Interpreter::None,
+        },
+        UNSUPPORTED => {
+            Interpreter::Unsupported(major, minor, FREE_THREADED.load(Ordering::Relaxed))
+        }
+        _ => Interpreter::None,
+    }
+}
+
+/// Forget a failed lookup so the next capture looks again (the writer calls this after the
+/// module table changed: CPython may have been loaded since).
+pub fn retry_if_absent() {
+    let _ = STATE.compare_exchange(ABSENT, UNRESOLVED, Ordering::AcqRel, Ordering::Relaxed);
+}
+
+/// Looks a symbol up in the global scope. In the preloaded library `dlsym` is memsnap's
+/// own export, which hands names that are not CUDA driver functions straight to glibc.
+pub(crate) fn lookup(name: &std::ffi::CStr) -> usize {
+    // SAFETY: RTLD_DEFAULT is always a valid pseudo-handle; `name` is a C string.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+}
+
+fn resolve() {
+    let get = lookup(c"PyGILState_GetThisThreadState");
+    let init = lookup(c"Py_IsInitialized");
+    // `_PyRuntime` is CPython's own (PyPy's cpyext exports the API functions but not it).
+    let cpython = lookup(c"_PyRuntime") != 0;
+    if get == 0 || init == 0 || !cpython {
+        STATE.store(ABSENT, Ordering::Release);
+        return;
+    }
+    let Some((major, minor)) = version() else {
+        STATE.store(ABSENT, Ordering::Release);
+        return;
+    };
+    VERSION.store(
+        ((major as usize) << 8) | (minor as usize & 0xff),
+        Ordering::Relaxed,
+    );
+    // Free-threaded builds (3.13t+) have other object layouts; these functions exist only
+    // there. No Python frames rather than reads at wrong offsets.
+    let free_threaded =
+        lookup(c"_Py_DecRefShared") != 0 || lookup(c"_Py_MergeZeroLocalRefcount") != 0;
+    FREE_THREADED.store(free_threaded, Ordering::Relaxed);
+    match Layout::from_version(major, minor).filter(|_| !free_threaded) {
+        Some(layout) => {
+            LAYOUT.store(layout as u8, Ordering::Relaxed);
+            GET_TSTATE.store(get, Ordering::Relaxed);
+            IS_INITIALIZED.store(init, Ordering::Relaxed);
+            STATE.store(READY, Ordering::Release);
+        }
+        None => STATE.store(UNSUPPORTED, Ordering::Release),
+    }
+}
+
+/// The interpreter's (major, minor) version.
+fn version() -> Option<(u32, u32)> {
+    let v = lookup(c"Py_Version");
+    if v != 0 {
+        // SAFETY: `Py_Version` (3.11+) is a `const unsigned long` in the interpreter.
+        let hex: u64 = unsafe { *(v as *const libc::c_ulong) };
+        return Some((((hex >> 24) & 0xff) as u32, ((hex >> 16) & 0xff) as u32));
+    }
+    let f = lookup(c"Py_GetVersion");
+    if f == 0 {
+        return None;
+    }
+    // SAFETY: `const char *Py_GetVersion(void)` formats into a static buffer; no GIL needed.
+    let s = unsafe {
+        let f: extern "C" fn() -> *const libc::c_char = std::mem::transmute(f);
+        let p = f();
+        if p.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr(p)
+    };
+    let s = s.to_bytes();
+    let mut parts = s.split(|&b| b == b'.' || b == b' ');
+    let num = |b: Option<&[u8]>| -> Option<u32> { std::str::from_utf8(b?).ok()?.parse().ok() };
+    Some((num(parts.next())?, num(parts.next())?))
+}
+
+/// Reads a `T` at `addr`. Returns `None` for null.
+///
+/// # Safety
+/// `addr` must be null or point to readable memory holding a `T`.
+#[inline(always)]
+unsafe fn rd<T: Copy>(addr: u64) -> Option<T> {
+    if addr == 0 {
+        return None;
+    }
+    // SAFETY: caller's contract.
+    Some(unsafe { std::ptr::read_unaligned(addr as *const T) })
+}
+
+/// The check value of a code object: its first line mixed with the addresses of its
+/// `co_filename` and `co_name` and a serial: `co_version` on 3.12+, the name's cached
+/// hash on 3.10/3.11. Another code object that reuses a freed one's address (its strings
+/// may be recycled too) is then told apart. The writer recomputes it from the object.
+#[inline(always)]
+pub fn check_value(firstlineno: i32, filename: u64, name: u64, serial: u32) -> u32 {
+    let h = (name ^ filename.rotate_left(32)) >> 4;
+    (firstlineno as u32) ^ (h as u32) ^ ((h >> 32) as u32) ^ serial.wrapping_mul(0x9e37_79b1)
+}
+
+/// Offset of the cached hash in a `str` object (`PyASCIIObject.hash`), all versions.
+pub const STR_HASH: u64 = 24;
+
+#[inline(always)]
+pub fn fold(v: u64) -> u32 {
+    (v as u32) ^ ((v >> 32) as u32)
+}
+
+/// Upper bound on frames visited (shim frames included): bounded work on any chain.
+const MAX_VISITS: usize = 1024;
+
+/// Fills `slot.python`, innermost first. Sets `slot.truncated` when frames were left out.
+#[inline]
+pub fn capture(slot: &mut StackSlot, max_frames: usize) {
+    slot.n_python = 0;
+    let mut state = STATE.load(Ordering::Acquire);
+    if state == UNRESOLVED {
+        resolve();
+        state = STATE.load(Ordering::Acquire);
+    }
+    if state != READY {
+        return;
+    }
+    let Some(layout) = Layout::from_u8(LAYOUT.load(Ordering::Relaxed)) else {
+        return;
+    };
+    let init = IS_INITIALIZED.load(Ordering::Relaxed);
+    let get = GET_TSTATE.load(Ordering::Relaxed);
+    // SAFETY: both were resolved from the interpreter with these C signatures. Neither
+    // needs the GIL: one reads a runtime flag, the other this thread's TSS slot.
+    let tstate = unsafe {
+        let is_init: extern "C" fn() -> libc::c_int = std::mem::transmute(init);
+        if is_init() == 0 {
+            return;
+        }
+        let get_ts: extern "C" fn() -> usize = std::mem::transmute(get);
+        get_ts() as u64
+    };
+    if tstate == 0 {
+        return; // a thread CPython never saw (CUDA's, NCCL's, autograd's): no Python frames
+    }
+    let max = max_frames.min(slot.python.len());
+    // SAFETY: `tstate` is this thread's live PyThreadState and the frames along its chain
+    // belong to this thread, which is inside our hook: nothing frees or moves them while
+    // we read. Offsets are those of the interpreter's version (checked against its headers).
+    let (n, more) = unsafe { walk(layout, tstate, &mut slot.python[..max]) };
+    slot.n_python = n as u16;
+    if more {
+        slot.truncated = true;
+    }
+}
+
+/// Offsets of one version's structures (bytes), measured from CPython's headers.
+struct Offsets {
+    /// 3.10: `tstate->frame`; 3.11/3.12: `tstate->cframe`; 3.13: `tstate->current_frame`.
+    tstate_frame: u64,
+    /// 3.11/3.12: `_PyCFrame.current_frame`; unused otherwise.
+    cframe_current: u64,
+    frame_code: u64,
+    frame_back: u64,
+    frame_instr: u64,
+    /// 3.11+: `owner` byte; 3.11: `is_entry` byte.
+    frame_owner: u64,
+    frame_is_entry: u64,
+    code_firstlineno: u64,
+    code_filename: u64,
+    code_name: u64,
+    /// 3.12+: `co_version`, a per-process serial given to each new code object; 0 = none.
+    code_version: u64,
+}
+
+const OFF_310: Offsets = Offsets {
+    tstate_frame: 24,
+    cframe_current: 0,
+    frame_code: 32,
+    frame_back: 24,
+    frame_instr: 96,
+    frame_owner: 0,
+    frame_is_entry: 0,
+    code_firstlineno: 40,
+    code_filename: 104,
+    code_name: 112,
+    code_version: 0,
+};
+const OFF_311: Offsets = Offsets {
+    tstate_frame: 56,
+    cframe_current: 8,
+    frame_code: 32,
+    frame_back: 48,
+    frame_instr: 56,
+    frame_owner: 69,
+    frame_is_entry: 68,
+    code_firstlineno: 72,
+    code_filename: 112,
+    code_name: 120,
+    code_version: 0,
+};
+const OFF_312: Offsets = Offsets {
+    tstate_frame: 56,
+    cframe_current: 0,
+    frame_code: 0,
+    frame_back: 8,
+    frame_instr: 56,
+    frame_owner: 70,
+    frame_is_entry: 0,
+    code_firstlineno: 68,
+    code_filename: 112,
+    code_name: 120,
+    code_version: 92,
+};
+const OFF_313: Offsets = Offsets {
+    tstate_frame: 72,
+    cframe_current: 0,
+    frame_code: 0,
+    frame_back: 8,
+    frame_instr: 56,
+    frame_owner: 70,
+    frame_is_entry: 0,
+    code_firstlineno: 68,
+    code_filename: 112,
+    code_name: 120,
+    code_version: 92,
+};
+
+/// `FRAME_OWNED_BY_CSTACK` (3.12+): the shim frame an eval call pushes below its first frame.
+const OWNED_BY_CSTACK: u8 = 3;
+
+/// Walks the chain from `tstate` into `out`. Returns (frames written, more frames left out).
+///
+/// # Safety
+/// `tstate` must be the calling thread's live `PyThreadState` of an interpreter with `layout`.
+unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, bool) {
+    let o = match layout {
+        Layout::Py310 => &OFF_310,
+        Layout::Py311 => &OFF_311,
+        Layout::Py312 => &OFF_312,
+        Layout::Py313 => &OFF_313,
+    };
+    // SAFETY (whole body): every address read is a field of a live structure of this thread
+    // at an offset of this version's layout (caller's contract).
+    unsafe {
+        let mut frame: u64 = match layout {
+            Layout::Py310 | Layout::Py313 => rd(tstate.wrapping_add(o.tstate_frame)).unwrap_or(0),
+            Layout::Py311 | Layout::Py312 => {
+                let cframe: u64 = rd(tstate.wrapping_add(o.tstate_frame)).unwrap_or(0);
+                rd(cframe.wrapping_add(o.cframe_current))
+                    .filter(|_| cframe != 0)
+                    .unwrap_or(0)
+            }
+        };
+        let mut n = 0usize;
+        let mut visits = 0usize;
+        while frame != 0 && visits < MAX_VISITS {
+            visits += 1;
+            let back: u64 = rd(frame.wrapping_add(o.frame_back)).unwrap_or(0);
+            let owner: u8 = match layout {
+                Layout::Py310 => 0,
+                _ => rd(frame.wrapping_add(o.frame_owner)).unwrap_or(0),
+            };
+            if matches!(layout, Layout::Py312 | Layout::Py313) && owner == OWNED_BY_CSTACK {
+                // The frame written just before is the first one that eval call ran.
+                if let Some(prev) = n.checked_sub(1).and_then(|i| out.get_mut(i)) {
+                    prev.flags |= FLAG_ENTRY;
+                }
+                frame = back;
+                continue;
+            }
+            let code: u64 = rd(frame.wrapping_add(o.frame_code)).unwrap_or(0);
+            if code == 0 {
+                frame = back;
+                continue;
+            }
+            if n >= out.len() {
+                return (n, true);
+            }
+            let instr: u64 = match layout {
+                Layout::Py310 => {
+                    rd::<i32>(frame.wrapping_add(o.frame_instr)).unwrap_or(-1) as i64 as u64
+                }
+                _ => rd(frame.wrapping_add(o.frame_instr)).unwrap_or(0),
+            };
+            let entry = match layout {
+                Layout::Py310 => true,
+                Layout::Py311 => rd::<u8>(frame.wrapping_add(o.frame_is_entry)).unwrap_or(0) != 0,
+                _ => false,
+            };
+            let firstlineno: i32 = rd(code.wrapping_add(o.code_firstlineno)).unwrap_or(0);
+            let filename: u64 = rd(code.wrapping_add(o.code_filename)).unwrap_or(0);
+            let name: u64 = rd(code.wrapping_add(o.code_name)).unwrap_or(0);
+            let serial: u32 = match o.code_version {
+                // 3.10/3.11 have no serial: use the cached hash of the name string
+                // (`PyASCIIObject.hash`), which differs for different names even when
+                // a freed name's address is recycled.
+                0 => fold(rd::<u64>(name.wrapping_add(STR_HASH)).unwrap_or(0)),
+                off => rd(code.wrapping_add(off)).unwrap_or(0),
+            };
+            if let Some(slot) = out.get_mut(n) {
+                *slot = PyFrameRaw {
+                    code,
+                    instr,
+                    check: check_value(firstlineno, filename, name, serial),
+                    flags: if entry { FLAG_ENTRY } else { 0 },
+                };
+                n += 1;
+            }
+            frame = back;
+        }
+        // The outermost frame was entered from C whatever the version says.
+        if let Some(last) = n.checked_sub(1).and_then(|i| out.get_mut(i)) {
+            last.flags |= FLAG_ENTRY;
+        }
+        (n, frame != 0)
+    }
+}

@@ -1,0 +1,116 @@
+//! The state the hook side and the writer thread share besides the queue: who is waiting
+//! for which dump, the dump signal, route counters and device totals, and the clock both
+//! sides stamp with. One place, so that the writer never has to reach into the hook side.
+//!
+//! Hot only in [`now_us`] and the route counters (relaxed atomics). Waiting for a dump is
+//! cold (a thread that asked for a snapshot sleeps in 1 ms steps until the writer says it
+//! is on disk).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+/// Microseconds since the Unix epoch (clock_gettime through the vDSO: no syscall).
+#[inline]
+pub fn now_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_REALTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000)
+        .wrapping_add(ts.tv_nsec as u64 / 1000)
+}
+
+/// A request that a writer completes: the asking side takes a ticket, the writer raises
+/// `done` to the ticket once the snapshot is written (or given up on).
+pub struct DumpRequests {
+    asked: AtomicU64,
+    done: AtomicU64,
+}
+
+impl DumpRequests {
+    pub const fn new() -> DumpRequests {
+        DumpRequests {
+            asked: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+        }
+    }
+    /// A new ticket (1, 2, ...).
+    pub fn ask(&self) -> u64 {
+        self.asked.fetch_add(1, AcqRel) + 1
+    }
+    /// Writer side: every ticket up to `ticket` is done.
+    pub fn complete(&self, ticket: u64) {
+        self.done.fetch_max(ticket, AcqRel);
+    }
+    pub fn is_done(&self, ticket: u64) -> bool {
+        self.done.load(Acquire) >= ticket
+    }
+}
+
+impl Default for DumpRequests {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Out-of-memory snapshots asked for by failing calls (the ticket travels in the event).
+pub static OOM_DUMPS: DumpRequests = DumpRequests::new();
+/// `memsnap_dump(tag)` calls.
+pub static API_DUMPS: DumpRequests = DumpRequests::new();
+/// Tags passed to `memsnap_dump`, by the index the control event carries. Cold: taken by
+/// the C API and by the writer, never by a hook.
+pub static DUMP_TAGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Set by the dump signal's handler, taken by the writer.
+pub static SIGNAL_PENDING: AtomicBool = AtomicBool::new(false);
+/// Set by the writer once the exit snapshot is written (or the writer is gone).
+pub static EXIT_DONE: AtomicBool = AtomicBool::new(false);
+
+/// How often each lookup route handed out a wrapper (reported in every snapshot).
+pub struct RouteCounters {
+    pub dlsym: AtomicU64,
+    pub get_proc_address: AtomicU64,
+    pub driver_entry_point: AtomicU64,
+}
+pub static ROUTED: RouteCounters = RouteCounters {
+    dlsym: AtomicU64::new(0),
+    get_proc_address: AtomicU64::new(0),
+    driver_entry_point: AtomicU64::new(0),
+};
+
+/// Device ordinals with a remembered total.
+pub const MAX_DEVICES: usize = 64;
+static DEVICE_TOTAL: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// The slot for device `d`'s total bytes (0 = not known yet), if `d` is in range.
+#[inline]
+pub fn device_total_slot(device: i32) -> Option<&'static AtomicU64> {
+    usize::try_from(device)
+        .ok()
+        .and_then(|d| DEVICE_TOTAL.get(d))
+}
+
+/// Total bytes of device `d` as seen by its first allocation, 0 if unknown.
+pub fn device_total(d: usize) -> u64 {
+    DEVICE_TOTAL.get(d).map_or(0, |t| t.load(Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ticket_is_done_once_the_writer_reaches_it() {
+        let r = DumpRequests::new();
+        let (a, b) = (r.ask(), r.ask());
+        assert_eq!((a, b), (1, 2));
+        assert!(!r.is_done(a));
+        r.complete(a);
+        assert!(r.is_done(a) && !r.is_done(b));
+        r.complete(b);
+        r.complete(a); // never goes back
+        assert!(r.is_done(b));
+    }
+}

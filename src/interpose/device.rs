@@ -1,0 +1,69 @@
+//! Device queries answered by the real driver: the calling thread's device and the
+//! device's free and total memory.
+//!
+//! Hot: [`DRIVER`]'s `current()` runs once per recorded allocation (`cuCtxGetDevice` is a
+//! thread-local read inside the driver). The two driver functions are found with the
+//! driver table (routing), never hooked.
+
+use super::ffi::{CUDA_SUCCESS, CuDevice, FnCuCtxGetDevice, FnCuMemGetInfo};
+use super::symbols::real_dlsym;
+use crate::record::Devices;
+use std::ffi::c_void;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+static REAL_CTX_GET_DEVICE: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+static REAL_MEM_GET_INFO: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+
+/// Looks the query functions up in the driver library behind `handle`.
+///
+/// # Safety
+/// `handle` is a live handle returned by `dlopen`.
+pub unsafe fn find_in_driver(handle: *mut c_void) {
+    for (slot, name) in [
+        (&REAL_CTX_GET_DEVICE, c"cuCtxGetDevice"),
+        (&REAL_MEM_GET_INFO, c"cuMemGetInfo_v2"),
+    ] {
+        // SAFETY: the caller's live handle and a C string.
+        let p = unsafe { real_dlsym(handle, name) };
+        if !p.is_null() {
+            slot.store(p, Release);
+        }
+    }
+}
+
+/// The real driver, as [`Devices`] for recording.
+pub struct Driver;
+pub static DRIVER: Driver = Driver;
+
+impl Devices for Driver {
+    #[inline]
+    fn current(&self) -> i32 {
+        let p = REAL_CTX_GET_DEVICE.load(Acquire);
+        if p.is_null() {
+            return 0;
+        }
+        // SAFETY: `p` is the driver's cuCtxGetDevice.
+        let f = unsafe { std::mem::transmute::<*mut c_void, FnCuCtxGetDevice>(p) };
+        let mut dev: CuDevice = 0;
+        // SAFETY: valid out-pointer; the driver only writes it on success.
+        if unsafe { f(&mut dev) } == CUDA_SUCCESS {
+            dev
+        } else {
+            0
+        }
+    }
+
+    fn memory(&self) -> Option<(u64, u64)> {
+        let p = REAL_MEM_GET_INFO.load(Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` is the driver's cuMemGetInfo_v2.
+        let f = unsafe { std::mem::transmute::<*mut c_void, FnCuMemGetInfo>(p) };
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        let ok = unsafe { f(&mut free, &mut total) } == CUDA_SUCCESS;
+        ok.then_some((free as u64, total as u64))
+    }
+}

@@ -1,0 +1,181 @@
+//! Test, debug and benchmark entry points exported by the library (`memsnap_debug_*`):
+//! capture the caller's stack as a hook would, and resolve it as the writer would, in one
+//! call. They compose capture and the writer's stack table, which is why they live in the
+//! composition root. Cold: they allocate and lock; never called by a hook.
+
+use crate::capture::capture;
+use crate::channel::event::StackSlot;
+use crate::config::{FRAME_CAPACITY, Stacks};
+
+/// The debug entry points' C arguments: stacks 0 none, 1 python, 2 native, else all;
+/// a frame limit of 0 or less means the most there is.
+fn debug_args(stacks: libc::c_int, max_frames: libc::c_int) -> (Stacks, usize) {
+    let stacks = match stacks {
+        0 => Stacks::None,
+        1 => Stacks::Python,
+        2 => Stacks::Native,
+        _ => Stacks::All,
+    };
+    let max = if max_frames <= 0 {
+        FRAME_CAPACITY
+    } else {
+        (max_frames as usize).min(FRAME_CAPACITY)
+    };
+    (stacks, max)
+}
+
+/// Debug and test entry point: captures the caller's stack (`stacks`: 0 none, 1 python,
+/// 2 native, 3 all; `max_frames` 0 = the maximum), resolves it at once the way the writer
+/// does, and writes `{"frames": [{"name","filename","line"}, ...] (innermost first),
+/// "truncated": bool, "warnings": [str]}` as JSON into `buf`. Returns the JSON's length in
+/// bytes (written only if it fits in `len`), or -1.
+///
+/// # Safety
+/// `buf` must be null or point to `len` writable bytes.
+///
+/// Not for hooks: it allocates and takes a lock. `ctypes.CDLL("libmemsnap.so")` can call it
+/// from Python (ctypes releases the GIL around the call, as PyTorch's CUDA calls do).
+#[doc(hidden)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memsnap_debug_capture_json(
+    stacks: libc::c_int,
+    max_frames: libc::c_int,
+    buf: *mut u8,
+    len: usize,
+) -> isize {
+    let (stacks, max) = debug_args(stacks, max_frames);
+    let mut slot = StackSlot::EMPTY;
+    capture(&mut slot, stacks, max);
+    let result = std::panic::catch_unwind(move || {
+        let json = debug_resolve_json(&slot, stacks, max);
+        let bytes = json.as_bytes();
+        if !buf.is_null() && bytes.len() <= len {
+            // SAFETY: the caller gave `len` writable bytes at `buf`.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+        }
+        bytes.len() as isize
+    });
+    result.unwrap_or(-1)
+}
+
+/// Benchmark entry point: captures the caller's stack `iterations` times (after one warm-up
+/// capture) and returns the total nanoseconds; `out[0]`/`out[1]` receive the native/Python
+/// frame counts of the last capture, `out[2]` the nanoseconds the writer then spends to
+/// intern that stack `iterations` times, `out[3]` the nanoseconds of the first
+/// symbolization and merge (cold caches, modules already parsed count too).
+///
+/// # Safety
+/// `out` must be null or point to four writable `u64`.
+#[doc(hidden)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memsnap_debug_bench_capture(
+    stacks: libc::c_int,
+    max_frames: libc::c_int,
+    iterations: u64,
+    out: *mut u64,
+) -> u64 {
+    let (stacks, max) = debug_args(stacks, max_frames);
+    let mut slot = StackSlot::EMPTY;
+    capture(&mut slot, stacks, max);
+    let start = std::time::Instant::now();
+    for _ in 0..iterations {
+        capture(std::hint::black_box(&mut slot), stacks, max);
+    }
+    let total = start.elapsed().as_nanos() as u64;
+    let writer = std::panic::catch_unwind(|| {
+        use crate::writer::stacks::StackTable;
+        let mut table = StackTable::new(&crate::config::Config::default());
+        let t0 = std::time::Instant::now();
+        let mut id = None;
+        for _ in 0..iterations.max(1) {
+            id = std::hint::black_box(table.intern(&slot));
+        }
+        let intern_ns = t0.elapsed().as_nanos() as u64;
+        let t1 = std::time::Instant::now();
+        if let Some(id) = id {
+            std::hint::black_box(table.frames(id));
+        }
+        (intern_ns, t1.elapsed().as_nanos() as u64)
+    })
+    .unwrap_or((0, 0));
+    if !out.is_null() {
+        // SAFETY: the caller passes room for four u64.
+        unsafe {
+            *out = slot.n_native as u64;
+            *out.add(1) = slot.n_python as u64;
+            *out.add(2) = writer.0;
+            *out.add(3) = writer.1;
+        }
+    }
+    total
+}
+
+/// Test entry point: one warm-up capture, then `iterations` captures between two calls of
+/// `counter` (a caller-supplied reading, e.g. of a malloc counter); returns the difference
+/// of the readings, so a test can prove the steady-state hot path allocates nothing.
+///
+/// # Safety
+/// `frames_out` must be null or point to two writable `u64`.
+#[doc(hidden)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memsnap_debug_capture_counted(
+    stacks: libc::c_int,
+    iterations: u64,
+    counter: Option<extern "C" fn() -> u64>,
+    frames_out: *mut u64,
+) -> u64 {
+    let stacks = match stacks {
+        0 => Stacks::None,
+        1 => Stacks::Python,
+        2 => Stacks::Native,
+        _ => Stacks::All,
+    };
+    let Some(counter) = counter else {
+        return u64::MAX;
+    };
+    let mut slot = StackSlot::EMPTY;
+    capture(&mut slot, stacks, FRAME_CAPACITY);
+    let before = counter();
+    for _ in 0..iterations {
+        capture(std::hint::black_box(&mut slot), stacks, FRAME_CAPACITY);
+    }
+    let after = counter();
+    if !frames_out.is_null() {
+        // SAFETY: the caller passes room for two u64.
+        unsafe {
+            *frames_out = slot.n_native as u64;
+            *frames_out.add(1) = slot.n_python as u64;
+        }
+    }
+    after.wrapping_sub(before)
+}
+
+/// Resolves one captured slot with a process-wide debug [`StackTable`] (created on first use).
+///
+/// [`StackTable`]: crate::writer::stacks::StackTable
+pub fn debug_resolve_json(slot: &StackSlot, stacks: Stacks, max: usize) -> String {
+    use crate::writer::stacks::StackTable;
+    use std::sync::Mutex;
+    static TABLE: Mutex<Option<StackTable>> = Mutex::new(None);
+    let mut guard = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let table = guard.get_or_insert_with(|| {
+        let cfg = crate::config::Config {
+            stacks,
+            max_frames: max,
+            ..Default::default()
+        };
+        StackTable::new(&cfg)
+    });
+    table.refresh_modules();
+    let frames: Vec<serde_json::Value> = match table.intern(slot) {
+        Some(id) => table
+            .frames(id)
+            .iter()
+            .map(|f| serde_json::json!({"name": f.name, "filename": f.filename, "line": f.line}))
+            .collect(),
+        None => Vec::new(),
+    };
+    let warnings = table.take_warnings();
+    serde_json::json!({"frames": frames, "truncated": slot.truncated, "warnings": warnings})
+        .to_string()
+}

@@ -1,0 +1,283 @@
+//! The composition root: starts recording on the first CUDA event (configuration, the
+//! channel, the writer thread, the dump signal, the exit hook), and owns the `memsnap_*`
+//! C API, exit and fork.
+//!
+//! Mostly cold; [`recorder`] is on the hot path (one atomic load). State machine:
+//! `UNINIT` → (first allocation hook) `STARTING` → `ACTIVE`, or `OFF` (disabled, failed to
+//! start, forked child of a recording parent, or after exit). A process that never makes
+//! an allocation call never leaves `UNINIT`: no thread, no file, no output (JAX starts such
+//! children).
+
+use crate::channel::event::{Api, Control, Event, Kind, Payload};
+use crate::channel::handshake::{self, API_DUMPS, DUMP_TAGS, EXIT_DONE, SIGNAL_PENDING};
+use crate::channel::queue::{HookSettings, Recorder};
+use crate::config::Config;
+use crate::guard::{self, Scope};
+use crate::writer;
+
+pub mod debug;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
+use std::time::Duration;
+
+const UNINIT: u8 = 0;
+const STARTING: u8 = 1;
+const ACTIVE: u8 = 2;
+const OFF: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static RECORDER: AtomicPtr<Recorder> = AtomicPtr::new(std::ptr::null_mut());
+/// The recorder if recording is on, starting it on first use.
+#[inline(always)]
+pub fn recorder() -> Option<&'static Recorder> {
+    if STATE.load(Acquire) == ACTIVE {
+        // SAFETY: set (to a leaked, never-freed Recorder) before STATE became ACTIVE.
+        return unsafe { RECORDER.load(Acquire).as_ref() };
+    }
+    recorder_slow()
+}
+
+#[cold]
+#[inline(never)]
+fn recorder_slow() -> Option<&'static Recorder> {
+    match STATE.compare_exchange(UNINIT, STARTING, AcqRel, Acquire) {
+        Ok(_) => start(),
+        Err(STARTING) => {
+            // Another thread is starting the writer: wait for it (milliseconds at most).
+            for _ in 0..200_000 {
+                match STATE.load(Acquire) {
+                    STARTING => std::thread::yield_now(),
+                    ACTIVE => break,
+                    _ => return None,
+                }
+            }
+        }
+        Err(_) => {}
+    }
+    if STATE.load(Acquire) != ACTIVE {
+        return None;
+    }
+    // SAFETY: as in `recorder`.
+    unsafe { RECORDER.load(Acquire).as_ref() }
+}
+
+/// One-time start, on the first recorded event. Allocates, spawns the writer, installs
+/// the signal handler and the exit hook.
+fn start() {
+    let (cfg, errors) = Config::from_env();
+    for e in &errors {
+        eprintln!("{e}");
+    }
+    if cfg.disabled {
+        STATE.store(OFF, Release);
+        return;
+    }
+    let settings = HookSettings {
+        stacks: cfg.stacks,
+        context: cfg.context,
+        max_frames: cfg.max_frames,
+        dump_on_oom: cfg.on_oom,
+    };
+    // SAFETY: eventfd has no memory preconditions.
+    let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(
+        cfg.queue_capacity,
+        settings,
+        wake_fd,
+    )));
+    RECORDER.store(rec as *const Recorder as *mut Recorder, Release);
+    let signal = cfg.signal;
+    let spawned = std::thread::Builder::new()
+        .name("memsnap-writer".to_string())
+        .spawn(move || {
+            block_signals();
+            // Anything this thread might call is memsnap's own work, never the program's.
+            guard::mark_thread_internal();
+            writer::run(rec, cfg);
+            // The writer is gone (exit, or a panic it caught): hooks stop recording.
+            STATE.store(OFF, Release);
+        });
+    if let Err(e) = spawned {
+        eprintln!("memsnap: could not start the writer thread ({e}); recording is off");
+        rec.writer_alive.store(false, Release);
+        STATE.store(OFF, Release);
+        return;
+    }
+    if let Some(sig) = signal {
+        install_signal_handler(sig);
+    }
+    // SAFETY: registering a plain extern "C" fn with no captured state.
+    unsafe { libc::atexit(at_exit) };
+    STATE.store(ACTIVE, Release);
+}
+
+/// The dump signal must reach a thread of the program, never the writer (heaptrack learned
+/// this the hard way), and no other signal should land there either.
+fn block_signals() {
+    // SAFETY: plain sigset manipulation on a local set; pthread_sigmask affects only this
+    // thread.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Signal.
+
+static PREVIOUS_ACTION: OnceLock<libc::sigaction> = OnceLock::new();
+
+fn install_signal_handler(sig: c_int) {
+    // SAFETY: a zeroed sigaction is a valid starting value; the fields are set below.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = on_signal;
+    action.sa_sigaction = handler as usize;
+    action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+    // SAFETY: valid sigset pointer.
+    unsafe { libc::sigemptyset(&mut action.sa_mask) };
+    // SAFETY: as above; zeroed output struct.
+    let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to initialized structs.
+    if unsafe { libc::sigaction(sig, &action, &mut previous) } == 0 {
+        let _ = PREVIOUS_ACTION.set(previous);
+    }
+}
+
+/// Sets a flag and wakes the writer (async-signal-safe), then chains to the handler the
+/// program had installed before us, so the program's own handler keeps working.
+extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    // SAFETY: errno is thread-local; saved and restored so the interrupted code sees no change.
+    let saved_errno = unsafe { *libc::__errno_location() };
+    if STATE.load(Relaxed) == ACTIVE
+        && let Some(rec) = recorder_if_started()
+    {
+        SIGNAL_PENDING.store(true, Release);
+        rec.wake_writer();
+    }
+    if let Some(prev) = PREVIOUS_ACTION.get() {
+        let handler = prev.sa_sigaction;
+        if handler != libc::SIG_DFL && handler != libc::SIG_IGN {
+            if prev.sa_flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: the previous handler was installed with SA_SIGINFO, so it has
+                // this three-argument signature.
+                let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+                    unsafe { std::mem::transmute(handler) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: a plain `void (*)(int)` handler.
+                let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(handler) };
+                f(sig);
+            }
+        }
+    }
+    // SAFETY: restoring the thread's errno.
+    unsafe { *libc::__errno_location() = saved_errno };
+}
+
+fn recorder_if_started() -> Option<&'static Recorder> {
+    // SAFETY: RECORDER is either null or a leaked, never-freed Recorder.
+    unsafe { RECORDER.load(Acquire).as_ref() }
+}
+
+// ---------------------------------------------------------------------------------------
+// Exit and fork.
+
+const EXIT_WAIT: Duration = Duration::from_secs(60);
+
+extern "C" fn at_exit() {
+    if STATE.load(Acquire) != ACTIVE {
+        return;
+    }
+    let Some(rec) = recorder_if_started() else {
+        return;
+    };
+    push_control(rec, Control::Exit);
+    rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT);
+    STATE.store(OFF, Release);
+}
+
+extern "C" fn in_forked_child() {
+    // The writer thread does not exist in the child. A child of a recording parent stays
+    // silent (CUDA is unusable after fork anyway, and DataLoader workers must leave no
+    // files); a child forked before any CUDA call may start its own recording later.
+    if STATE.load(Relaxed) != UNINIT {
+        STATE.store(OFF, Relaxed);
+    }
+}
+
+/// Runs when the library is loaded: only cheap, silent set-up (no thread, no output).
+extern "C" fn on_load() {
+    // SAFETY: registering a plain extern "C" fn with no captured state.
+    unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;
+
+// ---------------------------------------------------------------------------------------
+// The C API: memsnap_step() and memsnap_dump(tag).
+
+fn push_control(rec: &Recorder, control: Control) {
+    let mut ev = Event::new(Kind::Control, Api::Memsnap);
+    ev.payload = Payload::Control(control);
+    ev.time_us = handshake::now_us();
+    rec.push(ev);
+    rec.wake_writer();
+}
+
+/// Marks the end of a training step. Cheap: one event on the queue.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn memsnap_step() -> c_int {
+    let _scope = Scope::enter();
+    // A step in a process that has not made a CUDA allocation yet starts nothing.
+    if STATE.load(Acquire) != ACTIVE {
+        return -1;
+    }
+    let Some(rec) = recorder_if_started() else {
+        return -1;
+    };
+    push_control(rec, Control::Step);
+    0
+}
+
+/// Writes a snapshot now, named with `tag` (`{tag}` in MEMSNAP_FILENAME; may be NULL),
+/// and returns once it is on disk: 0 on success, -1 if memsnap is off or it timed out.
+///
+/// # Safety
+/// `tag` is NULL or a NUL-terminated string.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn memsnap_dump(tag: *const c_char) -> c_int {
+    let _scope = Scope::enter();
+    let Some(rec) = recorder() else { return -1 };
+    let tag = if tag.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the caller passes a NUL-terminated string (documented contract).
+        unsafe { CStr::from_ptr(tag) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let tag_index = match DUMP_TAGS.lock() {
+        Ok(mut tags) => {
+            tags.push(tag);
+            (tags.len() - 1) as u32
+        }
+        Err(_) => return -1,
+    };
+    let ticket = API_DUMPS.ask();
+    push_control(rec, Control::Dump { tag_index, ticket });
+    if rec.wait_for(|| API_DUMPS.is_done(ticket), EXIT_WAIT) {
+        0
+    } else {
+        -1
+    }
+}
+
+/// Whether memsnap is recording in this process (1) or not (0).
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn memsnap_active() -> c_int {
+    (STATE.load(Acquire) == ACTIVE) as c_int
+}

@@ -1,0 +1,112 @@
+//! Proof that the hot path never allocates: the crate's counting global allocator (per
+//! thread, so the writer thread's own allocations do not count) around the real exported wrappers,
+//! with stand-in "real" CUDA functions behind them.
+
+use crate::interpose::ffi::*;
+use crate::interpose::{self as hooks, HookId};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+use crate::counting_alloc::thread_allocations as allocations_on_this_thread;
+
+static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
+
+unsafe extern "C" fn fake_mem_alloc(dptr: *mut CuDevicePtr, size: usize) -> CuResult {
+    // SAFETY: the test passes a valid out-pointer.
+    unsafe { *dptr = NEXT.fetch_add((size as u64 + 511) & !511, Relaxed) };
+    CUDA_SUCCESS
+}
+unsafe extern "C" fn fake_mem_free(_: CuDevicePtr) -> CuResult {
+    CUDA_SUCCESS
+}
+unsafe extern "C" fn fake_alloc_async(
+    dptr: *mut CuDevicePtr,
+    size: usize,
+    _: CuStream,
+) -> CuResult {
+    // SAFETY: as above.
+    unsafe { fake_mem_alloc(dptr, size) }
+}
+unsafe extern "C" fn fake_free_async(_: CuDevicePtr, _: CuStream) -> CuResult {
+    CUDA_SUCCESS
+}
+/// A runtime whose cudaMalloc calls the driver through our (hooked) cuMemAlloc_v2.
+unsafe extern "C" fn fake_cuda_malloc(p: *mut *mut c_void, size: usize) -> CuResult {
+    let mut d: CuDevicePtr = 0;
+    // SAFETY: calling our own wrapper with a valid out-pointer.
+    let r = unsafe { hooks::cuMemAlloc_v2(&mut d, size) };
+    // SAFETY: valid out-pointer from the test.
+    unsafe { *p = d as *mut c_void };
+    r
+}
+unsafe extern "C" fn fake_oom(_: *mut CuDevicePtr, _: usize) -> CuResult {
+    CUDA_ERROR_OUT_OF_MEMORY
+}
+
+#[test]
+fn hooks_do_not_allocate_in_steady_state() {
+    let dir = tempfile::tempdir().unwrap();
+    // SAFETY: set before any other thread of this test binary reads these variables
+    // (recording starts lazily below, in this thread).
+    unsafe {
+        std::env::set_var("MEMSNAP_FOLDER", dir.path());
+        std::env::set_var("MEMSNAP_AT_EXIT", "0");
+        std::env::set_var("MEMSNAP_SIGNAL", "none");
+        std::env::set_var("MEMSNAP_STACKS", "all");
+        std::env::set_var("MEMSNAP_QUIET", "1");
+    }
+    hooks::routing::set_real_for_test(HookId::cuMemAlloc_v2, fake_mem_alloc as *mut c_void);
+    hooks::routing::set_real_for_test(HookId::cuMemFree_v2, fake_mem_free as *mut c_void);
+    hooks::routing::set_real_for_test(HookId::cuMemAllocAsync, fake_alloc_async as *mut c_void);
+    hooks::routing::set_real_for_test(HookId::cuMemFreeAsync, fake_free_async as *mut c_void);
+    hooks::routing::set_real_for_test(HookId::cudaMalloc, fake_cuda_malloc as *mut c_void);
+    hooks::routing::set_real_for_test(HookId::cudaFree, fake_mem_free as *mut c_void);
+
+    let round = || {
+        let mut d: CuDevicePtr = 0;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: our wrappers over the stand-ins above, with valid out-pointers.
+        unsafe {
+            assert_eq!(hooks::cuMemAlloc_v2(&mut d, 4096), CUDA_SUCCESS);
+            assert_eq!(hooks::cuMemFree_v2(d), CUDA_SUCCESS);
+            assert_eq!(
+                hooks::cuMemAllocAsync(&mut d, 1 << 20, std::ptr::null_mut()),
+                CUDA_SUCCESS
+            );
+            assert_eq!(hooks::cuMemFreeAsync(d, std::ptr::null_mut()), CUDA_SUCCESS);
+            assert_eq!(hooks::cudaMalloc(&mut p, 512), CUDA_SUCCESS);
+            assert_eq!(hooks::cudaFree(p), CUDA_SUCCESS);
+        }
+    };
+    round(); // first event: starts the writer (allowed to allocate once)
+    let rec = crate::lifecycle::recorder().expect("recording started");
+    let pushed_before = rec.counters.pushed.load(Relaxed);
+    let before = allocations_on_this_thread();
+    for _ in 0..1000 {
+        round();
+    }
+    assert_eq!(
+        allocations_on_this_thread() - before,
+        0,
+        "the hot path allocated"
+    );
+    // Exactly once per allocation and free, whichever route (cudaMalloc nests cuMemAlloc).
+    let pushed = rec.counters.pushed.load(Relaxed) - pushed_before;
+    assert_eq!(pushed + rec.counters.dropped_total(), 6000);
+
+    // The OOM path (cold) is allowed to block, but it must not allocate either.
+    hooks::routing::set_real_for_test(HookId::cuMemAlloc_v2, fake_oom as *mut c_void);
+    let before = allocations_on_this_thread();
+    let mut d: CuDevicePtr = 0;
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { hooks::cuMemAlloc_v2(&mut d, 1 << 40) },
+        CUDA_ERROR_OUT_OF_MEMORY
+    );
+    assert_eq!(d, 0, "out-parameter untouched on failure");
+    assert_eq!(
+        allocations_on_this_thread() - before,
+        0,
+        "the OOM path allocated"
+    );
+}

@@ -1,0 +1,211 @@
+//! Turns a hooked call's outcome into an [`Event`] on the channel.
+//!
+//! Hot. Called only from the outermost hooked call of a thread, after the real call (for
+//! allocations) or before it (for frees). No allocation, no lock, no panic; the only extra
+//! driver call is the device query (`cuCtxGetDevice`, a thread-local read in the driver),
+//! which the interposition layer supplies through [`Devices`]. The out-of-memory path is
+//! cold: it asks the driver for free memory and waits, bounded, for the writer to persist
+//! the snapshot before the failing call returns.
+
+use crate::capture;
+use crate::channel::event::{Api, Event, Kind, Payload};
+use crate::channel::handshake::{self, OOM_DUMPS};
+use crate::channel::queue::Recorder;
+use crate::config::{Context, Stacks};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::time::Duration;
+
+/// What recording needs to know about devices, answered by the real driver.
+pub trait Devices {
+    /// The device of the calling thread's current context (0 when unknown).
+    fn current(&self) -> i32;
+    /// `(free, total)` bytes of the current device, if the driver answers.
+    fn memory(&self) -> Option<(u64, u64)>;
+}
+
+/// The outcome of a call, as the wrapper saw it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    OutOfMemory,
+    /// Any other error: nothing happened, nothing is recorded.
+    Failed,
+}
+
+thread_local! {
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Kernel thread id, asked once per thread.
+#[inline]
+fn tid() -> u32 {
+    TID.with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        // SAFETY: gettid has no preconditions.
+        let v = unsafe { libc::gettid() } as u32;
+        t.set(v);
+        v
+    })
+}
+
+#[inline]
+fn event(kind: Kind, api: Api, device: i32, addr: u64, size: u64, payload: Payload) -> Event {
+    let mut ev = Event::new(kind, api);
+    ev.device = device;
+    ev.tid = tid();
+    ev.addr = addr;
+    ev.size = size;
+    ev.payload = payload;
+    ev.time_us = handshake::now_us();
+    ev
+}
+
+/// Attaches the caller's stack if configured and a slot is free, then sends the event.
+#[inline]
+fn send(rec: &Recorder, mut ev: Event, with_stack: bool) {
+    let settings = rec.settings;
+    if with_stack
+        && settings.stacks != Stacks::None
+        && let Some((idx, slot)) = rec.take_slot()
+    {
+        capture::capture(slot, settings.stacks, settings.max_frames);
+        ev.stack = idx;
+    }
+    rec.push(ev);
+}
+
+/// Remembers device `device`'s total memory the first time it allocates (one extra
+/// memory query per device per process), for the stats' utilization column.
+#[inline]
+fn note_device_total(devices: &impl Devices, device: i32) {
+    if let Some(slot) = handshake::device_total_slot(device)
+        && slot.load(Relaxed) == 0
+    {
+        note_device_total_slow(devices, slot);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn note_device_total_slow(devices: &impl Devices, slot: &AtomicU64) {
+    if let Some((_, total)) = devices.memory() {
+        slot.store(total, Relaxed);
+    }
+}
+
+/// The outcome of an allocating call: an event on success, the OOM path on
+/// out-of-memory, nothing on any other error.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub fn allocation(
+    rec: &Recorder,
+    devices: &impl Devices,
+    outcome: Outcome,
+    kind: Kind,
+    api: Api,
+    addr: u64,
+    size: u64,
+    stream: u64,
+) {
+    match outcome {
+        Outcome::Success => {
+            if addr == 0 {
+                return; // zero-byte requests succeed without memory
+            }
+            let device = devices.current();
+            note_device_total(devices, device);
+            let ev = event(kind, api, device, addr, size, Payload::Stream(stream));
+            send(rec, ev, true);
+        }
+        Outcome::OutOfMemory => out_of_memory(rec, devices, api, size, stream),
+        Outcome::Failed => {}
+    }
+}
+
+/// A free, recorded before the real call releases the address.
+#[inline]
+pub fn release(rec: &Recorder, kind: Kind, api: Api, addr: u64, size: u64, stream: u64) {
+    let with_stack = rec.settings.context == Context::All;
+    let ev = event(kind, api, -1, addr, size, Payload::Stream(stream));
+    send(rec, ev, with_stack);
+}
+
+/// Virtual-memory bookkeeping (create/release/reserve/free): no stack needed.
+#[inline]
+pub fn vmm(rec: &Recorder, kind: Kind, api: Api, device: i32, addr: u64, size: u64, handle: u64) {
+    send(
+        rec,
+        event(kind, api, device, addr, size, Payload::Handle(handle)),
+        false,
+    );
+}
+
+/// `cuMemMap` (after success) and `cuMemUnmap` (before the call).
+#[inline]
+pub fn mapping(rec: &Recorder, kind: Kind, addr: u64, size: u64, handle: u64) {
+    let (api, with_stack) = match kind {
+        Kind::Map => (Api::CuMemMap, true),
+        _ => (Api::CuMemUnmap, rec.settings.context == Context::All),
+    };
+    send(
+        rec,
+        event(kind, api, -1, addr, size, Payload::Handle(handle)),
+        with_stack,
+    );
+}
+
+/// PyTorch frees its cache and retries after an OOM: the retry's failure within this
+/// window belongs to the same episode and does not dump again.
+const OOM_DEBOUNCE_US: u64 = 2_000_000;
+/// A program that OOMs in a loop gets at most this many OOM snapshots.
+const MAX_OOM_DUMPS: u64 = 16;
+/// Longest an OOM-ing call waits for its snapshot.
+const OOM_WAIT: Duration = Duration::from_secs(30);
+/// When the current OOM episode was last extended (0: none yet).
+static OOM_LAST_US: AtomicU64 = AtomicU64::new(0);
+
+/// A non-zero ticket when this OOM should be dumped (first of an episode), else 0.
+fn oom_dump_ticket(rec: &Recorder) -> u64 {
+    if !rec.settings.dump_on_oom {
+        return 0;
+    }
+    let now = handshake::now_us();
+    let last = OOM_LAST_US.load(Acquire);
+    if last != 0 && now.saturating_sub(last) < OOM_DEBOUNCE_US {
+        return 0;
+    }
+    if OOM_LAST_US
+        .compare_exchange(last, now, AcqRel, Acquire)
+        .is_err()
+    {
+        return 0; // another thread's OOM opened this episode
+    }
+    let ticket = OOM_DUMPS.ask();
+    if ticket > MAX_OOM_DUMPS { 0 } else { ticket }
+}
+
+/// Out of memory: record the request with free memory and the stack, and if this OOM
+/// starts a new episode, wait until the writer has written the snapshot.
+#[cold]
+#[inline(never)]
+fn out_of_memory(rec: &Recorder, devices: &impl Devices, api: Api, size: u64, stream: u64) {
+    let device = devices.current();
+    let free_bytes = devices.memory().map(|(free, _)| free);
+    let dump_ticket = oom_dump_ticket(rec);
+    let payload = Payload::Oom {
+        free_bytes,
+        stream,
+        dump_ticket,
+    };
+    send(rec, event(Kind::Oom, api, device, 0, size, payload), true);
+    if dump_ticket != 0 {
+        rec.wake_writer();
+        rec.wait_for(|| OOM_DUMPS.is_done(dump_ticket), OOM_WAIT);
+        // The episode ends when the caller gets its error back, not when it asked.
+        OOM_LAST_US.store(handshake::now_us(), Release);
+    }
+}

@@ -1,0 +1,357 @@
+//! Stack capture and resolution together (capture in the hook, [`StackTable`] in the
+//! writer), against a small C library built with `cc` at test time.
+
+use crate::capture::{capture, modules};
+use crate::channel::event::StackSlot;
+use crate::config::{FRAME_CAPACITY, Stacks};
+use crate::writer::stacks::StackTable;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::counting_alloc::thread_allocations as thread_allocs;
+
+/// C source; the `LINE_*` markers name the call lines the test expects.
+const C_SOURCE: &str = r#"
+typedef void (*cb_t)(void *);
+#define KEEP() __asm__ volatile("" ::: "memory")
+__attribute__((noinline)) void stk_c(cb_t cb, void *arg) {
+    cb(arg); /* LINE_C */
+    KEEP();
+}
+__attribute__((noinline)) void stk_b(cb_t cb, void *arg) {
+    stk_c(cb, arg); /* LINE_B */
+    KEEP();
+}
+__attribute__((noinline)) void stk_a(cb_t cb, void *arg) {
+    stk_b(cb, arg); /* LINE_A */
+    KEEP();
+}
+__attribute__((noinline)) int stk_recurse(int n, cb_t cb, void *arg) {
+    if (n == 0) { cb(arg); KEEP(); return 0; }
+    int r = stk_recurse(n - 1, cb, arg); /* LINE_R */
+    KEEP();
+    return r + 1;
+}
+"#;
+
+fn line_of(marker: &str) -> i64 {
+    C_SOURCE
+        .lines()
+        .position(|l| l.contains(marker))
+        .expect("marker") as i64
+        + 1
+}
+
+type Callback = extern "C" fn(*mut libc::c_void);
+type CallA = extern "C" fn(Callback, *mut libc::c_void);
+type CallRecurse = extern "C" fn(libc::c_int, Callback, *mut libc::c_void) -> libc::c_int;
+
+struct CLib {
+    a: CallA,
+    recurse: CallRecurse,
+}
+
+/// Builds (once) and loads the C library; `stripped` loads a `strip --strip-all` copy.
+#[derive(PartialEq)]
+enum Which {
+    Full,
+    Stripped,
+    /// Loaded without refreshing the module table (a library `dlopen`ed mid-run).
+    Late,
+    /// Built without unwind tables or frame pointers.
+    NoUnwind,
+}
+
+fn load_raw(path: &Path) -> CLib {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: loading our own test library; symbols have the declared C signatures.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+        assert!(!h.is_null(), "dlopen {}", path.display());
+        let a = libc::dlsym(h, c"stk_a".as_ptr());
+        let r = libc::dlsym(h, c"stk_recurse".as_ptr());
+        assert!(!a.is_null() && !r.is_null());
+        CLib {
+            a: std::mem::transmute::<*mut libc::c_void, CallA>(a),
+            recurse: std::mem::transmute::<*mut libc::c_void, CallRecurse>(r),
+        }
+    }
+}
+
+fn clib(which: Which) -> &'static CLib {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    static FULL: OnceLock<CLib> = OnceLock::new();
+    static STRIPPED: OnceLock<CLib> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        let src = dir.join("stacktest.c");
+        std::fs::write(&src, C_SOURCE).expect("write C");
+        let so = dir.join("libstacktest.so");
+        let st = std::process::Command::new("cc")
+            .args(["-g", "-O2", "-fPIC", "-shared", "-o"])
+            .arg(&so)
+            .arg(&src)
+            .status()
+            .expect("run cc");
+        assert!(st.success(), "cc failed");
+        std::fs::copy(&so, dir.join("libstacktest-late.so")).expect("copy");
+        let st = std::process::Command::new("cc")
+            .args(["-O2", "-fPIC", "-shared", "-fno-asynchronous-unwind-tables"])
+            .args(["-fno-unwind-tables", "-fomit-frame-pointer", "-o"])
+            .arg(dir.join("libstacktest-nounwind.so"))
+            .arg(&src)
+            .status()
+            .expect("run cc");
+        assert!(st.success(), "cc failed");
+        let st = std::process::Command::new("strip")
+            .args(["--strip-all", "-o"])
+            .arg(dir.join("libstacktest-stripped.so"))
+            .arg(&so)
+            .status()
+            .expect("run strip");
+        assert!(st.success(), "strip failed");
+        dir
+    });
+    let load = |path: &Path| -> CLib {
+        let lib = load_raw(path);
+        // What the writer does after a hook met the new library's addresses.
+        modules::refresh();
+        lib
+    };
+    static LATE: OnceLock<CLib> = OnceLock::new();
+    static NO_UNWIND: OnceLock<CLib> = OnceLock::new();
+    if which == Which::NoUnwind {
+        return NO_UNWIND.get_or_init(|| load(&dir.join("libstacktest-nounwind.so")));
+    }
+    if which == Which::Late {
+        return LATE.get_or_init(|| load_raw(&dir.join("libstacktest-late.so")));
+    }
+    if which == Which::Stripped {
+        STRIPPED.get_or_init(|| load(&dir.join("libstacktest-stripped.so")))
+    } else {
+        FULL.get_or_init(|| load(&dir.join("libstacktest.so")))
+    }
+}
+
+struct Request {
+    stacks: Stacks,
+    max: usize,
+    repeat: usize,
+    slot: StackSlot,
+    allocs_first: u64,
+    allocs_after_first: u64,
+}
+
+extern "C" fn capture_cb(arg: *mut libc::c_void) {
+    // SAFETY: the tests pass a `&mut Request` through the C library.
+    let req = unsafe { &mut *(arg as *mut Request) };
+    let start = thread_allocs();
+    capture(&mut req.slot, req.stacks, req.max);
+    req.allocs_first = thread_allocs() - start;
+    let before = thread_allocs();
+    for _ in 1..req.repeat {
+        capture(&mut req.slot, req.stacks, req.max);
+    }
+    req.allocs_after_first = thread_allocs() - before;
+}
+
+fn request(stacks: Stacks, max: usize) -> Request {
+    Request {
+        stacks,
+        max,
+        repeat: 1,
+        slot: StackSlot::EMPTY,
+        allocs_first: 0,
+        allocs_after_first: 0,
+    }
+}
+
+fn resolve(slot: &StackSlot) -> Vec<crate::snapshot::model::Frame> {
+    let mut table = StackTable::new(&crate::config::Config::default());
+    table.refresh_modules();
+    let id = table.intern(slot).expect("non-empty stack");
+    table.frames(id).to_vec()
+}
+
+#[test]
+fn c_frames_have_names_files_and_lines() {
+    let lib = clib(Which::Full);
+    let mut req = request(Stacks::All, FRAME_CAPACITY);
+    (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    assert!(req.slot.n_native >= 3, "{:?}", req.slot.native());
+    let frames = resolve(&req.slot);
+    let top: Vec<(&str, i64)> = frames
+        .iter()
+        .take(3)
+        .map(|f| (f.name.as_str(), f.line))
+        .collect();
+    assert_eq!(
+        top,
+        [
+            ("stk_c", line_of("LINE_C")),
+            ("stk_b", line_of("LINE_B")),
+            ("stk_a", line_of("LINE_A"))
+        ]
+    );
+    for f in &frames[..3] {
+        assert!(f.filename.ends_with("stacktest.c"), "{f:?}");
+    }
+    // memsnap's own code (here: the test binary, which holds the callback) never appears.
+    let own = modules::ensure();
+    for &pc in req.slot.native() {
+        let m = own.find(pc).expect("every captured pc is in a module");
+        assert!(!own.is_own(m));
+    }
+    assert!(!req.slot.truncated);
+}
+
+#[test]
+fn stripped_library_gives_dynsym_names() {
+    let lib = clib(Which::Stripped);
+    let mut req = request(Stacks::Native, FRAME_CAPACITY);
+    (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    let frames = resolve(&req.slot);
+    let top: Vec<(&str, &str, i64)> = frames
+        .iter()
+        .take(3)
+        .map(|f| (f.name.as_str(), f.filename.as_str(), f.line))
+        .collect();
+    assert_eq!(
+        top,
+        [("stk_c", "??", 0), ("stk_b", "??", 0), ("stk_a", "??", 0)]
+    );
+}
+
+#[test]
+fn deep_recursion_is_truncated_at_max_frames() {
+    let lib = clib(Which::Full);
+    for max in [10usize, FRAME_CAPACITY] {
+        let mut req = request(Stacks::Native, max);
+        (lib.recurse)(
+            200,
+            capture_cb,
+            &mut req as *mut Request as *mut libc::c_void,
+        );
+        assert_eq!(req.slot.n_native as usize, max);
+        assert!(req.slot.truncated);
+        let frames = resolve(&req.slot);
+        assert_eq!(frames.len(), max);
+        // Innermost: the call of `cb` in the base case; then the recursive call line.
+        assert!(frames.iter().all(|f| f.name == "stk_recurse"), "{frames:?}");
+        assert!(
+            frames[1..].iter().all(|f| f.line == line_of("LINE_R")),
+            "{frames:?}"
+        );
+    }
+}
+
+#[test]
+fn stacks_none_and_python_capture_no_native_frames() {
+    let lib = clib(Which::Full);
+    for stacks in [Stacks::None, Stacks::Python] {
+        let mut req = request(stacks, FRAME_CAPACITY);
+        (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+        assert_eq!(req.slot.n_native, 0);
+        // No CPython in this test binary: no Python frames either.
+        assert_eq!(req.slot.n_python, 0);
+    }
+}
+
+#[test]
+fn steady_state_capture_allocates_nothing() {
+    let lib = clib(Which::Full);
+    std::thread::spawn(move || {
+        let mut req = request(Stacks::All, FRAME_CAPACITY);
+        req.repeat = 200;
+        (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+        assert!(req.slot.n_native >= 3);
+        // The counter works: the thread's first capture allocates its unwinder cache.
+        assert!(req.allocs_first > 0);
+        assert_eq!(
+            req.allocs_after_first, 0,
+            "capture allocated in steady state"
+        );
+    })
+    .join()
+    .expect("thread");
+}
+
+#[test]
+fn many_threads_capture_the_same_frames() {
+    let lib = clib(Which::Full);
+    let mut reference = request(Stacks::Native, FRAME_CAPACITY);
+    (lib.a)(
+        capture_cb,
+        &mut reference as *mut Request as *mut libc::c_void,
+    );
+    let expected: Vec<u64> = reference.slot.native()[..3].to_vec();
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                for _ in 0..500 {
+                    let mut req = request(Stacks::All, FRAME_CAPACITY);
+                    (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+                    seen.push(req.slot.native().get(..3).map(<[u64]>::to_vec));
+                }
+                seen
+            })
+        })
+        .collect();
+    for t in threads {
+        for s in t.join().expect("thread") {
+            assert_eq!(s.as_deref(), Some(&expected[..]));
+        }
+    }
+}
+
+#[test]
+fn library_loaded_later_ends_the_walk_until_the_writer_refreshes() {
+    modules::ensure();
+    let lib = clib(Which::Late);
+    let mut req = request(Stacks::Native, FRAME_CAPACITY);
+    (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    // Other tests may refresh concurrently; if the table already knows the library, the
+    // stack is complete, otherwise the walk stopped cleanly at its first address.
+    let table = modules::ensure();
+    if req.slot.n_native == 0 {
+        assert!(modules::is_stale() || table.find(lib.a as *const () as u64).is_some());
+        modules::refresh();
+    }
+    let mut req = request(Stacks::Native, FRAME_CAPACITY);
+    (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    let frames = resolve(&req.slot);
+    let names: Vec<&str> = frames.iter().take(3).map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["stk_c", "stk_b", "stk_a"]);
+    assert!(frames[0].filename.ends_with("stacktest.c"));
+}
+
+#[test]
+fn code_without_unwind_tables_ends_the_walk_cleanly() {
+    let lib = clib(Which::NoUnwind);
+    let full = clib(Which::Full);
+    let mut first = None;
+    for _ in 0..200 {
+        let mut req = request(Stacks::Native, FRAME_CAPACITY);
+        (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+        // The callback has unwind info, so its caller (stk_c) is found; past that the
+        // walk may stop anywhere, but every address it kept is inside a known module.
+        assert!(req.slot.n_native >= 1);
+        let table = modules::ensure();
+        assert!(req.slot.native().iter().all(|&pc| table.find(pc).is_some()));
+        let innermost = req.slot.native()[0];
+        assert_eq!(*first.get_or_insert(innermost), innermost);
+    }
+    let mut req = request(Stacks::Native, FRAME_CAPACITY);
+    (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    assert_eq!(resolve(&req.slot)[0].name, "stk_c");
+    // The library with unwind tables still unwinds fully afterwards.
+    let mut req = request(Stacks::Native, FRAME_CAPACITY);
+    (full.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    let names: Vec<String> = resolve(&req.slot)
+        .into_iter()
+        .take(3)
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(names, ["stk_c", "stk_b", "stk_a"]);
+}
