@@ -1,16 +1,45 @@
-/* hook_cost.c: what a recorded allocation costs. N cudaMallocAsync + cudaFreeAsync pairs on
- * the simulated driver (runtime compiled in, like nvcc's default), called from DEPTH nested
- * native frames; prints the best-of-5 nanoseconds per pair. Run with and without
- * libmemsnap.so preloaded: the difference / 2 is memsnap's cost per event.
+/* hook_cost.c: what a recorded allocation costs, in a training-loop-like pattern, on the
+ * simulated driver (runtime compiled in, like nvcc's default).
  *
- *   hook_cost [pairs=200000] [depth=26]
+ * Each iteration frees the oldest of WINDOW live allocations and allocates a new one
+ * (cudaFreeAsync + cudaMallocAsync: two events), from one of SITES distinct call sites in
+ * rotation, with a size drawn from a fixed table of 256 sizes (512 B .. 64 MiB, log-spread)
+ * by a deterministic pseudo-random sequence. The call sites sit under DEPTH nested native
+ * frames. Run with and without libmemsnap.so preloaded: the difference / 2 is memsnap's
+ * cost per event.
+ *
+ *   hook_cost [iterations=200000] [depth=26]
+ *
+ * Prints one line: "<best-of-5 ns per iteration> <CUDA calls made> <native frames>", where
+ * CUDA calls made counts every successful cudaMallocAsync and cudaFreeAsync of the process
+ * (warm-up and final drain included: what a preloaded memsnap must have recorded), and
+ * native frames is the depth of the stack at cudaMallocAsync's entry (backtrace(3) at the
+ * call site + 1), the stack memsnap walks in native mode.
  */
 #include "../../tests/fake_cuda/cuda_fake.h"
+#include <execinfo.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#define N_SIZES 256
+#define SITES 6
+#define WINDOW 16
+
+static size_t sizes[N_SIZES];
+static void *live[WINDOW];
+static long head;  /* index of the oldest live allocation in the ring */
+static long calls; /* successful CUDA calls */
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static volatile long sink;
+
+static inline uint64_t next_random(void) { /* xorshift64* */
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return rng * 0x2545F4914F6CDD1Dull;
+}
 
 static double now_ns(void) {
     struct timespec ts;
@@ -18,35 +47,89 @@ static double now_ns(void) {
     return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
-__attribute__((noinline)) static double timed_pairs(long pairs) {
-    void *p = NULL;
-    double start = now_ns();
-    for (long i = 0; i < pairs; i++) {
-        if (cudaMallocAsync(&p, 4096, 0) != cudaSuccess || cudaFreeAsync(p, 0) != cudaSuccess) {
-            fprintf(stderr, "hook_cost: allocation failed\n");
-            exit(1);
-        }
+static void fail(const char *what) {
+    fprintf(stderr, "hook_cost: %s failed\n", what);
+    exit(1);
+}
+
+/* One training-loop step at a distinct call site: free the oldest, allocate a new one.
+ * noinline + a distinct body each, so every site has its own return address. */
+#define SITE(n)                                                                    \
+    __attribute__((noinline)) static void site##n(size_t size) {                   \
+        if (live[head] && cudaFreeAsync(live[head], 0) != cudaSuccess)             \
+            fail("cudaFreeAsync");                                                 \
+        calls += live[head] != NULL;                                               \
+        if (cudaMallocAsync(&live[head], size, 0) != cudaSuccess)                  \
+            fail("cudaMallocAsync");                                               \
+        calls++;                                                                   \
+        head = (head + 1) % WINDOW;                                                \
+        sink += n;                                                                 \
     }
-    return (now_ns() - start) / pairs;
+SITE(0)
+SITE(1)
+SITE(2)
+SITE(3)
+SITE(4)
+SITE(5)
+static void (*const site[SITES])(size_t) = {site0, site1, site2, site3, site4, site5};
+
+__attribute__((noinline)) static double timed_loop(long iterations) {
+    double start = now_ns();
+    for (long i = 0; i < iterations; i++)
+        site[i % SITES](sizes[next_random() % N_SIZES]);
+    return (now_ns() - start) / iterations;
 }
 
 /* Not a tail call (the add after it), so every level is a real frame on the stack. */
-__attribute__((noinline)) static double nested(int depth, long pairs) {
-    if (depth <= 0) return timed_pairs(pairs);
-    double r = nested(depth - 1, pairs);
+__attribute__((noinline)) static double nested(int depth, long iterations) {
+    if (depth <= 0) return timed_loop(iterations);
+    double r = nested(depth - 1, iterations);
+    sink += depth;
+    return r;
+}
+
+__attribute__((noinline)) static int count_frames(void) {
+    void *frames[256];
+    return backtrace(frames, 256);
+}
+
+/* The same nesting as the timed path, to count frames: count_frames stands where
+ * timed_loop stands, nested_count where nested does. */
+__attribute__((noinline)) static int nested_count(int depth) {
+    if (depth <= 0) {
+        int r = count_frames();
+        sink += r;
+        return r;
+    }
+    int r = nested_count(depth - 1);
     sink += depth;
     return r;
 }
 
 int main(int argc, char **argv) {
-    long pairs = argc > 1 ? atol(argv[1]) : 200000;
+    long iterations = argc > 1 ? atol(argv[1]) : 200000;
     int depth = argc > 2 ? atoi(argv[2]) : 26;
+    /* 256 sizes from 512 B to 64 MiB, spread log-uniformly, multiples of 512. */
+    for (int i = 0; i < N_SIZES; i++) {
+        double bytes = 512.0;
+        for (int k = 0; k < i; k++) bytes *= 1.0472; /* 1.0472^255 ~ 2^17 */
+        sizes[i] = ((size_t)bytes + 511) / 512 * 512;
+    }
+    /* backtrace at timed_loop's level, + 1 for site<n>, + 1 for cudaMallocAsync (which
+     * makes the driver call memsnap hooks). */
+    int frames = nested_count(depth) + 1 + 1;
     nested(depth, 20000); /* warm-up: first-use set-up of the runtime and of memsnap */
     double best = 1e18;
     for (int run = 0; run < 5; run++) {
-        double ns = nested(depth, pairs);
+        double ns = nested(depth, iterations);
         if (ns < best) best = ns;
     }
-    printf("%.1f\n", best);
+    for (int i = 0; i < WINDOW; i++) {
+        if (live[i]) {
+            if (cudaFreeAsync(live[i], 0) != cudaSuccess) fail("cudaFreeAsync");
+            calls++;
+        }
+    }
+    printf("%.1f %ld %d\n", best, calls, frames);
     return 0;
 }

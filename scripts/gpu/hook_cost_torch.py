@@ -1,85 +1,391 @@
-"""Per-event cost inside real PyTorch, without GPU work to hide it: a Python loop that
-allocates and frees a 1 MiB tensor, called from 10 Python frames. In
-`backend:cudaMallocAsync` mode every iteration is one cudaMallocAsync + one cudaFreeAsync
-(two memsnap events); with the default caching allocator every iteration is two events for
-PyTorch's own recorder and none for memsnap (cache hits).
+"""Per-event cost inside real PyTorch, without GPU work to hide it, in a training-loop-like
+pattern: each iteration drops the oldest of 16 live tensors and allocates a new one, with a
+size from a fixed set of 256 (512 B .. 64 MiB, deterministic pseudo-random order), from one of
+6 call sites in rotation, 12 Python frames deep at torch.empty.
 
-  python3 hook_cost_torch.py            -> prints best-of-5 ns per iteration
-Driver (runs every configuration, interleaved, 3 rounds; prints JSON):
-  python3 hook_cost_torch.py drive LIBMEMSNAP
+- memsnap rows (not loaded / MEMSNAP_STACKS none, python, all) run under
+  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: every tensor is one cudaMallocAsync and
+  one cudaFreeAsync, two memsnap events per iteration.
+- PyTorch's own recorder (torch.cuda.memory._record_memory_history(stacks=python|all), its
+  default context="all") runs with the default caching allocator, the only one it records:
+  two trace entries per iteration (alloc, free), none of them a CUDA call once cached.
+  Its baseline is the default allocator without the recorder.
+
+Every configuration runs in its own process; rounds alternate all of them (order reversed
+every other round), and each figure is the best over all its runs (each run: best of 5 timed
+loops). Every memsnap run writes its exit snapshot into a folder of its own, and the table
+reports what the snapshot says was recorded, dropped and left without a stack (read with
+scripts/bench/snapshot_counts.py); a configuration that lost anything in any run, or whose
+snapshot accounts for fewer events than the loop made, prints VOID instead of a figure.
+Recorder runs check that the recorder kept trace entries with frames.
+
+    python3 scripts/gpu/hook_cost_torch.py --lib target/release/libmemsnap.so
+        [--rounds 3] [--iterations 20000] [--memsnap-context alloc|all] [--json FILE]
+    python3 scripts/gpu/hook_cost_torch.py drive LIBMEMSNAP     (older spelling of --lib)
+    python3 scripts/gpu/hook_cost_torch.py                      (one measurement, this process's
+                                                                 environment; prints JSON)
 """
+import argparse
 import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+from snapshot_counts import Tally, read_counts  # noqa: E402
+
 ASYNC = "backend:cudaMallocAsync"
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+            "PYTHONUNBUFFERED": "1"}
+RECORDER_MAX_ENTRIES = 100000  # memsnap's default MEMSNAP_MAX_ENTRIES too
 CONFIGS = [
-    # name, PYTORCH_CUDA_ALLOC_CONF, memsnap stacks (None = not loaded), torch recorder stacks
-    ("async/no-preload", ASYNC, None, None),
-    ("async/memsnap-none", ASYNC, "none", None),
-    ("async/memsnap-python", ASYNC, "python", None),
-    ("async/memsnap-all", ASYNC, "all", None),
-    ("default/no-recorder", "", None, None),
-    ("default/torch-python", "", None, "python"),
-    ("default/torch-all", "", None, "all"),
+    # name, PYTORCH_CUDA_ALLOC_CONF, memsnap stacks (None = not loaded), recorder stacks, baseline
+    ("async/no-preload", ASYNC, None, None, None),
+    ("async/memsnap-none", ASYNC, "none", None, "async/no-preload"),
+    ("async/memsnap-python", ASYNC, "python", None, "async/no-preload"),
+    ("async/memsnap-all", ASYNC, "all", None, "async/no-preload"),
+    ("default/no-recorder", "", None, None, None),
+    ("default/torch-python", "", None, "python", "default/no-recorder"),
+    ("default/torch-all", "", None, "all", "default/no-recorder"),
 ]
+RATIOS = [("python", "default/torch-python", "async/memsnap-python"),
+          ("all", "default/torch-all", "async/memsnap-all")]
+
+# ----------------------------------------------------------------------------------------------
+# One measurement (child process)
+
+N_SIZES, SITES, WINDOW, PY_FRAMES = 256, 6, 16, 12
+SIZES = [(int(512 * 1.0472**i) + 511) // 512 * 512 for i in range(N_SIZES)]  # 512 B .. 64 MiB
 
 
-def measure():
+def size_sequence(n=1 << 16, seed=20261122):
+    import random
+
+    rng = random.Random(seed)
+    return [SIZES[rng.randrange(N_SIZES)] for _ in range(n)]
+
+
+class Loop:
+    """The window of live tensors and the call sites. make(size) allocates one tensor."""
+
+    def __init__(self, make):
+        self.make = make
+        self.live = [None] * WINDOW
+        self.head = 0
+        self.events = 0  # allocations + frees the loop made
+
+    def step(self, size):
+        h = self.head
+        if self.live[h] is not None:
+            self.live[h] = None  # frees the oldest (refcount drops to zero here)
+            self.events += 1
+        self.live[h] = self.make(size)
+        self.events += 1
+        self.head = (h + 1) % WINDOW
+
+    def drain(self):
+        for h in range(WINDOW):
+            if self.live[h] is not None:
+                self.live[h] = None
+                self.events += 1
+
+    # Distinct call sites: six methods, each its own frame (and line) on the Python stack.
+    def site0(self, size):
+        self.step(size)
+
+    def site1(self, size):
+        self.step(size)
+
+    def site2(self, size):
+        self.step(size)
+
+    def site3(self, size):
+        self.step(size)
+
+    def site4(self, size):
+        self.step(size)
+
+    def site5(self, size):
+        self.step(size)
+
+
+def python_depth():
+    f, n = sys._getframe(1), 0
+    while f is not None:
+        n, f = n + 1, f.f_back
+    return n
+
+
+def timed_loop(loop, seq, iterations, sync):
+    sites = [loop.site0, loop.site1, loop.site2, loop.site3, loop.site4, loop.site5]
+    mask = len(seq) - 1
+    sync()
+    start = time.perf_counter_ns()
+    for i in range(iterations):
+        sites[i % SITES](seq[i & mask])
+    sync()
+    return (time.perf_counter_ns() - start) / iterations
+
+
+def nested(depth, *args):
+    if depth <= 1:
+        return timed_loop(*args)
+    return nested(depth - 1, *args) + 0.0
+
+
+# module level + main + measure + run_loops + NESTED x nested + timed_loop + site<n> + step
+# + make (the function that calls torch.empty) = PY_FRAMES
+NESTED = PY_FRAMES - 8
+
+
+def run_loops(loop, seq, iterations, sync):
+    # The Python frames on the stack where make(size) calls torch.empty, counted on the timed
+    # path itself: one iteration of a separate window, a probe standing in for make.
+    seen = []
+
+    def probe(size):
+        seen.append(python_depth())  # probe's frame included: it stands where make's does
+
+    nested(NESTED, Loop(probe), [512], 1, lambda: None)
+    frames = seen[0]
+    nested(NESTED, loop, seq, iterations // 4, sync)  # warm-up
+    best = min(nested(NESTED, loop, seq, iterations, sync) for _ in range(5))
+    loop.drain()
+    sync()
+    return best, frames
+
+
+def recorder_check(torch):
+    """What PyTorch's recorder kept: trace entries, and alloc/free entries without frames."""
+    snap = torch.cuda.memory._snapshot()
+    entries = [e for trace in snap.get("device_traces", []) for e in trace]
+    mine = [e for e in entries if e.get("action") in ("alloc", "free_requested")]
+    return {"recorder_entries": len(entries),
+            "recorder_entries_without_frames": sum(1 for e in mine if not e.get("frames"))}
+
+
+def measure(iterations):
     import torch
 
-    rec = os.environ.get("TORCH_RECORDER")
+    rec = os.environ.get("HOOK_COST_RECORDER")
     if rec:
-        torch.cuda.memory._record_memory_history(max_entries=100000, stacks=rec)
+        torch.cuda.memory._record_memory_history(max_entries=RECORDER_MAX_ENTRIES, stacks=rec)
     torch.empty(1, device="cuda")
-
-    def loop(n):
-        t = time.perf_counter_ns()
-        for _ in range(n):
-            y = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-            del y
-        torch.cuda.synchronize()
-        return (time.perf_counter_ns() - t) / n
-
-    def nested(d, n):
-        return loop(n) if d <= 1 else nested(d - 1, n) + 0.0
-
-    nested(9, 5000)  # warm-up
-    print(f"{min(nested(9, 20000) for _ in range(5)):.1f}")
+    res = {"allocator_backend": torch.cuda.get_allocator_backend(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(), "python": platform.python_version()}
+    loop = Loop(lambda n: torch.empty(n, dtype=torch.uint8, device="cuda"))
+    best, frames = run_loops(loop, size_sequence(), iterations, torch.cuda.synchronize)
+    res.update(ns_per_iteration=round(best, 1), loop_events=loop.events, python_frames=frames)
+    if rec and os.environ.get("HOOK_COST_CHECK_RECORDER"):
+        res.update(recorder_check(torch))
+    print(json.dumps(res))
 
 
-def drive(lib):
-    best = {}
-    for rnd in range(3):
+# ----------------------------------------------------------------------------------------------
+# Driver
+
+
+def child_env(conf, stacks, rec, lib, folder, context, check_recorder=False):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MEMSNAP_", "LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF", "HOOK_COST_"))}
+    env.update(SAFE_ENV)
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    if stacks:
+        env.update(LD_PRELOAD=lib, MEMSNAP_STACKS=stacks, MEMSNAP_CONTEXT=context, MEMSNAP_AT_EXIT="1",
+                   MEMSNAP_QUIET="1", MEMSNAP_FOLDER=folder)
+    if rec:
+        env["HOOK_COST_RECORDER"] = rec
+        if check_recorder:
+            env["HOOK_COST_CHECK_RECORDER"] = "1"
+    return env
+
+
+def run_child(env, iterations, timeout=150):
+    """(result dict, None) or (None, error text)."""
+    try:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", str(iterations)],
+                             env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout} s"
+    if out.returncode != 0:
+        return None, f"exit {out.returncode}: {out.stderr[-800:]}"
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1]), None
+    except (ValueError, IndexError):
+        return None, f"unreadable output: {out.stdout[-300:]!r} {out.stderr[-300:]!r}"
+
+
+def drive(lib, rounds, iterations, context, run=run_child):
+    """Runs every configuration `rounds` times, interleaved; returns the results per config."""
+    lib = os.path.abspath(lib)
+    if not os.path.exists(lib):
+        sys.exit(f"hook_cost_torch.py: {lib} not found")
+    res = {name: {"runs": [], "errors": [], "tally": Tally() if stacks else None}
+           for name, _, stacks, _, _ in CONFIGS}
+    for rnd in range(rounds):
         order = CONFIGS if rnd % 2 == 0 else list(reversed(CONFIGS))
-        for name, conf, stacks, rec in order:
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMSNAP_", "LD_PRELOAD", "PYTORCH_CUDA"))}
-            if conf:
-                env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-            if stacks:
-                env.update(LD_PRELOAD=lib, MEMSNAP_STACKS=stacks, MEMSNAP_AT_EXIT="0", MEMSNAP_QUIET="1")
-            if rec:
-                env["TORCH_RECORDER"] = rec
-            out = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=120)
-            if out.returncode != 0:
-                best.setdefault(name, {"error": out.stderr[-800:]})
-                continue
-            ns = float(out.stdout.strip().splitlines()[-1])
-            cur = best.get(name, {}).get("ns_per_iteration")
-            best[name] = {"ns_per_iteration": ns if cur is None else min(cur, ns)}
-    base = {"async": best.get("async/no-preload", {}).get("ns_per_iteration"),
-            "default": best.get("default/no-recorder", {}).get("ns_per_iteration")}
-    for name, row in best.items():
-        b = base[name.split("/")[0]]
-        if "ns_per_iteration" in row and b and not name.endswith(("no-preload", "no-recorder")):
-            row["ns_per_event_over_baseline"] = round((row["ns_per_iteration"] - b) / 2, 1)
-    print(json.dumps(best, indent=1))
+        for name, conf, stacks, rec, _ in order:
+            folder = tempfile.mkdtemp(prefix="hook_cost_torch.")
+            try:
+                # The recorder's check (torch.cuda.memory._snapshot(), seconds with 'all' stacks)
+                # runs in the first round only, outside the timed loops.
+                r, err = run(child_env(conf, stacks, rec, lib, folder, context, rnd == 0), iterations)
+                if err:
+                    res[name]["errors"].append(err)
+                    continue
+                if conf == ASYNC and r.get("allocator_backend") != "cudaMallocAsync":
+                    res[name]["errors"].append(f"allocator backend {r.get('allocator_backend')!r}, not cudaMallocAsync")
+                    continue
+                if stacks:
+                    r["snapshot"] = read_counts(folder)
+                    res[name]["tally"].add(r["snapshot"], r["loop_events"])
+                res[name]["runs"].append(r)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    return res
+
+
+def recorder_ok(runs):
+    checked = [r for r in runs if "recorder_entries" in r]
+    return bool(checked) and all(r["recorder_entries"] > 0 and not r["recorder_entries_without_frames"]
+                                 for r in checked)
+
+
+def best_ns(row):
+    return min(r["ns_per_iteration"] for r in row["runs"]) if row["runs"] else None
+
+
+def figures(res):
+    """Per config: (ns per iteration or None, ns per event over baseline or None, why not)."""
+    out = {}
+    for name, _, stacks, rec, base in CONFIGS:
+        row, ns, why = res[name], best_ns(res[name]), None
+        if row["errors"]:
+            why = f"ERROR in {len(row['errors'])} of {len(row['errors']) + len(row['runs'])} runs"
+        elif row["tally"] is not None and row["tally"].verdict():
+            why = row["tally"].verdict()
+        elif rec and not recorder_ok(row["runs"]):
+            why = "VOID (recorder unchecked, kept no entries, or kept entries without frames)"
+        if why:
+            out[name] = (None, None, why)
+            continue
+        per_event = None
+        if base:
+            b = out.get(base, (None,))[0]
+            if b is None:
+                why = f"no baseline ({base})"
+            else:
+                per_event = (ns - b) / 2
+        out[name] = (ns, per_event, why)
+    return out
+
+
+def report(res, argv, rounds, iterations, context, elapsed):
+    fig = figures(res)
+    any_run = next((r for row in res.values() for r in row["runs"]), {})
+    lines = [
+        f"command: `python3 {' '.join(argv)}`",
+        f"date: {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}  machine: {gpu_line(any_run)}, "
+        f"{os.cpu_count()} CPU cores, {platform.machine()}; torch {any_run.get('torch', '?')}, "
+        f"CUDA {any_run.get('cuda', '?')}, Python {any_run.get('python', platform.python_version())}; "
+        f"took {elapsed:.0f} s",
+        "",
+        f"Per iteration: drop the oldest of {WINDOW} live tensors, allocate one (size from a fixed set of "
+        f"{N_SIZES}, 512 B .. 64 MiB), {SITES} call sites in rotation, "
+        f"{any_run.get('python_frames', PY_FRAMES)} Python frames at torch.empty; an event is one alloc "
+        f"or one free; per event = (iteration - baseline) / 2. memsnap rows: backend:cudaMallocAsync, "
+        f"MEMSNAP_CONTEXT={context}; recorder rows: default caching allocator, "
+        f"_record_memory_history(stacks=..., max_entries={RECORDER_MAX_ENTRIES}), context='all' (frees "
+        f"carry their own stack); its trace entries and their frames are checked in the first round. Best over {rounds} interleaved rounds x 5 loops of {iterations} "
+        f"iterations. memsnap counts come from each run's exit snapshot (recorded: per run; dropped, "
+        f"stackless: summed over runs); a row that lost anything is VOID.",
+        "",
+        "| configuration | ns per iteration | ns per event over its baseline | events recorded per run "
+        "| dropped | stackless |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, _, stacks, rec, base in CONFIGS:
+        ns, per_event, why = fig[name]
+        row = res[name]
+        t = row["tally"]
+        if t is not None:
+            counts = [t.recorded_text(), str(t.dropped), str(t.stackless)]
+        elif rec:
+            kept = sorted(r["recorder_entries"] for r in row["runs"] if "recorder_entries" in r)
+            counts = ["—", "—", "—"]
+            if kept:
+                counts[0] = f"recorder kept {kept[0]}" + (f"–{kept[-1]}" if kept[-1] != kept[0] else "")
+        else:
+            counts = ["—", "—", "—"]
+        if why:
+            cost = ["—", why]
+        else:
+            cost = [f"{ns:.0f}", "—" if base is None else f"{per_event:.0f}"]
+        lines.append(f"| {name} | {cost[0]} | {cost[1]} | " + " | ".join(counts) + " |")
+    lines += ["", "| stacks | PyTorch recorder ns/event | memsnap ns/event | recorder / memsnap |",
+              "|---|---|---|---|"]
+    for stacks, rec_name, ms_name in RATIOS:
+        r_ns, m_ns = fig[rec_name][1], fig[ms_name][1]
+        r_txt = fig[rec_name][2] or f"{r_ns:.0f}"
+        m_txt = fig[ms_name][2] or f"{m_ns:.0f}"
+        if r_ns is None or m_ns is None:
+            ratio = "—"
+        elif m_ns <= 0:
+            ratio = "n/a (memsnap within noise of its baseline)"
+        else:
+            ratio = f"{r_ns / m_ns:.1f}x"
+        lines.append(f"| {stacks} | {r_txt} | {m_txt} | {ratio} |")
+    errors = [(name, e) for name, row in res.items() for e in row["errors"]]
+    if errors:
+        lines += ["", "Errors:"] + [f"- {name}: {e.strip().splitlines()[-1] if e.strip() else e}"
+                                     for name, e in errors]
+    return "\n".join(lines)
+
+
+def gpu_line(run):
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        if q.returncode == 0 and q.stdout.strip():
+            name, _, driver = q.stdout.strip().splitlines()[0].partition(",")
+            return f"{name.strip()}, driver {driver.strip()}"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return run.get("gpu", "GPU ?")
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[1] == "--measure":
+        measure(int(argv[2]) if len(argv) > 2 else 20000)
+        return
+    if len(argv) == 1:
+        measure(20000)
+        return
+    args = argv[1:]
+    if args[0] == "drive":  # older spelling: drive LIBMEMSNAP
+        args = ["--lib"] + args[1:]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lib", required=True, help="libmemsnap.so to preload")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=20000, help="iterations per timed loop (5 per run)")
+    p.add_argument("--memsnap-context", choices=["alloc", "all"], default="alloc")
+    p.add_argument("--json", help="also write the raw results here")
+    a = p.parse_args(args)
+    t0 = time.time()
+    res = drive(a.lib, a.rounds, a.iterations, a.memsnap_context)
+    print(report(res, [os.path.relpath(argv[0])] + argv[1:], a.rounds, a.iterations, a.memsnap_context,
+                 time.time() - t0))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({name: {"runs": row["runs"], "errors": row["errors"]} for name, row in res.items()},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "drive":
-        drive(sys.argv[2])
-    else:
-        measure()
+    main(sys.argv)
