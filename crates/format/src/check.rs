@@ -1153,7 +1153,7 @@ mod tests {
         };
         assert!(st.success());
         let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_snapshot.py");
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/check_snapshot.py");
         let mut broken_dup = section10();
         let dup = broken_dup.device_traces[0][2].clone();
         broken_dup.device_traces[0].insert(2, dup);
@@ -1199,7 +1199,8 @@ mod tests {
             return;
         };
         assert!(st.success());
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let root = root.as_path();
         let script = root.join("tests/python/check_snapshot.py");
         let out = std::process::Command::new("python3")
             .arg(&script)

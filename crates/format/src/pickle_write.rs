@@ -586,7 +586,7 @@ pub(crate) mod tests {
     }
 
     fn checker() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_snapshot.py")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/check_snapshot.py")
     }
 
     /// Loads the pickle with Python and returns it as JSON: tuples become
