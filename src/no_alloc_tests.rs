@@ -92,7 +92,7 @@ fn hooks_do_not_allocate_in_steady_state() {
     );
     // Exactly once per allocation and free, whichever route (cudaMalloc nests cuMemAlloc).
     let pushed = rec.counters.pushed.load(Relaxed) - pushed_before;
-    assert_eq!(pushed + rec.counters.dropped_total(), 6000);
+    assert_eq!(pushed + rec.counters.lost_total(), 6000);
 
     // The OOM path (cold) is allowed to block, but it must not allocate either.
     hooks::routing::set_real_for_test(HookId::cuMemAlloc_v2, fake_oom as *mut c_void);

@@ -26,6 +26,14 @@ __attribute__((noinline)) void stk_a(cb_t cb, void *arg) {
     stk_b(cb, arg); /* LINE_A */
     KEEP();
 }
+__attribute__((noinline)) void stk_x(cb_t cb, void *arg) {
+    stk_b(cb, arg); /* LINE_X */
+    KEEP();
+}
+__attribute__((noinline)) void stk_y(cb_t cb, void *arg) {
+    stk_b(cb, arg); /* LINE_Y */
+    KEEP();
+}
 __attribute__((noinline)) int stk_recurse(int n, cb_t cb, void *arg) {
     if (n == 0) { cb(arg); KEEP(); return 0; }
     int r = stk_recurse(n - 1, cb, arg); /* LINE_R */
@@ -48,6 +56,9 @@ type CallRecurse = extern "C" fn(libc::c_int, Callback, *mut libc::c_void) -> li
 
 struct CLib {
     a: CallA,
+    /// `stk_x` and `stk_y`: the same code (so the same frame size) under two names.
+    x: CallA,
+    y: CallA,
     recurse: CallRecurse,
 }
 
@@ -70,9 +81,13 @@ fn load_raw(path: &Path) -> CLib {
         assert!(!h.is_null(), "dlopen {}", path.display());
         let a = libc::dlsym(h, c"stk_a".as_ptr());
         let r = libc::dlsym(h, c"stk_recurse".as_ptr());
-        assert!(!a.is_null() && !r.is_null());
+        let x = libc::dlsym(h, c"stk_x".as_ptr());
+        let y = libc::dlsym(h, c"stk_y".as_ptr());
+        assert!(!a.is_null() && !r.is_null() && !x.is_null() && !y.is_null());
         CLib {
             a: std::mem::transmute::<*mut libc::c_void, CallA>(a),
+            x: std::mem::transmute::<*mut libc::c_void, CallA>(x),
+            y: std::mem::transmute::<*mut libc::c_void, CallA>(y),
             recurse: std::mem::transmute::<*mut libc::c_void, CallRecurse>(r),
         }
     }
@@ -171,6 +186,57 @@ fn resolve(slot: &StackSlot) -> Vec<crate::snapshot::model::Frame> {
     table.refresh_modules();
     let id = table.intern(slot).expect("non-empty stack");
     table.frames(id).to_vec()
+}
+
+/// Calls through `stk_x` or `stk_y` from this one call site: the capture then runs at the
+/// same stack pointer either way, and only a return address deep in the stack differs.
+#[inline(never)]
+fn through(lib: &CLib, via_y: bool) -> Vec<(String, i64)> {
+    let mut req = request(Stacks::Native, FRAME_CAPACITY);
+    let f = if via_y { lib.y } else { lib.x };
+    f(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    resolve(&req.slot)
+        .iter()
+        .take(4)
+        .map(|f| (f.name.clone(), f.line))
+        .collect()
+}
+
+#[test]
+fn outer_frames_that_changed_at_the_same_depth_are_unwound_again() {
+    let lib = clib(Which::Full);
+    let via_x = vec![
+        ("stk_c".to_string(), line_of("LINE_C")),
+        ("stk_b".to_string(), line_of("LINE_B")),
+        ("stk_x".to_string(), line_of("LINE_X")),
+    ];
+    let via_y = vec![
+        ("stk_c".to_string(), line_of("LINE_C")),
+        ("stk_b".to_string(), line_of("LINE_B")),
+        ("stk_y".to_string(), line_of("LINE_Y")),
+    ];
+    let reused_before =
+        crate::capture::native::WALKS_REUSED.load(std::sync::atomic::Ordering::Relaxed);
+    for round in 0..4 {
+        assert_eq!(
+            through(lib, false)[..3],
+            via_x[..],
+            "round {round}, via stk_x"
+        );
+        assert_eq!(
+            through(lib, true)[..3],
+            via_y[..],
+            "round {round}, via stk_y"
+        );
+        assert_eq!(
+            through(lib, true)[..3],
+            via_y[..],
+            "round {round}, via stk_y again"
+        );
+    }
+    // The repeated calls through the same function did reuse the previous walk.
+    let reused = crate::capture::native::WALKS_REUSED.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(reused > reused_before, "no walk was reused");
 }
 
 #[test]
@@ -331,12 +397,16 @@ fn code_without_unwind_tables_ends_the_walk_cleanly() {
     let lib = clib(Which::NoUnwind);
     let full = clib(Which::Full);
     let mut first = None;
-    for _ in 0..200 {
+    for i in 0..200 {
         let mut req = request(Stacks::Native, FRAME_CAPACITY);
         (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
         // The callback has unwind info, so its caller (stk_c) is found; past that the
         // walk may stop anywhere, but every address it kept is inside a known module.
-        assert!(req.slot.n_native >= 1);
+        assert!(
+            req.slot.n_native >= 1,
+            "capture {i}: {:?}",
+            req.slot.native()
+        );
         let table = modules::ensure();
         assert!(req.slot.native().iter().all(|&pc| table.find(pc).is_some()));
         let innermost = req.slot.native()[0];

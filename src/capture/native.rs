@@ -1,15 +1,30 @@
-//! Native return addresses of the calling thread, unwound in-process with framehop.
+//! Native return addresses of the calling thread, unwound in-process with framehop, with
+//! the outer frames of the thread's previous capture reused when they provably still hold.
 //!
-//! Hot. Steady state: one atomic load (module table), two const-TLS reads (unwinder cache,
-//! stack bounds), then framehop's cached per-address rules; every stack read is checked
-//! against `[sp at capture, top of the thread's stack)`. First capture on a thread: one
-//! allocation (the framehop cache, leaked) and `pthread_getattr_np` (may read /proc on the
-//! main thread). The walk ends cleanly at an address in no known module (JIT code, a module
+//! Hot. Steady state: one atomic load (module table), two const-TLS reads (the thread's
+//! unwind state, stack bounds), then framehop's cached per-address rules; every stack read
+//! is checked against `[sp at capture, top of the thread's stack)`.
+//!
+//! Frame reuse (docs/HOT-PATH.md, "Checked frame reuse"): each walk records, per frame, the
+//! unwinder's whole state (frame address, sp, bp: all that framehop's x86-64 rules read)
+//! and every stack read with its value. When a new walk reaches a state that the previous
+//! walk also passed through, the rest of the walk is a pure function of that state, the
+//! rules (same module table) and the memory it read: if every one of those reads still
+//! returns the same value, the previous walk's outer frames are copied instead of unwound
+//! (one load and compare per read, about two per frame). Nothing is assumed: a changed
+//! caller at the same depth changes a read return address, and the walk goes on unwinding.
+//!
+//! First capture on a thread: one allocation (the thread's unwind state, leaked until the
+//! thread exits) and `pthread_getattr_np` (may read /proc on the main thread). The walk ends cleanly at an address in no known module (JIT code, a module
 //! loaded since the table was built: the table is marked stale for the writer), at a failed
 //! stack read, or at the frame limit. x86_64 only; elsewhere nothing is captured.
 
 #[cfg(target_arch = "x86_64")]
 pub use imp::capture;
+
+/// Walks that reused the previous one's outer frames (tests look at it).
+#[cfg(test)]
+pub static WALKS_REUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
@@ -29,47 +44,114 @@ mod imp {
 
     type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
 
-    /// Marks a thread whose cache was given back by the thread-exit destructor.
-    const CACHE_GONE: *mut Cache = std::ptr::without_provenance_mut(1);
+    /// Marks a thread whose unwind state was given back by the thread-exit destructor.
+    const STATE_GONE: *mut ThreadUnwind = std::ptr::without_provenance_mut(1);
 
     /// Upper bound on unwinder steps, own frames included: bounded work whatever the stack.
     const MAX_STEPS: usize = FRAME_CAPACITY + 64;
+    /// Stack reads one walk records (framehop's rules read one to three words a frame).
+    const MAX_READS: usize = MAX_STEPS * 4;
+
+    /// One frame of a walk: the unwinder's state on reaching it, and what it gave.
+    #[derive(Clone, Copy, Default)]
+    struct Step {
+        /// Frame address: the instruction pointer for the first step, else a return address.
+        pc: u64,
+        first: bool,
+        sp: u64,
+        bp: u64,
+        /// Index in [`Walk::reads`] of the first read made while unwinding past this frame.
+        reads_from: u32,
+        /// The return address this frame adds to the stack (0: none, e.g. our own frames).
+        emit: u64,
+    }
+
+    /// A stack read and its result (`ok` false: out of bounds).
+    #[derive(Clone, Copy, Default)]
+    struct Read {
+        addr: u64,
+        value: u64,
+        ok: bool,
+    }
+
+    /// How a walk ended after its last step. (All-zero is `Stopped`: see [`thread_unwind`].)
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    #[repr(u8)]
+    enum End {
+        /// The unwinder found the root, or could go no further (failed read, bad rule).
+        Stopped = 0,
+        /// A return address in no known module (JIT code, a library loaded since).
+        UnknownModule,
+        /// [`MAX_STEPS`] reached.
+        StepLimit,
+    }
+
+    /// One recorded walk.
+    struct Walk {
+        /// The module table it used (rules may differ in another); 0: no walk.
+        table: usize,
+        steps: [Step; MAX_STEPS],
+        n_steps: usize,
+        reads: [Read; MAX_READS],
+        n_reads: usize,
+        /// Some read was not recorded (more than [`MAX_READS`]): the walk cannot be reused.
+        reads_overflowed: bool,
+        end: End,
+    }
+
+    /// A thread's unwinder cache and its last two walks (the previous one and the one being
+    /// made; they swap roles each capture).
+    struct ThreadUnwind {
+        cache: Cache,
+        walks: [Walk; 2],
+        current: usize,
+    }
 
     thread_local! {
-        static CACHE: Cell<*mut Cache> = const { Cell::new(std::ptr::null_mut()) };
+        static UNWIND: Cell<*mut ThreadUnwind> = const { Cell::new(std::ptr::null_mut()) };
         /// This thread's stack `[bottom, top)`; top 0 = not looked up yet, MAX = unknown.
         static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     }
 
-    static CACHE_KEY: std::sync::OnceLock<libc::pthread_key_t> = std::sync::OnceLock::new();
+    static UNWIND_KEY: std::sync::OnceLock<libc::pthread_key_t> = std::sync::OnceLock::new();
 
-    unsafe extern "C" fn free_cache(p: *mut libc::c_void) {
-        CACHE.with(|c| c.set(CACHE_GONE));
+    unsafe extern "C" fn free_unwind(p: *mut libc::c_void) {
+        UNWIND.with(|c| c.set(STATE_GONE));
         if !p.is_null() {
             // SAFETY: `p` is the Box we leaked for this thread; the thread is exiting and
             // its TLS now says "gone", so no later capture on it can use the pointer.
-            unsafe { drop(Box::from_raw(p as *mut Cache)) };
+            unsafe { drop(Box::from_raw(p as *mut ThreadUnwind)) };
         }
     }
 
-    /// The thread's unwinder cache, created on its first capture.
+    /// The thread's unwind state, created on its first capture.
     #[inline]
-    fn thread_cache() -> Option<&'static mut Cache> {
-        let p = CACHE.with(|c| c.get());
-        if p == CACHE_GONE {
+    fn thread_unwind() -> Option<&'static mut ThreadUnwind> {
+        let p = UNWIND.with(|c| c.get());
+        if p == STATE_GONE {
             return None;
         }
         if !p.is_null() {
-            // SAFETY: `p` is this thread's leaked cache; only this thread uses it, and
+            // SAFETY: `p` is this thread's leaked state; only this thread uses it, and
             // `capture` is not re-entered on one thread (the hooks' nesting guard).
             return Some(unsafe { &mut *p });
         }
-        let fresh = Box::into_raw(Box::new(Cache::new_in()));
-        CACHE.with(|c| c.set(fresh));
-        let key = CACHE_KEY.get_or_init(|| {
+        // About 40 KiB: allocated in place (zeroed), never built on the hook's stack, which
+        // may be a small thread stack of the program's.
+        let layout = std::alloc::Layout::new::<ThreadUnwind>();
+        // SAFETY: a non-zero-sized layout.
+        let fresh = unsafe { std::alloc::alloc_zeroed(layout) } as *mut ThreadUnwind;
+        if fresh.is_null() {
+            return None;
+        }
+        // SAFETY: all-zero bytes are valid walks (no walk yet: `table` 0, `End::Stopped`)
+        // and a valid `current`; the cache is written in place before any use.
+        unsafe { std::ptr::addr_of_mut!((*fresh).cache).write(Cache::new_in()) };
+        UNWIND.with(|c| c.set(fresh));
+        let key = UNWIND_KEY.get_or_init(|| {
             let mut key: libc::pthread_key_t = 0;
             // SAFETY: plain key creation with a destructor of the right type.
-            let rc = unsafe { libc::pthread_key_create(&mut key, Some(free_cache)) };
+            let rc = unsafe { libc::pthread_key_create(&mut key, Some(free_unwind)) };
             if rc == 0 {
                 key
             } else {
@@ -77,7 +159,7 @@ mod imp {
             }
         });
         if *key != libc::pthread_key_t::MAX {
-            // SAFETY: a valid key; the value is only read back by `free_cache`.
+            // SAFETY: a valid key; the value is only read back by `free_unwind`.
             unsafe { libc::pthread_setspecific(*key, fresh as *const libc::c_void) };
         }
         // SAFETY: just allocated, owned by this thread.
@@ -119,7 +201,7 @@ mod imp {
             return;
         }
         let table = modules::ensure();
-        let Some(cache) = thread_cache() else { return };
+        let Some(state) = thread_unwind() else { return };
         let Some((bottom, top)) = stack_bounds() else {
             return;
         };
@@ -142,49 +224,215 @@ mod imp {
             // reads could not be bounded, so no native frames.
             return;
         }
-        let lo = sp;
-        let mut read_stack = |addr: u64| -> Result<u64, ()> {
-            if addr < lo || addr > top.saturating_sub(8) {
+        let (a, b) = state.walks.split_at_mut(1);
+        let (cur, prev) = if state.current == 0 {
+            (&mut a[0], &b[0])
+        } else {
+            (&mut b[0], &a[0])
+        };
+        state.current ^= 1;
+        walk(
+            table,
+            &mut state.cache,
+            cur,
+            prev,
+            Bounds { lo: sp, top },
+            (ip, sp, bp),
+            slot,
+            max,
+        );
+    }
+
+    /// The readable part of the thread's stack: `[sp at capture, top)`.
+    #[derive(Clone, Copy)]
+    struct Bounds {
+        lo: u64,
+        top: u64,
+    }
+
+    impl Bounds {
+        #[inline(always)]
+        fn read(self, addr: u64) -> Result<u64, ()> {
+            if addr < self.lo || addr > self.top.saturating_sub(8) {
                 return Err(());
             }
-            // SAFETY: `[lo, top)` is this thread's live stack: everything above our own
-            // stack pointer up to the top of the mapping is mapped and readable.
+            // SAFETY: `[lo, top)` is this thread's live stack: everything above the
+            // capture's own stack pointer up to the top of the mapping is mapped and
+            // readable, and stays so while the capture runs.
             Ok(unsafe { std::ptr::read_unaligned(addr as *const u64) })
-        };
-        let regs = UnwindRegsX86_64::new(ip, sp, bp);
-        let mut iter = table.unwinder.iter_frames(ip, regs, cache, &mut read_stack);
+        }
+    }
+
+    /// Whether every read in `reads` would return the same result now.
+    #[inline(always)]
+    fn reads_still_hold(reads: &[Read], bounds: Bounds) -> bool {
+        reads.iter().all(|r| match bounds.read(r.addr) {
+            Ok(v) => r.ok && v == r.value,
+            Err(()) => !r.ok,
+        })
+    }
+
+    /// One walk into `cur`, reusing `prev`'s outer frames where they provably hold.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn walk(
+        table: &modules::ModuleTable,
+        cache: &mut Cache,
+        cur: &mut Walk,
+        prev: &Walk,
+        bounds: Bounds,
+        (ip, sp, bp): (u64, u64, u64),
+        slot: &mut StackSlot,
+        max: usize,
+    ) {
+        let table_id = table as *const modules::ModuleTable as usize;
+        cur.table = table_id;
+        cur.n_steps = 0;
+        cur.n_reads = 0;
+        cur.reads_overflowed = false;
+        cur.end = End::StepLimit;
+        let reusable = prev.table == table_id && !prev.reads_overflowed;
+        let mut prev_at = 0usize;
+
         let mut n = 0usize;
-        let mut steps = 0usize;
-        let mut hint = usize::MAX;
-        while steps < MAX_STEPS {
-            steps += 1;
-            let frame = match iter.next() {
-                Ok(Some(f)) => f,
-                Ok(None) | Err(_) => break,
-            };
-            let pc = match frame {
-                // Our own capture function: never part of the stack.
-                FrameAddress::InstructionPointer(_) => continue,
-                FrameAddress::ReturnAddress(ra) => ra.get(),
-            };
-            let Some(module) = table.find_near(pc, hint) else {
-                // JIT code, or a module loaded after the table was built.
-                modules::mark_stale();
-                break;
-            };
-            hint = module;
-            if table.is_own(module) {
-                continue;
-            }
+        let mut emit = |pc: u64, slot: &mut StackSlot| {
             if n >= max {
                 slot.truncated = true;
-                break;
-            }
-            if let Some(dst) = slot.native.get_mut(n) {
+            } else if let Some(dst) = slot.native.get_mut(n) {
                 *dst = pc;
                 n += 1;
             }
+        };
+
+        let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
+        let mut address = FrameAddress::InstructionPointer(ip);
+        let mut hint = usize::MAX;
+        while cur.n_steps < MAX_STEPS {
+            let (pc, first) = match address {
+                FrameAddress::InstructionPointer(p) => (p, true),
+                FrameAddress::ReturnAddress(ra) => (ra.get(), false),
+            };
+            // Frames lie at increasing stack addresses: move through the previous walk in
+            // step with this one and look for the same unwinder state.
+            if reusable {
+                let sp = regs.sp();
+                while prev_at < prev.n_steps && prev.steps[prev_at].sp < sp {
+                    prev_at += 1;
+                }
+                if let Some(p) = prev.steps.get(prev_at)
+                    && prev_at < prev.n_steps
+                    && p.sp == sp
+                    && p.pc == pc
+                    && p.first == first
+                    && p.bp == regs.bp()
+                    && reads_still_hold(&prev.reads[p.reads_from as usize..prev.n_reads], bounds)
+                {
+                    splice(cur, prev, prev_at, slot, &mut emit);
+                    slot.n_native = n as u16;
+                    return;
+                }
+            }
+            let mut step = Step {
+                pc,
+                first,
+                sp: regs.sp(),
+                bp: regs.bp(),
+                reads_from: cur.n_reads as u32,
+                emit: 0,
+            };
+            if !first {
+                let Some(module) = table.find_near(pc, hint) else {
+                    // JIT code, or a module loaded after the table was built.
+                    modules::mark_stale();
+                    cur.end = End::UnknownModule;
+                    break;
+                };
+                hint = module;
+                if !table.is_own(module) {
+                    step.emit = pc;
+                    emit(pc, slot);
+                }
+            }
+            // The step is recorded before its reads are: they belong to it.
+            let at = cur.n_steps;
+            cur.steps[at] = step;
+            cur.n_steps += 1;
+            let mut read_stack = |addr: u64| -> Result<u64, ()> {
+                let result = bounds.read(addr);
+                match cur.reads.get_mut(cur.n_reads) {
+                    Some(r) => {
+                        *r = Read {
+                            addr,
+                            value: result.unwrap_or(0),
+                            ok: result.is_ok(),
+                        };
+                        cur.n_reads += 1;
+                    }
+                    None => cur.reads_overflowed = true,
+                }
+                result
+            };
+            let next = table
+                .unwinder
+                .unwind_frame(address, &mut regs, cache, &mut read_stack);
+            match next
+                .ok()
+                .flatten()
+                .and_then(FrameAddress::from_return_address)
+            {
+                Some(a) => address = a,
+                None => {
+                    cur.end = End::Stopped;
+                    break;
+                }
+            }
         }
         slot.n_native = n as u16;
+    }
+
+    /// Ends `cur` with `prev`'s steps from `from` on (their reads still hold), emitting
+    /// what they emitted.
+    #[cold]
+    #[inline(never)]
+    fn splice(
+        cur: &mut Walk,
+        prev: &Walk,
+        from: usize,
+        slot: &mut StackSlot,
+        emit: &mut impl FnMut(u64, &mut StackSlot),
+    ) {
+        #[cfg(test)]
+        super::WALKS_REUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let reads_from = prev.steps[from].reads_from as usize;
+        let steps = &prev.steps[from..prev.n_steps];
+        let reads = &prev.reads[reads_from..prev.n_reads];
+        let room_steps = MAX_STEPS - cur.n_steps;
+        let room_reads = MAX_READS - cur.n_reads;
+        if steps.len() > room_steps || reads.len() > room_reads {
+            // The spliced walk would not fit: emit the frames, but do not offer this walk
+            // for reuse.
+            cur.reads_overflowed = true;
+        }
+        let shift = cur.n_reads as i64 - reads_from as i64;
+        for s in steps {
+            if s.emit != 0 {
+                emit(s.emit, slot);
+            }
+        }
+        for (dst, s) in cur.steps[cur.n_steps..].iter_mut().zip(steps) {
+            *dst = Step {
+                reads_from: (s.reads_from as i64 + shift) as u32,
+                ..*s
+            };
+        }
+        for (dst, r) in cur.reads[cur.n_reads..].iter_mut().zip(reads) {
+            *dst = *r;
+        }
+        cur.n_steps += steps.len().min(room_steps);
+        cur.n_reads += reads.len().min(room_reads);
+        if prev.end == End::UnknownModule {
+            modules::mark_stale();
+        }
+        cur.end = prev.end;
     }
 }

@@ -34,8 +34,10 @@ pub enum Kind {
     ReserveFree,
     /// An allocation of `size` bytes failed with out-of-memory; payload: [`Payload::Oom`].
     Oom,
-    /// A control request (step, dump, signal, exit); payload: [`Payload::Control`].
-    Control,
+    /// `memsnap_step()`: carried as an event so that it is ordered with the allocations
+    /// around it. (Dump and exit requests do not wait in the queue: see
+    /// [`handshake`](super::handshake).)
+    Step,
 }
 
 /// What an event carries beyond address, size and device, by kind.
@@ -53,7 +55,6 @@ pub enum Payload {
         /// Non-zero: the failing call waits for this out-of-memory snapshot ticket.
         dump_ticket: u64,
     },
-    Control(Control),
 }
 
 impl Payload {
@@ -98,7 +99,7 @@ pub enum Api {
     CudaMalloc3D,
     CudaFree,
     CudaFreeAsync,
-    /// Not a CUDA call: `memsnap_step`, `memsnap_dump`, a signal, the exit handler.
+    /// Not a CUDA call: `memsnap_step`.
     Memsnap,
 }
 
@@ -155,20 +156,6 @@ impl Api {
             Api::Memsnap => "memsnap",
         }
     }
-}
-
-/// Control requests, carried as events so they are ordered with the allocations around
-/// them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Control {
-    /// `memsnap_step()`.
-    Step,
-    /// `memsnap_dump(tag)`: the tag's index in the dump-tag table, the caller's ticket.
-    Dump { tag_index: u32, ticket: u64 },
-    /// The dump signal arrived.
-    Signal,
-    /// The process is exiting: final dump, then stop.
-    Exit,
 }
 
 /// No stack slot attached.

@@ -1,6 +1,12 @@
-//! The state the hook side and the writer thread share besides the queue: who is waiting
-//! for which dump, the dump signal, route counters and device totals, and the clock both
-//! sides stamp with. One place, so that the writer never has to reach into the hook side.
+//! The state the hook side and the writer thread share besides the queue: requests for
+//! snapshots (exit, `memsnap_dump`, the dump signal, out-of-memory), route counters and
+//! device totals, and the clock both sides stamp with. One place, so that the writer never
+//! has to reach into the hook side.
+//!
+//! Requests never wait in the event queue, however full it is: the asking thread raises a
+//! flag or takes a ticket here and wakes the writer, which first applies every event that
+//! was queued when it saw the request (so the snapshot holds everything the asking thread
+//! did before asking), then writes the snapshot and completes the request.
 //!
 //! Hot only in [`now_us`] and the route counters (relaxed atomics). Waiting for a dump is
 //! cold (a thread that asked for a snapshot sleeps in 1 ms steps until the writer says it
@@ -48,6 +54,10 @@ impl DumpRequests {
     pub fn is_done(&self, ticket: u64) -> bool {
         self.done.load(Acquire) >= ticket
     }
+    /// Writer side: the tickets asked for and not done yet, oldest first.
+    pub fn pending(&self) -> std::ops::RangeInclusive<u64> {
+        self.done.load(Acquire) + 1..=self.asked.load(Acquire)
+    }
 }
 
 impl Default for DumpRequests {
@@ -58,13 +68,16 @@ impl Default for DumpRequests {
 
 /// Out-of-memory snapshots asked for by failing calls (the ticket travels in the event).
 pub static OOM_DUMPS: DumpRequests = DumpRequests::new();
+/// Tags passed to `memsnap_dump`: ticket N's tag is at index N - 1. A ticket is taken
+/// under this lock, so tickets and tags stay in step. Cold: taken by the C API and by the
+/// writer, never by a hook.
+pub static DUMP_TAGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// `memsnap_dump(tag)` calls.
 pub static API_DUMPS: DumpRequests = DumpRequests::new();
-/// Tags passed to `memsnap_dump`, by the index the control event carries. Cold: taken by
-/// the C API and by the writer, never by a hook.
-pub static DUMP_TAGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// Set by the dump signal's handler, taken by the writer.
 pub static SIGNAL_PENDING: AtomicBool = AtomicBool::new(false);
+/// Set by the exit handler: write the exit snapshot and stop.
+pub static EXIT_REQUESTED: AtomicBool = AtomicBool::new(false);
 /// Set by the writer once the exit snapshot is written (or the writer is gone).
 pub static EXIT_DONE: AtomicBool = AtomicBool::new(false);
 

@@ -1,16 +1,18 @@
-//! The bounded, lock-free path from hooks to the writer thread.
+//! The bounded, lock-free, lossless path from hooks to the writer thread.
 //!
 //! Hot. Two pre-allocated structures, created once on the first CUDA event:
 //! - `events`: a crossbeam `ArrayQueue<Event>` (no allocation, no lock, no thread-local on
-//!   push; reference/crates.md §2.2);
+//!   push; docs/DEPENDENCIES.md);
 //! - a slab of [`StackSlot`]s with a free list (`ArrayQueue<u32>` of slot indices). A hook
 //!   pops a slot, fills it in place and sends its index with the event; the writer copies
 //!   what it needs and pushes the index back.
 //!
-//! Back-pressure degrades stacks first: no free slot means the event goes without a stack
-//! (counted). A full event queue is retried for a bounded spin while the writer is alive,
-//! then the event is dropped and counted per kind; the writer records the counts in every
-//! snapshot and warns once. Nothing here blocks, allocates or makes a syscall.
+//! Lossless (docs/DESIGN.md, decision 5): when the queue or the slab is full, the hook
+//! waits for the writer (a short spin, then it wakes the writer and yields, then sleeps
+//! in 50 µs steps) instead of dropping an event or its stack: the program slows down, the
+//! record stays exact. Waits are counted. Only when the writer is gone (a panic it caught,
+//! process teardown) does an event go unrecorded; those are counted by kind and reported
+//! at exit. No allocation, no lock; syscalls only while waiting for the writer.
 
 use crate::channel::event::{Event, Kind, NO_STACK, StackSlot};
 use crate::config::{Context, Stacks};
@@ -20,12 +22,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 /// Upper bound on stack slots: the writer drains within milliseconds, so a few thousand
-/// in flight is plenty, and each slot is ~2 KiB.
-const MAX_STACK_SLOTS: usize = 4096;
+/// in flight is plenty, and each slot is ~2 KiB (8 MiB for the whole slab).
+pub const MAX_STACK_SLOTS: usize = 4096;
 
-/// Spins on a full queue before dropping (a few tens of µs): absorbs bursts without a
-/// syscall, and stays bounded if the writer is stuck.
-const FULL_QUEUE_SPINS: u32 = 20_000;
+/// Spins on a full queue or slab before the first syscall (a few µs): absorbs short
+/// bursts while the writer is busy.
+const SPINS_BEFORE_YIELD: u32 = 2_000;
+/// Yields before sleeping: the writer usually needs only a time slice.
+const YIELDS_BEFORE_SLEEP: u32 = 64;
+/// Sleep between checks once the writer has been behind for a while.
+const WAIT_SLEEP: Duration = Duration::from_micros(50);
 
 /// The settings a hook needs, copied out of the configuration once.
 #[derive(Clone, Copy, Debug)]
@@ -59,18 +65,53 @@ unsafe impl Sync for Recorder {}
 #[derive(Default)]
 pub struct Counters {
     pub pushed: AtomicU64,
-    pub dropped_allocs: AtomicU64,
-    pub dropped_frees: AtomicU64,
-    pub dropped_other: AtomicU64,
-    pub stackless: AtomicU64,
-    pub full_queue_waits: AtomicU64,
+    /// Events that found the queue full and waited for the writer.
+    pub queue_waits: AtomicU64,
+    /// Stacks that found every slot taken and waited for the writer.
+    pub slot_waits: AtomicU64,
+    /// Events not recorded because the writer was gone, by kind.
+    pub lost_allocs: AtomicU64,
+    pub lost_frees: AtomicU64,
+    pub lost_other: AtomicU64,
+    /// Stacks not captured because the writer was gone (their events were lost too).
+    pub lost_stacks: AtomicU64,
 }
 
 impl Counters {
-    pub fn dropped_total(&self) -> u64 {
-        self.dropped_allocs.load(Relaxed)
-            + self.dropped_frees.load(Relaxed)
-            + self.dropped_other.load(Relaxed)
+    pub fn lost_total(&self) -> u64 {
+        self.lost_allocs.load(Relaxed)
+            + self.lost_frees.load(Relaxed)
+            + self.lost_other.load(Relaxed)
+    }
+}
+
+/// Waits for the writer: spin, then yield (waking the writer once), then sleep. Returns
+/// `false` once the writer is gone.
+struct Backoff<'a> {
+    rec: &'a Recorder,
+    round: u32,
+}
+
+impl Backoff<'_> {
+    #[cold]
+    #[inline(never)]
+    fn wait(&mut self) -> bool {
+        if !self.rec.writer_alive.load(Acquire) {
+            return false;
+        }
+        self.round = self.round.saturating_add(1);
+        if self.round < SPINS_BEFORE_YIELD {
+            std::hint::spin_loop();
+        } else if self.round == SPINS_BEFORE_YIELD {
+            // The writer may be in its idle sleep: hooks never wake it otherwise.
+            self.rec.wake_writer();
+            std::thread::yield_now();
+        } else if self.round < SPINS_BEFORE_YIELD + YIELDS_BEFORE_SLEEP {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(WAIT_SLEEP);
+        }
+        true
     }
 }
 
@@ -96,15 +137,16 @@ impl Recorder {
         }
     }
 
-    /// Borrows a free stack slot, or `None` under back-pressure (counted).
+    /// Borrows a free stack slot, waiting for the writer to give one back when all are in
+    /// flight. `None` only when the writer is gone (counted).
     // `&self` → `&mut`: exclusive by the free-list protocol (see the `Sync` impl), which is
     // what lets hooks on many threads fill slots without a lock.
     #[allow(clippy::mut_from_ref)]
     #[inline]
     pub fn take_slot(&self) -> Option<(u32, &mut StackSlot)> {
-        let Some(idx) = self.free_slots.pop() else {
-            self.counters.stackless.fetch_add(1, Relaxed);
-            return None;
+        let idx = match self.free_slots.pop() {
+            Some(idx) => idx,
+            None => self.take_slot_slow()?,
         };
         let cell = self.slots.get(idx as usize)?;
         // SAFETY: `idx` came off the free list, so no one else holds this slot until we push
@@ -112,11 +154,45 @@ impl Recorder {
         Some((idx, unsafe { &mut *cell.get() }))
     }
 
-    /// Sends an event. Never blocks for long, never allocates; counts what it drops.
+    #[cold]
+    #[inline(never)]
+    fn take_slot_slow(&self) -> Option<u32> {
+        self.counters.slot_waits.fetch_add(1, Relaxed);
+        let mut backoff = Backoff {
+            rec: self,
+            round: 0,
+        };
+        loop {
+            if let Some(idx) = self.free_slots.pop() {
+                return Some(idx);
+            }
+            if !backoff.wait() {
+                self.counters.lost_stacks.fetch_add(1, Relaxed);
+                return None;
+            }
+        }
+    }
+
+    /// Sends an event, waiting for room while the writer is behind. Never allocates; an
+    /// event is lost (and counted) only when the writer is gone.
     #[inline]
     pub fn push(&self, event: Event) {
-        let mut event = event;
-        let mut spins = 0u32;
+        match self.events.push(event) {
+            Ok(()) => {
+                self.counters.pushed.fetch_add(1, Relaxed);
+            }
+            Err(back) => self.push_slow(back),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn push_slow(&self, mut event: Event) {
+        self.counters.queue_waits.fetch_add(1, Relaxed);
+        let mut backoff = Backoff {
+            rec: self,
+            round: 0,
+        };
         loop {
             match self.events.push(event) {
                 Ok(()) => {
@@ -125,19 +201,14 @@ impl Recorder {
                 }
                 Err(back) => event = back,
             }
-            if spins == 0 {
-                self.counters.full_queue_waits.fetch_add(1, Relaxed);
-            }
-            if spins >= FULL_QUEUE_SPINS || !self.writer_alive.load(Relaxed) {
+            if !backoff.wait() {
                 break;
             }
-            spins += 1;
-            std::hint::spin_loop();
         }
         let counter = match event.kind {
-            Kind::Alloc | Kind::AllocManaged | Kind::Map => &self.counters.dropped_allocs,
-            Kind::Free | Kind::Unmap => &self.counters.dropped_frees,
-            _ => &self.counters.dropped_other,
+            Kind::Alloc | Kind::AllocManaged | Kind::Map => &self.counters.lost_allocs,
+            Kind::Free | Kind::Unmap => &self.counters.lost_frees,
+            _ => &self.counters.lost_other,
         };
         counter.fetch_add(1, Relaxed);
         if event.stack != NO_STACK {
@@ -210,9 +281,9 @@ mod tests {
     };
 
     #[test]
-    fn full_queue_counts_drops_by_kind() {
+    fn with_the_writer_gone_a_full_queue_loses_events_by_kind_and_gives_slots_back() {
         let rec = Recorder::new(16, TEST_SETTINGS, -1);
-        rec.writer_alive.store(false, Relaxed); // no spinning in the test
+        rec.writer_alive.store(false, Relaxed);
         for i in 0..20u64 {
             let kind = if i % 2 == 0 { Kind::Alloc } else { Kind::Free };
             let mut ev = Event::new(kind, Api::CudaMalloc);
@@ -225,10 +296,11 @@ mod tests {
         }
         assert_eq!(rec.queued(), 16);
         assert_eq!(rec.counters.pushed.load(Relaxed), 16);
-        assert_eq!(rec.counters.dropped_allocs.load(Relaxed), 2);
-        assert_eq!(rec.counters.dropped_frees.load(Relaxed), 2);
-        // The 16 queued events hold all 16 slots; the last four went without a stack.
-        assert_eq!(rec.counters.stackless.load(Relaxed), 4);
+        assert_eq!(rec.counters.lost_allocs.load(Relaxed), 2);
+        assert_eq!(rec.counters.lost_frees.load(Relaxed), 2);
+        // The 16 queued events hold all 16 slots: the four later events found none, and
+        // with no writer to give one back their stacks are lost too, and counted.
+        assert_eq!(rec.counters.lost_stacks.load(Relaxed), 4);
         let mut addrs = Vec::new();
         while let Some(ev) = rec.pop() {
             assert_eq!(rec.slot(ev.stack).map(|s| s.n_native), Some(1));
@@ -239,22 +311,50 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_event_gives_its_stack_slot_back() {
-        let rec = Recorder::new(16, TEST_SETTINGS, -1);
-        rec.writer_alive.store(false, Relaxed);
-        for _ in 0..16 {
-            rec.push(Event::new(Kind::Alloc, Api::CuMemAlloc));
+    fn a_full_queue_waits_for_the_writer_and_loses_nothing() {
+        const EVENTS: u64 = 200_000;
+        let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(16, TEST_SETTINGS, -1)));
+        let producers: Vec<_> = (0..4u64)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for i in 0..EVENTS / 4 {
+                        let mut ev = Event::new(Kind::Alloc, Api::CudaMalloc);
+                        let (idx, slot) = rec.take_slot().expect("the writer is alive");
+                        slot.n_native = 1;
+                        slot.native[0] = t << 32 | i;
+                        ev.stack = idx;
+                        ev.addr = t << 32 | i;
+                        rec.push(ev);
+                    }
+                })
+            })
+            .collect();
+        // A slow writer: it pauses now and then, so the queue and the slab fill up.
+        let mut seen = vec![0u64; 4];
+        let mut received = 0;
+        while received < EVENTS {
+            match rec.pop() {
+                Some(ev) => {
+                    let slot = rec.slot(ev.stack).expect("every event has its stack");
+                    assert_eq!(slot.native[0], ev.addr, "the stack travels with its event");
+                    rec.release_slot(ev.stack);
+                    let (t, i) = ((ev.addr >> 32) as usize, ev.addr & 0xffff_ffff);
+                    assert_eq!(i, seen[t], "per-thread order kept");
+                    seen[t] += 1;
+                    received += 1;
+                    if received % 10_000 == 0 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+                None => std::thread::yield_now(),
+            }
         }
-        let (idx, _) = rec.take_slot().expect("all slots free");
-        let mut ev = Event::new(Kind::Free, Api::CuMemFree);
-        ev.stack = idx;
-        rec.push(ev);
-        assert_eq!(rec.counters.dropped_frees.load(Relaxed), 1);
-        let taken: Vec<u32> = std::iter::from_fn(|| rec.take_slot().map(|(i, _)| i)).collect();
-        assert_eq!(
-            taken.len(),
-            16,
-            "the dropped event's slot is back in the pool"
-        );
+        for p in producers {
+            p.join().unwrap();
+        }
+        assert_eq!(rec.counters.pushed.load(Relaxed), EVENTS);
+        assert_eq!(rec.counters.lost_total(), 0);
+        assert_eq!(rec.counters.lost_stacks.load(Relaxed), 0);
+        assert!(rec.counters.queue_waits.load(Relaxed) + rec.counters.slot_waits.load(Relaxed) > 0);
     }
 }

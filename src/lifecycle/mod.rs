@@ -8,8 +8,10 @@
 //! an allocation call never leaves `UNINIT`: no thread, no file, no output (JAX starts such
 //! children).
 
-use crate::channel::event::{Api, Control, Event, Kind, Payload};
-use crate::channel::handshake::{self, API_DUMPS, DUMP_TAGS, EXIT_DONE, SIGNAL_PENDING};
+use crate::channel::event::{Api, Event, Kind};
+use crate::channel::handshake::{
+    self, API_DUMPS, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED, SIGNAL_PENDING,
+};
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::config::Config;
 use crate::guard::{self, Scope};
@@ -18,7 +20,7 @@ use crate::writer;
 pub mod debug;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
 use std::time::Duration;
 
 const UNINIT: u8 = 0;
@@ -96,6 +98,9 @@ fn start() {
             guard::mark_thread_internal();
             writer::run(rec, cfg);
             // The writer is gone (exit, or a panic it caught): hooks stop recording.
+            if !EXIT_REQUESTED.load(Acquire) {
+                WRITER_ENDED_EARLY.store(true, Release);
+            }
             STATE.store(OFF, Release);
         });
     if let Err(e) = spawned {
@@ -186,16 +191,23 @@ fn recorder_if_started() -> Option<&'static Recorder> {
 
 const EXIT_WAIT: Duration = Duration::from_secs(60);
 
+/// Set when the writer thread ended before the program's exit (an internal error it
+/// caught): the exit handler then reports what went unrecorded.
+static WRITER_ENDED_EARLY: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn at_exit() {
-    if STATE.load(Acquire) != ACTIVE {
-        return;
-    }
     let Some(rec) = recorder_if_started() else {
         return;
     };
-    push_control(rec, Control::Exit);
-    rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT);
-    STATE.store(OFF, Release);
+    if STATE.load(Acquire) == ACTIVE {
+        EXIT_REQUESTED.store(true, Release);
+        rec.wake_writer();
+        rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT);
+        STATE.store(OFF, Release);
+    } else if !WRITER_ENDED_EARLY.load(Acquire) {
+        return; // never started, or a forked child of a recording parent
+    }
+    report_losses(rec);
 }
 
 extern "C" fn in_forked_child() {
@@ -220,12 +232,19 @@ static ON_LOAD: extern "C" fn() = on_load;
 // ---------------------------------------------------------------------------------------
 // The C API: memsnap_step() and memsnap_dump(tag).
 
-fn push_control(rec: &Recorder, control: Control) {
-    let mut ev = Event::new(Kind::Control, Api::Memsnap);
-    ev.payload = Payload::Control(control);
-    ev.time_us = handshake::now_us();
-    rec.push(ev);
-    rec.wake_writer();
+/// The one place a person learns that events went unrecorded: only possible when the
+/// writer stopped early (it caught an internal error), since hooks otherwise wait.
+fn report_losses(rec: &Recorder) {
+    let c = &rec.counters;
+    let lost = c.lost_total();
+    if lost > 0 || c.lost_stacks.load(Relaxed) > 0 {
+        eprintln!(
+            "memsnap: the writer stopped early: {lost} events ({} allocations, {} frees) were \
+             not recorded after the last snapshot",
+            c.lost_allocs.load(Relaxed),
+            c.lost_frees.load(Relaxed),
+        );
+    }
 }
 
 /// Marks the end of a training step. Cheap: one event on the queue.
@@ -239,7 +258,9 @@ pub extern "C" fn memsnap_step() -> c_int {
     let Some(rec) = recorder_if_started() else {
         return -1;
     };
-    push_control(rec, Control::Step);
+    let mut ev = Event::new(Kind::Step, Api::Memsnap);
+    ev.time_us = handshake::now_us();
+    rec.push(ev);
     0
 }
 
@@ -260,15 +281,14 @@ pub unsafe extern "C" fn memsnap_dump(tag: *const c_char) -> c_int {
             .to_string_lossy()
             .into_owned()
     };
-    let tag_index = match DUMP_TAGS.lock() {
+    let ticket = match DUMP_TAGS.lock() {
         Ok(mut tags) => {
             tags.push(tag);
-            (tags.len() - 1) as u32
+            API_DUMPS.ask()
         }
         Err(_) => return -1,
     };
-    let ticket = API_DUMPS.ask();
-    push_control(rec, Control::Dump { tag_index, ticket });
+    rec.wake_writer();
     if rec.wait_for(|| API_DUMPS.is_done(ticket), EXIT_WAIT) {
         0
     } else {

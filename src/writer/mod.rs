@@ -12,9 +12,9 @@ pub mod files;
 pub mod stacks;
 pub mod state;
 
-use crate::channel::event::{Api, Control, Event, Kind, NO_STACK, Payload};
+use crate::channel::event::{Api, Event, Kind, NO_STACK, Payload};
 use crate::channel::handshake::{
-    self, API_DUMPS, DUMP_TAGS, EXIT_DONE, OOM_DUMPS, ROUTED, SIGNAL_PENDING,
+    self, API_DUMPS, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED, SIGNAL_PENDING,
 };
 use crate::channel::queue::Recorder;
 use crate::config::Config;
@@ -45,6 +45,8 @@ pub fn run(rec: &'static Recorder, cfg: Config) {
 
 /// Longest idle sleep between queue polls.
 const MAX_IDLE: Duration = Duration::from_millis(5);
+/// Longest stretch spent symbolizing new stacks before the queue is looked at again.
+const SYMBOLIZE_BUDGET: Duration = Duration::from_micros(500);
 /// Events applied between checks of the signal flag and timers.
 const BATCH: usize = 8192;
 /// How often the writer looks for newly loaded libraries for the native unwinder.
@@ -67,7 +69,6 @@ struct Writer {
     last_period: Instant,
     last_refresh: Instant,
     api_counts: [u64; Api::ALL.len()],
-    warned_drops: u64,
     write_warnings: u32,
     stats: Option<stats::Stats>,
 }
@@ -94,7 +95,6 @@ impl Writer {
             last_period: Instant::now(),
             last_refresh: Instant::now(),
             api_counts: [0; Api::ALL.len()],
-            warned_drops: 0,
             write_warnings: 0,
             stats,
             cfg,
@@ -116,8 +116,8 @@ impl Writer {
                 }
             }
             self.maintain_stacks();
-            if SIGNAL_PENDING.swap(false, AcqRel) {
-                self.dump(Reason::Signal, "");
+            if let Flow::Exit = self.serve_requests() {
+                return;
             }
             if let Some(period) = self.cfg.period
                 && self.last_period.elapsed() >= period
@@ -125,6 +125,11 @@ impl Writer {
                 self.last_period = Instant::now();
                 self.dump(Reason::Period, "");
                 self.write_stats(Reason::Period);
+            }
+            if applied < BATCH && self.stacks.symbolize_some(SYMBOLIZE_BUDGET) {
+                // Names still to take: no sleep, the queue is checked again right away.
+                idle = Duration::from_micros(100);
+                continue;
             }
             if applied == 0 {
                 self.sleep(idle);
@@ -161,19 +166,11 @@ impl Writer {
         if ev.stack == NO_STACK {
             return None;
         }
-        let known = self.stacks.len();
         let id = self
             .rec
             .slot(ev.stack)
             .and_then(|slot| self.stacks.intern(slot));
         self.rec.release_slot(ev.stack);
-        if let Some(id) = id
-            && self.stacks.len() > known
-        {
-            // A new stack: symbolize now, while every module it passes through is still
-            // loaded (a later dlclose would lose the names).
-            let _ = self.stacks.frames(id);
-        }
         id
     }
 
@@ -241,34 +238,53 @@ impl Writer {
                     }
                 }
             }
-            Kind::Control => return self.control(ev),
+            Kind::Step => self.on_step(),
         }
         Flow::Continue
     }
 
-    fn control(&mut self, ev: Event) -> Flow {
-        let Payload::Control(control) = ev.payload else {
+    /// Requests that do not travel in the queue (docs: `channel::handshake`): exit,
+    /// `memsnap_dump`, the dump signal. Each first applies every event queued when the
+    /// request was seen, so the snapshot holds all that the asking thread did before.
+    fn serve_requests(&mut self) -> Flow {
+        let exit = EXIT_REQUESTED.load(Acquire);
+        let signal = SIGNAL_PENDING.swap(false, AcqRel);
+        let dumps = API_DUMPS.pending();
+        if !exit && !signal && dumps.is_empty() {
             return Flow::Continue;
-        };
-        match control {
-            Control::Step => self.on_step(),
-            Control::Dump { tag_index, ticket } => {
-                let tag = DUMP_TAGS
-                    .lock()
-                    .ok()
-                    .and_then(|t| t.get(tag_index as usize).cloned())
-                    .unwrap_or_default();
-                self.dump(Reason::Api, &tag);
-                API_DUMPS.complete(ticket);
+        }
+        if let Flow::Exit = self.apply_queued() {
+            return Flow::Exit;
+        }
+        if signal {
+            self.dump(Reason::Signal, "");
+        }
+        for ticket in dumps {
+            let tag = DUMP_TAGS
+                .lock()
+                .ok()
+                .and_then(|t| t.get(ticket as usize - 1).cloned())
+                .unwrap_or_default();
+            self.dump(Reason::Api, &tag);
+            API_DUMPS.complete(ticket);
+        }
+        if exit {
+            if self.cfg.at_exit {
+                self.dump(Reason::Exit, "");
             }
-            Control::Signal => self.dump(Reason::Signal, ""),
-            Control::Exit => {
-                if self.cfg.at_exit {
-                    self.dump(Reason::Exit, "");
-                }
-                self.write_stats(Reason::Exit);
-                self.report_at_exit();
-                EXIT_DONE.store(true, Release);
+            self.write_stats(Reason::Exit);
+            self.report_at_exit();
+            EXIT_DONE.store(true, Release);
+            return Flow::Exit;
+        }
+        Flow::Continue
+    }
+
+    /// Applies the events in the queue now (not those pushed while this runs).
+    fn apply_queued(&mut self) -> Flow {
+        for _ in 0..self.rec.queued() {
+            let Some(ev) = self.rec.pop() else { break };
+            if let Flow::Exit = self.apply(ev) {
                 return Flow::Exit;
             }
         }
@@ -338,7 +354,6 @@ impl Writer {
         };
         snap.allocator_settings = self.allocator_settings();
         snap.memsnap = self.metadata(reason, tag);
-        self.warn_about_drops();
         let bytes = pickle_write::to_bytes(&snap);
         let name = files::expand(&self.cfg.filename, &self.id, &fields);
         let result = files::folder(&self.cfg, &self.id, &fields)
@@ -361,17 +376,6 @@ impl Writer {
                 }
             }
         }
-    }
-
-    fn warn_about_drops(&mut self) {
-        let dropped = self.rec.counters.dropped_total();
-        if dropped > 0 && self.warned_drops == 0 {
-            eprintln!(
-                "memsnap: warning: {dropped} events were dropped because the queue was full; \
-                 snapshots may miss allocations (raise MEMSNAP_QUEUE_CAPACITY)"
-            );
-        }
-        self.warned_drops = dropped;
     }
 
     fn allocator_settings(&self) -> Vec<(String, Meta)> {
@@ -433,10 +437,14 @@ impl Writer {
             meta_int("step", self.step),
             meta_int("time_us", handshake::now_us()),
             meta_int("events_recorded", c.pushed.load(Relaxed)),
-            meta_int("dropped_events", c.dropped_total()),
-            meta_int("dropped_allocs", c.dropped_allocs.load(Relaxed)),
-            meta_int("dropped_frees", c.dropped_frees.load(Relaxed)),
-            meta_int("events_without_stack", c.stackless.load(Relaxed)),
+            // Lost only while the writer is gone; a snapshot written then has none to report,
+            // so these are 0 in every file and exist for readers that check.
+            meta_int("dropped_events", c.lost_total()),
+            meta_int("dropped_allocs", c.lost_allocs.load(Relaxed)),
+            meta_int("dropped_frees", c.lost_frees.load(Relaxed)),
+            meta_int("events_without_stack", c.lost_stacks.load(Relaxed)),
+            meta_int("hook_queue_waits", c.queue_waits.load(Relaxed)),
+            meta_int("hook_slot_waits", c.slot_waits.load(Relaxed)),
             meta_int("unknown_frees", self.state.anomalies.unknown_frees),
             meta_int("unknown_unmaps", self.state.anomalies.unknown_unmaps),
             meta_int("repaired_overlaps", self.state.anomalies.repaired_overlaps),

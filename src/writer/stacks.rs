@@ -35,6 +35,11 @@ struct RawStack {
 
 pub struct StackTable {
     ids: FxHashMap<Vec<u64>, RawStackId>,
+    /// The key of the stack being interned, reused: a stack seen before costs a hash and a
+    /// compare, no allocation.
+    key: Vec<u64>,
+    /// Interned stacks not symbolized yet, oldest first (see [`Self::symbolize_some`]).
+    unsymbolized: std::collections::VecDeque<RawStackId>,
     stacks: Vec<RawStack>,
     python: pyframes::PyResolver,
     native: symbolize::Symbolizer,
@@ -47,6 +52,8 @@ impl StackTable {
     pub fn new(_cfg: &Config) -> Self {
         StackTable {
             ids: FxHashMap::default(),
+            key: Vec::new(),
+            unsymbolized: std::collections::VecDeque::new(),
             stacks: Vec::new(),
             python: pyframes::PyResolver::new(),
             native: symbolize::Symbolizer::new(),
@@ -64,14 +71,14 @@ impl StackTable {
         }
         // Key: native addresses, a separator, then the raw Python records. The same code
         // object at the same instruction gives the same key (and the same frames).
-        let mut key: Vec<u64> =
-            Vec::with_capacity(slot.native().len() + 1 + slot.python().len() * 3);
+        let key = &mut self.key;
+        key.clear();
         key.extend_from_slice(slot.native());
         key.push(u64::MAX);
         for p in slot.python() {
             key.extend_from_slice(&[p.code, p.instr, ((p.check as u64) << 32) | p.flags as u64]);
         }
-        if let Some(&id) = self.ids.get(&key) {
+        if let Some(&id) = self.ids.get(key.as_slice()) {
             return Some(id);
         }
         let python = self.python.resolve(slot.python());
@@ -81,8 +88,24 @@ impl StackTable {
             python,
             merged: None,
         });
-        self.ids.insert(key, id);
+        self.ids.insert(self.key.clone(), id);
+        self.unsymbolized.push_back(id);
         Some(id)
+    }
+
+    /// Symbolizes interned stacks that are not yet, oldest first, until `budget` has
+    /// passed; returns whether any are left. The writer calls this when the queue is empty,
+    /// so that names are taken while the libraries are still loaded (a later `dlclose`
+    /// would lose them) without ever holding up the drain; a dump symbolizes the rest.
+    pub fn symbolize_some(&mut self, budget: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while let Some(id) = self.unsymbolized.pop_front() {
+            let _ = self.frames(id);
+            if start.elapsed() >= budget {
+                break;
+            }
+        }
+        !self.unsymbolized.is_empty()
     }
 
     /// The frames of an interned stack, innermost first, symbolized and merged (cached).

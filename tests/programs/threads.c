@@ -1,6 +1,7 @@
-/* threads.c (static runtime): 8 threads, each doing 2000 random operations (cudaMalloc/cudaFree,
- * one in four cudaMallocAsync/cudaFreeAsync) with sizes from 512 B to 4 MiB; thread t works on
- * device t % device_count. Each thread keeps what is live at its end. Prints per device the
+/* threads.c (static runtime): argv[1] threads (default 8, at most 64), each doing argv[2]
+ * random operations (default 2000; cudaMalloc/cudaFree, one in four
+ * cudaMallocAsync/cudaFreeAsync) with sizes from 512 B to 4 MiB; thread t works on device
+ * t % device_count. Each thread keeps what is live at its end. Prints per device the
  * expected live bytes and count, whether all live pointers are distinct, how many allocations got
  * an address this thread had freed before, then the truth. Deterministic (fixed seeds). */
 #include "prog_common.h"
@@ -9,8 +10,9 @@
 #include <stdint.h>
 
 #define NOINLINE __attribute__((noinline))
-#define THREADS 8
-#define OPS 2000
+#define MAX_THREADS 64
+static int THREADS = 8;
+static int OPS = 2000;
 #define MAX_LIVE 64
 #define RECENT 32
 
@@ -88,12 +90,18 @@ static int compare_ptr(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) THREADS = atoi(argv[1]);
+    if (argc > 2) OPS = atoi(argv[2]);
+    if (THREADS < 1 || THREADS > MAX_THREADS || OPS < 1) {
+        fprintf(stderr, "usage: threads [THREADS (1-%d)] [OPS]\n", MAX_THREADS);
+        return 2;
+    }
     int devices = 0;
     CHECK_RT(cudaGetDeviceCount(&devices));
     if (devices < 1) return 1;
-    static struct worker workers[THREADS];
-    pthread_t tids[THREADS];
+    static struct worker workers[MAX_THREADS];
+    pthread_t tids[MAX_THREADS];
     for (int t = 0; t < THREADS; t++) {
         workers[t].index = t;
         workers[t].device = t % devices;
@@ -102,7 +110,7 @@ int main(void) {
     }
     for (int t = 0; t < THREADS; t++) pthread_join(tids[t], NULL);
 
-    static void *all[THREADS * MAX_LIVE];
+    static void *all[MAX_THREADS * MAX_LIVE];
     int n = 0, failed = 0, reused = 0;
     for (int d = 0; d < devices && d < 16; d++) {
         unsigned long long bytes = 0, count = 0;

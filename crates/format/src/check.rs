@@ -1152,8 +1152,8 @@ mod tests {
             return;
         };
         assert!(st.success());
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/check_snapshot.py");
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/python/check_snapshot.py");
         let mut broken_dup = section10();
         let dup = broken_dup.device_traces[0][2].clone();
         broken_dup.device_traces[0].insert(2, dup);
