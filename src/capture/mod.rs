@@ -5,6 +5,7 @@
 //! the module table once per process, and the thread's unwinder cache and stack bounds once
 //! per thread). Turning the raw records into frames is the writer's job (`writer::stacks`).
 
+pub mod cpython;
 pub mod modules;
 pub mod native;
 pub mod python;

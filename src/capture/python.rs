@@ -1,52 +1,24 @@
 //! The calling thread's Python frames, read without the GIL (docs/DESIGN.md, decision 2).
 //!
 //! Hot. The thread sits in our hook, so its own frame chain cannot change under us; we read
-//! it with the frame layout of the running CPython (3.10–3.13), chosen once from the
-//! interpreter's version. Each frame becomes a [`PyFrameRaw`]: the code object's address, the
-//! raw instruction position (3.10: `f_lasti`; 3.11+: the instruction pointer) and
-//! `co_firstlineno` as a check value; the writer turns them into file, function and line.
+//! it with the frame layout of the running CPython (3.10–3.13; the offsets are in
+//! [`super::cpython`]), chosen once from the interpreter's version. Each frame becomes a
+//! [`PyFrameRaw`]: the code object's address, the raw instruction position (3.10:
+//! `f_lasti`; 3.11+: the instruction pointer) and `co_firstlineno` as a check value; the
+//! writer turns them into file, function and line.
 //!
 //! One-time resolution (first capture in the process): `dlsym` of `Py_IsInitialized`,
 //! `PyGILState_GetThisThreadState` and the version (`Py_Version`, or `Py_GetVersion()` on
 //! 3.10). Steady state: two calls into CPython that only read globals / a TSS key, then plain
 //! loads along the chain. No Python API that needs the GIL is ever called.
 
+use super::cpython::FRAME_OWNED_BY_CSTACK;
+pub use super::cpython::Layout;
 use crate::channel::event::{PyFrameRaw, StackSlot};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 /// `PyFrameRaw::flags` bit: the first frame its `_PyEval_EvalFrameDefault` call ran.
 pub const FLAG_ENTRY: u32 = 1;
-
-/// Frame and code object layouts memsnap knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Layout {
-    Py310 = 1,
-    Py311 = 2,
-    Py312 = 3,
-    Py313 = 4,
-}
-
-impl Layout {
-    pub fn from_version(major: u32, minor: u32) -> Option<Layout> {
-        match (major, minor) {
-            (3, 10) => Some(Layout::Py310),
-            (3, 11) => Some(Layout::Py311),
-            (3, 12) => Some(Layout::Py312),
-            (3, 13) => Some(Layout::Py313),
-            _ => None,
-        }
-    }
-    fn from_u8(v: u8) -> Option<Layout> {
-        match v {
-            1 => Some(Layout::Py310),
-            2 => Some(Layout::Py311),
-            3 => Some(Layout::Py312),
-            4 => Some(Layout::Py313),
-            _ => None,
-        }
-    }
-}
 
 /// Resolution state, in [`STATE`].
 const UNRESOLVED: u8 = 0;
@@ -187,9 +159,6 @@ pub fn check_value(firstlineno: i32, filename: u64, name: u64, serial: u32) -> u
     (firstlineno as u32) ^ (h as u32) ^ ((h >> 32) as u32) ^ serial.wrapping_mul(0x9e37_79b1)
 }
 
-/// Offset of the cached hash in a `str` object (`PyASCIIObject.hash`), all versions.
-pub const STR_HASH: u64 = 24;
-
 #[inline(always)]
 pub fn fold(v: u64) -> u32 {
     (v as u32) ^ ((v >> 32) as u32)
@@ -239,100 +208,20 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) {
     }
 }
 
-/// Offsets of one version's structures (bytes), measured from CPython's headers.
-struct Offsets {
-    /// 3.10: `tstate->frame`; 3.11/3.12: `tstate->cframe`; 3.13: `tstate->current_frame`.
-    tstate_frame: u64,
-    /// 3.11/3.12: `_PyCFrame.current_frame`; unused otherwise.
-    cframe_current: u64,
-    frame_code: u64,
-    frame_back: u64,
-    frame_instr: u64,
-    /// 3.11+: `owner` byte; 3.11: `is_entry` byte.
-    frame_owner: u64,
-    frame_is_entry: u64,
-    code_firstlineno: u64,
-    code_filename: u64,
-    code_name: u64,
-    /// 3.12+: `co_version`, a per-process serial given to each new code object; 0 = none.
-    code_version: u64,
-}
-
-const OFF_310: Offsets = Offsets {
-    tstate_frame: 24,
-    cframe_current: 0,
-    frame_code: 32,
-    frame_back: 24,
-    frame_instr: 96,
-    frame_owner: 0,
-    frame_is_entry: 0,
-    code_firstlineno: 40,
-    code_filename: 104,
-    code_name: 112,
-    code_version: 0,
-};
-const OFF_311: Offsets = Offsets {
-    tstate_frame: 56,
-    cframe_current: 8,
-    frame_code: 32,
-    frame_back: 48,
-    frame_instr: 56,
-    frame_owner: 69,
-    frame_is_entry: 68,
-    code_firstlineno: 72,
-    code_filename: 112,
-    code_name: 120,
-    code_version: 0,
-};
-const OFF_312: Offsets = Offsets {
-    tstate_frame: 56,
-    cframe_current: 0,
-    frame_code: 0,
-    frame_back: 8,
-    frame_instr: 56,
-    frame_owner: 70,
-    frame_is_entry: 0,
-    code_firstlineno: 68,
-    code_filename: 112,
-    code_name: 120,
-    code_version: 92,
-};
-const OFF_313: Offsets = Offsets {
-    tstate_frame: 72,
-    cframe_current: 0,
-    frame_code: 0,
-    frame_back: 8,
-    frame_instr: 56,
-    frame_owner: 70,
-    frame_is_entry: 0,
-    code_firstlineno: 68,
-    code_filename: 112,
-    code_name: 120,
-    code_version: 92,
-};
-
-/// `FRAME_OWNED_BY_CSTACK` (3.12+): the shim frame an eval call pushes below its first frame.
-const OWNED_BY_CSTACK: u8 = 3;
-
 /// Walks the chain from `tstate` into `out`. Returns (frames written, more frames left out).
 ///
 /// # Safety
 /// `tstate` must be the calling thread's live `PyThreadState` of an interpreter with `layout`.
 unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, bool) {
-    let o = match layout {
-        Layout::Py310 => &OFF_310,
-        Layout::Py311 => &OFF_311,
-        Layout::Py312 => &OFF_312,
-        Layout::Py313 => &OFF_313,
-    };
+    let o = layout.table();
     // SAFETY (whole body): every address read is a field of a live structure of this thread
     // at an offset of this version's layout (caller's contract).
     unsafe {
         let mut frame: u64 = match layout {
-            Layout::Py310 | Layout::Py313 => rd(tstate.wrapping_add(o.tstate_frame)).unwrap_or(0),
+            Layout::Py310 | Layout::Py313 => rd(tstate.wrapping_add(o.thread.frame)).unwrap_or(0),
             Layout::Py311 | Layout::Py312 => {
-                let cframe: u64 = rd(tstate.wrapping_add(o.tstate_frame)).unwrap_or(0);
-                rd(cframe.wrapping_add(o.cframe_current))
+                let cframe: u64 = rd(tstate.wrapping_add(o.thread.frame)).unwrap_or(0);
+                rd(cframe.wrapping_add(o.thread.cframe_current))
                     .filter(|_| cframe != 0)
                     .unwrap_or(0)
             }
@@ -341,12 +230,12 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
         let mut visits = 0usize;
         while frame != 0 && visits < MAX_VISITS {
             visits += 1;
-            let back: u64 = rd(frame.wrapping_add(o.frame_back)).unwrap_or(0);
+            let back: u64 = rd(frame.wrapping_add(o.frame.back)).unwrap_or(0);
             let owner: u8 = match layout {
                 Layout::Py310 => 0,
-                _ => rd(frame.wrapping_add(o.frame_owner)).unwrap_or(0),
+                _ => rd(frame.wrapping_add(o.frame.owner)).unwrap_or(0),
             };
-            if matches!(layout, Layout::Py312 | Layout::Py313) && owner == OWNED_BY_CSTACK {
+            if matches!(layout, Layout::Py312 | Layout::Py313) && owner == FRAME_OWNED_BY_CSTACK {
                 // The frame written just before is the first one that eval call ran.
                 if let Some(prev) = n.checked_sub(1).and_then(|i| out.get_mut(i)) {
                     prev.flags |= FLAG_ENTRY;
@@ -354,7 +243,7 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 frame = back;
                 continue;
             }
-            let code: u64 = rd(frame.wrapping_add(o.frame_code)).unwrap_or(0);
+            let code: u64 = rd(frame.wrapping_add(o.frame.code)).unwrap_or(0);
             if code == 0 {
                 frame = back;
                 continue;
@@ -364,23 +253,23 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
             }
             let instr: u64 = match layout {
                 Layout::Py310 => {
-                    rd::<i32>(frame.wrapping_add(o.frame_instr)).unwrap_or(-1) as i64 as u64
+                    rd::<i32>(frame.wrapping_add(o.frame.instr)).unwrap_or(-1) as i64 as u64
                 }
-                _ => rd(frame.wrapping_add(o.frame_instr)).unwrap_or(0),
+                _ => rd(frame.wrapping_add(o.frame.instr)).unwrap_or(0),
             };
             let entry = match layout {
                 Layout::Py310 => true,
-                Layout::Py311 => rd::<u8>(frame.wrapping_add(o.frame_is_entry)).unwrap_or(0) != 0,
+                Layout::Py311 => rd::<u8>(frame.wrapping_add(o.frame.is_entry)).unwrap_or(0) != 0,
                 _ => false,
             };
-            let firstlineno: i32 = rd(code.wrapping_add(o.code_firstlineno)).unwrap_or(0);
-            let filename: u64 = rd(code.wrapping_add(o.code_filename)).unwrap_or(0);
-            let name: u64 = rd(code.wrapping_add(o.code_name)).unwrap_or(0);
-            let serial: u32 = match o.code_version {
+            let firstlineno: i32 = rd(code.wrapping_add(o.code.firstlineno)).unwrap_or(0);
+            let filename: u64 = rd(code.wrapping_add(o.code.filename)).unwrap_or(0);
+            let name: u64 = rd(code.wrapping_add(o.code.name)).unwrap_or(0);
+            let serial: u32 = match o.code.version {
                 // 3.10/3.11 have no serial: use the cached hash of the name string
                 // (`PyASCIIObject.hash`), which differs for different names even when
                 // a freed name's address is recycled.
-                0 => fold(rd::<u64>(name.wrapping_add(STR_HASH)).unwrap_or(0)),
+                0 => fold(rd::<u64>(name.wrapping_add(o.str_.hash)).unwrap_or(0)),
                 off => rd(code.wrapping_add(off)).unwrap_or(0),
             };
             if let Some(slot) = out.get_mut(n) {

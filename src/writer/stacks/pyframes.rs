@@ -7,7 +7,8 @@
 //! only if its type pointer is `PyCode_Type` and its first line and name/file pointers give the check value
 //! the hook computed; decoded objects are cached per (address, check value).
 
-use crate::capture::python::{FLAG_ENTRY, Layout, STR_HASH, check_value, fold};
+use crate::capture::cpython::{BytesLayout, Layout, StrLayout};
+use crate::capture::python::{FLAG_ENTRY, check_value, fold};
 use crate::channel::event::PyFrameRaw;
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
@@ -31,65 +32,6 @@ pub struct CodeInfo {
     identity: [u64; 3],
 }
 
-/// Offsets in `PyCodeObject` and string objects, per version (from CPython's headers).
-struct CodeOffsets {
-    filename: usize,
-    name: usize,
-    firstlineno: usize,
-    linetable: usize,
-    /// 3.11+ only.
-    code_adaptive: usize,
-    firsttraceable: usize,
-    /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`.
-    ascii_size: u64,
-    compact_size: u64,
-}
-
-fn offsets(layout: Layout) -> CodeOffsets {
-    match layout {
-        Layout::Py310 => CodeOffsets {
-            filename: 104,
-            name: 112,
-            firstlineno: 40,
-            linetable: 120,
-            code_adaptive: 0,
-            firsttraceable: 0,
-            ascii_size: 48,
-            compact_size: 72,
-        },
-        Layout::Py311 => CodeOffsets {
-            filename: 112,
-            name: 120,
-            firstlineno: 72,
-            linetable: 136,
-            code_adaptive: 184,
-            firsttraceable: 168,
-            ascii_size: 48,
-            compact_size: 72,
-        },
-        Layout::Py312 => CodeOffsets {
-            filename: 112,
-            name: 120,
-            firstlineno: 68,
-            linetable: 136,
-            code_adaptive: 192,
-            firsttraceable: 176,
-            ascii_size: 40,
-            compact_size: 56,
-        },
-        Layout::Py313 => CodeOffsets {
-            filename: 112,
-            name: 120,
-            firstlineno: 68,
-            linetable: 136,
-            code_adaptive: 200,
-            firsttraceable: 184,
-            ascii_size: 40,
-            compact_size: 56,
-        },
-    }
-}
-
 /// Copies `len` bytes of our own memory at `addr`; `None` if any of it is unmapped.
 pub fn read_mem(addr: u64, len: usize) -> Option<Vec<u8>> {
     if addr == 0 {
@@ -110,10 +52,16 @@ pub fn read_mem(addr: u64, len: usize) -> Option<Vec<u8>> {
     (got == len as isize).then_some(buf)
 }
 
-fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+fn u64_at(b: &[u8], off: u64) -> Option<u64> {
+    let off = off as usize;
     Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
-fn i32_at(b: &[u8], off: usize) -> Option<i32> {
+fn u32_at(b: &[u8], off: u64) -> Option<u32> {
+    let off = off as usize;
+    Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
+}
+fn i32_at(b: &[u8], off: u64) -> Option<i32> {
+    let off = off as usize;
     Some(i32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
 
@@ -219,18 +167,20 @@ impl PyResolver {
     /// The code object's header, if `addr` still holds a code object with `check` as
     /// its first line.
     fn read_head(&self, layout: Layout, addr: u64, check: u32) -> Option<Vec<u8>> {
-        let o = offsets(layout);
-        let head = read_mem(addr, o.linetable.max(o.firsttraceable) + 8)?;
-        if u64_at(&head, 8)? != self.code_type {
+        let t = layout.table();
+        let o = &t.code;
+        let head = read_mem(addr, (o.linetable.max(o.firsttraceable) + 8) as usize)?;
+        if u64_at(&head, t.object.ob_type)? != self.code_type {
             return None;
         }
         let ident = identity(layout, &head)?;
-        let serial = match layout {
-            Layout::Py312 | Layout::Py313 => u32::from_le_bytes(head.get(92..96)?.try_into().ok()?),
-            _ => {
-                let hash = read_mem(ident[1].wrapping_add(STR_HASH), 8)?;
+        let serial = match o.version {
+            // 3.10/3.11: no `co_version`; the hook used the name's cached hash instead.
+            0 => {
+                let hash = read_mem(ident[1].wrapping_add(t.str_.hash), 8)?;
                 fold(u64_at(&hash, 0)?)
             }
+            off => u32_at(&head, off)?,
         };
         if check_value(i32_at(&head, o.firstlineno)?, ident[0], ident[1], serial) != check {
             return None;
@@ -245,16 +195,17 @@ impl PyResolver {
         head: &[u8],
         identity: [u64; 3],
     ) -> Option<CodeInfo> {
-        let o = offsets(layout);
+        let t = layout.table();
+        let o = &t.code;
         let firstlineno = i32_at(head, o.firstlineno)?;
-        let filename = read_str(&o, identity[0])?;
-        let name = read_str(&o, identity[1])?;
-        let linetable = read_bytes(identity[2])?;
+        let filename = read_str(&t.str_, identity[0])?;
+        let name = read_str(&t.str_, identity[1])?;
+        let linetable = read_bytes(&t.bytes, identity[2])?;
         let (firsttraceable, code_start) = match layout {
             Layout::Py310 => (0, 0),
             _ => (
                 i32_at(head, o.firsttraceable)? as i64,
-                addr.wrapping_add(o.code_adaptive as u64),
+                addr.wrapping_add(o.code_adaptive),
             ),
         };
         Some(CodeInfo {
@@ -270,7 +221,7 @@ impl PyResolver {
 }
 
 fn identity(layout: Layout, head: &[u8]) -> Option<[u64; 3]> {
-    let o = offsets(layout);
+    let o = &layout.table().code;
     Some([
         u64_at(head, o.filename)?,
         u64_at(head, o.name)?,
@@ -285,26 +236,27 @@ impl Default for PyResolver {
 }
 
 /// Reads a `bytes` object's contents (capped at 1 MiB).
-fn read_bytes(addr: u64) -> Option<Vec<u8>> {
-    let head = read_mem(addr, 32)?;
-    let size = u64_at(&head, 16)?;
+fn read_bytes(b: &BytesLayout, addr: u64) -> Option<Vec<u8>> {
+    let head = read_mem(addr, b.sval as usize)?;
+    let size = u64_at(&head, b.size)?;
     if size > 1 << 20 {
         return None;
     }
-    read_mem(addr.wrapping_add(32), size as usize)
+    read_mem(addr.wrapping_add(b.sval), size as usize)
 }
 
 /// Reads a compact `str` object (the only kind code objects hold) as UTF-8.
-fn read_str(o: &CodeOffsets, addr: u64) -> Option<String> {
-    let head = read_mem(addr, 40)?;
-    let length = u64_at(&head, 16)?;
+fn read_str(o: &StrLayout, addr: u64) -> Option<String> {
+    // The header up to and including `state`, read as a word.
+    let head = read_mem(addr, (o.state + 8) as usize)?;
+    let length = u64_at(&head, o.length)?;
     if length > 1 << 16 {
         return None;
     }
-    let state = u32::from_le_bytes(head.get(32..36)?.try_into().ok()?);
-    let kind = (state >> 2) & 7;
-    let compact = (state >> 5) & 1 == 1;
-    let ascii = (state >> 6) & 1 == 1;
+    let state = u32_at(&head, o.state)?;
+    let kind = (state >> o.state_kind_shift) & 7;
+    let compact = (state >> o.state_compact_bit) & 1 == 1;
+    let ascii = (state >> o.state_ascii_bit) & 1 == 1;
     if !compact {
         return None;
     }
