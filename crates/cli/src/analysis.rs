@@ -13,6 +13,7 @@
 //!   the allocator and PyTorch's filtered plumbing (snapshot-format.md §5.4).
 
 use crate::history::{EndBlock, History};
+use crate::tally::{Tally, sorted};
 use memsnap_format::model::{BlockState, Frame, Snapshot, StackId};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -365,32 +366,6 @@ fn library_of(frames: &[&Frame]) -> Library {
     } else {
         Library::Unknown
     }
-}
-
-/// Bytes and count of one group.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Tally {
-    pub bytes: i64,
-    pub count: i64,
-}
-
-impl Tally {
-    pub fn add(&mut self, bytes: i64) {
-        self.bytes += bytes;
-        self.count += 1;
-    }
-}
-
-/// Groups, largest first (ties by name for stable output).
-pub fn sorted<K: Ord + Copy>(m: &FxHashMap<K, Tally>) -> Vec<(K, Tally)> {
-    let mut v: Vec<(K, Tally)> = m.iter().map(|(k, t)| (*k, *t)).collect();
-    v.sort_by(|a, b| {
-        b.1.bytes
-            .cmp(&a.1.bytes)
-            .then(b.1.count.cmp(&a.1.count))
-            .then(a.0.cmp(&b.0))
-    });
-    v
 }
 
 pub struct OomInfo {

@@ -3,7 +3,8 @@
 //! Compares live blocks (`active_allocated`, all devices) grouped by site. Exit status 1
 //! when the total growth passes `--fail-above`, for CI.
 
-use crate::analysis::{self, SiteKind, Sites, Tally, fmt_bytes, parse_bytes};
+use crate::analysis::{self, SiteKind, Sites, fmt_bytes, parse_bytes};
+use crate::tally::Tally;
 use anyhow::Result;
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -14,7 +14,7 @@
 //! not free yet, plus blocks older than the history: those are either freed later in the
 //! history (a free with no matching allocation) or still live at the end.
 
-use crate::analysis::Tally;
+use crate::tally::Tally;
 use memsnap_format::model::{Action, StackId, TraceEntry};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;

@@ -16,6 +16,7 @@ mod input;
 mod ranks;
 mod run;
 mod summary;
+mod tally;
 mod view;
 
 use clap::{Parser, Subcommand};

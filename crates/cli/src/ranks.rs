@@ -5,8 +5,9 @@
 //! out when its live or peak bytes exceed 1.25× the median of all files, or when it hit an
 //! OOM while some other rank did not.
 
-use crate::analysis::{self, Sites, fmt_bytes, sorted};
+use crate::analysis::{self, Sites, fmt_bytes};
 use crate::summary::meta_int;
+use crate::tally::sorted;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::io::Write;

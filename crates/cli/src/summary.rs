@@ -1,7 +1,8 @@
 //! `memsnap summary SNAP`: what holds the memory, per device, and what happened at an OOM.
 
-use crate::analysis::{self, DeviceStats, Library, SiteKind, Sites, Tally, fmt_bytes, sorted};
+use crate::analysis::{self, DeviceStats, Library, SiteKind, Sites, fmt_bytes};
 use crate::history;
+use crate::tally::{Tally, sorted};
 use anyhow::Result;
 use memsnap_format::model::{Meta, Snapshot};
 use serde::Serialize;

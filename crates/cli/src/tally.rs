@@ -1,0 +1,31 @@
+//! [`Tally`]: the bytes and count of one group (a site, a library, a device's live set),
+//! and the largest-first order the reports list groups in.
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+/// Bytes and count of one group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    pub bytes: i64,
+    pub count: i64,
+}
+
+impl Tally {
+    pub fn add(&mut self, bytes: i64) {
+        self.bytes += bytes;
+        self.count += 1;
+    }
+}
+
+/// Groups, largest first (ties by name for stable output).
+pub fn sorted<K: Ord + Copy>(m: &FxHashMap<K, Tally>) -> Vec<(K, Tally)> {
+    let mut v: Vec<(K, Tally)> = m.iter().map(|(k, t)| (*k, *t)).collect();
+    v.sort_by(|a, b| {
+        b.1.bytes
+            .cmp(&a.1.bytes)
+            .then(b.1.count.cmp(&a.1.count))
+            .then(a.0.cmp(&b.0))
+    });
+    v
+}

@@ -1,0 +1,579 @@
+//! Conversion of the parsed value to a [`Snapshot`]: segments and blocks, each device's
+//! trace (entries the machine already converted are moved, not copied), the metadata
+//! dicts, and the stacks as the model stores them.
+
+use super::arena::{Node, Pickle, Val};
+use super::entry::{event_from_dict, int_of};
+use super::error::{ReadError, Result};
+use super::intern::Interner;
+use super::machine::Mode;
+use crate::model::{Action, Block, BlockState, Meta, Segment, Snapshot, TraceEntry};
+
+struct Converter<'p> {
+    p: &'p Pickle,
+    mode: Mode,
+    /// Stream mode: each device's trace list (the number its entries were handed out with).
+    trace_lists: Vec<u32>,
+    interner: Interner,
+    events: Vec<TraceEntry>,
+    /// Where each converted entry went: (device, index), `u32::MAX` while not yet placed.
+    event_home: Vec<(u32, u32)>,
+    /// Entries moved whole by the in-order fast path: (first entry, count, device). They
+    /// need no `event_home` (8 bytes an entry, at the time memory peaks).
+    moved_runs: Vec<(usize, usize, u32)>,
+    total_events: usize,
+    cur_device: u32,
+    cur_index: u32,
+    /// Entries moved out by the in-order fast path (they left the front of `events`).
+    consumed: usize,
+}
+
+/// Stream mode: the number a device's entries were handed out with, once it is sure that
+/// they are all of the list's items (each converted where it was appended to this list).
+fn streamed_list(p: &Pickle, l: Val, d: usize) -> Result<u32> {
+    let Val::Ref(id) = l else {
+        return Err(shape(format!("device_traces[{d}]"), "not a list"));
+    };
+    match p.node(l) {
+        Some(Node::EventRun { .. }) => Ok(id),
+        Some(Node::List(items)) if items.iter().all(|v| matches!(v, Val::Event(_))) => Ok(id),
+        Some(Node::List(_)) => Err(ReadError::NeedsFullRead {
+            why: "a trace list holds items that were not trace entries when appended",
+        }),
+        _ => Err(shape(format!("device_traces[{d}]"), "not a list")),
+    }
+}
+
+fn shape(path: impl Into<String>, msg: impl Into<String>) -> ReadError {
+    ReadError::Shape {
+        path: path.into(),
+        msg: msg.into(),
+    }
+}
+
+const META_DEPTH: usize = 32;
+
+/// Converts the value `root` of a file the machine read in `mode` (with the `interner` and
+/// the `events` it converted on the way) to a snapshot, with each device's trace list
+/// number in stream mode (empty otherwise).
+pub(super) fn to_snapshot(
+    pickle: &Pickle,
+    root: Val,
+    mode: Mode,
+    interner: Interner,
+    events: Vec<TraceEntry>,
+) -> Result<(Snapshot, Vec<u32>)> {
+    let total_events = events.len();
+    // Nothing is dropped from here on, so lists may be remembered by identity.
+    let mut interner = interner;
+    interner.collapse = None;
+    let mut conv = Converter {
+        p: pickle,
+        mode,
+        interner,
+        events,
+        total_events,
+        event_home: Vec::new(),
+        moved_runs: Vec::new(),
+        cur_device: 0,
+        cur_index: 0,
+        consumed: 0,
+        trace_lists: Vec::new(),
+    };
+    let snapshot = conv.snapshot(root)?;
+    Ok((snapshot, conv.trace_lists))
+}
+
+impl Converter<'_> {
+    fn snapshot(&mut self, root: Val) -> Result<Snapshot> {
+        let p = self.p;
+        let mut snap = Snapshot::default();
+        let segments_val;
+        match p.node(root) {
+            Some(Node::Dict(_)) => {
+                segments_val = p.get(root, "segments");
+                if segments_val.is_none() && p.get(root, "device_traces").is_none() {
+                    return Err(shape(
+                        "top level",
+                        "a dict without `segments` or `device_traces`",
+                    ));
+                }
+            }
+            // Legacy form: the top level is the segment list.
+            Some(Node::List(_)) => segments_val = Some(root),
+            _ => {
+                return Err(shape(
+                    "top level",
+                    "expected a dict with `segments` and `device_traces`",
+                ));
+            }
+        }
+        if let Some(sv) = segments_val {
+            let list = p.items(sv).ok_or_else(|| shape("segments", "not a list"))?;
+            for (i, &s) in list.iter().enumerate() {
+                snap.segments.push(self.segment(s, i)?);
+            }
+            snap.segments.sort_by_key(|s| (s.device, s.address));
+        }
+        if matches!(p.node(root), Some(Node::Dict(_))) {
+            if let Some(dt) = p.get(root, "device_traces") {
+                let lists = p
+                    .items(dt)
+                    .ok_or_else(|| shape("device_traces", "not a list"))?;
+                for (d, &l) in lists.iter().enumerate() {
+                    if self.mode == Mode::Stream {
+                        self.trace_lists.push(streamed_list(p, l, d)?);
+                        snap.device_traces.push(Vec::new());
+                        continue;
+                    }
+                    // Fast path: the entries were converted in exactly this order (every
+                    // writer appends device by device), so move them without a second copy.
+                    if let Some(Node::EventRun { first, len }) = p.node(l)
+                        && *first as usize == self.consumed
+                        && *len as usize <= self.events.len()
+                        && *len > 0
+                    {
+                        let n = *len as usize;
+                        let out: Vec<TraceEntry> = if n == self.events.len() {
+                            std::mem::take(&mut self.events)
+                        } else {
+                            self.events.drain(..n).collect()
+                        };
+                        self.moved_runs.push((self.consumed, out.len(), d as u32));
+                        self.consumed += out.len();
+                        snap.device_traces.push(out);
+                        continue;
+                    }
+                    let items = p
+                        .items(l)
+                        .ok_or_else(|| shape(format!("device_traces[{d}]"), "not a list"))?;
+                    let mut out = Vec::with_capacity(items.len());
+                    for (i, &e) in items.iter().enumerate() {
+                        (self.cur_device, self.cur_index) = (d as u32, i as u32);
+                        let entry = match self.taken_event(e, &snap.device_traces, &out, d) {
+                            Some(x) => x,
+                            None => self
+                                .event(e)
+                                .map_err(|m| shape(format!("device_traces[{d}][{i}]"), m))?,
+                        };
+                        out.push(entry);
+                    }
+                    snap.device_traces.push(out);
+                }
+            }
+            if let Some(s) = p.get(root, "allocator_settings") {
+                snap.allocator_settings = self.meta_dict(s, "allocator_settings")?;
+            }
+            if let Some(s) = p.get(root, "memsnap") {
+                snap.memsnap = self.meta_dict(s, "memsnap")?;
+            }
+        }
+        self.events = Vec::new();
+        (snap.frames, snap.stacks) = std::mem::take(&mut self.interner).into_stacks();
+        Ok(snap)
+    }
+
+    /// The number of an already converted entry: a list item, or a dict shared through
+    /// the memo that was converted where it was first appended.
+    fn event_no(&self, v: Val) -> Option<u32> {
+        match v {
+            Val::Event(n) => Some(n),
+            _ => match self.p.node(v) {
+                Some(Node::Event(n)) => Some(*n),
+                _ => None,
+            },
+        }
+    }
+
+    /// A converted entry that an earlier list position already took (an entry shared
+    /// through the memo, which no known writer produces): a clone of that one.
+    fn taken_event(
+        &self,
+        v: Val,
+        done: &[Vec<TraceEntry>],
+        current: &[TraceEntry],
+        device: usize,
+    ) -> Option<TraceEntry> {
+        let n = self.event_no(v)?;
+        let n = n as usize;
+        let (d, i) = match self
+            .moved_runs
+            .iter()
+            .find(|(first, len, _)| (*first..first + len).contains(&n))
+        {
+            Some(&(first, _, moved_to)) => (moved_to, (n - first) as u32),
+            None => *self.event_home.get(n)?,
+        };
+        if d == u32::MAX {
+            return None;
+        }
+        let list = if d as usize == device {
+            current
+        } else {
+            done.get(d as usize)?
+        };
+        list.get(i as usize).cloned()
+    }
+
+    fn event(&mut self, v: Val) -> std::result::Result<TraceEntry, String> {
+        if let Some(n) = self.event_no(v) {
+            // Move the entry out (no clone); remember where it went for a shared reference.
+            let n = n as usize;
+            let placeholder = TraceEntry {
+                action: Action::Oom,
+                addr: 0,
+                size: 0,
+                stream: 0,
+                time_us: 0,
+                stack: None,
+                device_free: None,
+                user_metadata: None,
+            };
+            let idx = n.checked_sub(self.consumed).ok_or("bad event index")?;
+            let e = self.events.get_mut(idx).ok_or("bad event index")?;
+            let entry = std::mem::replace(e, placeholder);
+            if self.event_home.is_empty() {
+                self.event_home = vec![(u32::MAX, u32::MAX); self.total_events];
+            }
+            if let Some(home) = self.event_home.get_mut(n) {
+                *home = (self.cur_device, self.cur_index);
+            }
+            return Ok(entry);
+        }
+        event_from_dict(self.p, &mut self.interner, v)
+    }
+
+    fn segment(&mut self, s: Val, i: usize) -> Result<Segment> {
+        let p = self.p;
+        let path = format!("segments[{i}]");
+        if p.dict(s).is_none() {
+            return Err(shape(path, "not a dict"));
+        }
+        let req = |key: &str| {
+            int_of(p.get(s, key))
+                .ok_or_else(|| shape(format!("{path}.{key}"), "missing or not an integer"))
+        };
+        let address = req("address")?;
+        let total_size = req("total_size")?;
+        let pool = p
+            .get(s, "segment_pool_id")
+            .and_then(|v| p.items(v))
+            .unwrap_or_default();
+        let segment_pool_id = (
+            int_of(pool.first().copied()).unwrap_or(0),
+            int_of(pool.get(1).copied()).unwrap_or(0),
+        );
+        let stack = self.interner.stack(p, p.get(s, "frames"));
+        let mut blocks = Vec::new();
+        if let Some(bv) = p.get(s, "blocks") {
+            let list = p
+                .items(bv)
+                .ok_or_else(|| shape(format!("{path}.blocks"), "not a list"))?;
+            let mut next = address;
+            for (j, &b) in list.iter().enumerate() {
+                let bpath = format!("{path}.blocks[{j}]");
+                if p.dict(b).is_none() {
+                    return Err(shape(bpath, "not a dict"));
+                }
+                let size = int_of(p.get(b, "size"))
+                    .ok_or_else(|| shape(format!("{bpath}.size"), "missing or not an integer"))?;
+                let state_s = p
+                    .get(b, "state")
+                    .and_then(|v| p.str(v))
+                    .unwrap_or("inactive");
+                let state = BlockState::parse(state_s).ok_or_else(|| {
+                    shape(
+                        format!("{bpath}.state"),
+                        format!("unknown state {state_s:?}"),
+                    )
+                })?;
+                let mut frames = p.get(b, "frames");
+                let mut requested_size = int_of(p.get(b, "requested_size"));
+                // Legacy block: `history` list of {addr, real_size, frames}; newest last.
+                if frames.is_none()
+                    && let Some(h) = p
+                        .get(b, "history")
+                        .and_then(|h| p.items(h))
+                        .and_then(|h| h.last().copied())
+                {
+                    frames = p.get(h, "frames");
+                    requested_size = requested_size.or(int_of(p.get(h, "real_size")));
+                }
+                let block_address = int_of(p.get(b, "address")).unwrap_or(next);
+                next = block_address.wrapping_add(size);
+                blocks.push(Block {
+                    address: block_address,
+                    size,
+                    requested_size: requested_size.unwrap_or(size),
+                    state,
+                    stack: self.interner.stack(p, frames),
+                });
+            }
+        }
+        Ok(Segment {
+            device: int_of(p.get(s, "device")).unwrap_or(0),
+            address,
+            total_size,
+            stream: int_of(p.get(s, "stream")).unwrap_or(0),
+            segment_type: p
+                .get(s, "segment_type")
+                .and_then(|v| p.str(v))
+                .unwrap_or("large")
+                .to_string(),
+            segment_pool_id,
+            is_expandable: matches!(p.get(s, "is_expandable"), Some(Val::Bool(true))),
+            stack,
+            blocks,
+        })
+    }
+
+    fn meta_dict(&self, v: Val, path: &str) -> Result<Vec<(String, Meta)>> {
+        match self.meta(v, 0, path)? {
+            Some(Meta::Dict(d)) => Ok(d),
+            _ => Err(shape(path, "not a dict")),
+        }
+    }
+
+    /// `None` for values with no JSON-like form (None, bytes, huge ints): they are skipped.
+    fn meta(&self, v: Val, depth: usize, path: &str) -> Result<Option<Meta>> {
+        if depth > META_DEPTH {
+            return Err(shape(path, "nested too deeply"));
+        }
+        let p = self.p;
+        Ok(match v {
+            Val::None => None,
+            Val::Bool(b) => Some(Meta::Bool(b)),
+            Val::Int(i) => Some(Meta::Int(i)),
+            Val::Float(f) => Some(Meta::Float(f)),
+            Val::Event(_) | Val::Stack(_) => None,
+            Val::Ref(_) => match p.node(v) {
+                Some(Node::Str(s)) => Some(Meta::Str(s.to_string())),
+                Some(Node::List(x)) | Some(Node::Tuple(x)) => {
+                    let mut out = Vec::with_capacity(x.len());
+                    for &i in x {
+                        if let Some(m) = self.meta(i, depth + 1, path)? {
+                            out.push(m);
+                        }
+                    }
+                    Some(Meta::List(out))
+                }
+                Some(Node::Dict(d)) => {
+                    let mut out = Vec::with_capacity(d.len());
+                    for &(k, val) in d {
+                        let key = match (p.str(k), k) {
+                            (Some(s), _) => s.to_string(),
+                            (None, Val::Int(i)) => i.to_string(),
+                            _ => continue,
+                        };
+                        if let Some(m) = self.meta(val, depth + 1, path)? {
+                            out.push((key, m));
+                        }
+                    }
+                    Some(Meta::Dict(out))
+                }
+                _ => None,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{FIXTURES, fixture};
+    use super::super::machine::Machine;
+    use super::*;
+
+    /// The whole of `bytes` through the machine (keep mode) and the conversion.
+    fn read_whole(bytes: &[u8]) -> Result<Snapshot> {
+        let mut m = Machine::new(bytes, Mode::Keep);
+        m.run(&mut |_| {})?;
+        let (pickle, interner, events) = m.st.finish();
+        let root = pickle.root.expect("the machine stops with a root");
+        to_snapshot(&pickle, root, Mode::Keep, interner, events).map(|(s, _)| s)
+    }
+
+    fn count(s: &Snapshot, a: &str) -> usize {
+        s.device_traces
+            .iter()
+            .flatten()
+            .filter(|e| e.action.as_str() == a)
+            .count()
+    }
+
+    #[test]
+    fn reads_every_fixture_with_the_counts_python_reports() {
+        // Counts from `pickle.load` on the same files (see tests/fixtures/torch/README.md).
+        let s = read_whole(&fixture("torch-python-stacks.pickle")).unwrap();
+        assert_eq!(s.segments.len(), 14);
+        assert_eq!(s.device_traces.len(), 1);
+        assert_eq!(s.device_traces[0].len(), 269);
+        assert_eq!(count(&s, "alloc"), 95);
+        assert_eq!(count(&s, "free_completed"), 80);
+        assert_eq!(count(&s, "segment_alloc"), 14);
+        assert_eq!(
+            s.allocator_settings
+                .iter()
+                .find(|(k, _)| k == "max_split_size")
+                .map(|(_, v)| v),
+            Some(&Meta::Int(-1))
+        );
+
+        let s = read_whole(&fixture("torch-transformer-all-stacks.pickle")).unwrap();
+        assert_eq!(s.device_traces[0].len(), 12561);
+        assert_eq!(s.segments.len(), 66);
+        assert_eq!(count(&s, "alloc"), 4267);
+        let live: i64 = s
+            .segments
+            .iter()
+            .flat_map(|g| &g.blocks)
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.size)
+            .sum();
+        assert_eq!(live, 304566784);
+        // Shared frame lists stay shared: far fewer stacks than events.
+        assert!(s.stacks.len() < 3000, "{} stacks", s.stacks.len());
+
+        let s = read_whole(&fixture("torch-oom.pickle")).unwrap();
+        let oom = s.device_traces[0]
+            .iter()
+            .find(|e| e.action == Action::Oom)
+            .unwrap();
+        assert_eq!(oom.device_free, Some(12118523904));
+        assert_eq!(oom.size, 17179869184);
+        let f: Vec<_> = s.stack_frames(oom.stack).collect();
+        assert_eq!(f[0].line, 22);
+        assert!(f[0].filename.ends_with("make_fixtures.py"));
+
+        let s = read_whole(&fixture("torch-expandable-segments.pickle")).unwrap();
+        assert!(s.segments.iter().all(|g| g.is_expandable));
+        assert_eq!(count(&s, "segment_map"), 4);
+    }
+
+    #[test]
+    fn blocks_tile_their_segments_in_fixtures() {
+        for f in FIXTURES {
+            let s = read_whole(&fixture(f)).unwrap();
+            for g in &s.segments {
+                assert_eq!(
+                    g.blocks.iter().map(|b| b.size).sum::<i64>(),
+                    g.total_size,
+                    "{f}"
+                );
+                assert_eq!(g.blocks[0].address, g.address, "{f}");
+            }
+        }
+    }
+
+    /// A hand-made protocol-2 pickle in the C++ pickler's style: BINPUT memo, an unbatched
+    /// APPENDS, 8-byte LONG1, a 9-byte LONG1 address ≥ 2^63, text INT, a shared frame list.
+    #[test]
+    fn reads_cpp_pickler_style_and_legacy_shapes() {
+        let mut b = vec![0x80, 2, b'}', b'q', 0, b'('];
+        let key = |b: &mut Vec<u8>, s: &str| {
+            b.push(b'X');
+            b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        };
+        key(&mut b, "segments");
+        b.extend_from_slice(&[b']', b'q', 1]);
+        key(&mut b, "device_traces");
+        b.extend_from_slice(&[b']', b'q', 2, b'(', b']', b'q', 3, b'(']);
+        // frames list: [{"name": "f", "filename": "a.py", "line": 7}], memo 4
+        let event = |b: &mut Vec<u8>, first: bool| {
+            b.extend_from_slice(b"}(");
+            key(b, "action");
+            key(b, "alloc");
+            key(b, "addr");
+            b.extend_from_slice(&[0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0x80, 0]);
+            key(b, "size");
+            b.extend_from_slice(b"I4096\n");
+            key(b, "frames");
+            if first {
+                b.extend_from_slice(&[b']', b'q', 4, b'}', b'(']);
+                key(b, "name");
+                key(b, "f");
+                key(b, "filename");
+                key(b, "a.py");
+                key(b, "line");
+                b.extend_from_slice(&[b'K', 7, b'u', b'a']);
+            } else {
+                b.extend_from_slice(&[b'h', 4]);
+            }
+            b.push(b'u');
+        };
+        event(&mut b, true);
+        event(&mut b, false);
+        b.extend_from_slice(b"eeu.");
+        let s = read_whole(&b).unwrap();
+        assert_eq!(s.device_traces[0].len(), 2);
+        assert_eq!(s.device_traces[0][0].addr, i64::MIN);
+        assert_eq!(s.device_traces[0][1].size, 4096);
+        assert_eq!(s.stacks.len(), 1);
+        assert_eq!(s.device_traces[0][0].stack, s.device_traces[0][1].stack);
+        assert_eq!(s.frames[0].line, 7);
+
+        // An event dict shared through the memo (appended twice) is read twice.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.extend_from_slice(&[b']', b'(', b']', b'(', b'}', b'q', 1, b'(']);
+        key(&mut b, "action");
+        key(&mut b, "alloc");
+        key(&mut b, "size");
+        b.extend_from_slice(&[b'K', 9, b'u', b'h', 1, b'e', b'e', b'u', b'.']);
+        let s = read_whole(&b).unwrap();
+        assert_eq!(s.device_traces[0].len(), 2);
+        assert_eq!(s.device_traces[0][0], s.device_traces[0][1]);
+        assert_eq!(s.device_traces[0][1].size, 9);
+
+        // A run of converted entries that then gets something else appended (the same
+        // entry again, through the memo) turns back into a plain list, read in order.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.extend_from_slice(b"](]");
+        for (memo, size) in [(1u8, 5u8), (2, 6)] {
+            b.extend_from_slice(&[b'}', b'q', memo, b'(']);
+            key(&mut b, "action");
+            key(&mut b, "alloc");
+            key(&mut b, "size");
+            b.extend_from_slice(&[b'K', size, b'u', b'a']);
+        }
+        b.extend_from_slice(&[b'h', 1, b'a', b'e', b'u', b'.']);
+        let s = read_whole(&b).unwrap();
+        let sizes: Vec<i64> = s.device_traces[0].iter().map(|e| e.size).collect();
+        assert_eq!(sizes, [5, 6, 5]);
+
+        // Two devices, each a run: entries go to their own device, in order.
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.extend_from_slice(b"](");
+        for sizes in [[1u8, 2, 3], [4, 5, 6]] {
+            b.extend_from_slice(b"](");
+            for size in sizes {
+                b.extend_from_slice(b"}(");
+                key(&mut b, "action");
+                key(&mut b, "free_completed");
+                key(&mut b, "size");
+                b.extend_from_slice(&[b'K', size, b'u']);
+            }
+            b.push(b'e');
+        }
+        b.extend_from_slice(b"eu.");
+        let s = read_whole(&b).unwrap();
+        let sizes: Vec<Vec<i64>> = s
+            .device_traces
+            .iter()
+            .map(|t| t.iter().map(|e| e.size).collect())
+            .collect();
+        assert_eq!(sizes, [vec![1, 2, 3], vec![4, 5, 6]]);
+        assert!(
+            s.device_traces[1]
+                .iter()
+                .all(|e| e.action == Action::FreeCompleted)
+        );
+
+        // Legacy top-level list: segments only.
+        let b = [0x80, 2, b']', b'.'];
+        let s = read_whole(&b).unwrap();
+        assert!(s.segments.is_empty() && s.device_traces.is_empty());
+    }
+}

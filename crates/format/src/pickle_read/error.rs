@@ -1,0 +1,69 @@
+//! [`ReadError`], what every layer of the reader fails with, and the byte-offset shift that
+//! makes a chunk's errors read as the whole file's.
+
+use thiserror::Error;
+
+/// Why a file could not be read.
+#[derive(Debug, Error, PartialEq)]
+#[non_exhaustive]
+pub enum ReadError {
+    #[error("empty file: not a pickle")]
+    Empty,
+    #[error(
+        "not a pickle snapshot: it starts with {start:?}, not a pickle protocol header (0x80){hint}"
+    )]
+    NotPickle { start: String, hint: &'static str },
+    #[error("truncated at byte {offset}: {what} needs {need} bytes, {left} left")]
+    Truncated {
+        offset: usize,
+        what: &'static str,
+        need: u64,
+        left: usize,
+    },
+    #[error("unknown pickle opcode 0x{opcode:02x} at byte {offset} (not a pickle, or corrupt)")]
+    UnknownOpcode { offset: usize, opcode: u8 },
+    #[error(
+        "pickle opcode {name} at byte {offset} builds a Python object: memsnap reads plain data only and executes nothing"
+    )]
+    Forbidden { offset: usize, name: &'static str },
+    #[error("unsupported pickle protocol {version} at byte {offset}")]
+    Protocol { offset: usize, version: u8 },
+    #[error("corrupt pickle at byte {offset}: {msg}")]
+    Corrupt { offset: usize, msg: String },
+    #[error("memo index {index} used at byte {offset} was never stored")]
+    BadMemo { offset: usize, index: u64 },
+    #[error("pickle ends at byte {offset} without STOP (truncated file?)")]
+    NoStop { offset: usize },
+    #[error("cannot read the file at byte {offset}: {msg}")]
+    Io { offset: usize, msg: String },
+    #[error("not a memory snapshot: {path}: {msg}")]
+    Shape { path: String, msg: String },
+    /// Only from [`stream_snapshot_from`](super::stream_snapshot_from): the file needs an
+    /// entry it already handed out.
+    #[error("cannot stream this snapshot: {why}; read it whole instead")]
+    NeedsFullRead { why: &'static str },
+}
+
+pub(super) type Result<T> = std::result::Result<T, ReadError>;
+
+impl ReadError {
+    /// The same error with byte offsets moved by `base` (errors of a chunk that starts
+    /// at byte `base` of the file).
+    pub(super) fn shifted(mut self, base: usize) -> Self {
+        match &mut self {
+            ReadError::Truncated { offset, .. }
+            | ReadError::UnknownOpcode { offset, .. }
+            | ReadError::Forbidden { offset, .. }
+            | ReadError::Protocol { offset, .. }
+            | ReadError::Corrupt { offset, .. }
+            | ReadError::BadMemo { offset, .. }
+            | ReadError::NoStop { offset }
+            | ReadError::Io { offset, .. } => *offset += base,
+            ReadError::Empty
+            | ReadError::NotPickle { .. }
+            | ReadError::Shape { .. }
+            | ReadError::NeedsFullRead { .. } => {}
+        }
+        self
+    }
+}

@@ -1,0 +1,49 @@
+//! Pickle reader for snapshots: memsnap's own files and PyTorch's (`_dump_snapshot`).
+//!
+//! Cold code, no unsafe, executes nothing. Layers:
+//! - [`parse`] runs the pickle machine (protocols 0–5, plain data only) over untrusted bytes
+//!   into an arena of [`Node`]s. Values refer to nodes by index, so an object shared through
+//!   the memo (PyTorch shares frame dicts and frame lists) stays one node: that is what lets
+//!   the model intern frames and stacks by identity, and what serde-pickle cannot do.
+//! - [`read_snapshot`] turns the value into a [`Snapshot`](crate::model::Snapshot). Trace
+//!   entries (the bulk of any large file) are converted as soon as they are appended to
+//!   their list, and their dict is dropped, so memory stays close to the size of the model
+//!   rather than of a generic tree.
+//!   A device's list of converted entries is kept as a number range, not one value each.
+//! - [`read_snapshot_from`] does the same from a stream, a chunk at a time (an opcode cut by
+//!   a chunk's end is run again once the next chunk is in), so the file itself is never held
+//!   whole: the CLI's peak memory is the model plus the memo, not the model plus the file.
+//! - [`stream_snapshot_from`] also hands each entry out as it is converted instead of
+//!   keeping it. The dicts and frame lists it came from go back to the arena for reuse
+//!   (a node nothing else can refer to: not memoized, or memoized once and never fetched
+//!   or duplicated; its memo slot then names the interned stack, or "gone"), so memory no
+//!   longer grows with the history: `summary` of a 1 GB file needs about a tenth of it.
+//!
+//! Untrusted input: every length is checked against the remaining input before anything is
+//! allocated (when streaming, a length past the chunk reads on, at most to the end of the
+//! file, before it is checked), every opcode creates at most one node, and nothing recurses over input depth
+//! except the conversion of metadata dicts, which is capped. Any problem is a [`ReadError`]
+//! with the byte offset (or the key path for shape errors); nothing panics.
+//!
+//! Files, lowest layer first (each uses only files listed before it): `error`,
+//! `arena` (values and nodes), `intern` (frames, stacks, strings), `entry` (one trace
+//! entry), `machine` (the pickle machine), `convert` (value to model), `stream` (chunked
+//! reading and the public entry points).
+
+mod arena;
+mod convert;
+mod entry;
+mod error;
+#[cfg(test)]
+mod fixtures;
+mod intern;
+mod machine;
+mod stream;
+
+pub use arena::{Node, Pickle, Val};
+pub use error::ReadError;
+pub use machine::parse;
+pub use stream::{
+    Streamed, TraceSink, read_snapshot, read_snapshot_from, read_snapshot_with_progress,
+    stream_snapshot_from,
+};
