@@ -31,7 +31,7 @@ impl Rng {
     }
 }
 
-/// A cudaMalloc-level history (§8.1): segment_alloc, alloc / free_requested,
+/// A cudaMalloc-level history (docs/FORMAT.md#one-segment-per-allocation): segment_alloc, alloc / free_requested,
 /// free_completed, segment_free, with up to 400 live allocations. Ends with the live set
 /// as `segments`, so the file is a valid snapshot.
 fn build() -> Snapshot {
@@ -123,7 +123,8 @@ fn main() {
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(f64::total_cmp);
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/encode-bench.pickle");
+    let out =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/encode-bench.pickle");
     let t = Instant::now();
     let file = std::fs::File::create(&out).expect("create target/encode-bench.pickle");
     pickle_write::write_to(&snap, file).expect("write target/encode-bench.pickle");
