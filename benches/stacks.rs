@@ -84,9 +84,15 @@ fn main() {
     let script = dir.path().join("bench.py");
     std::fs::write(&script, SCRIPT).expect("write");
     let python = std::env::var("MEMSNAP_BENCH_PYTHON").unwrap_or_else(|_| {
-        let p = "/root/.pyenv/versions/3.12.1/bin/python3";
-        if std::path::Path::new(p).is_file() {
-            p.to_string()
+        // pyenv's 3.12.1: `$PYENV_ROOT`, else `$HOME/.pyenv`.
+        let root = std::env::var_os("PYENV_ROOT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".pyenv")
+            });
+        let p = root.join("versions/3.12.1/bin/python3");
+        if p.is_file() {
+            p.to_string_lossy().into_owned()
         } else {
             "python3".to_string()
         }

@@ -14,7 +14,7 @@
 #   bash scripts/bench-hooks.sh    (Markdown tables; ROUNDS=3 by default, ~20 s per round on 2 cores)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cargo build --release --quiet
+cargo build --release --workspace --quiet
 OUT=target/bench-hooks
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
 cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" scripts/bench/hook_cost.c \
@@ -53,7 +53,7 @@ run() {
 
 echo "command: ROUNDS=${ROUNDS:-3} bash scripts/bench-hooks.sh"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "python: $($PY --version 2>&1)  memsnap: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (+ uncommitted src changes)'), release build"
+echo "python: $($PY --version 2>&1)  memsnap: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src crates/format 2>/dev/null || echo ' (+ uncommitted src changes)'), release build"
 echo
 ROUNDS=${ROUNDS:-3}
 echo "Per iteration: one cudaFreeAsync (oldest of 16 live) + one cudaMallocAsync, size from a"

@@ -8,8 +8,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${MEMSNAP_DEMO_DIR:-$PWD/memsnap-demo}
 
-echo "== building memsnap (cargo build --release)"
-cargo build --release --quiet
+echo "== building memsnap (cargo build --release --workspace)"
+cargo build --release --workspace --quiet
 echo "== building the simulated CUDA driver and the demo program"
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
 rm -rf "$OUT/snapshots"

@@ -423,7 +423,8 @@ fn probe_counts(stderr: &str) -> HashMap<String, u64> {
 }
 
 /// A minimal reference interposer (tests/programs/route_probe.c) sees each program's
-/// allocations on the route GPU-FACTS.md describes, and passes them through unchanged.
+/// allocations on the route docs/CUDA.md#what-real-programs-do describes, and passes them
+/// through unchanged.
 #[test]
 fn routes_seen_by_a_reference_interposer() {
     let probe = common::fake_lib_dir().join("libroute_probe.so");

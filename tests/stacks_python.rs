@@ -30,12 +30,21 @@ fn libmemsnap() -> PathBuf {
     so
 }
 
+/// pyenv's root: `$PYENV_ROOT`, else `$HOME/.pyenv`.
+fn pyenv_root() -> PathBuf {
+    std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".pyenv")
+        })
+}
+
 /// CPython interpreters to test: pyenv's 3.10–3.13 here, else `python3` if it is one of them.
 fn interpreters() -> Vec<(String, PathBuf)> {
     let mut found = Vec::new();
-    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
+    let root = pyenv_root();
     for minor in ["3.10", "3.11", "3.12", "3.13"] {
-        let Ok(entries) = std::fs::read_dir(PathBuf::from(&root).join("versions")) else {
+        let Ok(entries) = std::fs::read_dir(root.join("versions")) else {
             break;
         };
         let mut versions: Vec<PathBuf> = entries
@@ -115,8 +124,8 @@ fn capture_in_python_allocates_nothing_after_setup() {
 /// frames, native frames unaffected.
 #[test]
 fn unsupported_python_turns_python_frames_off_with_one_warning() {
-    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
-    let Ok(entries) = std::fs::read_dir(PathBuf::from(root).join("versions")) else {
+    let root = pyenv_root();
+    let Ok(entries) = std::fs::read_dir(root.join("versions")) else {
         eprintln!("no pyenv: skipped");
         return;
     };

@@ -1,6 +1,6 @@
 //! Steps, windows, periods, explicit dumps, per-step stats, the Python module, and the
 //! `memsnap run` / `memsnap dump` commands, end to end on the fake CUDA driver (no GPU).
-//! Needs `cargo build` first (the tests preload target/<profile>/libmemsnap.so).
+//! Needs `cargo build --workspace` first (the tests preload target/<profile>/libmemsnap.so).
 
 mod common;
 

@@ -5,7 +5,7 @@ scripts/gpu/hook_cost_torch.py).
 A measured run with libmemsnap.so preloaded writes its exit snapshot (MEMSNAP_AT_EXIT=1,
 the default) into a folder of its own; the newest *.pickle there carries memsnap's metadata
 (top-level key "memsnap"): events_recorded, dropped_events, events_without_stack.
-events_without_stack counts failed stack-slot takes only (src/preload/queue.rs), so any
+events_without_stack counts failed stack-slot takes only (src/channel/queue.rs), so any
 non-zero value is a stack lost, whatever MEMSNAP_CONTEXT is. A cost figure measured while
 anything was lost is not a cost figure: verdict() says VOID instead.
 

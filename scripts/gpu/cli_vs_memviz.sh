@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `memsnap summary` next to PyTorch's own `python -m torch.cuda._memory_viz stats` on the same
-# files (issue #5's side-by-side figure; torch is only on the GPU machine): the 2.2 MB
+# files (the side-by-side figure of docs/DESIGN.md, target 3; torch is only on the GPU machine): the 2.2 MB
 # PyTorch fixture and generated memsnap-style files of 1M and 4M events, and with BIG=1 a
 # generated 1 GB file (about 3 minutes to generate; `_memory_viz` runs once on it). Wall
 # time and peak RSS from wait4, best of 3. Prints a Markdown table, a row at a time.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `memsnap run` around torchrun on a 2-GPU machine (issue #4: the launcher under torchrun),
+# `memsnap run` around torchrun on a 2-GPU machine (docs/DESIGN.md, target 4: the launcher under torchrun),
 # then `memsnap ranks` and `memsnap summary --json` on what it wrote. Exit 0 when one file
 # per rank exists (named r0, r1), the launcher wrote none, and the CLI reads them all.
 #

@@ -22,7 +22,7 @@ SNAP_RE = re.compile(
 ASYNC_APIS = ("cudaMallocAsync", "cuMemAllocAsync", "cudaMallocFromPoolAsync", "cuMemAllocFromPoolAsync")
 ACTIVE_STATES = ("active_allocated", "active_pending_free")
 BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
-# Opcodes the browser viewer's unpickler accepts (snapshot-format.md §6.2).
+# Opcodes the browser viewer's unpickler accepts (docs/FORMAT.md#opcodes-the-viewer-accepts).
 JS_OPCODES = {
     "PROTO", "STOP", "MARK", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "SETITEM", "SETITEMS",
     "DICT", "APPEND", "APPENDS", "LIST", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE",
@@ -328,8 +328,9 @@ def summarize(snap):
 
 
 def structure_problems(snap, limit=40):
-    """A light reading of snapshot-format.md §0 and §7.3: shapes, tiling, required keys, and the
-    replayed live set equal to the final segments. Returns a list of problem strings."""
+    """A light reading of docs/FORMAT.md ("Producer's rules" and "Forward history rule"): shapes,
+    tiling, required keys, and the replayed live set equal to the final segments. Returns a list
+    of problem strings."""
     probs = []
 
     def bad(msg):
@@ -438,8 +439,8 @@ def structure_problems(snap, limit=40):
 
 
 def opcode_problems(path, max_bytes=40 * MIB):
-    """snapshot-format.md §0.3/§0.4: PROTO <= 4, viewer-known opcodes, LONG1 <= 8 bytes,
-    APPENDS/SETITEMS batches <= 1000."""
+    """docs/FORMAT.md, "Producer's rules", rules 3 and 4: PROTO <= 4, viewer-known opcodes,
+    LONG1 <= 8 bytes, APPENDS/SETITEMS batches <= 1000."""
     if os.path.getsize(path) > max_bytes:
         return None
     with open(path, "rb") as f:

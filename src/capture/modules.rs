@@ -1,10 +1,10 @@
 //! The table of loaded modules: executable ranges and unwind sections, from `dl_iterate_phdr`.
 //!
 //! Mostly cold. The hot path only does [`current`] (one atomic load) and range lookups in the
-//! immutable table it returns. A table is built once (on the first capture, or earlier when the
-//! lead calls [`ensure`]) and rebuilt by the writer thread through [`refresh_if_stale`] after a
-//! hook saw a return address in no known module. Old tables are leaked, never freed: a hook on
-//! another thread may still be walking one.
+//! immutable table it returns. A table is built once, by the first call to [`ensure`] (the
+//! first capture, or earlier through `capture::prepare`), and rebuilt by the writer thread
+//! through [`refresh_if_stale`] after a hook saw a return address in no known module. Old
+//! tables are leaked, never freed: a hook on another thread may still be walking one.
 //!
 //! Unwind sections are slices of the loader's own mapping of each module (`PT_GNU_EH_FRAME`
 //! gives `.eh_frame_hdr`, whose header points at `.eh_frame`). They stay valid while the

@@ -2,7 +2,7 @@
 //!
 //! Hot. Two pre-allocated structures, created once on the first CUDA event:
 //! - `events`: a crossbeam `ArrayQueue<Event>` (no allocation, no lock, no thread-local on
-//!   push; docs/DEPENDENCIES.md);
+//!   push; docs/DEPENDENCIES.md#crossbeam-queue);
 //! - a slab of [`StackSlot`]s with a free list (`ArrayQueue<u32>` of slot indices). A hook
 //!   pops a slot, fills it in place and sends its index with the event; the writer copies
 //!   what it needs and pushes the index back.

@@ -310,7 +310,8 @@ hook_table! {
         record_after(real, |rec, r| {
             if r == CUDA_SUCCESS && !handle.is_null() {
                 // Host (NUMA) locations are not device memory: NCCL allocates those this
-                // way (docs/CUDA.md, "NCCL"), so classify by the location type, not its id.
+                // way (docs/CUDA.md#never-change-what-the-driver-says), so classify by the
+                // location type, not its id.
                 // SAFETY: the caller's property struct, which the driver just read
                 // successfully, and the handle the successful call wrote.
                 let (device, h) = unsafe {

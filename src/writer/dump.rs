@@ -69,7 +69,7 @@ fn action(a: Action) -> ModelAction {
 }
 
 /// Addresses, sizes and times are below 2^63 (CUDA addresses are below 2^48); the format
-/// wants signed integers (snapshot-format.md §6.3).
+/// wants signed integers (docs/FORMAT.md#integers).
 fn int(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }

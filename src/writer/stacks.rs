@@ -5,7 +5,7 @@
 //! resolved Python frames; native addresses are symbolized lazily by [`StackTable::frames`],
 //! once per unique address, and each unique stack's merged frame list is cached.
 //!
-//! Merging follows PyTorch (`combined_traceback.cpp`, snapshot-format.md §5.4): native frames
+//! Merging follows PyTorch (`combined_traceback.cpp`, docs/FORMAT.md#frames): native frames
 //! in order; at each native frame whose name contains `PyEval_EvalFrame` (the interpreter
 //! loop), the Python frames that eval call ran are inserted just before it; Python frames
 //! left over go at the end.

@@ -2,9 +2,10 @@
 //!
 //! Cold (writer thread only). Applies events in queue order, which is a real
 //! linearization: frees are queued before the real free, allocations after the real
-//! allocation (snapshot-format.md §8.3). Each allocation is one segment holding one block;
+//! allocation (docs/FORMAT.md#event-order). Each allocation is one segment holding one block;
 //! each `cuMemMap` is one block inside a mapped range. The history is kept as a valid
-//! forward history (§7.3), so any suffix of it (the newest `max_entries`) is valid too.
+//! forward history (docs/FORMAT.md#forward-history-rule), so any suffix of it (the newest
+//! `max_entries`) is valid too.
 //!
 //! Robust to lost events: an allocation that overlaps a live one means a free was missed
 //! (dropped under back-pressure); the stale one is closed with synthesized free events

@@ -3,8 +3,9 @@
 
 Streams pickle opcodes (protocol 4, MEMOIZE/BINGET memo like Python's pickler) instead of
 building Python objects, so a 1 GB file takes little memory to write. The history is a
-forward-valid cudaMalloc-level trace (snapshot-format.md §8.1: segment_alloc+alloc,
-free_requested+free_completed+segment_free), one segment per live allocation at the end,
+forward-valid cudaMalloc-level trace (docs/FORMAT.md#one-segment-per-allocation:
+segment_alloc+alloc, free_requested+free_completed+segment_free), one segment per live
+allocation at the end,
 mixed native + Python frames (cudart, NCCL, cuBLAS, torch, user code), and a top-level
 `memsnap` metadata dict. Frame dicts are always shared; a frame *list* is shared through the
 memo with probability --share, else written afresh (PyTorch's files do both).
@@ -104,8 +105,8 @@ def make_stack(k):
     if lib != "app":
         for j in range(r.randint(3, 8)):
             fr += [INTERP[j % 2], r.choice(PY_LIB)]
-        fr.append(("train_step", "/work/job/train.py", 100 + r.randint(0, 60)))
-        fr.append(("<module>", "/work/job/train.py", 200 + r.randint(0, 5)))
+        fr.append(("train_step", "/srv/job/train.py", 100 + r.randint(0, 60)))
+        fr.append(("<module>", "/srv/job/train.py", 200 + r.randint(0, 5)))
     else:
         fr.append(("main", "/src/app/main.cpp", 12))
     return fr, lib

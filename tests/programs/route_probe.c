@@ -5,7 +5,7 @@
  *   plt_cudaMalloc            calls of its exported cudaMalloc (shared runtime via the PLT)
  *   dlsym_<name>              times its dlsym hook handed out its own <name> hook
  *   getproc_<name>            times its cuGetProcAddress(_v2) hook substituted its <name> hook
- *                             (by pointer identity, as interposer-prior-art.md A2 prescribes)
+ *                             (by pointer identity, as docs/CUDA.md#routing-by-pointer prescribes)
  *   calls_<name>              calls of its <name> hook, however they were reached
  * The hooks pass every call through unchanged. */
 #define _GNU_SOURCE

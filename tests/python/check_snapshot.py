@@ -4,26 +4,30 @@
 Usage: python3 tests/python/check_snapshot.py FILE [FILE...] [--json]
 
 Exit status 0 when every file is valid, 1 otherwise (errors are printed per file).
-The rules come from /work/shared/reference/snapshot-format.md:
+The rules come from docs/FORMAT.md. In the messages, "rule N" is its "Producer's rules",
+rule N, and "pitfall N" its "Viewer pitfalls", pitfall N. Checked:
 
-* opcodes (§6.2): every opcode in the viewer's whitelist, 2 <= PROTO <= 4, LONG1 <= 8
-  bytes, no MARK...APPENDS / MARK...SETITEMS batch over 1000 items, never MEMOIZE mixed
-  with BINPUT/LONG_BINPUT;
-* shape (§0 items 1, 2, 5, 6, 8, 11, 12; §3, §4, §5): required keys and types, ints
-  within int64 (and below 2**53 in absolute value for addresses, sizes and times);
-* tiling and `_memory_viz segsum` (§3): blocks in address order from the segment address,
-  sizes summing to total_size, requested_size <= size, segments of a device disjoint;
-* forward history (§7.3) ending in `segments` (rule for capped histories below);
-* the viewer's "Allocator State History" backward walk (§7.1, §7.2) with its crash
-  conditions checked at every event index.
+* opcodes ("Opcodes the viewer accepts"): every opcode in the viewer's whitelist,
+  2 <= PROTO <= 4, LONG1 <= 8 bytes, no MARK...APPENDS / MARK...SETITEMS batch over 1000
+  items, never MEMOIZE mixed with BINPUT/LONG_BINPUT;
+* shape (rules 1, 2, 5, 6, 8, 11, 12; "Segments", "Blocks", "Trace entries"): required keys
+  and types, ints within int64 (and below 2**53 in absolute value for addresses, sizes and
+  times);
+* tiling and `_memory_viz segsum` ("Segments"): blocks in address order from the segment
+  address, sizes summing to total_size, requested_size <= size, segments of a device
+  disjoint;
+* forward history ("Forward history rule") ending in `segments` (rule for capped histories
+  below);
+* the viewer's "Allocator State History" backward walk ("Load-time rewriting", "Backward
+  walk") with its crash conditions checked at every event index.
 
-Capped histories (ring buffer, §8.4): the log may start mid-way. The forward replay does
+Capped histories (ring buffer, "Capped history"): the log may start mid-way. The forward replay does
 not start from an empty state but from the state S0 reconstructed by undoing every event,
 last to first, starting from `segments` (what the viewer does). The history is accepted
 iff S0 is itself a valid state (disjoint segments, every live block inside one segment,
 disjoint blocks), every event is legal when replayed forward from S0, and the end state
 equals `segments`. A full history gives S0 = empty; a suffix of a valid history gives the
-state at the cut. The Rust checker (src/snapshot/check.rs) uses the same rule.
+state at the cut. The Rust checker (crates/format/src/check.rs) uses the same rule.
 """
 
 import argparse
@@ -53,7 +57,7 @@ BLOCK_STATES = LIVE_STATES + ("inactive",)
 KNOWN_ACTIONS = {
     "alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
     "segment_map", "segment_unmap", "snapshot", "oom",
-    "annotate",  # newest PyTorch: a note on an allocation, no state change (§5.2)
+    "annotate",  # newest PyTorch: a note on an allocation, no state change (docs/FORMAT.md#actions)
 }
 
 
@@ -88,7 +92,7 @@ def check_opcodes(data, rep):
     for i, (opc, arg, pos) in enumerate(ops):
         name = opc.name
         if name not in WHITELIST:
-            rep.err(f"opcode {name} at byte {pos} is not in the viewer's whitelist (§6.2)")
+            rep.err(f"opcode {name} at byte {pos} is not in the viewer's whitelist (rule 3)")
             continue
         if name == "PROTO" and not (2 <= arg <= 4):
             rep.err(f"PROTO {arg}: the viewer accepts only 2, 3 or 4")
@@ -139,7 +143,7 @@ def is_int(v):
 
 
 def walk_types(obj, where, rep):
-    """§0.5: only dict (str keys), list, tuple, str, int (int64), float, bool."""
+    """Rule 5: only dict (str keys), list, tuple, str, int (int64), float, bool."""
     stack = [(obj, where)]
     seen = set()
     while stack:
@@ -200,7 +204,7 @@ def check_frames(frames, where, rep, checked):
 def check_shape(snap, rep):
     """Returns (segments, traces) when usable for the replay checks, else None."""
     if not isinstance(snap, dict):
-        rep.err(f"top level is {type(snap).__name__}, not dict (§0.1)")
+        rep.err(f"top level is {type(snap).__name__}, not dict (rule 1)")
         return None
     walk_types(snap, "snapshot", rep)
     segs = snap.get("segments")
@@ -217,7 +221,7 @@ def check_shape(snap, rep):
         rep.err("'external_annotations' is not a list")
     for k in ("version", "idx", "categories"):
         if k in snap:
-            rep.err(f"top-level '{k}' must not be emitted (§0.12)")
+            rep.err(f"top-level '{k}' must not be emitted (rule 12)")
     checked = set()
     ok = True
     for i, s in enumerate(segs):
@@ -234,7 +238,7 @@ def check_shape(snap, rep):
             ok = False
             continue
         if dev < 0 or dev >= len(traces):
-            rep.err(f"{w}: device {dev} has no list in device_traces (len {len(traces)}) (§0.2)")
+            rep.err(f"{w}: device {dev} has no list in device_traces (len {len(traces)}) (rule 2)")
             ok = False
         if "frames" in s:
             check_frames(s["frames"], w, rep, checked)
@@ -256,7 +260,7 @@ def check_shape(snap, rep):
             has_f, has_r = "frames" in b, "requested_size" in b
             if has_f != has_r:
                 rep.err(f"{wb}: has {'frames' if has_f else 'requested_size'} without "
-                        f"{'requested_size' if has_f else 'frames'} (§0.8)")
+                        f"{'requested_size' if has_f else 'frames'} (rule 8)")
             if has_f:
                 check_frames(b["frames"], wb, rep, checked)
             req = need_int(b, "requested_size", wb, rep, required=False)
@@ -276,7 +280,7 @@ def check_shape(snap, rep):
                 continue
             act = e.get("action")
             if not isinstance(act, str):
-                rep.err(f"{w}: 'action' must be a str, got {act!r} (§0.5)")
+                rep.err(f"{w}: 'action' must be a str, got {act!r} (rule 5)")
                 ok = False
                 continue
             if act not in KNOWN_ACTIONS:
@@ -296,7 +300,7 @@ def check_shape(snap, rep):
                 check_frames(e["frames"], w, rep, checked)
             for k in ("version", "idx"):
                 if k in e:
-                    rep.err(f"{w}: '{k}' must not be emitted (§0.12)")
+                    rep.err(f"{w}: '{k}' must not be emitted (rule 12)")
             if "category" in e:
                 any_category = True
                 any_unknown |= e["category"] == "unknown"
@@ -304,12 +308,13 @@ def check_shape(snap, rep):
             if um is not None and not isinstance(um, (str, dict)):
                 rep.err(f"{w}: user_metadata must be str or dict")
     if any_category and not any_unknown:
-        rep.err("events carry 'category' but none is 'unknown': the viewer throws (§0.12, §9.7)")
+        rep.err("events carry 'category' but none is 'unknown': the viewer throws (rule 12, pitfall 7)")
     return (segs, traces) if ok else None
 
 
 def check_tiling(segs, traces, rep):
-    """§3: blocks tile their segment; segsum; per-device segments disjoint."""
+    """docs/FORMAT.md#segments: blocks tile their segment; segsum; per-device segments
+    disjoint."""
     by_dev = {}
     for i, s in enumerate(segs):
         w = f"segments[{i}] (device {s['device']}, address {s['address']:#x})"
@@ -525,7 +530,8 @@ def check_forward(segs, trace, dev, rep):
 
 
 def merge_frees(trace):
-    """§7.1: free_requested immediately followed by free_completed (same addr) -> free."""
+    """docs/FORMAT.md#load-time-rewriting: free_requested immediately followed by
+    free_completed (same addr) -> free."""
     out = []
     for e in trace:
         if (e["action"] == "free_completed" and out and out[-1]["action"] == "free_requested"
@@ -537,7 +543,8 @@ def merge_frees(trace):
 
 
 def check_viewer_history(segs, trace, dev, rep):
-    """§7.2: the viewer's backward walk; crash conditions at every event index."""
+    """docs/FORMAT.md#backward-walk: the viewer's backward walk; crash conditions at every
+    event index."""
     events = merge_frees(trace)
     seglist = []  # [addr, size, stream]
     blocks = {}  # addr -> [size, pending]
@@ -688,7 +695,7 @@ def check_bytes(data, path, opcodes_only=False):
 
 def self_test():
     """Checks the checker: valid histories pass, each known breakage is caught by the
-    expected section (the crash table of §7.2 included). Returns the number of failures."""
+    expected section (the crash table of docs/FORMAT.md#backward-walk included). Returns the number of failures."""
     import random
 
     rng = random.Random(1)

@@ -10,7 +10,7 @@
 //! - *site*: the innermost frame in user code: a Python `file:line` when the stack has a
 //!   Python frame (library files under site-packages/dist-packages/the stdlib are skipped
 //!   unless nothing else is there), else the first native frame outside the CUDA runtime,
-//!   the allocator and PyTorch's filtered plumbing (snapshot-format.md §5.4).
+//!   the allocator and PyTorch's filtered plumbing (docs/FORMAT.md#frames, filtering).
 
 use crate::history::{EndBlock, History};
 use crate::tally::{Tally, sorted};
@@ -132,7 +132,7 @@ pub fn is_python_frame(f: &Frame) -> bool {
     f.filename.ends_with(".py") || (f.filename.starts_with('<') && f.filename.ends_with('>'))
 }
 
-/// PyTorch's frame filter (`_memory_viz._frame_filter`, snapshot-format.md §5.4).
+/// PyTorch's frame filter (`_memory_viz._frame_filter`, docs/FORMAT.md#frames).
 pub fn is_hidden(f: &Frame) -> bool {
     const NAMES: &[&str] = &[
         "unwind::unwind",
@@ -581,9 +581,9 @@ mod tests {
             "/x/site-packages/torch/nn/modules/linear.py",
             125,
         );
-        let user = fr("<module>", "/work/train.py", 36);
+        let user = fr("<module>", "/srv/job/train.py", 36);
         let s = site_of(&[&torch, &user]);
-        assert_eq!(s.text, "/work/train.py:36 (<module>)");
+        assert_eq!(s.text, "/srv/job/train.py:36 (<module>)");
         let s = site_of(&[&torch]);
         assert_eq!(s.text, "torch/nn/modules/linear.py:125 (forward)");
         let rt = fr("cudaMalloc", "/usr/lib/libcudart.so.12", 0);

@@ -1,8 +1,9 @@
 //! `memsnap check SNAP...`: does each snapshot follow the rules PyTorch's viewer relies on?
 //!
-//! Cold, no unsafe. Runs the format checker (`snapshot::check`: the §7.3 forward history
-//! ending in the segments, tiling, sizes, stacks) on each file; one line per file, then the
-//! violations. Exit 1 when any file breaks a rule (2 when one cannot be read at all).
+//! Cold, no unsafe. Runs the format checker (`memsnap_format::check`: the forward history
+//! ending in the segments (docs/FORMAT.md#forward-history-rule), tiling, sizes, stacks) on
+//! each file; one line per file, then the violations. Exit 1 when any file breaks a rule (2
+//! when one cannot be read at all).
 
 use crate::input::{display_name, load};
 use anyhow::Result;

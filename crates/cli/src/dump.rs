@@ -299,7 +299,8 @@ fn catches(proc: &Path, signal: i32) -> bool {
 /// `MEMSNAP_FOLDER` for this process. Placeholders that are fixed for a process are
 /// expanded; ones that change per file (`{seq}`, `{step}`, `{time}`, ...) cannot be.
 fn expand_folder(folder: &str, pid: u32, env: &HashMap<String, String>) -> Result<PathBuf, String> {
-    // The library's own rules (src/config.rs), applied to the other process's environment.
+    // The library's own rules (crates/format/src/config.rs), applied to the other process's
+    // environment.
     let (rank, local_rank) = config::ranks(|k| env.get(k).cloned(), pid);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())

@@ -31,7 +31,7 @@ impl Rng {
     }
 }
 
-/// A cudaMalloc-level history (§8.1): segment_alloc, alloc / free_requested,
+/// A cudaMalloc-level history (docs/FORMAT.md#one-segment-per-allocation): segment_alloc, alloc / free_requested,
 /// free_completed, segment_free, with up to 400 live allocations. Ends with the live set
 /// as `segments`, so the file is a valid snapshot.
 fn build() -> Snapshot {

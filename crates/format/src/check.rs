@@ -1,35 +1,37 @@
-//! Snapshot validity checker: the consistency rules of reference/snapshot-format.md §3,
-//! §4 and §7.3 applied to a [`Snapshot`].
+//! Snapshot validity checker: the consistency rules of docs/FORMAT.md (sections "Segments",
+//! "Blocks" and "Forward history rule") applied to a [`Snapshot`].
 //!
 //! Cold, no unsafe. [`check`] returns every rule broken, as [`Violation`]s; an empty list
 //! means the viewer's "Allocator State History" can step through every event and the
 //! timelines match the snapshot.
 //!
 //! What it checks:
-//! - every segment's device has a `device_traces` list (§0.2), stack and frame ids exist;
-//! - sizes are non-negative, addresses, sizes and times below 2^53 (§0.4);
+//! - every segment's device has a `device_traces` list (docs/FORMAT.md, "Producer's rules",
+//!   rule 2), stack and frame ids exist;
+//! - sizes are non-negative, addresses, sizes and times below 2^53 (Producer's rules, rule 4);
 //! - blocks tile their segment: in address order from the segment address, sizes summing
-//!   to `total_size` (§3); `requested_size ≤ size`; a device's segments do not overlap;
-//! - per device, the trace is a valid forward history under the §7.3 state machine
-//!   whose end state equals `segments`.
+//!   to `total_size` (docs/FORMAT.md#segments); `requested_size ≤ size`; a device's segments
+//!   do not overlap;
+//! - per device, the trace is a valid forward history under the state machine of
+//!   docs/FORMAT.md#forward-history-rule whose end state equals `segments`.
 //!
 //! # Capped histories: the rule
 //!
 //! A ring buffer drops the oldest events, so a history may start mid-way. The forward
 //! replay therefore does not start from the empty state but from the state **S0 obtained by
 //! undoing every event, last to first, starting from the snapshot** (what the viewer's
-//! backward walk does, §7.2). A device's history is accepted iff
+//! backward walk does, docs/FORMAT.md#backward-walk). A device's history is accepted iff
 //! 1. S0 is a valid state: disjoint segments, disjoint live blocks, every live block inside
 //!    one segment (else [`ViolationKind::InitialState`], reported at event 0);
-//! 2. replaying the events forward from S0 obeys §7.3 at every step;
+//! 2. replaying the events forward from S0 obeys the forward history rule at every step;
 //! 3. the state after the last event equals `segments`: the same segments (address, size,
 //!    expandable or not) and the same live blocks (address, requested size, pending free
 //!    or not) ([`ViolationKind::FinalStateMismatch`]).
 //!
 //! A complete history gives S0 = empty; any suffix of a valid history gives the state at
-//! the cut and is accepted too, as the viewer accepts it (§8.4). Segments or blocks that
-//! exist from the start are accepted as pre-existing: a history cannot tell a dropped
-//! prefix from a recorder that started late.
+//! the cut and is accepted too, as the viewer accepts it (docs/FORMAT.md#capped-history).
+//! Segments or blocks that exist from the start are accepted as pre-existing: a history
+//! cannot tell a dropped prefix from a recorder that started late.
 //!
 //! The undo step of each event is the exact inverse of its forward step, so S0 is unique:
 //! if any valid start state leads through a legal forward replay to the snapshot, S0 is
@@ -50,7 +52,7 @@ use std::fmt;
 
 use super::model::{Action, BlockState, Snapshot, StackId, TraceEntry};
 
-/// Integers above this lose precision in the viewer's JS numbers (§6.3).
+/// Integers above this lose precision in the viewer's JS numbers (docs/FORMAT.md#integers).
 const JS_SAFE: i64 = 1 << 53;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -92,7 +94,7 @@ pub enum ViolationKind {
     FreeNotRequested,
     /// `free_requested` of a block already pending free.
     FreeRequestedTwice,
-    /// An action the §7.3 state machine does not know.
+    /// An action the forward history state machine does not know.
     UnknownAction,
     /// An `oom` event without `device_free` (the viewer and `_memory_viz trace` need it).
     OomWithoutDeviceFree,
@@ -484,7 +486,7 @@ impl State {
         found
     }
 
-    /// Applies `e` forward; returns the rules it breaks (§7.3).
+    /// Applies `e` forward; returns the rules it breaks (docs/FORMAT.md#forward-history-rule).
     fn apply(&mut self, e: &TraceEntry) -> Vec<(ViolationKind, String)> {
         use ViolationKind as K;
         let (a, n) = (e.addr, e.size);
@@ -614,7 +616,7 @@ impl State {
                 }
             }
             Action::Snapshot | Action::Oom => {}
-            // Newest PyTorch's note on an allocation; no state change (§5.2).
+            // Newest PyTorch's note on an allocation; no state change (docs/FORMAT.md#actions).
             Action::Other(s) if s == "annotate" => {}
             Action::Other(s) => found.push((K::UnknownAction, format!("unknown action {s:?}"))),
         }
@@ -749,7 +751,7 @@ fn check_history(snap: &Snapshot, device: i64, trace: &[TraceEntry], out: &mut V
 mod tests {
     use super::*;
     use crate::model::{Block, Segment};
-    use crate::pickle_write::tests::section10;
+    use crate::pickle_write::tests::minimal_example;
     use ViolationKind as K;
 
     const A: i64 = 0x7F00_0000_0000;
@@ -831,14 +833,15 @@ mod tests {
     }
 
     #[test]
-    fn section10_example_and_its_suffixes_are_valid() {
-        assert_valid_with_every_suffix(&section10());
+    fn minimal_example_and_its_suffixes_are_valid() {
+        assert_valid_with_every_suffix(&minimal_example());
     }
 
     use BlockState::{ActiveAllocated as Live, ActivePendingFree as Pending, Inactive};
 
-    /// Deterministic pseudo-random cudaMalloc-level history (§8.1) plus a caching-allocator
-    /// style part (several blocks per segment, segments kept, a deferred free).
+    /// Deterministic pseudo-random cudaMalloc-level history
+    /// (docs/FORMAT.md#one-segment-per-allocation) plus a caching-allocator style part
+    /// (several blocks per segment, segments kept, a deferred free).
     fn generated() -> Snapshot {
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
         let mut rnd = move |n: u64| {
@@ -949,7 +952,7 @@ mod tests {
 
     #[test]
     fn alloc_before_segment_alloc() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].swap(5, 6);
         assert!(
             kinds(&snap).contains(&K::AllocOutsideSegment),
@@ -960,7 +963,7 @@ mod tests {
 
     #[test]
     fn segment_free_before_the_blocks_free() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         let t = &mut snap.device_traces[0];
         let seg_free = t.remove(4);
         t.insert(2, seg_free);
@@ -974,7 +977,7 @@ mod tests {
 
     #[test]
     fn missing_free_completed() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].remove(3);
         let k = kinds(&snap);
         // The block stays pending: the segment cannot be freed and the address is reused.
@@ -984,18 +987,18 @@ mod tests {
 
     #[test]
     fn free_completed_without_free_requested() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].remove(2);
         assert_eq!(kinds(&snap), vec![K::FreeNotRequested]);
     }
 
     #[test]
     fn free_requested_twice_and_free_size_mismatch() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         let dup = snap.device_traces[0][2].clone();
         snap.device_traces[0].insert(2, dup);
         assert_eq!(kinds(&snap), vec![K::FreeRequestedTwice]);
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0][2].size = 100;
         assert_eq!(kinds(&snap), vec![K::FreeSizeMismatch]);
     }
@@ -1004,7 +1007,7 @@ mod tests {
     fn double_free() {
         // A free of a block that the kept history already freed. (A free of a block the
         // history never allocated is accepted: the allocation may be in a dropped prefix.)
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].insert(4, ev(Action::Free, A, MIB));
         let v = check(&snap);
         assert_eq!(
@@ -1016,18 +1019,18 @@ mod tests {
 
     #[test]
     fn blocks_not_tiling() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.segments[0].blocks[0].size -= 512;
         snap.segments[0].blocks[0].requested_size -= 512;
         assert!(kinds(&snap).contains(&K::BlockTiling));
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.segments[0].blocks[0].address += 512;
         assert!(kinds(&snap).contains(&K::BlockTiling));
     }
 
     #[test]
     fn requested_size_above_size() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.segments[0].blocks[0].requested_size += 1;
         assert!(kinds(&snap).contains(&K::RequestedSize));
     }
@@ -1035,22 +1038,22 @@ mod tests {
     #[test]
     fn final_state_mismatch() {
         // The live allocation is missing from `segments`.
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.segments[0].blocks[0].state = Inactive;
         assert_eq!(kinds(&snap), vec![K::FinalStateMismatch]);
         // The snapshot says pending free, the history says allocated.
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.segments[0].blocks[0].state = Pending;
         assert_eq!(kinds(&snap), vec![K::FinalStateMismatch]);
         // The last segment_alloc has a different size from the snapshot's segment.
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0][5].size = 4 * MIB;
         assert!(kinds(&snap).contains(&K::FinalStateMismatch));
     }
 
     #[test]
     fn segments_overlap() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         let mut other = seg(A + MIB, &[(MIB, MIB, Live)], false);
         other.blocks[0].state = Inactive;
         snap.segments.push(other);
@@ -1059,7 +1062,7 @@ mod tests {
 
     #[test]
     fn segment_device_without_trace_list() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.segments[0].device = 1;
         let k = kinds(&snap);
         assert!(k.contains(&K::MissingDeviceTrace), "{k:?}");
@@ -1067,14 +1070,14 @@ mod tests {
 
     #[test]
     fn segment_alloc_over_a_live_segment() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].remove(4);
         assert!(kinds(&snap).contains(&K::SegmentAllocOverlap));
     }
 
     #[test]
     fn segment_free_of_unknown_segment() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0][4].size = 2 * MIB;
         assert!(kinds(&snap).contains(&K::SegmentFreeUnknown));
     }
@@ -1101,7 +1104,7 @@ mod tests {
         let k = kinds(&snap);
         assert!(k.contains(&K::SegmentMapOverlap), "{k:?}");
         // Unmapping part of a whole (segment_alloc) segment.
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].insert(5, ev(Action::SegmentUnmap, A, MIB));
         let k = kinds(&snap);
         assert!(k.contains(&K::SegmentUnmapUnmapped), "{k:?}");
@@ -1110,7 +1113,7 @@ mod tests {
     #[test]
     fn capped_history_must_start_from_a_valid_state() {
         // A suffix that frees a block no segment ever held.
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0] = vec![
             ev(Action::FreeRequested, A + 64 * MIB, MIB),
             ev(Action::FreeCompleted, A + 64 * MIB, MIB),
@@ -1125,17 +1128,17 @@ mod tests {
 
     #[test]
     fn bad_ids_and_ranges() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.stacks.push(vec![7]);
         snap.device_traces[0][0].stack = Some(9);
         assert_eq!(kinds(&snap), vec![K::BadStack, K::BadStack]);
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0][6].time_us = 1 << 53;
         assert_eq!(kinds(&snap), vec![K::ValueRange]);
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].push(ev(Action::Other("mystery".into()), A, 0));
         assert_eq!(kinds(&snap), vec![K::UnknownAction]);
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].push(ev(Action::Oom, 0, 80 << 30));
         assert_eq!(kinds(&snap), vec![K::OomWithoutDeviceFree]);
     }
@@ -1154,15 +1157,15 @@ mod tests {
         assert!(st.success());
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/python/check_snapshot.py");
-        let mut broken_dup = section10();
+        let mut broken_dup = minimal_example();
         let dup = broken_dup.device_traces[0][2].clone();
         broken_dup.device_traces[0].insert(2, dup);
-        let mut broken_order = section10();
+        let mut broken_order = minimal_example();
         broken_order.device_traces[0].swap(5, 6);
         let mut capped = generated();
         capped.device_traces[0].drain(..333);
         let cases = [
-            (section10(), true),
+            (minimal_example(), true),
             (generated(), true),
             (capped, true),
             (expandable(), true),
@@ -1187,8 +1190,9 @@ mod tests {
         }
     }
 
-    /// The Python checker passes its own self-test (valid and broken histories, the §7.2
-    /// crash table) and accepts the six real PyTorch snapshots in tests/fixtures/torch.
+    /// The Python checker passes its own self-test (valid and broken histories, the crash
+    /// table of docs/FORMAT.md#backward-walk) and accepts the six real PyTorch snapshots in
+    /// tests/fixtures/torch.
     #[test]
     fn python_checker_self_test_and_torch_fixtures() {
         let Ok(st) = std::process::Command::new("python3")
@@ -1243,7 +1247,7 @@ mod tests {
 
     #[test]
     fn display_names_device_and_event() {
-        let mut snap = section10();
+        let mut snap = minimal_example();
         snap.device_traces[0].swap(5, 6);
         let v = check(&snap);
         let text = v

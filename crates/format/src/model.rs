@@ -2,10 +2,10 @@
 //!
 //! Cold code, no unsafe. The preload's writer builds a [`Snapshot`] and encodes it with
 //! `pickle_write`; the CLI gets one from `pickle_read` (memsnap's files and PyTorch's).
-//! Field names follow PyTorch's keys (reference/snapshot-format.md §2–§5) so the codec
-//! reads as a one-to-one mapping. Frames and stacks are stored once and referred to by
-//! index, which is also how the pickle shares them (memo), and what keeps 100k events
-//! with deep stacks small.
+//! Field names follow PyTorch's keys (docs/FORMAT.md, "Top-level keys" through "Trace
+//! entries") so the codec reads as a one-to-one mapping. Frames and stacks are stored once
+//! and referred to by index, which is also how the pickle shares them (memo), and what keeps
+//! 100k events with deep stacks small.
 
 use std::sync::Arc;
 
@@ -38,7 +38,7 @@ impl BlockState {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "active_allocated" => Some(BlockState::ActiveAllocated),
-            // The docstring's name for the same state (snapshot-format.md §4).
+            // The docstring's name for the same state (docs/FORMAT.md#blocks).
             "active_pending_free" | "active_awaiting_free" => Some(BlockState::ActivePendingFree),
             "inactive" => Some(BlockState::Inactive),
             _ => None,
@@ -101,7 +101,7 @@ impl Segment {
     }
 }
 
-/// The trace actions the viewer knows (snapshot-format.md §5.2). Anything else read from
+/// The trace actions the viewer knows (docs/FORMAT.md#actions). Anything else read from
 /// a file is kept as `Other` so the CLI can still show it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {

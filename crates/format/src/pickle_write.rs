@@ -1,15 +1,19 @@
 //! Hand-written pickle encoder for [`Snapshot`]: the bytes that PyTorch's viewers load.
 //!
 //! Cold (writer thread / CLI), no unsafe. It follows the producer's checklist of
-//! reference/snapshot-format.md §0 and §6:
-//! - a `PROTO 4` header and only opcodes from the viewer's whitelist (§6.2);
+//! docs/FORMAT.md ("Producer's rules" and "Pickle subset"; summary in "How memsnap encodes"):
+//! - a `PROTO 4` header and only opcodes from the viewer's whitelist
+//!   (docs/FORMAT.md#opcodes-the-viewer-accepts);
 //! - the memo is filled with explicit BINPUT/LONG_BINPUT and read with BINGET/LONG_BINGET,
-//!   never MEMOIZE (the viewer numbers MEMOIZE separately, §6.4);
-//! - integers as BININT1/BININT2/BININT or an 8-byte LONG1, never 9 bytes (§6.3);
+//!   never MEMOIZE (the viewer numbers MEMOIZE separately, docs/FORMAT.md#memo-and-sharing);
+//! - integers as BININT1/BININT2/BININT or an 8-byte LONG1, never 9 bytes
+//!   (docs/FORMAT.md#integers);
 //! - strings as SHORT_BINUNICODE (< 256 bytes) or BINUNICODE;
-//! - lists batched ≤ 1000 items per MARK…APPENDS, dicts ≤ 1000 per MARK…SETITEMS (§0.3);
+//! - lists batched ≤ 1000 items per MARK…APPENDS, dicts ≤ 1000 per MARK…SETITEMS
+//!   (Producer's rules, rule 3);
 //! - only strings, frame dicts and frame lists are memoized and shared. Event, segment and
-//!   block dicts are written fresh every time because the viewer mutates them (§6.4).
+//!   block dicts are written fresh every time because the viewer mutates them
+//!   (docs/FORMAT.md#memo-and-sharing).
 //!
 //! Sharing is what keeps big histories small and fast: each unique frame dict and each
 //! unique stack list is written once, and every later use is one BINGET.
@@ -24,9 +28,9 @@ use rustc_hash::FxHashMap;
 
 use super::model::{Meta, Snapshot, StackId};
 
-/// Declared protocol; the viewer accepts 2, 3 and 4 (§6.2).
+/// Declared protocol; the viewer accepts 2, 3 and 4 (docs/FORMAT.md#opcodes-the-viewer-accepts).
 const PROTOCOL: u8 = 4;
-/// Largest MARK…APPENDS / MARK…SETITEMS batch (§0.3).
+/// Largest MARK…APPENDS / MARK…SETITEMS batch (docs/FORMAT.md, "Producer's rules", rule 3).
 const BATCH: usize = 1000;
 /// `write_to` hands the buffer to the sink once it grows past this.
 const FLUSH_AT: usize = 1 << 20;
@@ -525,7 +529,7 @@ impl<'a, 's> Encoder<'a, 's> {
             self.buf.extend_from_slice(&(v as i32).to_le_bytes());
         } else {
             // Exactly 8 bytes of little-endian two's complement: a JS Number, never a
-            // BigInt (§6.3).
+            // BigInt (docs/FORMAT.md#integers).
             self.buf.extend_from_slice(&[op::LONG1, 8]);
             self.buf.extend_from_slice(&v.to_le_bytes());
         }
@@ -760,8 +764,8 @@ print(json.dumps(out))
         }
     }
 
-    /// The §10 example of snapshot-format.md.
-    pub(crate) fn section10() -> Snapshot {
+    /// The example of docs/FORMAT.md#minimal-example.
+    pub(crate) fn minimal_example() -> Snapshot {
         const A: i64 = 0x7F00_0000_0000;
         let f = Some(0);
         let mut snap = Snapshot {
@@ -799,8 +803,8 @@ print(json.dumps(out))
     }
 
     #[test]
-    fn section10_example_loads_and_round_trips() {
-        let snap = section10();
+    fn minimal_example_loads_and_round_trips() {
+        let snap = minimal_example();
         let Some(got) = roundtrip(&snap, true) else {
             return;
         };
@@ -863,7 +867,7 @@ print(json.dumps(out))
         };
         assert_eq!(got.value, expected(&snap));
 
-        // The exact encodings (§6.3).
+        // The exact encodings (docs/FORMAT.md#integers).
         let opcodes = |v: i64| {
             let mut e = Encoder::new(&snap, None);
             e.int(v);

@@ -10,6 +10,9 @@ pub(super) const FIXTURES: &[&str] = &[
 ];
 
 pub(super) fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/torch/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/../../tests/fixtures/torch/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }

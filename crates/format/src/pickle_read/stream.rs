@@ -394,7 +394,7 @@ mod tests {
         // An event dict appended, then fetched from the memo and appended again.
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/hand/shared-entry.pickle"
+            "/../../tests/fixtures/hand/shared-entry.pickle"
         );
         let b = std::fs::read(path).unwrap();
         let full = read_snapshot(&b).unwrap();
