@@ -2,7 +2,7 @@
 //! allocation and free and writes PyTorch memory-snapshot files.
 //!
 //! The rooms, in the order an event flows through them (hot = runs inside the host's CUDA
-//! calls; docs/DESIGN.md#layout has the whole picture):
+//! calls; docs/ARCHITECTURE.md has the whole picture):
 //! - [`lifecycle`] (cold): the composition root: starts recording on the first CUDA event,
 //!   the dump signal, exit, fork, and the `memsnap_*` C API.
 //! - [`interpose`] (hot): symbol lookup, the routing table, the exported wrappers, device
