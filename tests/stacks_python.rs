@@ -30,10 +30,16 @@ fn libmemsnap() -> PathBuf {
     so
 }
 
+/// pyenv's folder: $PYENV_ROOT, else pyenv's default ~/.pyenv.
+fn pyenv_root() -> String {
+    std::env::var("PYENV_ROOT")
+        .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()))
+}
+
 /// CPython interpreters to test: pyenv's 3.10–3.13 here, else `python3` if it is one of them.
 fn interpreters() -> Vec<(String, PathBuf)> {
     let mut found = Vec::new();
-    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
+    let root = pyenv_root();
     for minor in ["3.10", "3.11", "3.12", "3.13"] {
         let Ok(entries) = std::fs::read_dir(PathBuf::from(&root).join("versions")) else {
             break;
@@ -115,7 +121,7 @@ fn capture_in_python_allocates_nothing_after_setup() {
 /// frames, native frames unaffected.
 #[test]
 fn unsupported_python_turns_python_frames_off_with_one_warning() {
-    let root = std::env::var("PYENV_ROOT").unwrap_or_else(|_| "/root/.pyenv".to_string());
+    let root = pyenv_root();
     let Ok(entries) = std::fs::read_dir(PathBuf::from(root).join("versions")) else {
         eprintln!("no pyenv: skipped");
         return;

@@ -104,8 +104,8 @@ def make_stack(k):
     if lib != "app":
         for j in range(r.randint(3, 8)):
             fr += [INTERP[j % 2], r.choice(PY_LIB)]
-        fr.append(("train_step", "/work/job/train.py", 100 + r.randint(0, 60)))
-        fr.append(("<module>", "/work/job/train.py", 200 + r.randint(0, 5)))
+        fr.append(("train_step", "/data/job/train.py", 100 + r.randint(0, 60)))
+        fr.append(("<module>", "/data/job/train.py", 200 + r.randint(0, 5)))
     else:
         fr.append(("main", "/src/app/main.cpp", 12))
     return fr, lib

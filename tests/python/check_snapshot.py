@@ -4,7 +4,9 @@
 Usage: python3 tests/python/check_snapshot.py FILE [FILE...] [--json]
 
 Exit status 0 when every file is valid, 1 otherwise (errors are printed per file).
-The rules come from /work/shared/reference/snapshot-format.md:
+The rules come from the team's format specification (snapshot-format.md, kept outside this
+repository; the § numbers below are its sections); docs/FORMAT.md is the repository's account
+of the same rules:
 
 * opcodes (§6.2): every opcode in the viewer's whitelist, 2 <= PROTO <= 4, LONG1 <= 8
   bytes, no MARK...APPENDS / MARK...SETITEMS batch over 1000 items, never MEMOIZE mixed
