@@ -3,11 +3,31 @@
 # itself (needs a C compiler and python3, both checked below).
 #
 #   bash scripts/test.sh
+#
+# The tests that load the HTML viewer in headless Chromium (tests/cli.rs, `chromium_*`) are
+# #[ignore]d for plain `cargo test`; this script runs them too when chromium is installed,
+# and says so when it is not. It ends with the number of tests that passed, failed and were
+# ignored.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 for tool in cargo cc python3; do
     command -v "$tool" >/dev/null || { echo "scripts/test.sh: $tool is required" >&2; exit 2; }
 done
+LOG=$(mktemp -d "${TMPDIR:-/tmp}/memsnap-test.XXXXXX")
+trap 'rm -rf "$LOG"' EXIT
+
+# Sums the "test result:" lines of a cargo test log: "P passed, F failed, I ignored".
+tally() {
+    awk '/^test result:/ {
+            for (i = 1; i < NF; i++) {
+                if ($(i + 1) ~ /^passed/) p += $i
+                if ($(i + 1) ~ /^failed/) f += $i
+                if ($(i + 1) ~ /^ignored/) g += $i
+            }
+        }
+        END { printf "%d passed, %d failed, %d ignored", p, f, g }' "$1"
+}
+
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo build (the preload tests need target/debug/libmemsnap.so and memsnap)"
@@ -15,4 +35,23 @@ cargo build --workspace --all-targets
 echo "== snapshot checker self-test (the viewer's crash conditions)"
 python3 tests/python/check_snapshot.py --self-test
 echo "== cargo test"
-cargo test --workspace --no-fail-fast
+status=0
+cargo test --workspace --no-fail-fast 2>&1 | tee "$LOG/test.log" || status=1
+
+chrome=""
+for name in chromium chromium-browser google-chrome; do
+    if command -v "$name" >/dev/null 2>&1; then chrome=$name; break; fi
+done
+if [ -n "$chrome" ]; then
+    echo "== viewer tests in headless Chromium ($chrome; ignored by plain cargo test)"
+    cargo test --test cli -- --ignored chromium_ 2>&1 | tee "$LOG/chromium.log" || status=1
+    viewer="headless Chromium: $(tally "$LOG/chromium.log")"
+else
+    echo "chromium missing: viewer tests ignored"
+    viewer="chromium missing: viewer tests ignored"
+fi
+echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer"
+if [ "$status" -ne 0 ]; then
+    echo "scripts/test.sh: FAILED (see above)" >&2
+fi
+exit "$status"

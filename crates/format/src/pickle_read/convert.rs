@@ -379,7 +379,7 @@ impl Converter<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{FIXTURES, fixture};
+    use super::super::fixtures::{FIXTURES, anchor_line, counts, fixture};
     use super::super::machine::Machine;
     use super::*;
 
@@ -402,14 +402,42 @@ mod tests {
 
     #[test]
     fn reads_every_fixture_with_the_counts_python_reports() {
-        // Counts from `pickle.load` on the same files (see tests/fixtures/torch/README.md).
+        // Counts from `pickle.load` on the same files (tests/fixtures/torch/fixtures.json).
+        for name in FIXTURES {
+            let s = read_whole(&fixture(name)).unwrap();
+            let c = counts(name);
+            assert_eq!(s.segments.len() as u64, c["segments"], "{name}");
+            assert_eq!(s.device_traces.len() as u64, c["devices"], "{name}");
+            for (d, trace) in s.device_traces.iter().enumerate() {
+                assert_eq!(trace.len() as u64, c["events"][d], "{name}, device {d}");
+            }
+            let actions = c["actions"].as_object().unwrap();
+            for (action, n) in actions {
+                assert_eq!(count(&s, action) as u64, *n, "{name}: {action}");
+            }
+            let events: usize = s.device_traces.iter().map(Vec::len).sum();
+            assert_eq!(
+                actions.values().map(|n| n.as_u64().unwrap()).sum::<u64>() as usize,
+                events
+            );
+            let live: Vec<_> = s
+                .segments
+                .iter()
+                .flat_map(|g| &g.blocks)
+                .filter(|b| b.state == BlockState::ActiveAllocated)
+                .collect();
+            assert_eq!(live.len() as u64, c["live_blocks"], "{name}");
+            assert_eq!(
+                live.iter().map(|b| b.size).sum::<i64>(),
+                c["live_bytes"],
+                "{name}"
+            );
+            let reserved: i64 = s.segments.iter().map(|g| g.total_size).sum();
+            assert_eq!(reserved, c["reserved_bytes"], "{name}");
+        }
+
         let s = read_whole(&fixture("torch-python-stacks.pickle")).unwrap();
-        assert_eq!(s.segments.len(), 14);
         assert_eq!(s.device_traces.len(), 1);
-        assert_eq!(s.device_traces[0].len(), 269);
-        assert_eq!(count(&s, "alloc"), 95);
-        assert_eq!(count(&s, "free_completed"), 80);
-        assert_eq!(count(&s, "segment_alloc"), 14);
         assert_eq!(
             s.allocator_settings
                 .iter()
@@ -419,34 +447,32 @@ mod tests {
         );
 
         let s = read_whole(&fixture("torch-transformer-all-stacks.pickle")).unwrap();
-        assert_eq!(s.device_traces[0].len(), 12561);
-        assert_eq!(s.segments.len(), 66);
-        assert_eq!(count(&s, "alloc"), 4267);
-        let live: i64 = s
-            .segments
-            .iter()
-            .flat_map(|g| &g.blocks)
-            .filter(|b| b.state == BlockState::ActiveAllocated)
-            .map(|b| b.size)
-            .sum();
-        assert_eq!(live, 304566784);
         // Shared frame lists stay shared: far fewer stacks than events.
-        assert!(s.stacks.len() < 3000, "{} stacks", s.stacks.len());
+        assert!(
+            s.stacks.len() < s.device_traces[0].len() / 4,
+            "{} stacks for {} events",
+            s.stacks.len(),
+            s.device_traces[0].len()
+        );
 
         let s = read_whole(&fixture("torch-oom.pickle")).unwrap();
-        let oom = s.device_traces[0]
+        let c = &counts("torch-oom.pickle")["ooms"][0];
+        let (i, oom) = s.device_traces[0]
             .iter()
-            .find(|e| e.action == Action::Oom)
+            .enumerate()
+            .find(|(_, e)| e.action == Action::Oom)
             .unwrap();
-        assert_eq!(oom.device_free, Some(12118523904));
-        assert_eq!(oom.size, 17179869184);
+        assert_eq!(i as u64, c["event"]);
+        assert_eq!(oom.device_free, c["device_free"].as_i64());
+        assert_eq!(oom.size, 16 << 30);
         let f: Vec<_> = s.stack_frames(oom.stack).collect();
-        assert_eq!(f[0].line, 22);
-        assert!(f[0].filename.ends_with("make_fixtures.py"));
+        assert_eq!(f[0].filename, "scripts/gpu/make_fixtures.py");
+        assert_eq!(f[0].line, anchor_line("oom alloc"));
 
         let s = read_whole(&fixture("torch-expandable-segments.pickle")).unwrap();
         assert!(s.segments.iter().all(|g| g.is_expandable));
-        assert_eq!(count(&s, "segment_map"), 4);
+        assert!(count(&s, "segment_map") >= 4);
+        assert!(count(&s, "segment_unmap") >= 1);
     }
 
     #[test]
