@@ -5,27 +5,14 @@
 
 mod common;
 
-use common::{Run, num, python_load_json, reason_of, run_program, snapshot_files};
+use common::{Run, num, python_load_json, python_script, reason_of, run_program, snapshot_files};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// Runs the independent Python checker; panics with its report unless the file is valid.
 fn assert_valid(path: &Path) {
-    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_snapshot.py");
-    let out = Command::new("python3")
-        .arg(&checker)
-        .arg(path)
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "{} is not a valid snapshot:\n{}{}",
-        path.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_script("tests/python/check_snapshot.py", path);
 }
 
 /// The only snapshot written for `reason`.

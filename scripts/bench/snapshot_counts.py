@@ -4,10 +4,13 @@ scripts/gpu/hook_cost_torch.py).
 
 A measured run with libmemsnap.so preloaded writes its exit snapshot (MEMSNAP_AT_EXIT=1,
 the default) into a folder of its own; the newest *.pickle there carries memsnap's metadata
-(top-level key "memsnap"): events_recorded, dropped_events, events_without_stack.
-events_without_stack counts failed stack-slot takes only (src/channel/queue.rs), so any
-non-zero value is a stack lost, whatever MEMSNAP_CONTEXT is. A cost figure measured while
-anything was lost is not a cost figure: verdict() says VOID instead.
+(top-level key "memsnap"): events_recorded, dropped_events, events_without_stack (stacks
+the hooks could not take: only possible once the writer is gone, src/channel/queue.rs).
+Independently of those counters, when native frames were asked for (MEMSNAP_STACKS native
+or all), every `alloc` entry of the history must carry frames: an alloc without frames is
+counted as stackless too (a C caller has no Python frames, so `python` is not checked this
+way). A cost figure measured while anything was lost is not a cost figure: verdict() says
+VOID instead.
 
 As a command (for shell scripts):
     python3 snapshot_counts.py FOLDER
@@ -37,10 +40,18 @@ def read_counts(folder):
     meta = snap.get("memsnap") if isinstance(snap, dict) else None
     if not isinstance(meta, dict):
         return None
+    stackless = int(meta.get("events_without_stack", 0))
+    if meta.get("stacks") in ("native", "all"):
+        stackless += sum(
+            1
+            for trace in snap.get("device_traces", [])
+            for e in trace
+            if e.get("action") == "alloc" and not e.get("frames")
+        )
     return {
         "recorded": int(meta.get("events_recorded", 0)),
         "dropped": int(meta.get("dropped_events", 0)),
-        "stackless": int(meta.get("events_without_stack", 0)),
+        "stackless": stackless,
         "file": newest,
     }
 

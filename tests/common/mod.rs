@@ -282,6 +282,25 @@ with open(sys.argv[1], "rb") as f:
 json.dump(plain(data), sys.stdout)
 "#;
 
+/// Runs the repository's Python script `script` (a path from the repository root) on
+/// `file`; panics with its output unless it succeeds, else returns its stdout.
+pub fn python_script(script: &str, file: &Path) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = Command::new("python3")
+        .arg(&path)
+        .arg(file)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{script} {}:\n{}{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Loads a pickle with Python's own `pickle` module and returns it as JSON: ints stay ints,
 /// tuples become lists, dict keys become strings. Panics when Python cannot read the file,
 /// which is itself a format check.

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# How long exit, out-of-memory and memsnap_dump() requests take while other threads allocate
+# at full speed (the release library on the simulated CUDA driver, MEMSNAP_STACKS=all), and
+# what the snapshot recorded (a request figure from a run that lost events is void).
+#
+#   bash scripts/bench-requests.sh        (RUNS=5 by default; prints a Markdown table)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cargo build --release --workspace --quiet
+OUT=target/bench-requests
+bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
+LIB=$PWD/target/release/libmemsnap.so
+BIN=$PWD/$OUT/fake-cuda/bin/load
+RUNS=${RUNS:-5}
+export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDA_CAPACITY=80G MEMSNAP_STACKS=all MEMSNAP_QUIET=1
+
+echo "command: bash scripts/bench-requests.sh (RUNS=$RUNS)"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo " (+ uncommitted changes)")"
+echo
+echo "| threads allocating | request | ms: median | ms: max | events recorded (last run) | dropped | stackless |"
+echo "|---|---|---|---|---|---|---|"
+for threads in 2 8; do
+    for mode in dump oom exit; do
+        times=() dropped=0 stackless=0 recorded=0
+        for _ in $(seq "$RUNS"); do
+            dir=$(mktemp -d "$OUT/run.XXXXXX")
+            out=$(MEMSNAP_FOLDER=$dir LD_PRELOAD=$LIB "$BIN" "$threads" "$mode")
+            ended=$(awk '{ printf "%.3f", $1 * 1000 }' /proc/uptime)
+            if [ "$mode" = exit ]; then
+                at=$(sed -n 's/^result exit_at_ms=//p' <<<"$out")
+                times+=("$(awk -v a="$at" -v e="$ended" 'BEGIN { printf "%.1f", e - a }')")
+            else
+                times+=("$(sed -n "s/^result ${mode}_ms=//p" <<<"$out")")
+            fi
+            # The exit snapshot (dump and oom runs write one too) holds the whole run.
+            read -r rec drop stk < <(python3 scripts/bench/snapshot_counts.py "$dir" || echo "0 0 0")
+            recorded=$rec dropped=$((dropped + drop)) stackless=$((stackless + stk))
+            rm -rf "$dir"
+        done
+        sorted=$(printf '%s\n' "${times[@]}" | sort -g)
+        median=$(sed -n "$(((RUNS + 1) / 2))p" <<<"$sorted")
+        max=$(tail -1 <<<"$sorted")
+        if [ "$dropped" -ne 0 ] || [ "$stackless" -ne 0 ]; then
+            median="VOID" max="VOID"
+        fi
+        echo "| $threads | $mode | $median | $max | $recorded | $dropped | $stackless |"
+    done
+done
