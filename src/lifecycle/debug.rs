@@ -179,3 +179,33 @@ pub fn debug_resolve_json(slot: &StackSlot, stacks: Stacks, max: usize) -> Strin
     serde_json::json!({"frames": frames, "truncated": slot.truncated, "warnings": warnings})
         .to_string()
 }
+
+/// Benchmark entry point: the writer's drain rate (see `writer::drain_bench`). Sends
+/// `events` synthetic events with stacks of `depth` native frames drawn from
+/// `distinct_stacks` stacks through a real channel and applies them as the writer does;
+/// returns the nanoseconds spent applying them. `out[0]` receives the stacks interned,
+/// `out[1]` the growth of resident memory in bytes.
+///
+/// # Safety
+/// `out` must be null or point to two writable `u64`.
+#[doc(hidden)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memsnap_debug_bench_writer(
+    events: u64,
+    distinct_stacks: u32,
+    depth: u32,
+    out: *mut u64,
+) -> u64 {
+    let figures = std::panic::catch_unwind(|| {
+        crate::writer::drain_bench::run(events, distinct_stacks, depth as usize)
+    });
+    let Ok(f) = figures else { return 0 };
+    if !out.is_null() {
+        // SAFETY: the caller passes room for two u64.
+        unsafe {
+            *out = f.interned;
+            *out.add(1) = f.rss_growth_bytes;
+        }
+    }
+    f.nanoseconds
+}

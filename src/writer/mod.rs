@@ -7,6 +7,7 @@
 //! explicit `memsnap_dump` calls. It may allocate, lock and do I/O; a failure is a warning
 //! on stderr, never the host's problem. A panic in here turns recording off.
 
+pub mod drain_bench;
 pub mod dump;
 pub mod files;
 pub mod stacks;

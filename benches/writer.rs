@@ -1,0 +1,60 @@
+//! The writer's drain rate with whole stacks (not a timed test; figures go to
+//! docs/BENCHMARKS.md).
+//!
+//! `cargo bench --bench writer` builds the release `libmemsnap.so` and calls its
+//! `memsnap_debug_bench_writer` entry point: a producer thread sends synthetic alloc/free
+//! events with native stacks through the real channel while the calling thread applies them
+//! as the writer thread does (stack interning and the per-device state; see
+//! src/writer/drain_bench.rs). Prints events per second on one core and the growth of
+//! resident memory, for 10M events at 45 and 57 frames.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    // `cargo test --all-targets` runs bench binaries without `--bench`: measure nothing then.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("writer bench: run with `cargo bench --bench writer`");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let st = Command::new("cargo")
+        .args(["build", "--release", "--lib", "--quiet"])
+        .current_dir(&root)
+        .status()
+        .expect("cargo build");
+    assert!(st.success());
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or(root.join("target"));
+    let so = target.join("release/libmemsnap.so");
+    type Bench = unsafe extern "C" fn(u64, u32, u32, *mut u64) -> u64;
+    // SAFETY: loading the library built above; the symbol has this C signature.
+    let bench = unsafe {
+        let c = std::ffi::CString::new(so.to_str().expect("utf-8 path")).expect("path");
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+        assert!(!h.is_null(), "dlopen {}", so.display());
+        let b = libc::dlsym(h, c"memsnap_debug_bench_writer".as_ptr());
+        assert!(!b.is_null());
+        std::mem::transmute::<*mut libc::c_void, Bench>(b)
+    };
+    let events: u64 = std::env::var("MEMSNAP_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000_000);
+    println!("| events | native frames per stack | distinct stacks | stacks interned | events/s applied (one core) | ns per event | resident memory growth |");
+    println!("|---|---|---|---|---|---|---|");
+    for (depth, distinct) in [(45u32, 2_000u32), (57, 2_000), (57, 20_000)] {
+        let mut out = [0u64; 2];
+        // SAFETY: a valid function pointer and a two-element output array.
+        let ns = unsafe { bench(events, distinct, depth, out.as_mut_ptr()) };
+        let per_s = events as f64 / (ns as f64 / 1e9);
+        println!(
+            "| {events} | {depth} | {distinct} | {} | {:.2}M | {:.0} | {:.1} MiB |",
+            out[0],
+            per_s / 1e6,
+            ns as f64 / events as f64,
+            out[1] as f64 / (1 << 20) as f64
+        );
+    }
+}
