@@ -1,6 +1,6 @@
 """Per-event cost inside real PyTorch, without GPU work to hide it, in a training-loop-like
 pattern: each iteration drops the oldest of 16 live tensors and allocates a new one, with a
-size from a fixed set of 256 (512 B .. 64 MiB, deterministic pseudo-random order), from one of
+size from a fixed set of 256 (512 B .. 1 MiB, deterministic pseudo-random order), from one of
 6 call sites in rotation, 12 Python frames deep at torch.empty.
 
 - memsnap rows (not loaded / MEMSNAP_STACKS none, python, all) run under
@@ -60,7 +60,9 @@ RATIOS = [("python", "default/torch-python", "async/memsnap-python"),
 # One measurement (child process)
 
 N_SIZES, SITES, WINDOW, PY_FRAMES = 256, 6, 16, 12
-SIZES = [(int(512 * 1.0472**i) + 511) // 512 * 512 for i in range(N_SIZES)]  # 512 B .. 64 MiB
+# 512 B .. 1 MiB: larger blocks make the async pool map and unmap device memory, whose cost
+# varies by thousands of ns per iteration from one process to the next and hides the hooks.
+SIZES = [(int(512 * 1.03027**i) + 511) // 512 * 512 for i in range(N_SIZES)]
 
 
 def size_sequence(n=1 << 16, seed=20261122):
@@ -176,6 +178,10 @@ def measure(iterations):
     if rec:
         torch.cuda.memory._record_memory_history(max_entries=RECORDER_MAX_ENTRIES, stacks=rec)
     torch.empty(1, device="cuda")
+    # Every configuration's loop runs on the same core, pinned after CUDA (and memsnap's
+    # writer thread) started, so helper threads keep the whole machine.
+    if hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() > 3:
+        os.sched_setaffinity(0, {2})
     res = {"allocator_backend": torch.cuda.get_allocator_backend(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(), "python": platform.python_version()}
     loop = Loop(lambda n: torch.empty(n, dtype=torch.uint8, device="cuda"))
@@ -297,7 +303,7 @@ def report(res, argv, rounds, iterations, context, elapsed):
         f"took {elapsed:.0f} s",
         "",
         f"Per iteration: drop the oldest of {WINDOW} live tensors, allocate one (size from a fixed set of "
-        f"{N_SIZES}, 512 B .. 64 MiB), {SITES} call sites in rotation, "
+        f"{N_SIZES}, 512 B .. 1 MiB), {SITES} call sites in rotation, "
         f"{any_run.get('python_frames', PY_FRAMES)} Python frames at torch.empty; an event is one alloc "
         f"or one free; per event = (iteration - baseline) / 2. memsnap rows: backend:cudaMallocAsync, "
         f"MEMSNAP_CONTEXT={context}; recorder rows: default caching allocator, "
@@ -341,6 +347,12 @@ def report(res, argv, rounds, iterations, context, elapsed):
         else:
             ratio = f"{r_ns / m_ns:.1f}x"
         lines.append(f"| {stacks} | {r_txt} | {m_txt} | {ratio} |")
+    # Every run's figure, so that the spread between processes is in plain sight: a
+    # difference smaller than it says nothing.
+    lines += ["", "Every run (ns per iteration, sorted): " + "; ".join(
+        f"{name}: " + ", ".join(f"{r['ns_per_iteration']:.0f}" for r in
+                                sorted(res[name]["runs"], key=lambda r: r["ns_per_iteration"]))
+        for name, *_ in CONFIGS)]
     errors = [(name, e) for name, row in res.items() for e in row["errors"]]
     if errors:
         lines += ["", "Errors:"] + [f"- {name}: {e.strip().splitlines()[-1] if e.strip() else e}"
