@@ -42,7 +42,9 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
-    println!("| events | native frames per stack | distinct stacks | stacks interned | events/s applied (one core) | ns per event | resident memory growth |");
+    println!(
+        "| events | native frames per stack | distinct stacks | stacks interned | events/s applied (one core) | ns per event | resident memory growth |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for (depth, distinct) in [(45u32, 2_000u32), (57, 2_000), (57, 20_000)] {
         let mut out = [0u64; 2];

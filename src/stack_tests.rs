@@ -205,12 +205,12 @@ fn through(lib: &CLib, via_y: bool) -> Vec<(String, i64)> {
 #[test]
 fn outer_frames_that_changed_at_the_same_depth_are_unwound_again() {
     let lib = clib(Which::Full);
-    let via_x = vec![
+    let via_x = [
         ("stk_c".to_string(), line_of("LINE_C")),
         ("stk_b".to_string(), line_of("LINE_B")),
         ("stk_x".to_string(), line_of("LINE_X")),
     ];
-    let via_y = vec![
+    let via_y = [
         ("stk_c".to_string(), line_of("LINE_C")),
         ("stk_b".to_string(), line_of("LINE_B")),
         ("stk_y".to_string(), line_of("LINE_Y")),

@@ -330,7 +330,7 @@ mod tests {
             })
             .collect();
         // A slow writer: it pauses now and then, so the queue and the slab fill up.
-        let mut seen = vec![0u64; 4];
+        let mut seen = [0u64; 4];
         let mut received = 0;
         while received < EVENTS {
             match rec.pop() {

@@ -78,7 +78,7 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
             ev.time_us = i;
             // Hot stacks: a quarter of the stacks take three quarters of the events.
             let r = next(&mut rng);
-            let id = if r % 4 != 0 {
+            let id = if !r.is_multiple_of(4) {
                 r / 4 % (distinct / 4).max(1)
             } else {
                 r / 4 % distinct
