@@ -17,7 +17,7 @@ pub use pyframes::{line_310, line_311, read_mem};
 pub use symbolize::demangle;
 
 use crate::capture::{modules, python};
-use crate::channel::event::StackSlot;
+use crate::channel::event::{PyFrameRaw, StackSlot};
 use crate::config::Config;
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
@@ -25,19 +25,23 @@ use rustc_hash::FxHashMap;
 /// Index of an interned raw stack.
 pub type RawStackId = u32;
 
-/// One interned stack: raw native addresses, Python frames already resolved (grouped by
-/// the eval call that ran them), and the merged frames once computed.
+/// One interned stack: raw native addresses, the raw Python records (what identifies it),
+/// Python frames already resolved (grouped by the eval call that ran them), and the merged
+/// frames once computed.
 struct RawStack {
     native: Vec<u64>,
+    raw_python: Vec<PyFrameRaw>,
     python: Vec<Vec<Frame>>,
     merged: Option<Vec<Frame>>,
 }
 
 pub struct StackTable {
-    ids: FxHashMap<Vec<u64>, RawStackId>,
-    /// The key of the stack being interned, reused: a stack seen before costs a hash and a
-    /// compare, no allocation.
-    key: Vec<u64>,
+    /// Stacks by the hash of their raw records: the first stack with each hash. A stack seen
+    /// before costs one hash over the slot, one lookup and one compare; no copy, no
+    /// allocation.
+    by_hash: FxHashMap<u64, RawStackId>,
+    /// Later stacks whose hash an earlier one already had (compared in full, like the rest).
+    same_hash: FxHashMap<u64, Vec<RawStackId>>,
     /// Interned stacks not symbolized yet, oldest first (see [`Self::symbolize_some`]).
     unsymbolized: std::collections::VecDeque<RawStackId>,
     stacks: Vec<RawStack>,
@@ -51,8 +55,8 @@ pub struct StackTable {
 impl StackTable {
     pub fn new(_cfg: &Config) -> Self {
         StackTable {
-            ids: FxHashMap::default(),
-            key: Vec::new(),
+            by_hash: FxHashMap::default(),
+            same_hash: FxHashMap::default(),
             unsymbolized: std::collections::VecDeque::new(),
             stacks: Vec::new(),
             python: pyframes::PyResolver::new(),
@@ -69,26 +73,40 @@ impl StackTable {
         if slot.native().is_empty() && slot.python().is_empty() {
             return None;
         }
-        // Key: native addresses, a separator, then the raw Python records. The same code
-        // object at the same instruction gives the same key (and the same frames).
-        let key = &mut self.key;
-        key.clear();
-        key.extend_from_slice(slot.native());
-        key.push(u64::MAX);
-        for p in slot.python() {
-            key.extend_from_slice(&[p.code, p.instr, ((p.check as u64) << 32) | p.flags as u64]);
-        }
-        if let Some(&id) = self.ids.get(key.as_slice()) {
-            return Some(id);
+        self.intern_hashed(slot, slot_hash(slot))
+    }
+
+    /// [`Self::intern`] with the slot's hash given (tests give two stacks one hash).
+    fn intern_hashed(&mut self, slot: &StackSlot, hash: u64) -> Option<RawStackId> {
+        let same = |s: &RawStack| s.native == slot.native() && s.raw_python == slot.python();
+        if let Some(&id) = self.by_hash.get(&hash) {
+            if self.stacks.get(id as usize).is_some_and(same) {
+                return Some(id);
+            }
+            let others = self.same_hash.get(&hash).map_or(&[][..], Vec::as_slice);
+            if let Some(&id) = others
+                .iter()
+                .find(|&&i| self.stacks.get(i as usize).is_some_and(same))
+            {
+                return Some(id);
+            }
         }
         let python = self.python.resolve(slot.python());
         let id = self.stacks.len() as RawStackId;
         self.stacks.push(RawStack {
             native: slot.native().to_vec(),
+            raw_python: slot.python().to_vec(),
             python,
             merged: None,
         });
-        self.ids.insert(self.key.clone(), id);
+        match self.by_hash.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(id);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.same_hash.entry(hash).or_default().push(id);
+            }
+        }
         self.unsymbolized.push_back(id);
         Some(id)
     }
@@ -163,6 +181,23 @@ impl StackTable {
             ));
         }
     }
+}
+
+/// The hash of a slot's raw records: native addresses, then each Python record (the same
+/// code object at the same instruction gives the same frames).
+fn slot_hash(slot: &StackSlot) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    h.write_usize(slot.native().len());
+    for &pc in slot.native() {
+        h.write_u64(pc);
+    }
+    for p in slot.python() {
+        h.write_u64(p.code);
+        h.write_u64(p.instr);
+        h.write_u64((u64::from(p.check) << 32) | u64::from(p.flags));
+    }
+    h.finish()
 }
 
 /// Whether a native frame is the interpreter's eval loop (one per eval call).

@@ -107,3 +107,43 @@ fn read_mem_fails_cleanly_on_unmapped_memory() {
         Some(x.to_le_bytes().to_vec())
     );
 }
+
+fn native_slot(pcs: &[u64]) -> StackSlot {
+    let mut slot = StackSlot::EMPTY;
+    slot.native[..pcs.len()].copy_from_slice(pcs);
+    slot.n_native = pcs.len() as u16;
+    slot
+}
+
+#[test]
+fn stacks_are_told_apart_by_content_even_when_their_hashes_collide() {
+    let mut table = StackTable::new(&Config::default());
+    let (a, b, c) = (
+        native_slot(&[0x10, 0x20, 0x30]),
+        native_slot(&[0x11, 0x20, 0x30]),
+        native_slot(&[0x10, 0x20]),
+    );
+    // Three different stacks, all given the same hash.
+    let ia = table.intern_hashed(&a, 7).unwrap();
+    let ib = table.intern_hashed(&b, 7).unwrap();
+    let ic = table.intern_hashed(&c, 7).unwrap();
+    assert!(ia != ib && ib != ic && ia != ic);
+    // Seen again: the same ids, nothing new interned.
+    assert_eq!(table.intern_hashed(&b, 7), Some(ib));
+    assert_eq!(table.intern_hashed(&c, 7), Some(ic));
+    assert_eq!(table.intern_hashed(&a, 7), Some(ia));
+    assert_eq!(table.len(), 3);
+    assert_eq!(
+        table.intern(&StackSlot::EMPTY),
+        None,
+        "an empty stack is no stack"
+    );
+    // With real hashes: one id per distinct stack, found again by content.
+    let mut table = StackTable::new(&Config::default());
+    let ids: Vec<_> = [&a, &b, &c, &a, &b, &c]
+        .iter()
+        .map(|s| table.intern(s))
+        .collect();
+    assert_eq!(ids[..3], ids[3..]);
+    assert_eq!(table.len(), 3);
+}
