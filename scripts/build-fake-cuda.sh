@@ -23,12 +23,12 @@ PROGS=$ROOT/tests/programs
 mkdir -p "$1"
 OUT=$(cd "$1" && pwd)
 
-STATIC_RT_PROGRAMS="static_rt oom threads fork signal demo steps wait load"
+STATIC_RT_PROGRAMS="static_rt oom threads fork signal sigchain crash demo steps wait load"
 SHARED_RT_PROGRAMS="shared_rt multi_device expandable"
 DRIVER_PROGRAMS="driver_direct"
 DLOPEN_PROGRAMS="jax_dlsym driver_checks"
 PLAIN_PROGRAMS="nocuda"
-PY_PROGRAMS="py_alloc.py py_steps.py"
+PY_PROGRAMS="py_alloc.py py_steps.py py_signals.py"
 
 exec 9>"$OUT/.build.lock"
 flock 9

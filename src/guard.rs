@@ -45,6 +45,12 @@ impl Drop for Scope {
     }
 }
 
+/// Whether this thread is inside a hooked call or is memsnap's own: a signal handler then
+/// must not capture a stack (it may have interrupted a capture).
+pub fn inside_hook_or_internal() -> bool {
+    DEPTH.with(|d| d.get() != 0)
+}
+
 /// Marks the current thread as internal for its whole life (the writer thread).
 pub fn mark_thread_internal() {
     DEPTH.with(|d| d.set(INTERNAL));

@@ -23,6 +23,7 @@ pub mod guard;
 pub mod interpose;
 pub mod lifecycle;
 pub mod record;
+pub mod signals;
 pub mod writer;
 
 pub use memsnap_format as snapshot;

@@ -246,9 +246,11 @@ fn signal_dumps_and_chains_to_the_programs_own_handler() {
         "memsnap chains to the handler installed before it"
     );
 
-    // A handler installed after memsnap's replaces it: no dump, but nothing breaks.
+    // A handler installed after memsnap's: both still work (tests/signals.rs has the rest).
     let late = run_program("signal", &["late-handler"], &[], true);
     late.assert_success();
+    assert_eq!(late.results()["signal_file"], "1");
+    assert_eq!(late.results()["own_handler_calls"], "1");
 
     let off = run_program(
         "signal",

@@ -719,6 +719,49 @@ fn dump_finds_custom_names_relative_folders_and_other_signals() {
 }
 
 #[test]
+fn dump_follows_the_processes_own_acknowledgement() {
+    // A fixed name rewritten in place: each dump still reports its file.
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("MEMSNAP_FILENAME", "latest.pickle"),
+        ("MEMSNAP_OVERWRITE", "1"),
+    ];
+    let child = spawn_waiting(&[], &env, dir.path(), true);
+    let pid = child.id().to_string();
+    for round in 1..=2 {
+        let o = memsnap(&["dump", &pid], &[], dir.path());
+        assert!(o.status.success(), "round {round}: {}", stderr(&o));
+        assert_eq!(
+            PathBuf::from(stdout(&o).trim()),
+            dir.path().join("latest.pickle")
+        );
+        assert!(
+            stderr(&o).contains("received the signal; writing"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    assert!(finish(child).success());
+
+    // A folder it cannot write to: the process says so at once, with the reason.
+    let dir = tempfile::tempdir().unwrap();
+    let blocked = dir.path().join("not-a-folder");
+    std::fs::write(&blocked, "a file").unwrap();
+    let child = spawn_waiting(&[], &[], &blocked, true);
+    let pid = child.id().to_string();
+    let o = memsnap(&["dump", &pid, "--timeout", "60"], &[], dir.path());
+    assert!(finish(child).success());
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "pid {pid} received the signal but could not write its snapshot"
+        )),
+        "{err}"
+    );
+}
+
+#[test]
 fn dump_refuses_processes_it_cannot_or_must_not_signal() {
     let dir = tempfile::tempdir().unwrap();
 

@@ -42,3 +42,25 @@ pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) {
         python::capture(slot, max);
     }
 }
+
+/// The stack of the code a synchronous signal (a fault, `abort`) interrupted on this thread,
+/// from the registers the kernel saved: `(ip, sp, bp)`. Async-signal-safe: it uses only what
+/// earlier captures on this process and thread set up, and captures nothing otherwise. The
+/// caller makes sure the signal did not interrupt a capture (the hooks' nesting guard).
+pub fn capture_interrupted(
+    slot: &mut StackSlot,
+    stacks: Stacks,
+    max_frames: usize,
+    regs: (u64, u64, u64),
+) {
+    let max = max_frames.min(FRAME_CAPACITY);
+    slot.n_native = 0;
+    slot.n_python = 0;
+    slot.truncated = false;
+    if stacks.native() {
+        native::capture_interrupted(slot, max, regs);
+    }
+    if stacks.python() && python::resolved() {
+        python::capture(slot, max);
+    }
+}

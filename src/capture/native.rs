@@ -20,7 +20,7 @@
 //! stack read, or at the frame limit. x86_64 only; elsewhere nothing is captured.
 
 #[cfg(target_arch = "x86_64")]
-pub use imp::capture;
+pub use imp::{capture, capture_interrupted};
 
 /// Walks that reused the previous one's outer frames (tests look at it).
 #[cfg(test)]
@@ -30,6 +30,16 @@ pub static WALKS_REUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomi
 #[inline]
 pub fn capture(slot: &mut crate::channel::event::StackSlot, max_frames: usize) {
     let _ = max_frames;
+    slot.n_native = 0;
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn capture_interrupted(
+    slot: &mut crate::channel::event::StackSlot,
+    max_frames: usize,
+    regs: (u64, u64, u64),
+) {
+    let _ = (max_frames, regs);
     slot.n_native = 0;
 }
 
@@ -196,16 +206,6 @@ mod imp {
     #[inline(never)]
     pub fn capture(slot: &mut StackSlot, max_frames: usize) {
         slot.n_native = 0;
-        let max = max_frames.min(FRAME_CAPACITY);
-        if max == 0 {
-            return;
-        }
-        let table = modules::ensure();
-        let Some(state) = thread_unwind() else { return };
-        let Some((bottom, top)) = stack_bounds() else {
-            return;
-        };
-
         let (ip, sp, bp): (u64, u64, u64);
         // SAFETY: reads three registers, touches no memory.
         unsafe {
@@ -218,6 +218,65 @@ mod imp {
                 bp = out(reg) bp,
                 options(nomem, nostack, preserves_flags),
             );
+        }
+        let Some(state) = thread_unwind() else { return };
+        let Some(bounds) = stack_bounds() else { return };
+        capture_from(
+            slot,
+            max_frames,
+            modules::ensure(),
+            state,
+            bounds,
+            (ip, sp, bp),
+        );
+    }
+
+    /// The stack of the code a signal interrupted, from the registers the kernel saved
+    /// (`ip` is the interrupted instruction). Async-signal-safe: it uses only what this
+    /// thread's earlier captures set up (unwind state, stack bounds, the module table)
+    /// and captures nothing on a thread that never captured.
+    pub fn capture_interrupted(slot: &mut StackSlot, max_frames: usize, regs: (u64, u64, u64)) {
+        slot.n_native = 0;
+        let p = UNWIND.with(|c| c.get());
+        if p.is_null() || p == STATE_GONE {
+            return;
+        }
+        // SAFETY: this thread's leaked state (see `thread_unwind`). The signal may have
+        // interrupted a capture on this thread, so the caller makes sure it did not (the
+        // hooks' nesting guard is not held).
+        let state = unsafe { &mut *p };
+        let (bottom, top) = STACK.with(|c| c.get());
+        if top == 0 || top == u64::MAX {
+            return;
+        }
+        let Some(table) = modules::current() else {
+            return;
+        };
+        let max = max_frames.min(FRAME_CAPACITY);
+        if max == 0 {
+            return;
+        }
+        // The walk yields return addresses; the interrupted instruction itself (the fault)
+        // goes first.
+        capture_from(slot, max - 1, table, state, (bottom, top), regs);
+        let n = slot.n_native as usize;
+        slot.native.copy_within(0..n, 1);
+        slot.native[0] = regs.0;
+        slot.n_native = (n + 1) as u16;
+    }
+
+    #[inline(always)]
+    fn capture_from(
+        slot: &mut StackSlot,
+        max_frames: usize,
+        table: &modules::ModuleTable,
+        state: &mut ThreadUnwind,
+        (bottom, top): (u64, u64),
+        (ip, sp, bp): (u64, u64, u64),
+    ) {
+        let max = max_frames.min(FRAME_CAPACITY);
+        if max == 0 {
+            return;
         }
         if sp < bottom || sp >= top {
             // Running on another stack (a signal's alternate stack, a coroutine's): the

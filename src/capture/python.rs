@@ -167,6 +167,12 @@ pub fn fold(v: u64) -> u32 {
 /// Upper bound on frames visited (shim frames included): bounded work on any chain.
 const MAX_VISITS: usize = 1024;
 
+/// Whether the interpreter's symbols were looked up already (or found absent): a capture
+/// then needs no `dlsym`, which is what a signal handler may rely on.
+pub fn resolved() -> bool {
+    STATE.load(Ordering::Acquire) != UNRESOLVED
+}
+
 /// Fills `slot.python`, innermost first. Sets `slot.truncated` when frames were left out.
 #[inline]
 pub fn capture(slot: &mut StackSlot, max_frames: usize) {

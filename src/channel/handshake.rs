@@ -1,5 +1,5 @@
 //! The state the hook side and the writer thread share besides the queue: requests for
-//! snapshots (exit, `memsnap_dump`, the dump signal, out-of-memory), route counters and
+//! snapshots (exit, `memsnap_dump`, the dump signal, a crash signal, out-of-memory), route counters and
 //! device totals, and the clock both sides stamp with. One place, so that the writer never
 //! has to reach into the hook side.
 //!
@@ -13,7 +13,7 @@
 //! is on disk).
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
 /// Microseconds since the Unix epoch (clock_gettime through the vDSO: no syscall).
 #[inline]
@@ -47,6 +47,10 @@ impl DumpRequests {
     pub fn ask(&self) -> u64 {
         self.asked.fetch_add(1, AcqRel) + 1
     }
+    /// The newest ticket handed out (0: none yet).
+    pub fn asked(&self) -> u64 {
+        self.asked.load(Acquire)
+    }
     /// Writer side: every ticket up to `ticket` is done.
     pub fn complete(&self, ticket: u64) {
         self.done.fetch_max(ticket, AcqRel);
@@ -74,8 +78,49 @@ pub static OOM_DUMPS: DumpRequests = DumpRequests::new();
 pub static DUMP_TAGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// `memsnap_dump(tag)` calls.
 pub static API_DUMPS: DumpRequests = DumpRequests::new();
-/// Set by the dump signal's handler, taken by the writer.
-pub static SIGNAL_PENDING: AtomicBool = AtomicBool::new(false);
+/// The dump signal: each signal takes a ticket (async-signal-safe); one snapshot completes
+/// every ticket taken before the writer looked, so a storm of signals becomes a few
+/// snapshots and the count of signals stays exact.
+pub static SIGNAL_DUMPS: DumpRequests = DumpRequests::new();
+
+/// A signal that ends the job (SIGTERM, SIGABRT, SIGSEGV, SIGBUS): the first one asks for
+/// a `term` or `crash` snapshot. Its fields are written before the ticket is taken and read
+/// by the writer after it sees the ticket.
+pub struct CrashRequest {
+    pub dumps: DumpRequests,
+    pub signal: AtomicI32,
+    /// `si_code`: > 0 raised by the kernel for a fault, <= 0 sent by a process.
+    pub code: AtomicI32,
+    /// The sending process for a sent signal, else 0.
+    pub sender: AtomicI32,
+    pub tid: AtomicU32,
+    pub time_us: AtomicU64,
+    /// Whether the recorder's crash slot holds the signalled thread's stack.
+    pub with_stack: AtomicBool,
+}
+
+impl CrashRequest {
+    /// Async-signal-safe. Returns the ticket to wait for.
+    pub fn ask(&self, signal: i32, code: i32, sender: i32, tid: u32, with_stack: bool) -> u64 {
+        self.signal.store(signal, Relaxed);
+        self.code.store(code, Relaxed);
+        self.sender.store(sender, Relaxed);
+        self.tid.store(tid, Relaxed);
+        self.time_us.store(now_us(), Relaxed);
+        self.with_stack.store(with_stack, Relaxed);
+        self.dumps.ask()
+    }
+}
+
+pub static CRASH: CrashRequest = CrashRequest {
+    dumps: DumpRequests::new(),
+    signal: AtomicI32::new(0),
+    code: AtomicI32::new(0),
+    sender: AtomicI32::new(0),
+    tid: AtomicU32::new(0),
+    time_us: AtomicU64::new(0),
+    with_stack: AtomicBool::new(false),
+};
 /// Set by the exit handler: write the exit snapshot and stop.
 pub static EXIT_REQUESTED: AtomicBool = AtomicBool::new(false);
 /// Set by the writer once the exit snapshot is written (or the writer is gone).

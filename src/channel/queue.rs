@@ -51,6 +51,8 @@ pub struct Recorder {
     events: ArrayQueue<Event>,
     slots: Box<[UnsafeCell<StackSlot>]>,
     free_slots: ArrayQueue<u32>,
+    /// The stack of the thread that got the first crash signal (see `signals`).
+    crash_slot: UnsafeCell<StackSlot>,
     /// Cleared when the writer thread is gone (exit, panic): hooks then stop spinning.
     pub writer_alive: AtomicBool,
     pub counters: Counters,
@@ -132,6 +134,7 @@ impl Recorder {
             events: ArrayQueue::new(capacity.max(1)),
             slots,
             free_slots,
+            crash_slot: UnsafeCell::new(StackSlot::EMPTY),
             writer_alive: AtomicBool::new(true),
             counters: Counters::default(),
         }
@@ -214,6 +217,24 @@ impl Recorder {
         if event.stack != NO_STACK {
             let _ = self.free_slots.push(event.stack);
         }
+    }
+
+    /// The crash signal's stack slot, to fill.
+    ///
+    /// # Safety
+    /// Only the first crash signal's handler may call it, once (`CRASH.dumps` then hands
+    /// the slot to the writer).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn crash_slot_to_fill(&self) -> &mut StackSlot {
+        // SAFETY: exclusive by the caller's contract.
+        unsafe { &mut *self.crash_slot.get() }
+    }
+
+    /// Writer side: the crash signal's stack, once its ticket was seen.
+    pub fn crash_slot(&self) -> &StackSlot {
+        // SAFETY: written once, before the ticket the writer has seen (release/acquire
+        // through `CRASH.dumps`), and never again.
+        unsafe { &*self.crash_slot.get() }
     }
 
     /// Writer side: the next event, if any.

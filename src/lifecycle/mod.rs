@@ -1,5 +1,5 @@
 //! The composition root: starts recording on the first CUDA event (configuration, the
-//! channel, the writer thread, the dump signal, the exit hook), and owns the `memsnap_*`
+//! channel, the writer thread, the borrowed signals, the exit hook), and owns the `memsnap_*`
 //! C API, exit and fork.
 //!
 //! Mostly cold; [`recorder`] is on the hot path (one atomic load). State machine:
@@ -9,17 +9,15 @@
 //! children).
 
 use crate::channel::event::{Api, Event, Kind};
-use crate::channel::handshake::{
-    self, API_DUMPS, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED, SIGNAL_PENDING,
-};
+use crate::channel::handshake::{self, API_DUMPS, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED};
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::config::Config;
 use crate::guard::{self, Scope};
+use crate::signals::{self, CRASH_SIGNALS, Role};
 use crate::writer;
 
 pub mod debug;
-use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::OnceLock;
+use std::ffi::{CStr, c_char, c_int};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
 use std::time::Duration;
 
@@ -90,6 +88,7 @@ fn start() {
     )));
     RECORDER.store(rec as *const Recorder as *mut Recorder, Release);
     let signal = cfg.signal;
+    let (at_crash, crash_wait) = (cfg.at_crash, cfg.crash_wait);
     let spawned = std::thread::Builder::new()
         .name("memsnap-writer".to_string())
         .spawn(move || {
@@ -109,8 +108,16 @@ fn start() {
         STATE.store(OFF, Release);
         return;
     }
-    if let Some(sig) = signal {
-        install_signal_handler(sig);
+    if let Some(sig) = signal
+        && !signals::borrow(sig, Role::Dump, rec)
+    {
+        eprintln!("memsnap: could not install the handler for signal {sig}; no dumps on signal");
+    }
+    if at_crash {
+        signals::set_crash_wait(crash_wait);
+        for sig in CRASH_SIGNALS {
+            signals::borrow(sig, Role::Crash, rec);
+        }
     }
     // SAFETY: registering a plain extern "C" fn with no captured state.
     unsafe { libc::atexit(at_exit) };
@@ -127,58 +134,6 @@ fn block_signals() {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// Signal.
-
-static PREVIOUS_ACTION: OnceLock<libc::sigaction> = OnceLock::new();
-
-fn install_signal_handler(sig: c_int) {
-    // SAFETY: a zeroed sigaction is a valid starting value; the fields are set below.
-    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-    let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = on_signal;
-    action.sa_sigaction = handler as usize;
-    action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-    // SAFETY: valid sigset pointer.
-    unsafe { libc::sigemptyset(&mut action.sa_mask) };
-    // SAFETY: as above; zeroed output struct.
-    let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to initialized structs.
-    if unsafe { libc::sigaction(sig, &action, &mut previous) } == 0 {
-        let _ = PREVIOUS_ACTION.set(previous);
-    }
-}
-
-/// Sets a flag and wakes the writer (async-signal-safe), then chains to the handler the
-/// program had installed before us, so the program's own handler keeps working.
-extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    // SAFETY: errno is thread-local; saved and restored so the interrupted code sees no change.
-    let saved_errno = unsafe { *libc::__errno_location() };
-    if STATE.load(Relaxed) == ACTIVE
-        && let Some(rec) = recorder_if_started()
-    {
-        SIGNAL_PENDING.store(true, Release);
-        rec.wake_writer();
-    }
-    if let Some(prev) = PREVIOUS_ACTION.get() {
-        let handler = prev.sa_sigaction;
-        if handler != libc::SIG_DFL && handler != libc::SIG_IGN {
-            if prev.sa_flags & libc::SA_SIGINFO != 0 {
-                // SAFETY: the previous handler was installed with SA_SIGINFO, so it has
-                // this three-argument signature.
-                let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
-                    unsafe { std::mem::transmute(handler) };
-                f(sig, info, ctx);
-            } else {
-                // SAFETY: a plain `void (*)(int)` handler.
-                let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(handler) };
-                f(sig);
-            }
-        }
-    }
-    // SAFETY: restoring the thread's errno.
-    unsafe { *libc::__errno_location() = saved_errno };
 }
 
 fn recorder_if_started() -> Option<&'static Recorder> {

@@ -65,6 +65,7 @@ fn action(a: Action) -> ModelAction {
         Action::SegmentMap => ModelAction::SegmentMap,
         Action::SegmentUnmap => ModelAction::SegmentUnmap,
         Action::Oom => ModelAction::Oom,
+        Action::Snapshot => ModelAction::Snapshot,
     }
 }
 

@@ -21,6 +21,10 @@ pub enum Reason {
     Step,
     Period,
     Api,
+    /// SIGTERM: the job is being stopped.
+    Term,
+    /// SIGABRT, SIGSEGV or SIGBUS: the job is crashing.
+    Crash,
 }
 
 impl Reason {
@@ -32,6 +36,8 @@ impl Reason {
             Reason::Step => "step",
             Reason::Period => "period",
             Reason::Api => "api",
+            Reason::Term => "term",
+            Reason::Crash => "crash",
         }
     }
 }

@@ -7,6 +7,7 @@
 //! explicit `memsnap_dump` calls. It may allocate, lock and do I/O; a failure is a warning
 //! on stderr, never the host's problem. A panic in here turns recording off.
 
+pub mod ack;
 pub mod drain_bench;
 pub mod dump;
 pub mod files;
@@ -15,7 +16,7 @@ pub mod state;
 
 use crate::channel::event::{Api, Event, Kind, NO_STACK, Payload};
 use crate::channel::handshake::{
-    self, API_DUMPS, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED, SIGNAL_PENDING,
+    self, API_DUMPS, CRASH, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED, SIGNAL_DUMPS,
 };
 use crate::channel::queue::Recorder;
 use crate::config::Config;
@@ -72,6 +73,29 @@ struct Writer {
     api_counts: [u64; Api::ALL.len()],
     write_warnings: u32,
     stats: Option<stats::Stats>,
+    /// What `memsnap dump` reads to learn that its signal arrived and how it ended.
+    ack: ack::AckFile,
+    /// The signal that ends the job, once its snapshot was asked for.
+    crash: Option<CrashInfo>,
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        _ => "other",
+    }
+}
+
+/// The signal behind a `term` or `crash` snapshot, for its metadata.
+#[derive(Clone, Copy)]
+struct CrashInfo {
+    signal: i32,
+    code: i32,
+    sender: i32,
+    tid: u32,
 }
 
 enum Flow {
@@ -82,6 +106,7 @@ enum Flow {
 impl Writer {
     fn new(rec: &'static Recorder, cfg: Config) -> Writer {
         let id = Identity::current();
+        let id_pid = id.pid;
         let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
         Writer {
             rec,
@@ -97,6 +122,8 @@ impl Writer {
             last_refresh: Instant::now(),
             api_counts: [0; Api::ALL.len()],
             write_warnings: 0,
+            ack: ack::AckFile::new(id_pid),
+            crash: None,
             stats,
             cfg,
         }
@@ -124,7 +151,7 @@ impl Writer {
                 && self.last_period.elapsed() >= period
             {
                 self.last_period = Instant::now();
-                self.dump(Reason::Period, "");
+                let _ = self.dump(Reason::Period, "");
                 self.write_stats(Reason::Period);
             }
             if applied < BATCH && self.stacks.symbolize_some(SYMBOLIZE_BUDGET) {
@@ -234,7 +261,7 @@ impl Writer {
                     self.state
                         .oom(device, size, free, stream, time, ev.api, stack);
                     if dump_ticket != 0 {
-                        self.dump(Reason::Oom, "");
+                        let _ = self.dump(Reason::Oom, "");
                         OOM_DUMPS.complete(dump_ticket);
                     }
                 }
@@ -249,16 +276,28 @@ impl Writer {
     /// request was seen, so the snapshot holds all that the asking thread did before.
     fn serve_requests(&mut self) -> Flow {
         let exit = EXIT_REQUESTED.load(Acquire);
-        let signal = SIGNAL_PENDING.swap(false, AcqRel);
+        let crash = CRASH.dumps.pending();
+        let signals = SIGNAL_DUMPS.pending();
         let dumps = API_DUMPS.pending();
-        if !exit && !signal && dumps.is_empty() {
+        if !exit && crash.is_empty() && signals.is_empty() && dumps.is_empty() {
             return Flow::Continue;
+        }
+        if !signals.is_empty() {
+            // Acknowledged before anything else, so `memsnap dump` knows at once.
+            self.ack.received(*signals.end());
         }
         if let Flow::Exit = self.apply_queued() {
             return Flow::Exit;
         }
-        if signal {
-            self.dump(Reason::Signal, "");
+        if !crash.is_empty() {
+            // The job is ending: its snapshot comes first.
+            self.crash_snapshot();
+            CRASH.dumps.complete(*crash.end());
+        }
+        if !signals.is_empty() {
+            let written = self.dump(Reason::Signal, "");
+            self.ack.served(*signals.end(), &written);
+            SIGNAL_DUMPS.complete(*signals.end());
         }
         for ticket in dumps {
             let tag = DUMP_TAGS
@@ -266,19 +305,45 @@ impl Writer {
                 .ok()
                 .and_then(|t| t.get(ticket as usize - 1).cloned())
                 .unwrap_or_default();
-            self.dump(Reason::Api, &tag);
+            let _ = self.dump(Reason::Api, &tag);
             API_DUMPS.complete(ticket);
         }
         if exit {
             if self.cfg.at_exit {
-                self.dump(Reason::Exit, "");
+                let _ = self.dump(Reason::Exit, "");
             }
             self.write_stats(Reason::Exit);
             self.report_at_exit();
+            self.ack.remove();
             EXIT_DONE.store(true, Release);
             return Flow::Exit;
         }
         Flow::Continue
+    }
+
+    /// The `term` or `crash` snapshot: the signal, with the signalled thread's stack, is
+    /// its last trace entry (a `snapshot` action, which PyTorch's viewer shows as a marker).
+    fn crash_snapshot(&mut self) {
+        let info = CrashInfo {
+            signal: CRASH.signal.load(Acquire),
+            code: CRASH.code.load(Relaxed),
+            sender: CRASH.sender.load(Relaxed),
+            tid: CRASH.tid.load(Relaxed),
+        };
+        let stack = if CRASH.with_stack.load(Relaxed) {
+            self.stacks.intern(self.rec.crash_slot())
+        } else {
+            None
+        };
+        self.state
+            .marker(CRASH.time_us.load(Relaxed), stack, Api::Memsnap);
+        self.crash = Some(info);
+        let reason = if info.signal == libc::SIGTERM {
+            Reason::Term
+        } else {
+            Reason::Crash
+        };
+        let _ = self.dump(reason, "");
     }
 
     /// Applies the events in the queue now (not those pushed while this runs).
@@ -305,7 +370,7 @@ impl Writer {
                 self.window_from = Some(self.history_marks());
             }
             if self.step == skip + interval {
-                self.dump(Reason::Step, "");
+                let _ = self.dump(Reason::Step, "");
                 self.window_from = None;
             }
         }
@@ -316,7 +381,7 @@ impl Writer {
             // An EVERY snapshot keeps the full history even while a window is open: only
             // the window's own snapshot is cut to the window.
             let window = self.window_from.take();
-            self.dump(Reason::Step, "");
+            let _ = self.dump(Reason::Step, "");
             self.window_from = window;
         }
         self.write_stats(Reason::Step);
@@ -329,7 +394,8 @@ impl Writer {
         }
     }
 
-    fn dump(&mut self, reason: Reason, tag: &str) {
+    /// Writes one snapshot; returns its path, or why it could not be written.
+    fn dump(&mut self, reason: Reason, tag: &str) -> Result<PathBuf, String> {
         let window = if reason == Reason::Step {
             self.window_from.clone()
         } else {
@@ -360,7 +426,10 @@ impl Writer {
         let result = files::folder(&self.cfg, &self.id, &fields)
             .and_then(|dir| files::write_atomic(&dir, &name, &bytes, self.cfg.overwrite));
         match result {
-            Ok(path) => self.written.push(path),
+            Ok(path) => {
+                self.written.push(path.clone());
+                Ok(path)
+            }
             Err(e) => {
                 self.write_warnings += 1;
                 if self.write_warnings <= MAX_WRITE_WARNINGS {
@@ -375,6 +444,10 @@ impl Writer {
                         }
                     );
                 }
+                Err(format!(
+                    "could not write {name} in {}: {e}",
+                    self.cfg.folder
+                ))
             }
         }
     }
@@ -425,7 +498,7 @@ impl Writer {
                 ])
             })
             .collect();
-        vec![
+        let mut meta = vec![
             meta_str("version", env!("CARGO_PKG_VERSION")),
             meta_int("pid", self.id.pid as u64),
             meta_str("rank", &self.id.rank),
@@ -465,9 +538,25 @@ impl Writer {
                     ),
                 ]),
             ),
+            meta_int("dump_signals_received", SIGNAL_DUMPS.asked()),
             ("api_calls".to_string(), Meta::Dict(api_counts)),
             ("devices".to_string(), Meta::List(per_device)),
-        ]
+        ];
+        if let Some(c) = self.crash
+            && matches!(reason, Reason::Term | Reason::Crash)
+        {
+            meta.push((
+                "signal".to_string(),
+                Meta::Dict(vec![
+                    meta_int("number", c.signal as u64),
+                    meta_str("name", signal_name(c.signal)),
+                    meta_str("origin", if c.code > 0 { "fault" } else { "sent" }),
+                    meta_int("sender_pid", c.sender.max(0) as u64),
+                    meta_int("thread", c.tid as u64),
+                ]),
+            ));
+        }
+        meta
     }
 
     /// The one line a user sees at exit: which files, and what to run next.

@@ -29,6 +29,8 @@ pub enum Action {
     SegmentMap,
     SegmentUnmap,
     Oom,
+    /// A marker: the signal that ends the job.
+    Snapshot,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -436,6 +438,27 @@ impl State {
         let dev = self.device(device);
         dev.ooms += 1;
         dev.events += 1;
+    }
+
+    /// A `snapshot` marker in every device's history (device 0 when none has one yet):
+    /// the signal that ends the job, with the signalled thread's stack.
+    pub fn marker(&mut self, time_us: u64, stack: Option<RawStackId>, api: Api) {
+        let devices = self.devices.len().max(1) as i32;
+        for device in 0..devices {
+            self.push(
+                device,
+                TraceRec {
+                    action: Action::Snapshot,
+                    addr: 0,
+                    size: 0,
+                    stream: 0,
+                    time_us,
+                    stack,
+                    api,
+                    device_free: -1,
+                },
+            );
+        }
     }
 
     pub fn reserve(&mut self, addr: u64, size: u64) {

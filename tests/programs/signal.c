@@ -1,12 +1,14 @@
 /* signal.c (static runtime): asks for a snapshot with SIGUSR1 in the middle of a run.
  * Allocates, sends itself SIGUSR1, polls up to 5 s (FAKE_SIGNAL_WAIT_MS overrides) for a file
  * with "signal" in its name in $MEMSNAP_FOLDER, prints result signal_file=1/0, allocates more.
- * Without a SIGUSR1 handler at that point (no interposer) the signal would kill the process, so
- * it is then not sent: result sigusr1_handled=0.
+ * Without a SIGUSR1 handler in the kernel at that point (no interposer) the signal would kill
+ * the process, so it is then not sent: result sigusr1_handled=0. The kernel's view
+ * (/proc/self/status, SigCgt) is asked, not sigaction(): an interposer reports the program's
+ * own action there.
  * argv[1] == "own-handler": installs its own handler with sigaction BEFORE the first CUDA call;
  *   an interposer must chain to it (result own_handler_calls=1).
- * argv[1] == "late-handler": installs its handler AFTER the first CUDA call, replacing an
- *   interposer's handler; nothing may crash. */
+ * argv[1] == "late-handler": installs its handler AFTER the first CUDA call, when an
+ *   interposer has its own in place; the interposer must keep both working. */
 #include "prog_common.h"
 
 #include <signal.h>
@@ -42,10 +44,14 @@ NOINLINE void *signal_alloc(size_t bytes) {
 }
 
 static int sigusr1_has_handler(void) {
-    struct sigaction current;
-    if (sigaction(SIGUSR1, NULL, &current) != 0) return 0;
-    if (current.sa_flags & SA_SIGINFO) return 1;
-    return current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN;
+    FILE *status = fopen("/proc/self/status", "r");
+    if (!status) return 0;
+    char line[256];
+    unsigned long long caught = 0;
+    while (fgets(line, sizeof line, status))
+        if (sscanf(line, "SigCgt: %llx", &caught) == 1) break;
+    fclose(status);
+    return (caught >> (SIGUSR1 - 1)) & 1;
 }
 
 int main(int argc, char **argv) {

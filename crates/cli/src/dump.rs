@@ -3,16 +3,18 @@
 //! Cold, no unsafe. For each process: checks that it exists, is the user's, has
 //! `libmemsnap.so` mapped and is recording (its `memsnap-writer` thread exists and it
 //! catches the dump signal: sending SIGUSR1 to a process that does not would kill it),
-//! reads where it writes from `/proc/PID/environ` with the library's own parser, sends the
-//! signal, and waits for the new `signal` snapshot. The library publishes files by atomic
-//! rename, so a file that exists is complete.
+//! reads where it writes from `/proc/PID/environ` with the library's own parser (for
+//! `--folder`), sends the signal, and follows the process's acknowledgement file
+//! (`memsnap_format::ack`): the process says at once that the signal arrived, then which
+//! file it wrote or why it could not.
 //!
 //! Signals are sent with the `kill` program: the CLI has no unsafe code, and `libc::kill`
 //! is an unsafe FFI call.
 
 use anyhow::{Result, bail};
-use memsnap_format::config::{self, Config, DEFAULT_FILENAME, var};
-use std::collections::{BTreeSet, HashMap};
+use memsnap_format::ack::{self, Ack, Outcome};
+use memsnap_format::config::{self, Config, var};
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -37,13 +39,20 @@ pub struct DumpArgs {
     pub timeout: f64,
 }
 
+/// How long a process has to acknowledge the signal: its writer answers within
+/// milliseconds unless the signal never reached it.
+const ACK_WAIT: Duration = Duration::from_secs(3);
+
 /// A process about to be dumped.
 struct Target {
     pid: u32,
     signal: i32,
-    folder: PathBuf,
-    filename: String,
-    before: BTreeSet<String>,
+    /// Its acknowledgement file, and what it said before the signal.
+    ack_path: PathBuf,
+    started: u64,
+    received_before: u64,
+    /// Set once the process acknowledged: the signal count that covers ours.
+    received: Option<u64>,
 }
 
 pub fn dump(args: DumpArgs) -> Result<ExitCode> {
@@ -105,20 +114,18 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
 
     let timeout = Duration::from_secs_f64(args.timeout.max(0.0));
     let start = Instant::now();
-    let mut claimed: BTreeSet<PathBuf> = BTreeSet::new();
     while !waiting.is_empty() {
-        waiting.retain(|t| match find_new(t, &claimed) {
-            Some(path) => {
+        waiting.retain_mut(|t| match poll(t, start.elapsed()) {
+            Poll::Waiting => true,
+            Poll::Done(Ok(path)) => {
                 println!("{}", path.display());
-                claimed.insert(path);
                 false
             }
-            None if !Path::new(&format!("/proc/{}", t.pid)).exists() => {
-                eprintln!("memsnap: pid {} exited before its snapshot appeared", t.pid);
+            Poll::Done(Err(msg)) => {
+                eprintln!("memsnap: {msg}");
                 failed += 1;
                 false
             }
-            None => true,
         });
         if waiting.is_empty() {
             break;
@@ -126,22 +133,94 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
         if start.elapsed() > timeout {
             for t in &waiting {
                 eprintln!(
-                    "memsnap: no new snapshot from pid {} in {} after {:.0} s",
+                    "memsnap: pid {} acknowledged the signal but wrote no snapshot within {:.0} s",
                     t.pid,
-                    t.folder.display(),
                     timeout.as_secs_f64()
                 );
                 failed += 1;
             }
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+enum Poll {
+    Waiting,
+    Done(Result<PathBuf, String>),
+}
+
+/// Where `t` stands: acknowledged or not, written or failed.
+fn poll(t: &mut Target, elapsed: Duration) -> Poll {
+    let proc = PathBuf::from(format!("/proc/{}", t.pid));
+    let ack = Ack::read(&t.ack_path).filter(|a| a.pid == t.pid && a.started == t.started);
+    if t.received.is_none() {
+        match &ack {
+            Some(a) if a.received > t.received_before => {
+                t.received = Some(a.received);
+                eprintln!("memsnap: pid {} received the signal; writing", t.pid);
+            }
+            _ if !proc.exists() => {
+                return Poll::Done(Err(format!(
+                    "pid {} exited before acknowledging the signal",
+                    t.pid
+                )));
+            }
+            _ if elapsed > ACK_WAIT => return Poll::Done(Err(not_acknowledged(t, &proc))),
+            _ => return Poll::Waiting,
+        }
+    }
+    let ours = t.received.unwrap_or(u64::MAX);
+    match ack {
+        Some(a) if a.served >= ours => match a.last {
+            Some(Outcome::Written(path)) => Poll::Done(Ok(path)),
+            Some(Outcome::Failed(reason)) => Poll::Done(Err(format!(
+                "pid {} received the signal but could not write its snapshot: {reason}",
+                t.pid
+            ))),
+            None => Poll::Done(Err(format!(
+                "pid {} said nothing about its snapshot",
+                t.pid
+            ))),
+        },
+        _ if !proc.exists() => Poll::Done(Err(format!(
+            "pid {} exited before its snapshot was written",
+            t.pid
+        ))),
+        _ => Poll::Waiting,
+    }
+}
+
+/// Why a process may not have answered, from what /proc shows.
+fn not_acknowledged(t: &Target, proc: &Path) -> String {
+    let status = std::fs::read_to_string(proc.join("status")).unwrap_or_default();
+    let has_bit = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .is_some_and(|mask| mask & (1u64 << (t.signal - 1)) != 0)
+    };
+    let why = if has_bit("ShdPnd:") || has_bit("SigPnd:") {
+        "the signal is pending: the program blocks it (sigprocmask) and will be dumped when it \
+         unblocks it"
+            .to_string()
+    } else if !catches(proc, t.signal) {
+        format!("it no longer catches signal {}", t.signal)
+    } else {
+        "its writer did not answer (busy, or stopped)".to_string()
+    };
+    format!(
+        "pid {} did not acknowledge signal {} within {} s: {why}",
+        t.pid,
+        t.signal,
+        ACK_WAIT.as_secs()
+    )
 }
 
 enum Prepare {
@@ -243,13 +322,21 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
         )));
     }
 
-    let before = list_names(&folder);
+    let ack_path = ack::path(uid, pid);
+    let started = std::fs::read_to_string(proc.join("stat"))
+        .ok()
+        .and_then(|s| ack::start_time(&s))
+        .unwrap_or(0);
+    let received_before = Ack::read(&ack_path)
+        .filter(|a| a.pid == pid && a.started == started)
+        .map_or(0, |a| a.received);
     Ok(Target {
         pid,
         signal,
-        folder,
-        filename: cfg.filename,
-        before,
+        ack_path,
+        started,
+        received_before,
+        received: None,
     })
 }
 
@@ -321,38 +408,6 @@ fn expand_folder(folder: &str, pid: u32, env: &HashMap<String, String>) -> Resul
                 var::FOLDER
             )
         })
-}
-
-fn list_names(folder: &Path) -> BTreeSet<String> {
-    std::fs::read_dir(folder)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// A new complete snapshot from `t`: under the default name one that says `-p<pid>-signal-`;
-/// under a custom name any new visible file its template could produce.
-fn find_new(t: &Target, claimed: &BTreeSet<PathBuf>) -> Option<PathBuf> {
-    let pid = t.pid.to_string();
-    let fixed: &[(&str, &str)] = if t.filename == DEFAULT_FILENAME {
-        &[("pid", &pid), ("reason", "signal")]
-    } else {
-        &[("pid", &pid), ("reason", "signal"), ("tag", "signal")]
-    };
-    let mut names: Vec<String> = list_names(&t.folder)
-        .into_iter()
-        .filter(|n| !n.starts_with('.') && !t.before.contains(n))
-        .filter(|n| crate::run::template_matches(&t.filename, fixed, n))
-        .collect();
-    names.sort();
-    names
-        .into_iter()
-        .map(|n| t.folder.join(n))
-        .find(|p| p.is_file() && !claimed.contains(p))
 }
 
 fn send_signal(pid: u32, signal: i32) -> Result<()> {

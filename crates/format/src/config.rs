@@ -27,7 +27,12 @@ pub mod var {
     pub const EVERY: &str = "MEMSNAP_EVERY";
     pub const PERIOD: &str = "MEMSNAP_PERIOD";
     pub const STATS: &str = "MEMSNAP_STATS";
+    pub const AT_CRASH: &str = "MEMSNAP_AT_CRASH";
+    pub const CRASH_WAIT: &str = "MEMSNAP_CRASH_WAIT";
 }
+
+/// The longest `MEMSNAP_CRASH_WAIT`: a dying job should not hang on its snapshot.
+pub const MAX_CRASH_WAIT: Duration = Duration::from_secs(60);
 
 /// Hard upper bound on captured frames per stack (native and Python each); the event
 /// slots are sized for it, `MEMSNAP_MAX_FRAMES` can only lower it.
@@ -88,6 +93,10 @@ pub struct Config {
     pub period: Option<Duration>,
     /// CSV file for per-step memory figures. `None` = off.
     pub stats: Option<String>,
+    /// Borrow SIGTERM, SIGABRT, SIGSEGV and SIGBUS for a last snapshot.
+    pub at_crash: bool,
+    /// How long a terminating signal waits for its snapshot before the program goes on.
+    pub crash_wait: Duration,
 }
 
 pub const DEFAULT_FILENAME: &str = "memsnap-{exe}-{host}-r{rank}-p{pid}-{reason}-{seq}.pickle";
@@ -113,6 +122,8 @@ impl Default for Config {
             every: 0,
             period: None,
             stats: None,
+            at_crash: true,
+            crash_wait: Duration::from_secs(5),
         }
     }
 }
@@ -198,6 +209,17 @@ impl Config {
         }
         if let Some(v) = p.text(var::STATS) {
             cfg.stats = Some(v);
+        }
+        cfg.at_crash = p.flag(var::AT_CRASH, cfg.at_crash);
+        if let Some(v) = p.text(var::CRASH_WAIT) {
+            match parse_duration(&v) {
+                Some(d) if d <= MAX_CRASH_WAIT => cfg.crash_wait = d,
+                _ => p.bad(
+                    var::CRASH_WAIT,
+                    &v,
+                    "a duration from 0s to 60s, such as 500ms or 5s",
+                ),
+            }
         }
         (cfg, errors)
     }

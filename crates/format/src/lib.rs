@@ -4,6 +4,7 @@
 //! rules that the recorder and the CLI share. Cold code: no unsafe, no CUDA, no threads.
 #![forbid(unsafe_code)]
 
+pub mod ack;
 pub mod check;
 pub mod config;
 pub mod model;

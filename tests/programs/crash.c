@@ -1,0 +1,69 @@
+/* crash.c (static runtime): a job that ends by a signal after its allocations. The test runs
+ * it with and without memsnap and compares how it ended, and reads the last snapshot.
+ *
+ * Modes (argv[1]), the program's handler (if any) installed AFTER the first CUDA allocation:
+ *   term           SIGTERM, no handler: dies of SIGTERM
+ *   term-handler   a SIGTERM handler that says so and calls _exit(7)
+ *   abort          abort() in crash_here(): dies of SIGABRT
+ *   abort-handler  a SIGABRT handler that says so and returns (abort then kills)
+ *   segv           a null write in crash_here(): dies of SIGSEGV
+ *   segv-handler   a SIGSEGV handler that says so, restores the default and returns (the
+ *                  write faults again and kills), as faulthandler does
+ *   bus            SIGBUS sent to itself in crash_here()
+ * Prints `result KEY=VALUE` lines; the handler writes `result handler=N`. */
+#include "prog_common.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#define MIB (1u << 20)
+#define NOINLINE __attribute__((noinline))
+
+static void say(const char *s) {
+    ssize_t n = write(1, s, strlen(s));
+    (void)n;
+}
+
+static void term_handler(int sig) {
+    (void)sig;
+    say("result handler=15\n");
+    _exit(7);
+}
+
+static void abort_handler(int sig) {
+    (void)sig;
+    say("result handler=6\n");
+}
+
+static void segv_handler(int sig) {
+    (void)sig;
+    say("result handler=11\n");
+    signal(SIGSEGV, SIG_DFL);
+}
+
+static volatile int *volatile nowhere;
+
+NOINLINE void crash_here(const char *mode) {
+    if (!strncmp(mode, "abort", 5)) abort();
+    if (!strncmp(mode, "segv", 4)) *nowhere = 1;
+    if (!strcmp(mode, "bus")) kill(getpid(), SIGBUS);
+    if (!strncmp(mode, "term", 4)) kill(getpid(), SIGTERM);
+    __asm__ volatile("" ::: "memory");
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "segv";
+    void *a = NULL, *b = NULL;
+    CHECK_RT(cudaMalloc(&a, 3 * MIB));
+    CHECK_RT(cudaMalloc(&b, 5 * MIB));
+    CHECK_RT(cudaFree(a));
+    if (!strcmp(mode, "term-handler")) signal(SIGTERM, term_handler);
+    if (!strcmp(mode, "abort-handler")) signal(SIGABRT, abort_handler);
+    if (!strcmp(mode, "segv-handler")) signal(SIGSEGV, segv_handler);
+    printf("result ready=1\n");
+    fflush(stdout);
+    crash_here(mode);
+    sleep(5);
+    printf("result survived=1\n");
+    return 0;
+}

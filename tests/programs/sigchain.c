@@ -1,0 +1,200 @@
+/* sigchain.c (static runtime): a program that sets up SIGUSR1 (the dump signal) its own way
+ * AFTER its first CUDA allocation, the moment memsnap takes the signal over, then sends itself
+ * the signal. The test asserts both what the program saw (its handler's arguments, the old
+ * action it was told) and the snapshot memsnap wrote.
+ *
+ * Modes (argv[1]):
+ *   siginfo    sigaction with SA_SIGINFO; the handler records sig, si_code, si_pid, ctx != NULL
+ *   signal     signal(); the handler records sig
+ *   bsd        bsd_signal()
+ *   sysv       sysv_signal(): one-shot; the second signal takes the default action (dies)
+ *   resethand  sigaction with SA_RESETHAND: one call, then the default action is reported
+ *   ignore     SIG_IGN: the program ignores it, the snapshot is still written
+ *   default    an explicit SIG_DFL: the snapshot is written, then the process dies of SIGUSR1
+ *   mask       sa_mask = {SIGUSR2}: inside the handler SIGUSR2 and SIGUSR1 are blocked
+ *   nodefer    SA_NODEFER: inside the handler SIGUSR1 is not blocked
+ *   blocked    no handler; the program blocks SIGUSR1 with sigprocmask, sends it, waits:
+ *              no snapshot while blocked; one after it unblocks
+ *   storm      a counting handler; 5000 signals in a tight loop while allocating
+ * Prints `result KEY=VALUE` lines. */
+#include "prog_common.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1u << 20)
+
+extern __sighandler_t bsd_signal(int, __sighandler_t);
+extern __sighandler_t sysv_signal(int, __sighandler_t);
+
+static volatile sig_atomic_t calls, last_sig, last_code, last_pid, had_ctx, usr2_blocked,
+    usr1_blocked;
+
+static void note_mask(void) {
+    sigset_t now;
+    pthread_sigmask(SIG_BLOCK, NULL, &now);
+    usr2_blocked = sigismember(&now, SIGUSR2);
+    usr1_blocked = sigismember(&now, SIGUSR1);
+}
+
+static void plain_handler(int sig) {
+    calls++;
+    last_sig = sig;
+    note_mask();
+}
+
+static void info_handler(int sig, siginfo_t *info, void *ctx) {
+    calls++;
+    last_sig = sig;
+    last_code = info ? info->si_code : -999;
+    last_pid = info ? info->si_pid : -1;
+    had_ctx = ctx != NULL;
+    note_mask();
+}
+
+static void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0) {
+    }
+}
+
+static int count_files(const char *needle) {
+    const char *folder = getenv("MEMSNAP_FOLDER");
+    DIR *dir = folder ? opendir(folder) : NULL;
+    if (!dir) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL)
+        if (e->d_name[0] != '.' && strstr(e->d_name, needle)) n++;
+    closedir(dir);
+    return n;
+}
+
+/* Waits up to 5 s for at least `n` snapshot files of the signal. */
+static int wait_for_files(int n) {
+    for (int waited = 0; waited < 5000; waited += 5) {
+        if (count_files("-signal-") >= n) return 1;
+        sleep_ms(5);
+    }
+    return 0;
+}
+
+static void *alloc(size_t bytes) {
+    void *p = NULL;
+    CHECK_RT(cudaMalloc(&p, bytes));
+    return p;
+}
+
+static void set_action(void (*fn)(int, siginfo_t *, void *), void (*plain)(int),
+                       sighandler_t disposition, int flags, int mask_usr2) {
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    if (mask_usr2) sigaddset(&sa.sa_mask, SIGUSR2);
+    if (fn) {
+        sa.sa_sigaction = fn;
+        flags |= SA_SIGINFO;
+    } else {
+        sa.sa_handler = plain ? plain : disposition;
+    }
+    sa.sa_flags = flags;
+    if (sigaction(SIGUSR1, &sa, &old) != 0) {
+        perror("sigaction");
+        exit(1);
+    }
+    printf("result old_was_default=%d\n", !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL);
+}
+
+static void report_current(void) {
+    struct sigaction cur;
+    sigaction(SIGUSR1, NULL, &cur);
+    const char *what = "function";
+    if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_DFL) what = "default";
+    if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN) what = "ignore";
+    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == info_handler) what = "own-siginfo";
+    if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == plain_handler) what = "own-plain";
+    printf("result current=%s\n", what);
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "siginfo";
+    void *a = alloc(1 * MIB);
+    printf("result pid=%d\n", (int)getpid());
+
+    if (!strcmp(mode, "siginfo")) {
+        set_action(info_handler, NULL, 0, SA_RESTART, 0);
+    } else if (!strcmp(mode, "signal") || !strcmp(mode, "bsd")) {
+        sighandler_t old = !strcmp(mode, "signal") ? signal(SIGUSR1, plain_handler)
+                                                   : bsd_signal(SIGUSR1, plain_handler);
+        printf("result old_was_default=%d\n", old == SIG_DFL);
+    } else if (!strcmp(mode, "sysv")) {
+        sighandler_t old = sysv_signal(SIGUSR1, plain_handler);
+        printf("result old_was_default=%d\n", old == SIG_DFL);
+    } else if (!strcmp(mode, "resethand")) {
+        set_action(NULL, plain_handler, 0, SA_RESETHAND, 0);
+    } else if (!strcmp(mode, "ignore")) {
+        set_action(NULL, NULL, SIG_IGN, 0, 0);
+    } else if (!strcmp(mode, "default")) {
+        set_action(NULL, NULL, SIG_DFL, 0, 0);
+    } else if (!strcmp(mode, "mask")) {
+        set_action(NULL, plain_handler, 0, 0, 1);
+    } else if (!strcmp(mode, "nodefer")) {
+        set_action(NULL, plain_handler, 0, SA_NODEFER, 0);
+    } else if (!strcmp(mode, "storm")) {
+        set_action(info_handler, NULL, 0, SA_RESTART, 0);
+    } else if (strcmp(mode, "blocked") != 0) {
+        fprintf(stderr, "unknown mode %s\n", mode);
+        return 2;
+    }
+    report_current();
+    fflush(stdout);
+
+    if (!strcmp(mode, "blocked")) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGUSR1);
+        sigprocmask(SIG_BLOCK, &set, NULL);
+        kill(getpid(), SIGUSR1);
+        sleep_ms(300);
+        printf("result files_while_blocked=%d\n", count_files("-signal-"));
+        sigprocmask(SIG_UNBLOCK, &set, NULL);
+    } else if (!strcmp(mode, "storm")) {
+        for (int i = 0; i < 5000; i++) {
+            kill(getpid(), SIGUSR1);
+            void *p = alloc((size_t)(i % 7 + 1) * 4096);
+            CHECK_RT(cudaFree(p));
+        }
+    } else {
+        kill(getpid(), SIGUSR1);
+    }
+    printf("result signal_file=%d\n", wait_for_files(1));
+    fflush(stdout);
+
+    if (!strcmp(mode, "sysv") || !strcmp(mode, "resethand")) {
+        report_current();
+        printf("result calls_before_second=%d\n", (int)calls);
+        fflush(stdout);
+        kill(getpid(), SIGUSR1); /* the default action now: the process ends here */
+        sleep_ms(5000);
+        printf("result survived_second=1\n");
+    }
+    if (!strcmp(mode, "default")) {
+        sleep_ms(5000);
+        printf("result survived_default=1\n");
+    }
+
+    void *b = alloc(2 * MIB);
+    printf("result calls=%d\n", (int)calls);
+    printf("result last_sig=%d\n", (int)last_sig);
+    printf("result last_code=%d\n", (int)last_code);
+    printf("result last_pid_is_self=%d\n", (int)(last_pid == getpid()));
+    printf("result had_ctx=%d\n", (int)had_ctx);
+    printf("result usr2_blocked=%d\n", (int)usr2_blocked);
+    printf("result usr1_blocked=%d\n", (int)usr1_blocked);
+    printf("result signal_files=%d\n", count_files("-signal-"));
+    CHECK_RT(cudaFree(a));
+    (void)b;
+    return 0;
+}

@@ -1,0 +1,276 @@
+//! The signals memsnap borrows, on the fake CUDA driver: the dump signal stays memsnap's
+//! while the program installs, replaces, ignores, defaults, masks and blocks its own
+//! handling of it (C and Python programs), and a job that ends by SIGTERM, SIGABRT,
+//! SIGSEGV or SIGBUS leaves a last snapshot and ends exactly as it would have without
+//! memsnap. Each test asserts what the program saw and what memsnap wrote.
+
+mod common;
+
+use common::{python_load_json, reason_of, run_program, snapshot_files};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+
+fn files_with_reason(dir: &std::path::Path, reason: &str) -> Vec<PathBuf> {
+    snapshot_files(dir)
+        .into_iter()
+        .filter(|p| reason_of(p).as_deref() == Some(reason))
+        .collect()
+}
+
+#[test]
+fn a_handler_installed_after_memsnap_is_chained_with_its_own_arguments() {
+    let run = run_program("sigchain", &["siginfo"], &[], true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(
+        r["old_was_default"], "1",
+        "the old action is the program's own"
+    );
+    assert_eq!(
+        r["current"], "own-siginfo",
+        "sigaction reports the program's handler"
+    );
+    assert_eq!(r["signal_file"], "1");
+    assert_eq!(r["calls"], "1");
+    assert_eq!(r["last_sig"], "10");
+    assert_eq!(r["last_code"], "0", "SI_USER: sent with kill()");
+    assert_eq!(r["last_pid_is_self"], "1");
+    assert_eq!(r["had_ctx"], "1");
+    assert_eq!(
+        r["usr1_blocked"], "1",
+        "the signal is blocked while its handler runs"
+    );
+    let signal = &files_with_reason(run.dir.path(), "signal");
+    assert_eq!(signal.len(), 1);
+    let snap = python_load_json(&signal[0]);
+    assert_eq!(snap["memsnap"]["dump_signals_received"], 1);
+}
+
+#[test]
+fn signal_bsd_signal_and_sysv_signal_keep_their_semantics() {
+    for mode in ["signal", "bsd"] {
+        let run = run_program("sigchain", &[mode], &[], true);
+        run.assert_success();
+        let r = run.results();
+        assert_eq!(r["old_was_default"], "1", "{mode}");
+        assert_eq!(r["current"], "own-plain", "{mode}");
+        assert_eq!(
+            (r["calls"].as_str(), r["last_sig"].as_str()),
+            ("1", "10"),
+            "{mode}"
+        );
+        assert_eq!(r["signal_file"], "1", "{mode}");
+    }
+    // One-shot handlers: the first signal calls them, the second takes the default action
+    // (SIGUSR1 terminates), after its snapshot.
+    for mode in ["sysv", "resethand"] {
+        let run = run_program("sigchain", &[mode], &[], true);
+        let r = run.results();
+        assert_eq!(
+            run.status.signal(),
+            Some(libc::SIGUSR1),
+            "{mode}: {}",
+            run.stderr
+        );
+        assert_eq!(r["calls_before_second"], "1", "{mode}");
+        assert_eq!(r["current"], "default", "{mode}: reset before the call");
+        assert!(!r.contains_key("survived_second"), "{mode}");
+        assert_eq!(
+            files_with_reason(run.dir.path(), "signal").len(),
+            2,
+            "{mode}"
+        );
+    }
+}
+
+#[test]
+fn ignored_defaulted_masked_and_blocked_signals_behave_as_the_program_asked() {
+    let ignore = run_program("sigchain", &["ignore"], &[], true);
+    ignore.assert_success();
+    assert_eq!(ignore.results()["current"], "ignore");
+    assert_eq!(
+        ignore.results()["signal_file"],
+        "1",
+        "ignored by the program, not by memsnap"
+    );
+
+    // An explicit SIG_DFL: memsnap's snapshot, then the default action (death by SIGUSR1).
+    let default = run_program("sigchain", &["default"], &[], true);
+    assert_eq!(default.status.signal(), Some(libc::SIGUSR1));
+    assert!(!default.results().contains_key("survived_default"));
+    assert_eq!(files_with_reason(default.dir.path(), "signal").len(), 1);
+
+    let mask = run_program("sigchain", &["mask"], &[], true);
+    mask.assert_success();
+    assert_eq!(
+        mask.results()["usr2_blocked"],
+        "1",
+        "sa_mask applied during the handler"
+    );
+    assert_eq!(mask.results()["usr1_blocked"], "1");
+    let nodefer = run_program("sigchain", &["nodefer"], &[], true);
+    nodefer.assert_success();
+    assert_eq!(
+        nodefer.results()["usr1_blocked"],
+        "0",
+        "SA_NODEFER honoured"
+    );
+
+    let blocked = run_program("sigchain", &["blocked"], &[], true);
+    blocked.assert_success();
+    assert_eq!(blocked.results()["files_while_blocked"], "0");
+    assert_eq!(
+        blocked.results()["signal_file"],
+        "1",
+        "delivered once unblocked"
+    );
+}
+
+#[test]
+fn a_signal_storm_becomes_a_few_snapshots_and_every_signal_is_counted() {
+    let run = run_program("sigchain", &["storm"], &[], true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(r["calls"], "5000", "the program's handler saw every signal");
+    let signal = files_with_reason(run.dir.path(), "signal");
+    assert!(
+        !signal.is_empty() && signal.len() < 100,
+        "{} snapshots for 5000 signals",
+        signal.len()
+    );
+    let exit = &files_with_reason(run.dir.path(), "exit")[0];
+    let snap = python_load_json(exit);
+    assert_eq!(snap["memsnap"]["dump_signals_received"], 5000);
+    // Every allocation and free made during the storm is in the ledger: only the 2 MiB
+    // block allocated after it is live at exit.
+    let live: u64 = snap["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["allocated_size"].as_u64().unwrap())
+        .sum();
+    assert_eq!(live, 2 << 20);
+}
+
+#[test]
+fn python_signal_handlers_and_faulthandler_are_chained() {
+    let run = run_program("py_signals.py", &["signal"], &[], true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(r["previous_is_default"], "1");
+    assert_eq!(r["signal_file"], "1");
+    assert_eq!(r["handler_args_ok"], "1", "{r:?}");
+    assert_eq!(r["current_is_ours"], "1");
+
+    let run = run_program("py_signals.py", &["faulthandler"], &[], true);
+    run.assert_success();
+    assert_eq!(run.results()["signal_file"], "1");
+    assert_eq!(run.results()["traceback_names_this_file"], "1");
+}
+
+/// How a crash-mode run ended, with and without memsnap, and the snapshot it left.
+fn crash(mode: &str, env: &[(&str, &str)]) -> (common::Run, common::Run) {
+    let plain = run_program("crash", &[mode], env, false);
+    let with = run_program("crash", &[mode], env, true);
+    assert_eq!(
+        (with.status.code(), with.status.signal()),
+        (plain.status.code(), plain.status.signal()),
+        "{mode}: memsnap changed how the program ended\n{}",
+        with.stderr
+    );
+    assert_eq!(
+        with.results().get("handler"),
+        plain.results().get("handler"),
+        "{mode}: the program's handler"
+    );
+    (plain, with)
+}
+
+#[test]
+fn a_job_ending_by_a_signal_leaves_a_snapshot_and_ends_as_it_would_have() {
+    // (mode, killed by, exit code, reason, signal name, has the crashing thread's stack)
+    type Case = (
+        &'static str,
+        Option<i32>,
+        Option<i32>,
+        &'static str,
+        &'static str,
+        bool,
+    );
+    let cases: [Case; 7] = [
+        ("term", Some(libc::SIGTERM), None, "term", "SIGTERM", false),
+        ("term-handler", None, Some(7), "term", "SIGTERM", false),
+        ("abort", Some(libc::SIGABRT), None, "crash", "SIGABRT", true),
+        (
+            "abort-handler",
+            Some(libc::SIGABRT),
+            None,
+            "crash",
+            "SIGABRT",
+            true,
+        ),
+        ("segv", Some(libc::SIGSEGV), None, "crash", "SIGSEGV", true),
+        (
+            "segv-handler",
+            Some(libc::SIGSEGV),
+            None,
+            "crash",
+            "SIGSEGV",
+            true,
+        ),
+        ("bus", Some(libc::SIGBUS), None, "crash", "SIGBUS", true),
+    ];
+    for (mode, signal, code, reason, name, with_stack) in cases {
+        let (_, run) = crash(mode, &[]);
+        assert_eq!(run.status.signal(), signal, "{mode}");
+        assert_eq!(run.status.code(), code, "{mode}");
+        if mode.ends_with("-handler") {
+            assert!(
+                run.results().contains_key("handler"),
+                "{mode}: handler not called"
+            );
+        }
+        let files = files_with_reason(run.dir.path(), reason);
+        assert_eq!(
+            files.len(),
+            1,
+            "{mode}: {:?}",
+            snapshot_files(run.dir.path())
+        );
+        let snap = python_load_json(&files[0]);
+        assert_eq!(snap["memsnap"]["signal"]["name"], name, "{mode}");
+        // 5 MiB live: the state at the signal.
+        assert_eq!(snap["segments"].as_array().unwrap().len(), 1, "{mode}");
+        let last = snap["device_traces"][0]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            last["action"], "snapshot",
+            "{mode}: the signal is the last event"
+        );
+        let frames: Vec<String> = last["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap_or("").to_string())
+            .collect();
+        if with_stack {
+            assert!(
+                frames.iter().any(|f| f == "crash_here"),
+                "{mode}: the signalled thread's stack: {frames:?}"
+            );
+        } else {
+            assert!(frames.is_empty(), "{mode}: SIGTERM has no meaningful stack");
+        }
+    }
+}
+
+#[test]
+fn at_crash_off_leaves_the_crash_signals_alone() {
+    let (_, run) = crash("segv", &[("MEMSNAP_AT_CRASH", "0")]);
+    assert_eq!(run.status.signal(), Some(libc::SIGSEGV));
+    assert!(files_with_reason(run.dir.path(), "crash").is_empty());
+}
