@@ -285,12 +285,11 @@ mod imp {
         }
         let (a, b) = state.walks.split_at_mut(1);
         let (cur, prev) = if state.current == 0 {
-            (&mut a[0], &b[0])
+            (&mut a[0], &mut b[0])
         } else {
-            (&mut b[0], &a[0])
+            (&mut b[0], &mut a[0])
         };
-        state.current ^= 1;
-        walk(
+        let kept = walk(
             table,
             &mut state.cache,
             cur,
@@ -300,6 +299,20 @@ mod imp {
             slot,
             max,
         );
+        // The next capture compares against this one: in `cur`, or in `prev` when the walk
+        // was completed in place there.
+        if kept == Kept::InCur {
+            state.current ^= 1;
+        }
+    }
+
+    /// Where a finished walk's record is.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Kept {
+        InCur,
+        /// The new inner frames were written over the previous walk's, whose outer frames
+        /// were reused where they lie: nothing of the (usually much longer) tail was copied.
+        InPrev,
     }
 
     /// The readable part of the thread's stack: `[sp at capture, top)`.
@@ -338,12 +351,12 @@ mod imp {
         table: &modules::ModuleTable,
         cache: &mut Cache,
         cur: &mut Walk,
-        prev: &Walk,
+        prev: &mut Walk,
         bounds: Bounds,
         (ip, sp, bp): (u64, u64, u64),
         slot: &mut StackSlot,
         max: usize,
-    ) {
+    ) -> Kept {
         let table_id = table as *const modules::ModuleTable as usize;
         cur.table = table_id;
         cur.n_steps = 0;
@@ -386,9 +399,9 @@ mod imp {
                     && p.bp == regs.bp()
                     && reads_still_hold(&prev.reads[p.reads_from as usize..prev.n_reads], bounds)
                 {
-                    splice(cur, prev, prev_at, slot, &mut emit);
+                    let kept = splice(cur, prev, prev_at, slot, &mut emit);
                     slot.n_native = n as u16;
-                    return;
+                    return kept;
                 }
             }
             let mut step = Step {
@@ -447,22 +460,38 @@ mod imp {
             }
         }
         slot.n_native = n as u16;
+        Kept::InCur
     }
 
-    /// Ends `cur` with `prev`'s steps from `from` on (their reads still hold), emitting
-    /// what they emitted.
-    #[cold]
+    /// Ends the walk with `prev`'s steps from `from` on (their reads still hold), emitting
+    /// what they emitted. When the new inner part has exactly as many steps and reads as
+    /// `prev` had before `from` (the same call depth: the common case in a loop), it is
+    /// written over `prev`'s inner part and `prev` becomes the record; otherwise `prev`'s
+    /// tail is copied after `cur`'s inner part.
     #[inline(never)]
     fn splice(
         cur: &mut Walk,
-        prev: &Walk,
+        prev: &mut Walk,
         from: usize,
         slot: &mut StackSlot,
         emit: &mut impl FnMut(u64, &mut StackSlot),
-    ) {
+    ) -> Kept {
         #[cfg(test)]
         super::WALKS_REUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let reads_from = prev.steps[from].reads_from as usize;
+        for s in &prev.steps[from..prev.n_steps] {
+            if s.emit != 0 {
+                emit(s.emit, slot);
+            }
+        }
+        if prev.end == End::UnknownModule {
+            modules::mark_stale();
+        }
+        if cur.n_steps == from && cur.n_reads == reads_from && !cur.reads_overflowed {
+            prev.steps[..from].copy_from_slice(&cur.steps[..from]);
+            prev.reads[..reads_from].copy_from_slice(&cur.reads[..reads_from]);
+            return Kept::InPrev;
+        }
         let steps = &prev.steps[from..prev.n_steps];
         let reads = &prev.reads[reads_from..prev.n_reads];
         let room_steps = MAX_STEPS - cur.n_steps;
@@ -473,11 +502,6 @@ mod imp {
             cur.reads_overflowed = true;
         }
         let shift = cur.n_reads as i64 - reads_from as i64;
-        for s in steps {
-            if s.emit != 0 {
-                emit(s.emit, slot);
-            }
-        }
         for (dst, s) in cur.steps[cur.n_steps..].iter_mut().zip(steps) {
             *dst = Step {
                 reads_from: (s.reads_from as i64 + shift) as u32,
@@ -489,9 +513,7 @@ mod imp {
         }
         cur.n_steps += steps.len().min(room_steps);
         cur.n_reads += reads.len().min(room_reads);
-        if prev.end == End::UnknownModule {
-            modules::mark_stale();
-        }
         cur.end = prev.end;
+        Kept::InCur
     }
 }
