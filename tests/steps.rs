@@ -957,3 +957,22 @@ fn run_takes_an_environment_that_is_not_utf8() {
         "memsnap: not running true: MEMSNAP_FOLDER=\"snaps-\u{fffd}\" (from the environment): expected UTF-8 text\n"
     );
 }
+
+#[test]
+fn dump_takes_any_timeout_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    for timeout in ["inf", "1e300"] {
+        let o = memsnap(
+            &["dump", "--timeout", timeout, "2147483647"],
+            &[],
+            dir.path(),
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no process 2147483647"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
