@@ -327,7 +327,8 @@ fn period_snapshots_and_stats_rows_without_steps() {
     let child = spawn_waiting(
         &[],
         &[
-            ("MEMSNAP_PERIOD", "100ms"),
+            // The shortest period allowed.
+            ("MEMSNAP_PERIOD", "1s"),
             ("MEMSNAP_STATS", stats.to_str().unwrap()),
             ("MEMSNAP_AT_EXIT", "0"),
         ],
@@ -601,6 +602,16 @@ fn run_refuses_bad_values_and_names_the_variable() {
     assert!(err.contains("(set by --skip)"), "{err}");
     assert!(err.contains("MEMSNAP_PERIOD=\"soon\""), "{err}");
     assert!(err.contains("(from the environment)"), "{err}");
+    // One message, not the library's "ignoring ...; using the default" plus a verdict.
+    assert!(
+        err.starts_with("memsnap: not running touch: 2 invalid values:"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 3, "{err}");
+    assert!(
+        !err.contains("ignoring") && !err.contains("using the default"),
+        "{err}"
+    );
     assert!(!dir.path().join("ran").exists(), "the command ran anyway");
 
     let o = memsnap(
@@ -861,4 +872,157 @@ fn dump_needs_a_pid_or_all() {
     let o = memsnap(&["dump"], &[], dir.path());
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("<PID>"), "{}", stderr(&o));
+}
+
+// ------------------------------------------------------------------------------------
+// Values that used to panic or be taken silently (tests/settings.rs: the library's side)
+
+#[test]
+fn run_refuses_what_the_library_refuses_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (option, value, var) in [
+        ("--period", "99999999999999999999", "MEMSNAP_PERIOD"),
+        ("--period", "5124095576030431h", "MEMSNAP_PERIOD"),
+        ("--period", "1ms", "MEMSNAP_PERIOD"),
+        ("--period", "31d", "MEMSNAP_PERIOD"),
+        ("--signal", "SEGV", "MEMSNAP_SIGNAL"),
+        ("--signal", "9", "MEMSNAP_SIGNAL"),
+        ("--signal", "RTMIN+-23", "MEMSNAP_SIGNAL"),
+        ("--signal", "RTMIN+2147483647", "MEMSNAP_SIGNAL"),
+        (
+            "--max-entries",
+            "99999999999999999999999",
+            "MEMSNAP_MAX_ENTRIES",
+        ),
+        ("--every", "18446744073709551615", "MEMSNAP_EVERY"),
+        ("--folder", "snaps/{rnak}", "MEMSNAP_FOLDER"),
+        ("--stats", "mem-{rnak}.csv", "MEMSNAP_STATS"),
+        ("--stats", "mem-{step}.csv", "MEMSNAP_STATS"),
+        ("--stats", ".mem.csv", "MEMSNAP_STATS"),
+        ("--filename", "..", "MEMSNAP_FILENAME"),
+        ("--filename", ".hidden-{pid}", "MEMSNAP_FILENAME"),
+    ] {
+        let o = memsnap(
+            &["run", option, value, "--", "touch", "ran"],
+            &[],
+            dir.path(),
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{option} {value}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "memsnap: not running touch: {var}={value:?} (set by {option}): expected "
+            )),
+            "{err}"
+        );
+        assert!(
+            !dir.path().join("ran").exists(),
+            "{option} {value}: ran anyway"
+        );
+    }
+}
+
+#[test]
+fn dump_reads_a_process_whose_period_is_too_large_for_a_duration() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("MEMSNAP_PERIOD", "99999999999999999999")];
+    let child = spawn_waiting(&[], &env, dir.path(), true);
+    let o = memsnap(&["dump", &child.id().to_string()], &[], dir.path());
+    assert!(finish(child).success());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert!(Path::new(stdout(&o).trim()).is_file(), "{}", stdout(&o));
+}
+
+/// The signals a process catches, as the `SigCgt` mask of /proc/PID/status (bit N-1 for
+/// signal N).
+fn caught_signals(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .expect("a SigCgt line");
+    u64::from_str_radix(hex.trim(), 16).unwrap()
+}
+
+#[test]
+fn a_refused_signal_gets_no_handler_and_the_default_one_stays() {
+    const SIGUSR1: u32 = 10;
+    let dir = tempfile::tempdir().unwrap();
+    // MEMSNAP_AT_CRASH=0: SIGSEGV is then memsnap's only if it became the dump signal.
+    let baseline = spawn_waiting(
+        &[],
+        &[("MEMSNAP_SIGNAL", "none"), ("MEMSNAP_AT_CRASH", "0")],
+        dir.path(),
+        true,
+    );
+    let theirs = caught_signals(baseline.id());
+    assert!(finish(baseline).success());
+    for (signal, number) in [
+        ("SEGV", 11),
+        ("11", 11),
+        ("HUP", 1),
+        ("RTMIN+2147483647", 0),
+    ] {
+        let env = [("MEMSNAP_SIGNAL", signal), ("MEMSNAP_AT_CRASH", "0")];
+        let child = spawn_waiting(&[], &env, dir.path(), true);
+        let caught = caught_signals(child.id());
+        assert!(finish(child).success());
+        // Only memsnap's default (USR1) was added to what the program catches itself.
+        assert_eq!(
+            caught & !theirs,
+            1 << (SIGUSR1 - 1),
+            "{signal}: {caught:#x}"
+        );
+        if number > 0 {
+            assert_eq!(caught & (1 << (number - 1)), 0, "{signal} is caught");
+        }
+    }
+}
+
+#[test]
+fn run_takes_an_environment_that_is_not_utf8() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let run_with = |name: &str, value: &[u8]| {
+        let mut cmd = Command::new(common::memsnap_bin());
+        clean_env(&mut cmd);
+        cmd.args(["run", "--", "true"])
+            .current_dir(dir.path())
+            .env(name, OsStr::from_bytes(value))
+            .output()
+            .unwrap()
+    };
+    // Another program's variable is none of memsnap's business.
+    let o = run_with("SOME_PATH", b"caf\xe9");
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A MEMSNAP_ value is refused like any bad value, in one line.
+    let o = run_with("MEMSNAP_FOLDER", b"snaps-\xff");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "memsnap: not running true: MEMSNAP_FOLDER=\"snaps-\u{fffd}\" (from the environment): expected UTF-8 text\n"
+    );
+}
+
+#[test]
+fn dump_takes_any_timeout_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    for timeout in ["inf", "1e300"] {
+        let o = memsnap(
+            &["dump", "--timeout", timeout, "2147483647"],
+            &[],
+            dir.path(),
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no process 2147483647"),
+            "{}",
+            stderr(&o)
+        );
+    }
 }

@@ -151,12 +151,40 @@ pub fn expand(template: &str, id: &Identity, f: &NameFields) -> String {
 pub fn folder(cfg: &Config, id: &Identity, f: &NameFields) -> io::Result<PathBuf> {
     let dir = PathBuf::from(expand(&cfg.folder, id, f));
     if !dir.is_dir() {
+        if let Some(why) = not_a_directory(&dir) {
+            return Err(io::Error::new(io::ErrorKind::NotADirectory, why));
+        }
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)?;
     }
     Ok(dir)
+}
+
+/// What stops `dir` from being a folder: the deepest path at or above it that exists and is
+/// not a directory (a file, or a symbolic link to a file or to nothing), described.
+/// Creating the folder would otherwise fail with a bare "File exists".
+fn not_a_directory(dir: &Path) -> Option<String> {
+    let existing = dir
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .find(|p| p.symlink_metadata().is_ok())?;
+    if existing.is_dir() {
+        return None;
+    }
+    let is_link = existing
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink());
+    let what = match (is_link, existing.metadata().is_ok()) {
+        (true, true) => "a symbolic link to a file",
+        (true, false) => "a dangling symbolic link",
+        (false, _) => "a file",
+    };
+    Some(format!(
+        "{} is {what}; memsnap needs a directory there",
+        existing.display()
+    ))
 }
 
 /// Writes `bytes` to `dir/name` atomically. Without `overwrite`, an existing file is kept
@@ -258,6 +286,73 @@ mod tests {
             &f,
         );
         assert_eq!(s, "train-node_7-r3-l1-p42-oom-5-12-before_opt-99.pickle");
+    }
+
+    #[test]
+    fn placeholder_values_cannot_climb_out_of_the_folder() {
+        let f = NameFields {
+            reason: Reason::Api,
+            seq: 1,
+            step: 0,
+            tag: "..",
+            time_s: 0,
+        };
+        let mut who = id();
+        who.rank = "..".into();
+        who.local_rank = ".".into();
+        assert_eq!(
+            expand("snaps/{rank}/{local_rank}/.{tag}", &who, &f),
+            "snaps/_./_/._."
+        );
+    }
+
+    fn folder_in(template: &str) -> io::Result<PathBuf> {
+        let cfg = Config {
+            folder: template.to_string(),
+            ..Config::default()
+        };
+        let f = NameFields {
+            reason: Reason::Exit,
+            seq: 1,
+            step: 0,
+            tag: "",
+            time_s: 0,
+        };
+        folder(&cfg, &id(), &f)
+    }
+
+    #[test]
+    fn a_folder_that_is_not_a_directory_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        fs::write(&file, b"x").unwrap();
+        let to_file = dir.path().join("to-file");
+        std::os::unix::fs::symlink(&file, &to_file).unwrap();
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("gone"), &dangling).unwrap();
+        for (path, below, what) in [
+            (&to_file, "", "a symbolic link to a file"),
+            (&dangling, "", "a dangling symbolic link"),
+            (&file, "", "a file"),
+            (&dangling, "/r{rank}", "a dangling symbolic link"),
+        ] {
+            let template = format!("{}{below}", path.display());
+            let e = folder_in(&template).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NotADirectory, "{template}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "{} is {what}; memsnap needs a directory there",
+                    path.display()
+                )
+            );
+        }
+        // A link to a directory is a folder like any other.
+        let to_dir = dir.path().join("to-dir");
+        std::os::unix::fs::symlink(dir.path(), &to_dir).unwrap();
+        let made = folder_in(&format!("{}/r{{rank}}", to_dir.display())).unwrap();
+        assert!(made.is_dir());
+        assert!(dir.path().join("r3").is_dir());
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod dump;
 pub mod files;
 pub mod stacks;
 pub mod state;
+pub mod stats;
 
 use crate::channel::event::{Api, Event, Kind, NO_STACK, Payload};
 use crate::channel::handshake::{
@@ -604,89 +605,4 @@ impl Writer {
 
 fn api_name(i: usize) -> Option<&'static str> {
     crate::channel::event::Api::ALL.get(i).map(|a| a.name())
-}
-
-/// `MEMSNAP_STATS`: one CSV row per device per step (or period), like KempnerForge's
-/// allocated/peak/reserved/total line.
-mod stats {
-    use super::files::{self, Identity, NameFields, Reason};
-    use super::state::State;
-    use std::fs::{File, OpenOptions};
-    use std::io::Write;
-
-    pub struct Stats {
-        file: Option<File>,
-        path: String,
-        rank: String,
-    }
-
-    impl Stats {
-        pub fn new(template: &str, id: &Identity) -> Stats {
-            let fields = NameFields {
-                reason: Reason::Step,
-                seq: 0,
-                step: 0,
-                tag: "",
-                time_s: 0,
-            };
-            let path = files::expand(template, id, &fields);
-            let file = OpenOptions::new().create(true).append(true).open(&path);
-            let mut file = match file {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    eprintln!("memsnap: cannot open MEMSNAP_STATS file {path}: {e}; no stats");
-                    None
-                }
-            };
-            if let Some(f) = &mut file
-                && f.metadata().map(|m| m.len() == 0).unwrap_or(false)
-            {
-                let _ = writeln!(
-                    f,
-                    "time_us,rank,step,reason,device,allocated_bytes,peak_bytes,reserved_bytes,total_bytes,utilization,events,ooms"
-                );
-            }
-            Stats {
-                file,
-                path,
-                rank: id.rank.clone(),
-            }
-        }
-
-        /// One row per device; `reason` says what produced it (`step`, `period`, `exit`).
-        pub fn row(&mut self, step: u64, reason: Reason, state: &State) {
-            let Some(f) = &mut self.file else { return };
-            let rank = &self.rank;
-            let now = crate::channel::handshake::now_us();
-            let mut out = String::new();
-            for (d, dev) in state.devices.iter().enumerate() {
-                let total = crate::channel::handshake::device_total(d);
-                // What the process holds from CUDA: allocations, plus VMM physical memory
-                // whether mapped or not.
-                let mapped: u64 = dev.mappings.values().map(|l| l.size).sum();
-                let reserved =
-                    dev.live_bytes - mapped.min(dev.live_bytes) + dev.physical_bytes.max(mapped);
-                let util = if total > 0 {
-                    reserved as f64 / total as f64
-                } else {
-                    0.0
-                };
-                out.push_str(&format!(
-                    "{now},{rank},{step},{},{d},{},{},{reserved},{total},{util:.4},{},{}\n",
-                    reason.as_str(),
-                    dev.live_bytes,
-                    dev.peak_bytes,
-                    dev.events,
-                    dev.ooms
-                ));
-            }
-            if f.write_all(out.as_bytes()).is_err() {
-                eprintln!(
-                    "memsnap: cannot write MEMSNAP_STATS file {}; no more stats",
-                    self.path
-                );
-                self.file = None;
-            }
-        }
-    }
 }

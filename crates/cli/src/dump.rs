@@ -112,7 +112,8 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
         }
     }
 
-    let timeout = Duration::from_secs_f64(args.timeout.max(0.0));
+    // `--timeout inf` (or any value past what a Duration holds) waits as long as it takes.
+    let timeout = Duration::try_from_secs_f64(args.timeout.max(0.0)).unwrap_or(Duration::MAX);
     let start = Instant::now();
     while !waiting.is_empty() {
         waiting.retain_mut(|t| match poll(t, start.elapsed()) {

@@ -44,7 +44,7 @@ pub struct RunArgs {
     /// Stacks for frees: alloc or all (MEMSNAP_CONTEXT)
     #[arg(long, value_name = "KIND")]
     pub context: Option<String>,
-    /// Signal that asks for a snapshot: USR1, USR2, a number, or none (MEMSNAP_SIGNAL)
+    /// Signal that asks for a snapshot: USR1, USR2, RTMIN+N, or none (MEMSNAP_SIGNAL)
     #[arg(long, value_name = "SIG")]
     pub signal: Option<String>,
     /// Steps before the recording window opens (MEMSNAP_SKIP, default 1)
@@ -56,7 +56,7 @@ pub struct RunArgs {
     /// A snapshot every N steps (MEMSNAP_EVERY)
     #[arg(long, value_name = "N")]
     pub every: Option<String>,
-    /// A snapshot every duration, e.g. 30s, 5m (MEMSNAP_PERIOD)
+    /// A snapshot every duration from 1s to 30d, e.g. 30s, 5m (MEMSNAP_PERIOD)
     #[arg(long, value_name = "DURATION")]
     pub period: Option<String>,
     /// CSV file for per-step memory figures (MEMSNAP_STATS)
@@ -130,27 +130,39 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     }
 
     // What the library will see: the inherited MEMSNAP_* variables, overridden by options.
-    let mut seen: HashMap<String, String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("MEMSNAP_"))
+    // Raw values: one that is not UTF-8 is refused by the parser, as the library does.
+    let mut seen: HashMap<OsString, OsString> = std::env::vars_os()
+        .filter(|(k, _)| k.as_encoded_bytes().starts_with(b"MEMSNAP_"))
         .collect();
     for (name, value, _) in &set {
-        seen.insert(name.to_string(), value.clone());
+        seen.insert(name.into(), value.into());
     }
-    let (cfg, errors) = Config::from_lookup(|k| seen.get(k).cloned());
-    if !errors.is_empty() {
-        for e in &errors {
-            let origin = set
-                .iter()
-                .find(|(name, _, _)| mentions_var(e, name))
-                .map(|(_, _, option)| format!(" (set by {option})"))
-                .unwrap_or_else(|| " (from the environment)".to_string());
-            eprintln!("{e}{origin}");
+    let (cfg, invalid) = Config::from_os_lookup(|k| seen.get(OsStr::new(k)).cloned());
+    if !invalid.is_empty() {
+        // One message: each refused value with where it came from and what it accepts.
+        let lines: Vec<String> = invalid
+            .iter()
+            .map(|e| {
+                let origin = set
+                    .iter()
+                    .find(|(name, _, _)| *name == e.name)
+                    .map(|(_, _, option)| format!("set by {option}"))
+                    .unwrap_or_else(|| "from the environment".to_string());
+                format!(
+                    "{}={:?} ({origin}): expected {}",
+                    e.name, e.value, e.expected
+                )
+            })
+            .collect();
+        let command = args.command[0].to_string_lossy();
+        match lines.as_slice() {
+            [one] => bail!("not running {command}: {one}"),
+            _ => bail!(
+                "not running {command}: {} invalid values:\n  {}",
+                lines.len(),
+                lines.join("\n  ")
+            ),
         }
-        bail!(
-            "not running {}: fix the invalid value{} above",
-            args.command[0].to_string_lossy(),
-            if errors.len() == 1 { "" } else { "s" }
-        );
     }
     if cfg.disabled {
         eprintln!("memsnap: MEMSNAP_DISABLE is set: the command runs without recording");
@@ -208,11 +220,6 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             .unwrap_or_default()
     );
     Ok(ExitCode::from((128 + signal).clamp(0, 255) as u8))
-}
-
-/// Whether a config message is about `name` (and not a longer name sharing its prefix).
-fn mentions_var(message: &str, name: &str) -> bool {
-    message.contains(&format!("{name}="))
 }
 
 fn signal_name(sig: i32) -> Option<&'static str> {

@@ -2,9 +2,11 @@
 //!
 //! Cold code. The preload library parses the environment once, on the first CUDA event
 //! (a process that never touches CUDA never reads or prints anything); `memsnap run`
-//! uses the same names to turn its options into variables. A bad value produces one
-//! message naming the variable and what it accepts, and the default is used instead.
+//! uses the same names to turn its options into variables. A bad value is one [`Invalid`]
+//! naming the variable and what it accepts: the library prints it and uses the default,
+//! `memsnap run` refuses to start. No value, however long or odd, makes the parser panic.
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 /// Names of every variable memsnap reads. The README documents each of them.
@@ -128,15 +130,39 @@ impl Default for Config {
     }
 }
 
+/// A variable whose value was refused: its name, the value, and what it accepts.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value:?}: expected {expected}")]
+pub struct Invalid {
+    pub name: &'static str,
+    pub value: String,
+    pub expected: String,
+}
+
+impl Invalid {
+    /// The line the library prints: it carries on with the variable's default.
+    pub fn ignored_message(&self) -> String {
+        format!("memsnap: ignoring {self}; using the default")
+    }
+}
+
 impl Config {
     /// Reads the process environment. Returns the configuration and one message per
     /// invalid variable (the caller prints them; the default was used for each).
     pub fn from_env() -> (Config, Vec<String>) {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        let (cfg, invalid) = Self::from_os_lookup(|name| std::env::var_os(name));
+        (cfg, invalid.iter().map(Invalid::ignored_message).collect())
     }
 
     /// Parses with an arbitrary lookup, so tests need not touch the real environment.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> (Config, Vec<String>) {
+    /// Each refused variable keeps its default and is reported once.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> (Config, Vec<Invalid>) {
+        Self::from_os_lookup(|name| get(name).map(OsString::from))
+    }
+
+    /// As [`Config::from_lookup`], for raw environment values: one that is not UTF-8 is
+    /// refused like any other bad value (never a panic, never silently dropped).
+    pub fn from_os_lookup(get: impl Fn(&str) -> Option<OsString>) -> (Config, Vec<Invalid>) {
         let mut cfg = Config::default();
         let mut errors = Vec::new();
         let mut p = Parser {
@@ -146,10 +172,13 @@ impl Config {
 
         cfg.disabled = p.flag(var::DISABLE, cfg.disabled);
         if let Some(v) = p.text(var::FOLDER) {
-            cfg.folder = v;
+            match validate_folder(&v) {
+                Ok(()) => cfg.folder = v,
+                Err(msg) => p.bad(var::FOLDER, &v, &msg),
+            }
         }
         if let Some(v) = p.text(var::FILENAME) {
-            match validate_template(&v) {
+            match validate_filename(&v) {
                 Ok(()) => cfg.filename = v,
                 Err(msg) => p.bad(var::FILENAME, &v, &msg),
             }
@@ -161,11 +190,7 @@ impl Config {
         if let Some(v) = p.text(var::SIGNAL) {
             match parse_signal(&v) {
                 Some(s) => cfg.signal = s,
-                None => p.bad(
-                    var::SIGNAL,
-                    &v,
-                    "a signal name (USR1, USR2, SIGUSR1, ...), a number, or `none`",
-                ),
+                None => p.bad(var::SIGNAL, &v, &signal_choices()),
             }
         }
         if let Some(v) = p.text(var::STACKS) {
@@ -193,22 +218,25 @@ impl Config {
         cfg.queue_capacity =
             p.count(var::QUEUE_CAPACITY, cfg.queue_capacity as u64, 16, 1 << 24) as usize;
         cfg.quiet = p.flag(var::QUIET, cfg.quiet);
-        cfg.skip = p.count(var::SKIP, cfg.skip, 0, u64::MAX);
-        cfg.interval = p.count(var::INTERVAL, cfg.interval, 0, u64::MAX);
-        cfg.every = p.count(var::EVERY, cfg.every, 0, u64::MAX);
+        cfg.skip = p.count(var::SKIP, cfg.skip, 0, MAX_STEPS);
+        cfg.interval = p.count(var::INTERVAL, cfg.interval, 0, MAX_STEPS);
+        cfg.every = p.count(var::EVERY, cfg.every, 0, MAX_STEPS);
         if let Some(v) = p.text(var::PERIOD) {
             match parse_duration(&v) {
                 Some(d) if d.is_zero() => cfg.period = None,
-                Some(d) => cfg.period = Some(d),
-                None => p.bad(
+                Some(d) if (MIN_PERIOD..=MAX_PERIOD).contains(&d) => cfg.period = Some(d),
+                _ => p.bad(
                     var::PERIOD,
                     &v,
-                    "a duration such as 500ms, 30s, 5m or 1h (0 = off)",
+                    "a duration from 1s to 30d such as 30s, 5m, 1h or 1d (0 = off)",
                 ),
             }
         }
         if let Some(v) = p.text(var::STATS) {
-            cfg.stats = Some(v);
+            match validate_stats_path(&v) {
+                Ok(()) => cfg.stats = Some(v),
+                Err(msg) => p.bad(var::STATS, &v, &msg),
+            }
         }
         cfg.at_crash = p.flag(var::AT_CRASH, cfg.at_crash);
         if let Some(v) = p.text(var::CRASH_WAIT) {
@@ -225,26 +253,43 @@ impl Config {
     }
 }
 
-struct Parser<'a, F: Fn(&str) -> Option<String>> {
+/// Largest `MEMSNAP_SKIP`, `MEMSNAP_INTERVAL` and `MEMSNAP_EVERY`: a trillion steps, far
+/// beyond any run, and small enough that step arithmetic never overflows.
+pub const MAX_STEPS: u64 = 1_000_000_000_000;
+/// Shortest `MEMSNAP_PERIOD`: each period writes a whole snapshot, so a period of
+/// milliseconds floods the folder with files and keeps the writer busy encoding.
+pub const MIN_PERIOD: Duration = Duration::from_secs(1);
+/// Longest `MEMSNAP_PERIOD`: 30 days.
+pub const MAX_PERIOD: Duration = Duration::from_secs(30 * 24 * 3600);
+
+struct Parser<'a, F: Fn(&str) -> Option<OsString>> {
     get: &'a F,
-    errors: &'a mut Vec<String>,
+    errors: &'a mut Vec<Invalid>,
 }
 
-impl<F: Fn(&str) -> Option<String>> Parser<'_, F> {
-    /// The variable's value, or `None` when unset or empty (empty means "default").
-    fn text(&mut self, name: &str) -> Option<String> {
-        (self.get)(name)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
+impl<F: Fn(&str) -> Option<OsString>> Parser<'_, F> {
+    /// The variable's value, or `None` when unset or empty (empty means "default") or not
+    /// UTF-8 (refused).
+    fn text(&mut self, name: &'static str) -> Option<String> {
+        let value = match (self.get)(name)?.into_string() {
+            Ok(v) => v,
+            Err(raw) => {
+                self.bad(name, &raw.to_string_lossy(), "UTF-8 text");
+                return None;
+            }
+        };
+        Some(value.trim().to_string()).filter(|v| !v.is_empty())
     }
 
-    fn bad(&mut self, name: &str, value: &str, accepted: &str) {
-        self.errors.push(format!(
-            "memsnap: ignoring {name}={value:?}: expected {accepted}; using the default"
-        ));
+    fn bad(&mut self, name: &'static str, value: &str, accepted: &str) {
+        self.errors.push(Invalid {
+            name,
+            value: value.to_string(),
+            expected: accepted.to_string(),
+        });
     }
 
-    fn flag(&mut self, name: &str, default: bool) -> bool {
+    fn flag(&mut self, name: &'static str, default: bool) -> bool {
         let Some(v) = self.text(name) else {
             return default;
         };
@@ -258,7 +303,7 @@ impl<F: Fn(&str) -> Option<String>> Parser<'_, F> {
         }
     }
 
-    fn count(&mut self, name: &str, default: u64, min: u64, max: u64) -> u64 {
+    fn count(&mut self, name: &'static str, default: u64, min: u64, max: u64) -> u64 {
         let Some(v) = self.text(name) else {
             return default;
         };
@@ -277,39 +322,63 @@ impl<F: Fn(&str) -> Option<String>> Parser<'_, F> {
     }
 }
 
-/// `USR1`, `SIGUSR1`, `usr2`, `10`, `none`. Returns `Some(None)` for `none`.
+/// The dump signal: only signals a program does not already rely on for something else and
+/// whose default action memsnap's handler may replace. `USR1`/`SIGUSR1`/`usr2`, their numbers
+/// (`10`, `12`), `RTMIN+n` for `n` in `0..=SIGRTMAX-SIGRTMIN` (glibc's `SIGRTMIN` already
+/// leaves out the real-time signals it reserves), and `none`/`off`/`0`. Returns `Some(None)`
+/// for `none`, `None` for anything else: `SEGV` would turn a crash into an endless loop of
+/// snapshots, `KILL` cannot be caught, `HUP`/`CONT`/`WINCH`/`URG`/`PWR` have meanings of
+/// their own.
 pub fn parse_signal(v: &str) -> Option<Option<i32>> {
     let up = v.trim().to_ascii_uppercase();
-    if up == "NONE" || up == "OFF" || up == "0" {
+    if matches!(up.as_str(), "NONE" | "OFF" | "0") {
         return Some(None);
     }
-    if let Ok(n) = up.parse::<i32>() {
-        return (1..=64).contains(&n).then_some(Some(n));
+    if up.bytes().all(|b| b.is_ascii_digit()) {
+        let n = up.parse::<i32>().ok()?;
+        return [libc::SIGUSR1, libc::SIGUSR2]
+            .contains(&n)
+            .then_some(Some(n));
     }
     let name = up.strip_prefix("SIG").unwrap_or(&up);
-    let sig = match name {
-        "USR1" => libc::SIGUSR1,
-        "USR2" => libc::SIGUSR2,
-        "HUP" => libc::SIGHUP,
-        "CONT" => libc::SIGCONT,
-        "WINCH" => libc::SIGWINCH,
-        "PWR" => libc::SIGPWR,
-        "URG" => libc::SIGURG,
+    match name {
+        "USR1" => Some(Some(libc::SIGUSR1)),
+        "USR2" => Some(Some(libc::SIGUSR2)),
         _ => {
-            let rt = name
-                .strip_prefix("RTMIN+")
-                .and_then(|n| n.parse::<i32>().ok())?;
-            let sig = libc::SIGRTMIN() + rt;
-            if sig > libc::SIGRTMAX() {
-                return None;
-            }
-            sig
+            let offset = match name.strip_prefix("RTMIN")? {
+                "" => 0,
+                rest => {
+                    let digits = rest.strip_prefix('+')?;
+                    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                        return None;
+                    }
+                    digits.parse::<i32>().ok()?
+                }
+            };
+            (0..=max_rt_offset())
+                .contains(&offset)
+                .then(|| Some(libc::SIGRTMIN() + offset))
         }
-    };
-    Some(Some(sig))
+    }
 }
 
-/// `500ms`, `30s`, `5m`, `1h`, or a bare number of seconds.
+/// The largest `n` in `RTMIN+n`.
+fn max_rt_offset() -> i32 {
+    libc::SIGRTMAX() - libc::SIGRTMIN()
+}
+
+/// What `MEMSNAP_SIGNAL` accepts, for messages.
+pub fn signal_choices() -> String {
+    format!(
+        "USR1 or USR2 (also SIGUSR1, SIGUSR2, {}, {}), RTMIN+0 to RTMIN+{}, or none",
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        max_rt_offset()
+    )
+}
+
+/// `500ms`, `30s`, `5m`, `1h`, `1d`, or a bare number of seconds. `None` for anything
+/// else, including values too large for a `Duration` (never a panic).
 pub fn parse_duration(v: &str) -> Option<Duration> {
     let v = v.trim();
     let split = v
@@ -325,9 +394,10 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
         "ms" => num / 1000.0,
         "m" | "min" => num * 60.0,
         "h" => num * 3600.0,
+        "d" => num * 86_400.0,
         _ => return None,
     };
-    Some(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 /// Placeholders a file name or folder template may use.
@@ -344,8 +414,49 @@ pub const TEMPLATE_KEYS: &[&str] = &[
     "time",
 ];
 
-/// Checks that every `{...}` in a template names a known placeholder.
-pub fn validate_template(t: &str) -> Result<(), String> {
+/// Placeholders a `MEMSNAP_STATS` path may use: the file is opened once per process, so
+/// only what is fixed for a process.
+pub const STATS_KEYS: &[&str] = &["rank", "local_rank", "pid", "host", "exe"];
+
+/// Checks `MEMSNAP_FILENAME`: known placeholders, no `/`, and a visible name. Placeholder
+/// values never start with `.` ([`sanitize`]), so a template that does not start with one
+/// cannot expand to `.`, `..` or a hidden name.
+pub fn validate_filename(t: &str) -> Result<(), String> {
+    check_placeholders(t, TEMPLATE_KEYS)?;
+    if t.contains('/') {
+        return Err("a file name without '/' (put directories in MEMSNAP_FOLDER)".to_string());
+    }
+    if t.starts_with('.') {
+        return Err(
+            "a file name that does not start with '.' (such a name is `.`, `..` or a hidden file)"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Checks `MEMSNAP_FOLDER`: known placeholders. Its values are sanitized when expanded, so
+/// none can add a `/`, `.` or `..` component.
+pub fn validate_folder(t: &str) -> Result<(), String> {
+    check_placeholders(t, TEMPLATE_KEYS)
+}
+
+/// Checks `MEMSNAP_STATS`: placeholders fixed for a process ([`STATS_KEYS`]), and a path
+/// that ends in a visible file name.
+pub fn validate_stats_path(t: &str) -> Result<(), String> {
+    check_placeholders(t, STATS_KEYS)?;
+    let name = t.rsplit('/').next().unwrap_or(t);
+    if name.is_empty() || name.starts_with('.') {
+        return Err(
+            "a file path ending in a name that does not start with '.' (not a folder, `.`, `..` or a hidden file)"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Checks that braces are balanced and every `{...}` names one of `keys`.
+fn check_placeholders(t: &str, keys: &[&str]) -> Result<(), String> {
     let mut rest = t;
     while let Some(open) = rest.find('{') {
         let after = &rest[open + 1..];
@@ -353,16 +464,13 @@ pub fn validate_template(t: &str) -> Result<(), String> {
             return Err("a template whose braces are balanced".to_string());
         };
         let key = &after[..close];
-        if !TEMPLATE_KEYS.contains(&key) {
+        if !keys.contains(&key) {
             return Err(format!(
                 "a template using only {{{}}} (unknown placeholder {{{key}}})",
-                TEMPLATE_KEYS.join("}, {")
+                keys.join("}, {")
             ));
         }
         rest = &after[close + 1..];
-    }
-    if t.contains('/') {
-        return Err("a file name without '/' (put directories in MEMSNAP_FOLDER)".to_string());
     }
     Ok(())
 }
@@ -395,12 +503,16 @@ pub fn ranks(get: impl Fn(&str) -> Option<String>, pid: u32) -> (String, String)
     (rank, local_rank)
 }
 
-/// Keeps file names portable: letters, digits, `.`, `_`, `-`; anything else becomes `_`.
+/// A placeholder value made safe for file and folder names: letters, digits, `.`, `_`,
+/// `-`, anything else becomes `_`, and so does a leading `.`. The result is never empty and
+/// never starts with `.`, so whatever text surrounds it, a value cannot make a path
+/// component `.` or `..`, a hidden name, or a new component.
 pub fn sanitize(s: &str) -> String {
     let out: String = s
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+        .enumerate()
+        .map(|(i, c)| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-') || (c == '.' && i > 0) {
                 c
             } else {
                 '_'
@@ -438,7 +550,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<String>) {
+    fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<Invalid>) {
         let map: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -464,7 +576,7 @@ mod tests {
             ("MEMSNAP_STACKS", "python"),
             ("MEMSNAP_CONTEXT", "all"),
             ("MEMSNAP_OVERWRITE", "yes"),
-            ("MEMSNAP_PERIOD", "250ms"),
+            ("MEMSNAP_PERIOD", "2500ms"),
             ("MEMSNAP_FILENAME", "rank{rank}.{step}.pickle"),
         ]);
         assert!(errors.is_empty(), "{errors:?}");
@@ -473,7 +585,7 @@ mod tests {
         assert_eq!(cfg.stacks, Stacks::Python);
         assert_eq!(cfg.context, Context::All);
         assert!(cfg.overwrite);
-        assert_eq!(cfg.period, Some(Duration::from_millis(250)));
+        assert_eq!(cfg.period, Some(Duration::from_millis(2500)));
         assert_eq!(cfg.filename, "rank{rank}.{step}.pickle");
     }
 
@@ -488,7 +600,7 @@ mod tests {
             ("MEMSNAP_PERIOD", "soon"),
         ]);
         assert_eq!(errors.len(), 6, "{errors:?}");
-        for (e, name) in errors.iter().zip([
+        for (e, name) in errors.iter().map(Invalid::ignored_message).zip([
             "MEMSNAP_FILENAME",
             "MEMSNAP_MAX_ENTRIES",
             "MEMSNAP_AT_EXIT",
@@ -510,6 +622,216 @@ mod tests {
         let (cfg, errors) = parse(&[("MEMSNAP_SIGNAL", "none")]);
         assert!(errors.is_empty());
         assert_eq!(cfg.signal, None);
+    }
+
+    /// The one variable a value refused, with what it accepts.
+    fn refused(name: &str, value: &str) -> Invalid {
+        let (cfg, errors) = parse(&[(name, value)]);
+        assert_eq!(errors.len(), 1, "{name}={value}: {errors:?}");
+        assert_eq!(
+            cfg,
+            Config::default(),
+            "{name}={value} changed the settings"
+        );
+        let e = errors.into_iter().next().unwrap();
+        assert_eq!(e.name, name);
+        e
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_are_refused() {
+        use std::os::unix::ffi::OsStringExt;
+        let (cfg, errors) = Config::from_os_lookup(|k| {
+            (k == "MEMSNAP_FOLDER").then(|| OsString::from_vec(b"snaps-\xff".to_vec()))
+        });
+        assert_eq!(cfg, Config::default());
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(
+            errors[0].to_string(),
+            "MEMSNAP_FOLDER=\"snaps-\u{fffd}\": expected UTF-8 text"
+        );
+    }
+
+    #[test]
+    fn huge_periods_are_refused_without_a_panic() {
+        for v in [
+            "99999999999999999999",
+            "5124095576030431h",
+            "1e400",
+            "18446744073709551616s",
+            "99999999999999999999999999999999999999d",
+        ] {
+            let e = refused("MEMSNAP_PERIOD", v);
+            assert!(e.expected.contains("from 1s to 30d"), "{e}");
+        }
+        assert_eq!(parse_duration("99999999999999999999"), None);
+        assert_eq!(parse_duration("5124095576030431h"), None);
+    }
+
+    #[test]
+    fn periods_are_bounded_from_one_second_to_thirty_days() {
+        for v in ["1ms", "999ms", "0.5", "31d", "721h"] {
+            refused("MEMSNAP_PERIOD", v);
+        }
+        for (v, d) in [
+            ("1s", MIN_PERIOD),
+            ("1000ms", MIN_PERIOD),
+            ("30d", MAX_PERIOD),
+            ("720h", MAX_PERIOD),
+            ("1.5", Duration::from_millis(1500)),
+        ] {
+            let (cfg, errors) = parse(&[("MEMSNAP_PERIOD", v)]);
+            assert!(errors.is_empty(), "{v}: {errors:?}");
+            assert_eq!(cfg.period, Some(d), "{v}");
+        }
+        let (cfg, errors) = parse(&[("MEMSNAP_PERIOD", "0")]);
+        assert!(errors.is_empty());
+        assert_eq!(cfg.period, None);
+    }
+
+    #[test]
+    fn every_count_is_range_checked() {
+        let huge = "184467440737095516160000";
+        for name in [
+            "MEMSNAP_MAX_ENTRIES",
+            "MEMSNAP_MAX_FRAMES",
+            "MEMSNAP_QUEUE_CAPACITY",
+            "MEMSNAP_SKIP",
+            "MEMSNAP_INTERVAL",
+            "MEMSNAP_EVERY",
+        ] {
+            for v in [huge, "-1", "1.5", "0x10", "18446744073709551615"] {
+                let e = refused(name, v);
+                assert!(e.expected.starts_with("a whole number from"), "{e}");
+            }
+        }
+        let e = refused("MEMSNAP_SKIP", "1000000000001");
+        assert_eq!(e.expected, "a whole number from 0 to 1000000000000");
+        let (cfg, errors) = parse(&[
+            ("MEMSNAP_SKIP", "1_000_000_000_000"),
+            ("MEMSNAP_INTERVAL", "1000000000000"),
+        ]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(cfg.skip.checked_add(cfg.interval), Some(2 * MAX_STEPS));
+    }
+
+    #[test]
+    fn only_signals_safe_to_borrow_are_accepted() {
+        let rt = |n: i32| Some(Some(libc::SIGRTMIN() + n));
+        let max = libc::SIGRTMAX() - libc::SIGRTMIN();
+        for (v, want) in [
+            ("USR1", Some(Some(libc::SIGUSR1))),
+            ("sigusr2", Some(Some(libc::SIGUSR2))),
+            ("10", Some(Some(libc::SIGUSR1))),
+            ("12", Some(Some(libc::SIGUSR2))),
+            ("RTMIN", rt(0)),
+            ("rtmin+0", rt(0)),
+            ("SIGRTMIN+3", rt(3)),
+            (&format!("RTMIN+{max}"), rt(max)),
+            ("none", Some(None)),
+            ("off", Some(None)),
+            ("0", Some(None)),
+        ] {
+            assert_eq!(parse_signal(v), want, "{v}");
+        }
+        for v in [
+            "11",
+            "SEGV",
+            "SIGSEGV",
+            "9",
+            "KILL",
+            "32",
+            "33",
+            "34",
+            "64",
+            "HUP",
+            "CONT",
+            "WINCH",
+            "PWR",
+            "URG",
+            "TERM",
+            "-10",
+            "+10",
+            "RTMIN+-23",
+            "RTMIN-1",
+            "RTMIN+",
+            "RTMIN++1",
+            "RTMIN+2147483647",
+            "RTMIN+99999999999999999999",
+            &format!("RTMIN+{}", max + 1),
+            "RTMAX",
+        ] {
+            assert_eq!(parse_signal(v), None, "{v} must be refused");
+            let e = refused("MEMSNAP_SIGNAL", v);
+            assert!(
+                e.to_string().contains("USR1 or USR2")
+                    && e.to_string().contains(&format!("RTMIN+{max}")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_that_would_be_hidden_or_dot_are_refused() {
+        for v in [".", "..", ".x-{pid}.pickle", "...", "a/b.pickle", "../x"] {
+            refused("MEMSNAP_FILENAME", v);
+        }
+        for v in ["stats/", ".", "..", "dir/.", "dir/..", "dir/.mem.csv"] {
+            refused("MEMSNAP_STATS", v);
+        }
+        let (cfg, errors) = parse(&[
+            ("MEMSNAP_FILENAME", "{rank}.pickle"),
+            ("MEMSNAP_STATS", "../stats/mem-{rank}.csv"),
+            ("MEMSNAP_FOLDER", "../snaps/{rank}/.cache"),
+        ]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(cfg.stats.as_deref(), Some("../stats/mem-{rank}.csv"));
+        assert_eq!(cfg.folder, "../snaps/{rank}/.cache");
+    }
+
+    #[test]
+    fn folder_and_stats_templates_are_validated_like_file_names() {
+        let e = refused("MEMSNAP_FOLDER", "snaps/{rnak}");
+        assert!(e.expected.contains("unknown placeholder {rnak}"), "{e}");
+        refused("MEMSNAP_FOLDER", "snaps/{rank");
+        let e = refused("MEMSNAP_STATS", "mem-{rnak}.csv");
+        assert!(e.expected.contains("unknown placeholder {rnak}"), "{e}");
+        // Per-file values mean nothing for a file opened once per process.
+        let e = refused("MEMSNAP_STATS", "mem-{step}.csv");
+        assert!(
+            e.expected
+                .contains("{rank}, {local_rank}, {pid}, {host}, {exe}"),
+            "{e}"
+        );
+        let (cfg, errors) = parse(&[("MEMSNAP_FOLDER", "s/{host}/{rank}-{step}")]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(cfg.folder, "s/{host}/{rank}-{step}");
+    }
+
+    #[test]
+    fn sanitized_values_never_make_dot_or_hidden_components() {
+        for (raw, safe) in [
+            ("..", "_."),
+            (".", "_"),
+            (".hidden", "_hidden"),
+            ("../..", "_._.."),
+            ("", "_"),
+            ("a\nb,c", "a_b_c"),
+            ("node1.cluster", "node1.cluster"),
+            ("3", "3"),
+        ] {
+            assert_eq!(sanitize(raw), safe, "{raw:?}");
+        }
+        for raw in ["..", ".", "/", "../x", "", ".."] {
+            for template in ["snaps/{rank}", "snaps/.{rank}", "snaps/{rank}.", "{rank}"] {
+                let path = expand_template(template, |_| Some(sanitize(raw))).unwrap();
+                assert!(
+                    path.split('/')
+                        .all(|c| c != "." && c != ".." && !c.is_empty()),
+                    "{template} with {raw:?} gave {path}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -554,5 +876,6 @@ mod tests {
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
         assert_eq!(parse_duration("1.5"), Some(Duration::from_millis(1500)));
         assert_eq!(parse_duration("3 weeks"), None);
+        assert_eq!(parse_duration("2d"), Some(Duration::from_secs(2 * 86_400)));
     }
 }
