@@ -72,8 +72,8 @@ mod imp {
         bp: u64,
         /// Index in [`Walk::reads`] of the first read made while unwinding past this frame.
         reads_from: u32,
-        /// The return address this frame adds to the stack (0: none, e.g. our own frames).
-        emit: u64,
+        /// Index in [`Walk::frames`] of the first frame this step or a later one added.
+        frames_from: u32,
     }
 
     /// A stack read and its result (`ok` false: out of bounds).
@@ -104,6 +104,10 @@ mod imp {
         n_steps: usize,
         reads: [Read; MAX_READS],
         n_reads: usize,
+        /// The return addresses the walk put on the stack, in order (memsnap's own frames
+        /// are not there), so a reused tail is copied in one go.
+        frames: [u64; MAX_STEPS],
+        n_frames: usize,
         /// Some read was not recorded (more than [`MAX_READS`]): the walk cannot be reused.
         reads_overflowed: bool,
         end: End,
@@ -366,16 +370,8 @@ mod imp {
         let reusable = prev.table == table_id && !prev.reads_overflowed;
         let mut prev_at = 0usize;
 
-        let mut n = 0usize;
-        let mut emit = |pc: u64, slot: &mut StackSlot| {
-            if n >= max {
-                slot.truncated = true;
-            } else if let Some(dst) = slot.native.get_mut(n) {
-                *dst = pc;
-                n += 1;
-            }
-        };
-
+        cur.n_frames = 0;
+        let mut out = Out { n: 0, max };
         let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
         let mut address = FrameAddress::InstructionPointer(ip);
         let mut hint = usize::MAX;
@@ -399,18 +395,18 @@ mod imp {
                     && p.bp == regs.bp()
                     && reads_still_hold(&prev.reads[p.reads_from as usize..prev.n_reads], bounds)
                 {
-                    let kept = splice(cur, prev, prev_at, slot, &mut emit);
-                    slot.n_native = n as u16;
+                    let kept = splice(cur, prev, prev_at, slot, &mut out);
+                    slot.n_native = out.n as u16;
                     return kept;
                 }
             }
-            let mut step = Step {
+            let step = Step {
                 pc,
                 first,
                 sp: regs.sp(),
                 bp: regs.bp(),
                 reads_from: cur.n_reads as u32,
-                emit: 0,
+                frames_from: cur.n_frames as u32,
             };
             if !first {
                 let Some(module) = table.find_near(pc, hint) else {
@@ -421,8 +417,9 @@ mod imp {
                 };
                 hint = module;
                 if !table.is_own(module) {
-                    step.emit = pc;
-                    emit(pc, slot);
+                    cur.frames[cur.n_frames] = pc;
+                    cur.n_frames += 1;
+                    out.push(pc, slot);
                 }
             }
             // The step is recorded before its reads are: they belong to it.
@@ -459,8 +456,37 @@ mod imp {
                 }
             }
         }
-        slot.n_native = n as u16;
+        slot.n_native = out.n as u16;
         Kept::InCur
+    }
+
+    /// The frames written to the slot so far, at most `max`.
+    struct Out {
+        n: usize,
+        max: usize,
+    }
+
+    impl Out {
+        #[inline(always)]
+        fn push(&mut self, pc: u64, slot: &mut StackSlot) {
+            if self.n >= self.max {
+                slot.truncated = true;
+            } else if let Some(dst) = slot.native.get_mut(self.n) {
+                *dst = pc;
+                self.n += 1;
+            }
+        }
+
+        #[inline(always)]
+        fn extend(&mut self, pcs: &[u64], slot: &mut StackSlot) {
+            let room = self.max.min(slot.native.len()).saturating_sub(self.n);
+            let take = pcs.len().min(room);
+            slot.native[self.n..self.n + take].copy_from_slice(&pcs[..take]);
+            self.n += take;
+            if take < pcs.len() {
+                slot.truncated = true;
+            }
+        }
     }
 
     /// Ends the walk with `prev`'s steps from `from` on (their reads still hold), emitting
@@ -474,22 +500,24 @@ mod imp {
         prev: &mut Walk,
         from: usize,
         slot: &mut StackSlot,
-        emit: &mut impl FnMut(u64, &mut StackSlot),
+        out: &mut Out,
     ) -> Kept {
         #[cfg(test)]
         super::WALKS_REUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let reads_from = prev.steps[from].reads_from as usize;
-        for s in &prev.steps[from..prev.n_steps] {
-            if s.emit != 0 {
-                emit(s.emit, slot);
-            }
-        }
+        let frames_from = prev.steps[from].frames_from as usize;
+        out.extend(&prev.frames[frames_from..prev.n_frames], slot);
         if prev.end == End::UnknownModule {
             modules::mark_stale();
         }
-        if cur.n_steps == from && cur.n_reads == reads_from && !cur.reads_overflowed {
+        if cur.n_steps == from
+            && cur.n_reads == reads_from
+            && cur.n_frames == frames_from
+            && !cur.reads_overflowed
+        {
             prev.steps[..from].copy_from_slice(&cur.steps[..from]);
             prev.reads[..reads_from].copy_from_slice(&cur.reads[..reads_from]);
+            prev.frames[..frames_from].copy_from_slice(&cur.frames[..frames_from]);
             return Kept::InPrev;
         }
         let steps = &prev.steps[from..prev.n_steps];
@@ -502,12 +530,20 @@ mod imp {
             cur.reads_overflowed = true;
         }
         let shift = cur.n_reads as i64 - reads_from as i64;
+        let frame_shift = cur.n_frames as i64 - frames_from as i64;
         for (dst, s) in cur.steps[cur.n_steps..].iter_mut().zip(steps) {
             *dst = Step {
                 reads_from: (s.reads_from as i64 + shift) as u32,
+                frames_from: (s.frames_from as i64 + frame_shift) as u32,
                 ..*s
             };
         }
+        let frames = &prev.frames[frames_from..prev.n_frames];
+        let room_frames = MAX_STEPS - cur.n_frames;
+        for (dst, f) in cur.frames[cur.n_frames..].iter_mut().zip(frames) {
+            *dst = *f;
+        }
+        cur.n_frames += frames.len().min(room_frames);
         for (dst, r) in cur.reads[cur.n_reads..].iter_mut().zip(reads) {
             *dst = *r;
         }
