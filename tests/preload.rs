@@ -441,3 +441,42 @@ fn disabled_means_pass_through() {
     assert!(snapshot_files(run.dir.path()).is_empty());
     assert!(!with["segments"].as_array().unwrap().is_empty());
 }
+
+#[test]
+fn the_exit_line_names_the_absolute_folder_and_says_when_memsnap_created_it() {
+    let base = tempfile::tempdir().unwrap();
+    let deep = base.path().join("typo").join("deep");
+    let run = run_program(
+        "static_rt",
+        &[],
+        &[("MEMSNAP_FOLDER", deep.to_str().unwrap())],
+        true,
+    );
+    run.assert_success();
+    assert!(deep.is_dir());
+    assert!(
+        run.stderr
+            .contains(&format!("in {}, a folder memsnap created:", deep.display())),
+        "{}",
+        run.stderr
+    );
+
+    // A folder that was there already: named, not called new.
+    let run = run_program(
+        "static_rt",
+        &[],
+        &[("MEMSNAP_FOLDER", deep.to_str().unwrap())],
+        true,
+    );
+    run.assert_success();
+    assert!(
+        run.stderr.contains(&format!("in {}: ", deep.display())),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("a folder memsnap created"),
+        "{}",
+        run.stderr
+    );
+}

@@ -148,18 +148,27 @@ pub fn expand(template: &str, id: &Identity, f: &NameFields) -> String {
 }
 
 /// The folder for snapshots (templates allowed there too), created private if missing.
-pub fn folder(cfg: &Config, id: &Identity, f: &NameFields) -> io::Result<PathBuf> {
-    let dir = PathBuf::from(expand(&cfg.folder, id, f));
-    if !dir.is_dir() {
-        if let Some(why) = not_a_directory(&dir) {
+pub fn folder(cfg: &Config, id: &Identity, f: &NameFields) -> io::Result<Folder> {
+    let path = PathBuf::from(expand(&cfg.folder, id, f));
+    let mut created = false;
+    if !path.is_dir() {
+        if let Some(why) = not_a_directory(&path) {
             return Err(io::Error::new(io::ErrorKind::NotADirectory, why));
         }
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(&dir)?;
+            .create(&path)?;
+        created = true;
     }
-    Ok(dir)
+    Ok(Folder { path, created })
+}
+
+/// The folder a snapshot goes to, and whether memsnap had to create it (with its parents,
+/// as Composer does): the exit line says so, so that a mistyped folder is seen at once.
+pub struct Folder {
+    pub path: PathBuf,
+    pub created: bool,
 }
 
 /// What stops `dir` from being a folder: the deepest path at or above it that exists and is
@@ -318,7 +327,7 @@ mod tests {
             tag: "",
             time_s: 0,
         };
-        folder(&cfg, &id(), &f)
+        folder(&cfg, &id(), &f).map(|f| f.path)
     }
 
     #[test]

@@ -67,6 +67,8 @@ struct Writer {
     seq: u64,
     step: u64,
     written: Vec<PathBuf>,
+    /// Folders memsnap created (absolute), named in the exit line.
+    created_folders: Vec<PathBuf>,
     /// Per-device event index where the current recording window began.
     window_from: Option<Vec<u64>>,
     last_period: Instant,
@@ -88,6 +90,11 @@ fn signal_name(sig: i32) -> &'static str {
         libc::SIGBUS => "SIGBUS",
         _ => "other",
     }
+}
+
+/// `path` made absolute against the working directory (left as is if that fails).
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// The signal behind a `term` or `crash` snapshot, for its metadata.
@@ -118,6 +125,7 @@ impl Writer {
             seq: 0,
             step: 0,
             written: Vec::new(),
+            created_folders: Vec::new(),
             window_from: None,
             last_period: Instant::now(),
             last_refresh: Instant::now(),
@@ -424,8 +432,12 @@ impl Writer {
         snap.memsnap = self.metadata(reason, tag);
         let bytes = pickle_write::to_bytes(&snap);
         let name = files::expand(&self.cfg.filename, &self.id, &fields);
-        let result = files::folder(&self.cfg, &self.id, &fields)
-            .and_then(|dir| files::write_atomic(&dir, &name, &bytes, self.cfg.overwrite));
+        let result = files::folder(&self.cfg, &self.id, &fields).and_then(|dir| {
+            if dir.created {
+                self.created_folders.push(absolute(&dir.path));
+            }
+            files::write_atomic(&dir.path, &name, &bytes, self.cfg.overwrite)
+        });
         match result {
             Ok(path) => {
                 self.written.push(path.clone());
@@ -575,17 +587,48 @@ impl Writer {
                 );
             }
             files => {
+                let files: Vec<PathBuf> = files.iter().map(|p| absolute(p)).collect();
+                let folders: std::collections::BTreeSet<&std::path::Path> =
+                    files.iter().filter_map(|p| p.parent()).collect();
+                // One folder: named once, files by name; several: whole paths.
+                let (place, shown): (String, Vec<String>) = match folders.iter().next() {
+                    Some(dir) if folders.len() == 1 => {
+                        let created = if self.created_folders.iter().any(|c| c == dir) {
+                            ", a folder memsnap created"
+                        } else {
+                            ""
+                        };
+                        (
+                            format!(" in {}{created}", dir.display()),
+                            files
+                                .iter()
+                                .filter_map(|p| p.file_name())
+                                .map(|n| n.to_string_lossy().into_owned())
+                                .collect(),
+                        )
+                    }
+                    _ => {
+                        let created: Vec<String> = self
+                            .created_folders
+                            .iter()
+                            .map(|c| c.display().to_string())
+                            .collect();
+                        let note = if created.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (memsnap created {})", created.join(", "))
+                        };
+                        (
+                            note,
+                            files.iter().map(|p| p.display().to_string()).collect(),
+                        )
+                    }
+                };
                 let last = files
                     .last()
                     .map(|p| p.display().to_string())
                     .unwrap_or_default();
-                let listed: Vec<String> = files
-                    .iter()
-                    .rev()
-                    .take(5)
-                    .rev()
-                    .map(|p| p.display().to_string())
-                    .collect();
+                let listed = &shown[shown.len().saturating_sub(5)..];
                 let more = if files.len() > 5 {
                     format!(" (and {} more)", files.len() - 5)
                 } else {
@@ -593,7 +636,7 @@ impl Writer {
                 };
                 let _ = writeln!(
                     err,
-                    "memsnap: wrote {} snapshot{}: {}{more}. Look at it with: memsnap summary {last} (or open it at https://pytorch.org/memory_viz)",
+                    "memsnap: wrote {} snapshot{}{place}: {}{more}. Look at it with: memsnap summary {last} (or open it at https://pytorch.org/memory_viz)",
                     files.len(),
                     if files.len() == 1 { "" } else { "s" },
                     listed.join(", "),
