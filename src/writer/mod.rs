@@ -15,7 +15,7 @@ pub mod state;
 
 use crate::channel::event::{Api, Event, Kind, NO_STACK, Payload};
 use crate::channel::handshake::{
-    self, API_DUMPS, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED, SIGNAL_PENDING,
+    self, API_DUMP_LOG, API_DUMPS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED, SIGNAL_PENDING,
 };
 use crate::channel::queue::Recorder;
 use crate::config::Config;
@@ -261,12 +261,24 @@ impl Writer {
             self.dump(Reason::Signal, "");
         }
         for ticket in dumps {
-            let tag = DUMP_TAGS
+            let index = ticket as usize - 1;
+            let tag = API_DUMP_LOG
                 .lock()
                 .ok()
-                .and_then(|t| t.get(ticket as usize - 1).cloned())
+                .and_then(|log| log.get(index).map(|d| d.tag.clone()))
                 .unwrap_or_default();
-            self.dump(Reason::Api, &tag);
+            // Absolute, so the caller gets a path that holds whatever its working directory.
+            let path = self
+                .dump(Reason::Api, &tag)
+                .map(|p| std::path::absolute(&p).unwrap_or(p));
+            if let Some(entry) = API_DUMP_LOG
+                .lock()
+                .ok()
+                .as_mut()
+                .and_then(|l| l.get_mut(index))
+            {
+                entry.path = path;
+            }
             API_DUMPS.complete(ticket);
         }
         if exit {
@@ -329,7 +341,8 @@ impl Writer {
         }
     }
 
-    fn dump(&mut self, reason: Reason, tag: &str) {
+    /// Writes one snapshot; returns its path, or `None` when the write failed (warned).
+    fn dump(&mut self, reason: Reason, tag: &str) -> Option<PathBuf> {
         let window = if reason == Reason::Step {
             self.window_from.clone()
         } else {
@@ -360,7 +373,10 @@ impl Writer {
         let result = files::folder(&self.cfg, &self.id, &fields)
             .and_then(|dir| files::write_atomic(&dir, &name, &bytes, self.cfg.overwrite));
         match result {
-            Ok(path) => self.written.push(path),
+            Ok(path) => {
+                self.written.push(path.clone());
+                Some(path)
+            }
             Err(e) => {
                 self.write_warnings += 1;
                 if self.write_warnings <= MAX_WRITE_WARNINGS {
@@ -375,6 +391,7 @@ impl Writer {
                         }
                     );
                 }
+                None
             }
         }
     }
