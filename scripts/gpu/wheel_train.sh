@@ -23,7 +23,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 REPO=$PWD
 OUT=${OUT:-/tmp/memsnap-wheel-train-out}
 mkdir -p "$OUT"
-exec > >(tee "$OUT/wheel_train.log") 2>&1
+if [ -z "${WHEEL_TRAIN_LOGGED:-}" ]; then
+    # Everything this script prints also goes to the log; the exit status is the script's.
+    WHEEL_TRAIN_LOGGED=1 bash "${BASH_SOURCE[0]}" "$@" 2>&1 | tee "$OUT/wheel_train.log"
+    exit "${PIPESTATUS[0]}"
+fi
 W=$(mktemp -d /tmp/memsnap-wheel-train.XXXXXX)
 RESULTS=$OUT/wheel_train.json
 rm -f "$RESULTS"
