@@ -28,7 +28,7 @@ SHARED_RT_PROGRAMS="shared_rt multi_device expandable"
 DRIVER_PROGRAMS="driver_direct"
 DLOPEN_PROGRAMS="jax_dlsym driver_checks"
 PLAIN_PROGRAMS="nocuda"
-PY_PROGRAMS="py_alloc.py py_steps.py py_signals.py"
+PY_PROGRAMS="py_alloc.py py_steps.py py_signals.py py_callbacks.py"
 
 exec 9>"$OUT/.build.lock"
 flock 9

@@ -6,8 +6,10 @@
 #
 # The tests that load the HTML viewer in headless Chromium (tests/cli.rs, `chromium_*`) are
 # #[ignore]d for plain `cargo test`; this script runs them too when chromium is installed,
-# and says so when it is not. It ends with the number of tests that passed, failed and were
-# ignored.
+# and says so when it is not. Likewise the wheel's tests (tests/wheel.rs): this script
+# builds the wheel (scripts/build-wheel.sh: a release build, and pip installs the build
+# tools from PyPI into target/wheel-tools) and runs them when python3 can make a virtual
+# environment. It ends with the number of tests that passed, failed and were ignored.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 for tool in cargo cc python3; do
@@ -50,7 +52,22 @@ else
     echo "chromium missing: viewer tests ignored"
     viewer="chromium missing: viewer tests ignored"
 fi
-echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer"
+# The wheel: built (a release build, checked by auditwheel), installed into a fresh virtual
+# environment and used from outside the clone (tests/wheel.rs, ignored by plain cargo test).
+if python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    echo "== wheel: scripts/build-wheel.sh, then tests/wheel.rs on it in a fresh venv"
+    if bash scripts/build-wheel.sh; then
+        cargo test --test wheel -- --ignored 2>&1 | tee "$LOG/wheel.log" || status=1
+        wheel="wheel: $(tally "$LOG/wheel.log")"
+    else
+        status=1
+        wheel="wheel: scripts/build-wheel.sh FAILED"
+    fi
+else
+    echo "python3 venv (with ensurepip) missing: wheel tests ignored"
+    wheel="python3 venv missing: wheel tests ignored"
+fi
+echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer; $wheel"
 if [ "$status" -ne 0 ]; then
     echo "scripts/test.sh: FAILED (see above)" >&2
 fi

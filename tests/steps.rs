@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{num, python_load_json, run_program, snapshot_files};
+use common::{
+    assert_callback_results, csv, env_lines, num, python_load_json, run_program, snapshot_files,
+};
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
@@ -198,23 +200,6 @@ fn explicit_dumps_make_a_tagged_before_after_pair() {
     assert!(names(plain.dir.path()).is_empty());
 }
 
-/// The CSV as maps, one per row.
-fn csv(path: &Path) -> Vec<HashMap<String, String>> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
-    lines
-        .map(|l| {
-            header
-                .iter()
-                .map(|h| h.to_string())
-                .zip(l.split(',').map(str::to_string))
-                .collect()
-        })
-        .collect()
-}
-
 #[test]
 fn stats_rows_match_the_drivers_truth_at_every_step() {
     let stats_dir = tempfile::tempdir().unwrap();
@@ -368,8 +353,9 @@ fn period_snapshots_and_stats_rows_without_steps() {
     }
 }
 
-fn scripts_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts")
+/// The folder holding the `memsnap` Python package.
+fn python_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python")
 }
 
 #[test]
@@ -377,21 +363,25 @@ fn python_module_is_silent_without_the_preload() {
     let run = run_program(
         "py_steps.py",
         &[],
-        &[("PYTHONPATH", scripts_dir().to_str().unwrap())],
+        &[("PYTHONPATH", python_dir().to_str().unwrap())],
         false,
     );
     run.assert_success();
     let r = run.results();
     assert_eq!(
         Path::new(&r["module"]),
-        scripts_dir().join("memsnap.py").canonicalize().unwrap()
+        python_dir()
+            .join("memsnap/__init__.py")
+            .canonicalize()
+            .unwrap()
     );
+    assert_eq!(r["frameworks"], "");
     assert_eq!(r["active_before"], "False");
     assert_eq!(r["step_returns"], "False,False,False");
     assert_eq!(r["active"], "False");
     assert_eq!(r["loaded"], "False");
-    assert_eq!(r["dump_return"], "False");
-    assert_eq!(r["last_dump_path"], "None");
+    assert_eq!(r["dump_return"], "None");
+    assert!(!r.contains_key("cut_length"));
     assert_eq!(r["thread_steps"], "0");
     assert!(names(run.dir.path()).is_empty());
     assert!(run.stderr.is_empty(), "{}", run.stderr);
@@ -405,27 +395,38 @@ fn python_module_steps_and_dumps_with_the_preload() {
         "py_steps.py",
         &[],
         &[
-            ("PYTHONPATH", scripts_dir().to_str().unwrap()),
+            ("PYTHONPATH", python_dir().to_str().unwrap()),
             ("MEMSNAP_STATS", stats.to_str().unwrap()),
             ("MEMSNAP_AT_EXIT", "0"),
+            ("MEMSNAP_FILENAME", "{tag}-{seq}.pickle"),
         ],
         true,
     );
     run.assert_success();
     let r = run.results();
+    assert_eq!(r["frameworks"], "");
     // Nothing records before the first CUDA allocation.
     assert_eq!(r["active_before"], "False");
     assert_eq!(r["step_returns"], "True,True,True");
     assert_eq!(r["active"], "True");
     assert_eq!(r["loaded"], "True");
-    assert_eq!(r["dump_return"], "True");
-    let files = snapshot_files(run.dir.path());
-    assert_eq!(files.len(), 1, "{files:?}");
-    assert!(files[0].to_string_lossy().contains("-api-"));
-    assert_eq!(Path::new(&r["last_dump_path"]), files[0]);
-    let snap = python_load_json(&files[0]);
+    assert_eq!(names(run.dir.path()), ["cut-2.pickle", "mid-1.pickle"]);
+    // dump() returns the absolute path of the file it wrote.
+    let mid = run.dir.path().join("mid-1.pickle");
+    assert_eq!(Path::new(&r["dump_return"]), mid);
+    let snap = python_load_json(&mid);
     assert_eq!(live_bytes(&snap), 3 << 20);
     assert_eq!(snap["memsnap"]["tag"], "mid");
+    // memsnap_dump_path with 8 bytes: 7 bytes of the path and a NUL, nothing past the
+    // buffer, and the full length returned.
+    let cut = run.dir.path().join("cut-2.pickle");
+    let cut = cut.to_str().unwrap();
+    assert_eq!(num(&r, "cut_length"), cut.len() as u64);
+    let expected: String = cut.as_bytes()[..7]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(r["cut_bytes"], format!("{expected}00ff"));
     // 3 steps, then 4 threads x 8 steps, all counted once, in order.
     assert_eq!(r["thread_steps"], "32");
     let steps: Vec<u64> = csv(&stats).iter().map(|row| num(row, "step")).collect();
@@ -433,11 +434,44 @@ fn python_module_steps_and_dumps_with_the_preload() {
     assert_eq!(steps, expected);
 }
 
+#[test]
+fn framework_callbacks_mark_one_step_per_batch() {
+    let stats_dir = tempfile::tempdir().unwrap();
+    let stats = stats_dir.path().join("stats.csv");
+    let run = run_program(
+        "py_callbacks.py",
+        &[],
+        &[
+            ("PYTHONPATH", python_dir().to_str().unwrap()),
+            ("MEMSNAP_STATS", stats.to_str().unwrap()),
+        ],
+        true,
+    );
+    run.assert_success();
+    assert_callback_results(&run.results());
+    let steps: Vec<u64> = csv(&stats).iter().map(|row| num(row, "step")).collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6, 6]);
+}
+
+#[test]
+fn python_package_version_is_the_crates() {
+    let init = std::fs::read_to_string(python_dir().join("memsnap/__init__.py")).unwrap();
+    let line = format!("__version__ = \"{}\"", env!("CARGO_PKG_VERSION"));
+    assert!(
+        init.lines().any(|l| l == line),
+        "no `{line}` in memsnap/__init__.py"
+    );
+}
+
 // ------------------------------------------------------------------------------------
 // memsnap run
 
 fn memsnap(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Output {
-    let mut cmd = Command::new(common::memsnap_bin());
+    memsnap_at(&common::memsnap_bin(), args, env, cwd)
+}
+
+fn memsnap_at(exe: &Path, args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Output {
+    let mut cmd = Command::new(exe);
     cmd.args(args).current_dir(cwd);
     clean_env(&mut cmd);
     for (k, v) in env {
@@ -479,14 +513,6 @@ fn run_reports_a_deadly_signal_like_a_shell() {
     );
 }
 
-fn env_lines(o: &Output) -> HashMap<String, String> {
-    stdout(o)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 #[test]
 fn run_sets_the_preload_the_variables_and_the_python_path() {
     let dir = tempfile::tempdir().unwrap();
@@ -525,7 +551,7 @@ fn run_sets_the_preload_the_variables_and_the_python_path() {
         dir.path(),
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let env = env_lines(&o);
+    let env = env_lines(&o.stdout);
     let lib = common::preload_lib().canonicalize().unwrap();
     assert_eq!(
         env["LD_PRELOAD"],
@@ -533,7 +559,7 @@ fn run_sets_the_preload_the_variables_and_the_python_path() {
     );
     assert_eq!(
         env["PYTHONPATH"],
-        format!("{}:/mine", scripts_dir().canonicalize().unwrap().display())
+        format!("{}:/mine", python_dir().canonicalize().unwrap().display())
     );
     for (k, v) in [
         ("MEMSNAP_FOLDER", "snaps"),
@@ -557,12 +583,96 @@ fn run_sets_the_preload_the_variables_and_the_python_path() {
     assert!(!env.contains_key("TF_GPU_ALLOCATOR"));
 }
 
+/// A copy of this build's `memsnap` binary at `prefix/bin/memsnap`, where pip puts it.
+fn installed_copy(prefix: &Path) -> PathBuf {
+    let bin = prefix.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let exe = bin.join("memsnap");
+    std::fs::copy(common::memsnap_bin(), &exe).unwrap();
+    exe
+}
+
+/// An executable shell script at `path`.
+fn write_script(path: &Path, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn run_finds_the_library_pip_installed_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().canonicalize().unwrap();
+    let exe = installed_copy(&prefix);
+    let package = prefix.join("lib/python3.12/site-packages/memsnap");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::copy(common::preload_lib(), package.join("libmemsnap.so")).unwrap();
+    let o = memsnap_at(
+        &exe,
+        &["run", "--", "env"],
+        &[("PYTHONPATH", "/mine")],
+        &prefix,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let env = env_lines(&o.stdout);
+    assert_eq!(Path::new(&env["LD_PRELOAD"]), package.join("libmemsnap.so"));
+    // The package is in that environment already: PYTHONPATH stays the user's.
+    assert_eq!(env["PYTHONPATH"], "/mine");
+}
+
+#[test]
+fn run_asks_the_python_beside_it_where_an_editable_install_keeps_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().canonicalize().unwrap();
+    let exe = installed_copy(&prefix);
+    let lib = common::preload_lib().canonicalize().unwrap();
+    let asked = prefix.join("asked");
+    write_script(
+        &prefix.join("bin/python3"),
+        &format!("echo \"$@\" > {}\necho {}", asked.display(), lib.display()),
+    );
+    let o = memsnap_at(&exe, &["run", "--", "env"], &[], &prefix);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(Path::new(&env_lines(&o.stdout)["LD_PRELOAD"]), lib);
+    assert_eq!(
+        std::fs::read_to_string(&asked).unwrap(),
+        "-I -c import memsnap; print(memsnap.library_path())\n"
+    );
+}
+
+#[test]
+fn run_says_where_it_looked_for_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().canonicalize().unwrap();
+    let exe = installed_copy(&prefix);
+    write_script(
+        &prefix.join("bin/python3"),
+        "echo \"ModuleNotFoundError: No module named 'memsnap'\" >&2; exit 1",
+    );
+    let o = memsnap_at(&exe, &["run", "--", "true"], &[], &prefix);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    let p = prefix.display();
+    for expected in [
+        "cannot find libmemsnap.so; looked in:".to_string(),
+        format!("  {p}/bin/libmemsnap.so\n"),
+        format!("  {p}/lib/libmemsnap.so\n"),
+        format!("  {p}/lib*/python*/{{site,dist}}-packages/memsnap/libmemsnap.so\n"),
+        format!(
+            "  `import memsnap` in {p}/bin/python3 (ModuleNotFoundError: No module named 'memsnap')\n"
+        ),
+        "Pass --lib PATH".to_string(),
+    ] {
+        assert!(err.contains(&expected), "no `{expected}` in:\n{err}");
+    }
+}
+
 #[test]
 fn run_tensors_sets_only_what_the_user_left_unset() {
     let dir = tempfile::tempdir().unwrap();
     let o = memsnap(&["run", "--tensors", "--", "env"], &[], dir.path());
     assert!(o.status.success());
-    let env = env_lines(&o);
+    let env = env_lines(&o.stdout);
     assert_eq!(env["PYTORCH_CUDA_ALLOC_CONF"], "backend:cudaMallocAsync");
     assert_eq!(env["XLA_PYTHON_CLIENT_PREALLOCATE"], "false");
     assert_eq!(env["XLA_PYTHON_CLIENT_ALLOCATOR"], "platform");
@@ -577,7 +687,7 @@ fn run_tensors_sets_only_what_the_user_left_unset() {
         ],
         dir.path(),
     );
-    let env = env_lines(&o);
+    let env = env_lines(&o.stdout);
     assert_eq!(env["PYTORCH_CUDA_ALLOC_CONF"], "expandable_segments:True");
     assert_eq!(env["TF_GPU_ALLOCATOR"], "cuda_malloc");
     assert_eq!(env["XLA_PYTHON_CLIENT_ALLOCATOR"], "platform");

@@ -28,7 +28,7 @@ def write_truth(path, truth):
 
 
 def optional_memsnap_module(truth):
-    """The optional Python API (scripts/memsnap.py): only noted, never imported, so the cases
+    """The optional Python API (the `memsnap` package): only noted, never imported, so the cases
     test the preload alone."""
     try:
         import importlib.util

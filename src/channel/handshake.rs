@@ -12,6 +12,7 @@
 //! cold (a thread that asked for a snapshot sleeps in 1 ms steps until the writer says it
 //! is on disk).
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
@@ -72,10 +73,17 @@ impl Default for DumpRequests {
 
 /// Out-of-memory snapshots asked for by failing calls (the ticket travels in the event).
 pub static OOM_DUMPS: DumpRequests = DumpRequests::new();
-/// Tags passed to `memsnap_dump`: ticket N's tag is at index N - 1. A ticket is taken
-/// under this lock, so tickets and tags stay in step. Cold: taken by the C API and by the
+/// One `memsnap_dump(tag)` call: the tag it asked with, and the file the writer wrote for
+/// it (absolute; `None` until written, or when the write failed).
+pub struct ApiDump {
+    pub tag: String,
+    pub path: Option<PathBuf>,
+}
+
+/// The `memsnap_dump` calls so far: ticket N's is at index N - 1. A ticket is taken under
+/// this lock, so tickets and entries stay in step. Cold: taken by the C API and by the
 /// writer, never by a hook.
-pub static DUMP_TAGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+pub static API_DUMP_LOG: Mutex<Vec<ApiDump>> = Mutex::new(Vec::new());
 /// `memsnap_dump(tag)` calls.
 pub static API_DUMPS: DumpRequests = DumpRequests::new();
 /// The dump signal: each signal takes a ticket (async-signal-safe); one snapshot completes

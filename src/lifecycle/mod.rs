@@ -9,7 +9,9 @@
 //! children).
 
 use crate::channel::event::{Api, Event, Kind};
-use crate::channel::handshake::{self, API_DUMPS, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED};
+use crate::channel::handshake::{
+    self, API_DUMP_LOG, API_DUMPS, ApiDump, EXIT_DONE, EXIT_REQUESTED,
+};
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::config::Config;
 use crate::guard::{self, Scope};
@@ -185,7 +187,7 @@ extern "C" fn on_load() {
 static ON_LOAD: extern "C" fn() = on_load;
 
 // ---------------------------------------------------------------------------------------
-// The C API: memsnap_step() and memsnap_dump(tag).
+// The C API: memsnap_step(), memsnap_dump(tag), memsnap_dump_path(tag, path, size).
 
 /// The one place a person learns that events went unrecorded: only possible when the
 /// writer stopped early (it caught an internal error), since hooks otherwise wait.
@@ -226,8 +228,58 @@ pub extern "C" fn memsnap_step() -> c_int {
 /// `tag` is NULL or a NUL-terminated string.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn memsnap_dump(tag: *const c_char) -> c_int {
+    // SAFETY: the caller's contract on `tag` is this function's.
+    match unsafe { request_api_dump(tag) } {
+        Some(_) => 0,
+        None => -1,
+    }
+}
+
+/// As `memsnap_dump`, and tells which file it wrote: copies the file's absolute path into
+/// `path` (`size` bytes, NUL-terminated, cut to fit as `snprintf` does) and returns the
+/// path's full length in bytes without the NUL (a value >= `size` means it was cut).
+/// Returns -1 when memsnap is off, the write failed or it timed out.
+///
+/// # Safety
+/// `tag` is NULL or a NUL-terminated string; `path` is NULL or points to `size` writable
+/// bytes.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn memsnap_dump_path(
+    tag: *const c_char,
+    path: *mut c_char,
+    size: usize,
+) -> c_int {
+    // SAFETY: the caller's contract on `tag` is this function's.
+    let Some(ticket) = (unsafe { request_api_dump(tag) }) else {
+        return -1;
+    };
+    let written = match API_DUMP_LOG.lock() {
+        Ok(log) => log
+            .get(ticket as usize - 1)
+            .and_then(|d| d.path.as_ref())
+            .map(|p| p.as_os_str().as_encoded_bytes().to_vec()),
+        Err(_) => None,
+    };
+    let Some(bytes) = written else { return -1 };
+    if !path.is_null() && size > 0 {
+        let n = bytes.len().min(size - 1);
+        // SAFETY: the caller gives `size` writable bytes at `path`; n + 1 <= size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), path.cast::<u8>(), n);
+            *path.add(n) = 0;
+        }
+    }
+    c_int::try_from(bytes.len()).unwrap_or(c_int::MAX)
+}
+
+/// Asks the writer for an `api` snapshot tagged `tag` and waits until it is on disk:
+/// the request's ticket, or `None` when memsnap is off or the wait timed out.
+///
+/// # Safety
+/// `tag` is NULL or a NUL-terminated string.
+unsafe fn request_api_dump(tag: *const c_char) -> Option<u64> {
     let _scope = Scope::enter();
-    let Some(rec) = recorder() else { return -1 };
+    let rec = recorder()?;
     let tag = if tag.is_null() {
         String::new()
     } else {
@@ -236,19 +288,14 @@ pub unsafe extern "C" fn memsnap_dump(tag: *const c_char) -> c_int {
             .to_string_lossy()
             .into_owned()
     };
-    let ticket = match DUMP_TAGS.lock() {
-        Ok(mut tags) => {
-            tags.push(tag);
-            API_DUMPS.ask()
-        }
-        Err(_) => return -1,
+    let ticket = {
+        let mut log = API_DUMP_LOG.lock().ok()?;
+        log.push(ApiDump { tag, path: None });
+        API_DUMPS.ask()
     };
     rec.wake_writer();
-    if rec.wait_for(|| API_DUMPS.is_done(ticket), EXIT_WAIT) {
-        0
-    } else {
-        -1
-    }
+    rec.wait_for(|| API_DUMPS.is_done(ticket), EXIT_WAIT)
+        .then_some(ticket)
 }
 
 /// Whether memsnap is recording in this process (1) or not (0).

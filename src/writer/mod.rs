@@ -17,7 +17,8 @@ pub mod stats;
 
 use crate::channel::event::{Api, Event, Kind, NO_STACK, Payload};
 use crate::channel::handshake::{
-    self, API_DUMPS, CRASH, DUMP_TAGS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED, SIGNAL_DUMPS,
+    self, API_DUMP_LOG, API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED,
+    SIGNAL_DUMPS,
 };
 use crate::channel::queue::Recorder;
 use crate::config::Config;
@@ -309,12 +310,25 @@ impl Writer {
             SIGNAL_DUMPS.complete(*signals.end());
         }
         for ticket in dumps {
-            let tag = DUMP_TAGS
+            let index = ticket as usize - 1;
+            let tag = API_DUMP_LOG
                 .lock()
                 .ok()
-                .and_then(|t| t.get(ticket as usize - 1).cloned())
+                .and_then(|log| log.get(index).map(|d| d.tag.clone()))
                 .unwrap_or_default();
-            let _ = self.dump(Reason::Api, &tag);
+            // Absolute, so the caller gets a path that holds whatever its working directory.
+            let path = self
+                .dump(Reason::Api, &tag)
+                .ok()
+                .map(|p| std::path::absolute(&p).unwrap_or(p));
+            if let Some(entry) = API_DUMP_LOG
+                .lock()
+                .ok()
+                .as_mut()
+                .and_then(|l| l.get_mut(index))
+            {
+                entry.path = path;
+            }
             API_DUMPS.complete(ticket);
         }
         if exit {

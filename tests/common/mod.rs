@@ -320,3 +320,55 @@ pub fn python_load_json(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("python's JSON for {} does not parse: {e}", path.display()))
 }
+
+/// The CSV as maps, one per row.
+pub fn csv(path: &Path) -> Vec<HashMap<String, String>> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .map(|h| h.to_string())
+                .zip(l.split(',').map(str::to_string))
+                .collect()
+        })
+        .collect()
+}
+
+/// What tests/programs/py_callbacks.py must print, wherever the package comes from.
+pub fn assert_callback_results(r: &HashMap<String, String>) {
+    assert!(
+        r["missing_lightning"].starts_with("memsnap.lightning needs PyTorch Lightning"),
+        "{r:?}"
+    );
+    assert!(
+        r["missing_transformers"]
+            .starts_with("memsnap.transformers needs Hugging Face transformers"),
+        "{r:?}"
+    );
+    assert_eq!(
+        r["broken_lightning"],
+        "ModuleNotFoundError:lightning_utilities_missing"
+    );
+    assert_eq!(
+        r["broken_transformers"],
+        "ModuleNotFoundError:tokenizers_missing"
+    );
+    assert_eq!(r["fallback_base"], "pytorch_lightning.Callback");
+    assert_eq!(r["lightning_pulls_transformers"], "False");
+    assert_eq!(r["transformers_pulls_lightning"], "False");
+    assert_eq!(r["lightning_base"], "lightning.pytorch.Callback");
+    assert_eq!(r["transformers_base"], "transformers.TrainerCallback");
+}
+
+/// `KEY=VALUE` lines (the output of `env`) as a map.
+pub fn env_lines(stdout: &[u8]) -> HashMap<String, String> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}

@@ -1,10 +1,14 @@
-"""py_steps.py: the scripts/memsnap.py module from a Python program (PYTHONPATH=scripts).
+"""py_steps.py: the `memsnap` Python package from a Python program (PYTHONPATH=python, or
+the package installed from the wheel).
 
-Prints `result active_before=` (memsnap.active() before any CUDA call), then allocates through
-the fake runtime with ctypes, calls memsnap.step() three times (one 1 MiB allocation kept per
-step), memsnap.dump("mid") and prints each return value, memsnap.active(), memsnap.loaded()
-and memsnap.last_dump_path(). Also calls memsnap.step() from 4 threads at once (8 calls each)
-and prints how many returned True (`result thread_steps=`).
+Prints `result frameworks=` (framework modules that `import memsnap` loaded: none expected),
+`result active_before=` (memsnap.active() before any CUDA call), then allocates through the
+fake runtime with ctypes, calls memsnap.step() three times (one 1 MiB allocation kept per
+step), memsnap.dump("mid") and prints each return value, memsnap.active() and
+memsnap.loaded(). Calls the C function memsnap_dump_path directly with an 8-byte buffer
+(`result cut_length=`, `result cut_bytes=`), when the library is loaded. Also calls
+memsnap.step() from 4 threads at once (8 calls each) and prints how many returned True
+(`result thread_steps=`).
 """
 
 import ctypes
@@ -18,6 +22,8 @@ CUDART = ctypes.CDLL(os.environ.get("FAKE_CUDART") or "libcudart.so.13")
 CUDART.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
 CUDART.cudaMalloc.restype = ctypes.c_int
 
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "transformers", "jax", "numpy")
+print(f"result frameworks={','.join(m for m in FRAMEWORKS if m in sys.modules)}")
 print(f"result module={os.path.abspath(memsnap.__file__)}")
 print(f"result active_before={memsnap.active()}")
 kept = []
@@ -32,7 +38,14 @@ print(f"result step_returns={','.join(str(s) for s in steps)}")
 print(f"result active={memsnap.active()}")
 print(f"result loaded={memsnap.loaded()}")
 print(f"result dump_return={memsnap.dump('mid')}")
-print(f"result last_dump_path={memsnap.last_dump_path()}")
+
+dump_path = getattr(ctypes.CDLL(None), "memsnap_dump_path", None)
+if dump_path is not None:
+    dump_path.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    dump_path.restype = ctypes.c_int
+    cut = ctypes.create_string_buffer(b"\xff" * 16)
+    print(f"result cut_length={dump_path(b'cut', cut, 8)}")
+    print(f"result cut_bytes={cut.raw[:9].hex()}")
 
 ok = []
 lock = threading.Lock()

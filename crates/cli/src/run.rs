@@ -1,9 +1,10 @@
 //! `memsnap run [options] -- CMD ...`: runs a command with `libmemsnap.so` preloaded.
 //!
-//! Cold, no unsafe. Finds the library installed beside the `memsnap` binary, prepends it to
-//! `LD_PRELOAD`, turns options into `MEMSNAP_*` variables (checked with the library's own
-//! parser before anything runs), runs the command, exits with its status (128+N when a
-//! signal killed it, as a shell does), then lists the snapshots the run wrote.
+//! Cold, no unsafe. Finds the library that came with the `memsnap` binary (a cargo build, a
+//! prefix install or a pip installation), prepends it to `LD_PRELOAD`, turns options into
+//! `MEMSNAP_*` variables (checked with the library's own parser before anything runs), runs
+//! the command, exits with its status (128+N when a signal killed it, as a shell does), then
+//! lists the snapshots the run wrote.
 //!
 //! Everything reaches the program through the environment, so launchers (`torchrun`,
 //! `srun`, `mpirun`) pass it on to every rank, and each rank names its own files.
@@ -75,7 +76,8 @@ pub struct RunArgs {
     /// Switch PyTorch, JAX and TensorFlow to allocate each tensor from CUDA (where unset)
     #[arg(long)]
     pub tensors: bool,
-    /// The libmemsnap.so to preload (default: beside this binary, or ../lib/)
+    /// The libmemsnap.so to preload (default: beside this binary, ../lib/, or the memsnap
+    /// Python package pip installed with this binary)
     #[arg(long, value_name = "PATH")]
     pub lib: Option<PathBuf>,
     /// The command and its arguments
@@ -177,7 +179,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         "LD_PRELOAD",
         prepend_preload(&lib, std::env::var_os("LD_PRELOAD")),
     );
-    if let Some(dir) = find_python_module() {
+    if let Some(dir) = find_python_package() {
         cmd.env(
             "PYTHONPATH",
             prepend_path(&dir, std::env::var_os("PYTHONPATH")),
@@ -242,9 +244,13 @@ fn signal_name(sig: i32) -> Option<&'static str> {
     })
 }
 
-/// `libmemsnap.so`: `--lib`, else beside the `memsnap` binary (a cargo build or a flat
-/// install), else `../lib/` (a `prefix/bin` + `prefix/lib` install). Absolute, so children
-/// that change directory still find it.
+/// `libmemsnap.so`, absolute (so children that change directory still find it): the first
+/// of `--lib`;
+/// beside the `memsnap` binary; `../lib/` (a `prefix/bin` + `prefix/lib` install); the
+/// `memsnap` Python package of the environment the binary was installed into by pip
+/// (`../lib/pythonX.Y/site-packages/memsnap/`, also `lib64` and `dist-packages`; the newest
+/// when there are several); what `import memsnap` finds in the Python beside the binary
+/// (`pip install -e`, whose package stays in the clone). The error names every place.
 fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = explicit {
         if !p.is_file() {
@@ -254,35 +260,115 @@ fn find_library(explicit: Option<&Path>) -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("cannot find the memsnap binary's path")?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates = [dir.join("libmemsnap.so"), dir.join("../lib/libmemsnap.so")];
-    for c in &candidates {
-        if c.is_file() {
-            return Ok(c.canonicalize().unwrap_or_else(|_| c.clone()));
+    let resolve = |c: &Path| c.canonicalize().unwrap_or_else(|_| c.to_path_buf());
+    let beside = dir.join(LIBRARY);
+    if beside.is_file() {
+        return Ok(resolve(&beside));
+    }
+    let mut looked = vec![beside.display().to_string()];
+    let prefix = dir.parent().unwrap_or(dir);
+    let prefix_lib = prefix.join("lib").join(LIBRARY);
+    if prefix_lib.is_file() {
+        return Ok(resolve(&prefix_lib));
+    }
+    looked.push(prefix_lib.display().to_string());
+    if let Some(found) = newest(python_packages(prefix)) {
+        return Ok(resolve(&found));
+    }
+    looked.push(format!(
+        "{}/lib*/python*/{{site,dist}}-packages/memsnap/{LIBRARY}",
+        prefix.display()
+    ));
+    let beside_python = ["python3", "python"]
+        .map(|p| dir.join(p))
+        .into_iter()
+        .find(|p| p.is_file());
+    if let Some(python) = beside_python {
+        match ask_python(&python) {
+            Ok(found) => return Ok(resolve(&found)),
+            Err(why) => looked.push(format!("`import memsnap` in {} ({why})", python.display())),
         }
     }
     bail!(
-        "cannot find libmemsnap.so (looked for {}); install it beside the memsnap binary, or pass --lib PATH",
-        candidates
-            .iter()
-            .map(|c| c.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" and ")
+        "cannot find {LIBRARY}; looked in:\n  {}\nPass --lib PATH, install memsnap with pip \
+         (the wheel holds the library and this command), or build both in a clone \
+         (cargo build --workspace)",
+        looked.join("\n  ")
     )
 }
 
-/// The folder holding `memsnap.py`: beside the binary, `../share/memsnap/` (installed), or
-/// the source tree's `scripts/` (a cargo build: `target/<profile>/../../scripts`).
-fn find_python_module() -> Option<PathBuf> {
+const LIBRARY: &str = "libmemsnap.so";
+
+/// `prefix/lib*/python*/{site,dist}-packages/memsnap/libmemsnap.so`, where pip puts the
+/// wheel's package (venvs, `--user`, `--prefix`, distributions' system Pythons).
+fn python_packages(prefix: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for lib in read_dir_names(prefix).filter(|n| n.starts_with("lib")) {
+        for python in read_dir_names(&prefix.join(&lib)).filter(|n| n.starts_with("python")) {
+            for packages in ["site-packages", "dist-packages"] {
+                let candidate = prefix
+                    .join(&lib)
+                    .join(&python)
+                    .join(packages)
+                    .join("memsnap")
+                    .join(LIBRARY);
+                if candidate.is_file() {
+                    found.push(candidate);
+                }
+            }
+        }
+    }
+    found
+}
+
+fn read_dir_names(dir: &Path) -> impl Iterator<Item = String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+}
+
+/// The most recently written of `paths`: the last installation, the one that also wrote
+/// the `memsnap` binary.
+fn newest(paths: Vec<PathBuf>) -> Option<PathBuf> {
+    paths.into_iter().max_by_key(|p| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    })
+}
+
+/// What `memsnap.library_path()` says in `python` (isolated mode: the working directory
+/// and PYTHONPATH cannot shadow the installed package).
+fn ask_python(python: &Path) -> std::result::Result<PathBuf, String> {
+    let out = Command::new(python)
+        .args(["-I", "-c", "import memsnap; print(memsnap.library_path())"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run it: {e}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+        return Err(last.unwrap_or("failed").trim().to_string());
+    }
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("it named {}, which is not a file", path.display()))
+    }
+}
+
+/// The folder holding the `memsnap` Python package when this binary is a cargo build of a
+/// clone: the clone's `python/` (`target/<profile>/../../python`; cargo marks `target/`
+/// with a CACHEDIR.TAG). A pip installation has the package in its environment already.
+fn find_python_package() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?;
-    [
-        dir.to_path_buf(),
-        dir.join("../share/memsnap"),
-        dir.join("../../scripts"),
-    ]
-    .into_iter()
-    .find(|d| d.join("memsnap.py").is_file())
-    .map(|d| d.canonicalize().unwrap_or(d))
+    let profile = exe.parent()?;
+    let dir = profile.join("../../python");
+    (profile.join("../CACHEDIR.TAG").is_file() && dir.join("memsnap/__init__.py").is_file())
+        .then(|| dir.canonicalize().unwrap_or(dir))
 }
 
 /// `lib` first, then the existing entries (space- or colon-separated), without other

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds the Python wheel: libmemsnap.so, the memsnap CLI and the `memsnap` package in one
+# file, target/wheels/memsnap-<version>-py3-none-manylinux_2_<N>_x86_64.whl, which installs
+# with pip on machines without Rust.
+#
+#   bash scripts/build-wheel.sh
+#
+# Needs cargo and python3 with venv. The build tools (python/requirements-build.txt) go into
+# target/wheel-tools, made once and reused. cargo builds the release profile into target/,
+# so a later `cargo build --release` reuses it. auditwheel then checks every ELF file of the
+# wheel against the manylinux policies (symbol versions of glibc and libgcc_s, linked
+# libraries) and tags it with the oldest glibc it runs on; this prints that tag.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+TOOLS=target/wheel-tools
+REQUIREMENTS=python/requirements-build.txt
+if ! cmp -s "$REQUIREMENTS" "$TOOLS/requirements-build.txt" 2>/dev/null; then
+    echo "== build tools into $TOOLS ($REQUIREMENTS)"
+    rm -rf "$TOOLS"
+    python3 -m venv "$TOOLS"
+    "$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQUIREMENTS"
+    cp "$REQUIREMENTS" "$TOOLS/requirements-build.txt"
+fi
+
+RAW=target/python-build/wheel
+rm -rf "$RAW" target/wheels
+mkdir -p "$RAW" target/wheels
+echo "== pip wheel (setuptools-rust: cargo build --release of the library and the CLI)"
+"$TOOLS/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation \
+    --no-deps --wheel-dir "$RAW" .
+
+echo "== auditwheel: symbol versions and libraries of the wheel's ELF files"
+# auditwheel repair finds nothing to graft (the wheel links only libc, libm, libgcc_s and
+# the loader) and gives the wheel the manylinux tag its symbol versions allow.
+PATH="$PWD/$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" repair --wheel-dir target/wheels \
+    "$RAW"/memsnap-*.whl 2>&1 | grep -v '^INFO:' || true
+wheel=$(ls target/wheels/memsnap-*-py3-none-manylinux_*_x86_64.whl 2>/dev/null || true)
+if [ -z "$wheel" ]; then
+    echo "scripts/build-wheel.sh: auditwheel made no manylinux wheel (see above)" >&2
+    exit 1
+fi
+tag=$("$TOOLS/bin/auditwheel" show "$wheel" | tr '\n' ' ' \
+    | sed -n 's/.*constrains the platform tag to "\([^"]*\)".*/\1/p')
+echo "auditwheel: the symbol versions in the wheel allow $tag (glibc $(echo "$tag" \
+    | sed -n 's/^manylinux_\([0-9]*\)_\([0-9]*\)_.*/\1.\2/p') or newer)"
+echo "wheel: $wheel ($(du -h "$wheel" | cut -f1))"
