@@ -57,7 +57,11 @@ fi
 WHEEL=$REPO/${wheels[0]}
 note "install $(basename "$WHEEL") into a fresh venv (--system-site-packages, --no-deps)"
 VENV=$W/venv
+# The machine's python3 may itself be a virtual environment (its torch then lives there, not
+# in the system's site-packages): a .pth file in the new venv adds the packages python3 sees.
 if python3 -m venv --system-site-packages "$VENV" \
+    && "$VENV/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/machine-packages.pth", "w").write("\n".join(sys.argv[1:]) + "\n")' \
+        $(python3 -c 'import site; print(" ".join(site.getsitepackages()))') \
     && "$VENV/bin/python" -m pip install --quiet --no-index --no-deps \
         --disable-pip-version-check "$WHEEL"; then
     echo "PASS install: $("$VENV/bin/memsnap" --version)"
