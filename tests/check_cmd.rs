@@ -84,3 +84,40 @@ fn an_unreadable_file_is_exit_2_with_its_name() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("notes.txt"));
 }
+
+/// Inputs that once cost gigabytes (kept as fuzzing seeds in fuzz/seeds/read_snapshot/):
+/// every command that reads a file refuses them with the budget in the message, exit 2.
+#[test]
+fn inputs_that_would_explode_in_memory_are_refused_by_every_command() {
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/read_snapshot");
+    let dir = tempfile::tempdir().unwrap();
+    // 8 MB of empty-list opcodes: past the value budget after about 0.6 MB.
+    let flood = dir.path().join("flood.pickle");
+    let mut bytes = vec![0x80, 4];
+    bytes.resize(2 + (8 << 20), b']');
+    bytes.push(b'.');
+    std::fs::write(&flood, bytes).unwrap();
+    let cases = [
+        (seeds.join("billion-laughs-memsnap.pickle"), "16 MiB"),
+        (seeds.join("billion-laughs-allocator-settings.pickle"), "16 MiB"),
+        (flood, "values plus one per 4 bytes"),
+    ];
+    for (file, budget) in &cases {
+        let f = file.to_str().unwrap();
+        let out_html = dir.path().join("v.html");
+        let out_svg = dir.path().join("f.svg");
+        for args in [
+            vec!["summary", f],
+            vec!["check", f],
+            vec!["diff", f, f],
+            vec!["view", f, "-o", out_html.to_str().unwrap()],
+            vec!["flamegraph", f, "-o", out_svg.to_str().unwrap()],
+        ] {
+            let out = memsnap(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains("not a memory snapshot"), "{args:?}: {err}");
+            assert!(err.contains(budget), "{args:?}: {err}");
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! trace (entries the machine already converted are moved, not copied), the metadata
 //! dicts, and the stacks as the model stores them.
 
+use super::Budget;
 use super::arena::{Node, Pickle, Val};
 use super::entry::{event_from_dict, int_of};
 use super::error::{ReadError, Result};
@@ -26,6 +27,8 @@ struct Converter<'p> {
     cur_index: u32,
     /// Entries moved out by the in-order fast path (they left the front of `events`).
     consumed: usize,
+    /// Bytes of metadata expanded so far (against [`Budget::METADATA_BYTES`]).
+    metadata_spent: std::cell::Cell<usize>,
 }
 
 /// Stream mode: the number a device's entries were handed out with, once it is sure that
@@ -79,6 +82,7 @@ pub(super) fn to_snapshot(
         cur_index: 0,
         consumed: 0,
         trace_lists: Vec::new(),
+        metadata_spent: std::cell::Cell::new(0),
     };
     let snapshot = conv.snapshot(root)?;
     Ok((snapshot, conv.trace_lists))
@@ -92,15 +96,27 @@ impl Converter<'_> {
         match p.node(root) {
             Some(Node::Dict(_)) => {
                 segments_val = p.get(root, "segments");
-                if segments_val.is_none() && p.get(root, "device_traces").is_none() {
+                if p.get(root, "device_traces").is_none() {
                     return Err(shape(
                         "top level",
-                        "a dict without `segments` or `device_traces`",
+                        if segments_val.is_none() {
+                            "a dict without `segments` or `device_traces`"
+                        } else {
+                            "a dict without `device_traces` (every PyTorch snapshot has it, \
+                             an empty list when nothing was recorded)"
+                        },
                     ));
                 }
             }
-            // Legacy form: the top level is the segment list.
-            Some(Node::List(_)) => segments_val = Some(root),
+            // Legacy form: the top level is the segment list (`torch.cuda.memory_snapshot()`).
+            // An empty list says nothing about any memory: not a snapshot.
+            Some(Node::List(items)) if !items.is_empty() => segments_val = Some(root),
+            Some(Node::List(_)) => {
+                return Err(shape(
+                    "top level",
+                    "an empty list (neither segments nor device traces)",
+                ));
+            }
             _ => {
                 return Err(shape(
                     "top level",
@@ -334,11 +350,27 @@ impl Converter<'_> {
         }
     }
 
+    /// Counts `bytes` of expanded metadata against [`Budget::METADATA_BYTES`].
+    fn spend(&self, bytes: usize, path: &str) -> Result<()> {
+        let spent = self.metadata_spent.get() + bytes;
+        self.metadata_spent.set(spent);
+        if spent > Budget::METADATA_BYTES {
+            return Err(ReadError::Budget {
+                offset: None,
+                what: format!("expanding the `{path}` metadata"),
+                limit: format!("{} MiB", Budget::METADATA_BYTES >> 20),
+                why: "lists or dicts shared many times over",
+            });
+        }
+        Ok(())
+    }
+
     /// `None` for values with no JSON-like form (None, bytes, huge ints): they are skipped.
     fn meta(&self, v: Val, depth: usize, path: &str) -> Result<Option<Meta>> {
         if depth > META_DEPTH {
             return Err(shape(path, "nested too deeply"));
         }
+        self.spend(std::mem::size_of::<(String, Meta)>(), path)?;
         let p = self.p;
         Ok(match v {
             Val::None => None,
@@ -347,7 +379,10 @@ impl Converter<'_> {
             Val::Float(f) => Some(Meta::Float(f)),
             Val::Event(_) | Val::Stack(_) => None,
             Val::Ref(_) => match p.node(v) {
-                Some(Node::Str(s)) => Some(Meta::Str(s.to_string())),
+                Some(Node::Str(s)) => {
+                    self.spend(s.len(), path)?;
+                    Some(Meta::Str(s.to_string()))
+                }
                 Some(Node::List(x)) | Some(Node::Tuple(x)) => {
                     let mut out = Vec::with_capacity(x.len());
                     for &i in x {
@@ -361,7 +396,10 @@ impl Converter<'_> {
                     let mut out = Vec::with_capacity(d.len());
                     for &(k, val) in d {
                         let key = match (p.str(k), k) {
-                            (Some(s), _) => s.to_string(),
+                            (Some(s), _) => {
+                                self.spend(s.len(), path)?;
+                                s.to_string()
+                            }
                             (None, Val::Int(i)) => i.to_string(),
                             _ => continue,
                         };
@@ -384,6 +422,13 @@ mod tests {
     use super::*;
 
     /// The whole of `bytes` through the machine (keep mode) and the conversion.
+    /// A `str` key (BINUNICODE) for hand-made pickles.
+    fn key(b: &mut Vec<u8>, s: &str) {
+        b.push(b'X');
+        b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    }
+
     fn read_whole(bytes: &[u8]) -> Result<Snapshot> {
         let mut m = Machine::new(bytes, Mode::Keep);
         m.run(&mut |_| {})?;
@@ -495,11 +540,6 @@ mod tests {
     #[test]
     fn reads_cpp_pickler_style_and_legacy_shapes() {
         let mut b = vec![0x80, 2, b'}', b'q', 0, b'('];
-        let key = |b: &mut Vec<u8>, s: &str| {
-            b.push(b'X');
-            b.extend_from_slice(&(s.len() as u32).to_le_bytes());
-            b.extend_from_slice(s.as_bytes());
-        };
         key(&mut b, "segments");
         b.extend_from_slice(&[b']', b'q', 1]);
         key(&mut b, "device_traces");
@@ -597,9 +637,98 @@ mod tests {
                 .all(|e| e.action == Action::FreeCompleted)
         );
 
-        // Legacy top-level list: segments only.
-        let b = [0x80, 2, b']', b'.'];
+        // Legacy top-level list (`torch.cuda.memory_snapshot()`): segments only.
+        let mut b = vec![0x80, 2, b']', b'(', b'}', b'('];
+        key(&mut b, "address");
+        b.extend_from_slice(&[b'M', 0, 0x10]);
+        key(&mut b, "total_size");
+        b.extend_from_slice(&[b'J', 0, 0, 0x20, 0]);
+        key(&mut b, "blocks");
+        b.extend_from_slice(b"]ue.");
         let s = read_whole(&b).unwrap();
-        assert!(s.segments.is_empty() && s.device_traces.is_empty());
+        assert_eq!(s.segments.len(), 1);
+        assert_eq!(
+            (s.segments[0].address, s.segments[0].total_size),
+            (4096, 2 << 20)
+        );
+        assert!(s.device_traces.is_empty());
+    }
+
+    #[test]
+    fn inputs_without_device_traces_or_segments_are_not_snapshots() {
+        let empty_list = [0x80, 2, b']', b'.'];
+        let mut segments_only = vec![0x80, 4, b'}', b'('];
+        key(&mut segments_only, "segments");
+        segments_only.extend_from_slice(b"]u.");
+        for (what, bytes) in [
+            ("empty list", &empty_list[..]),
+            ("segments only", &segments_only),
+        ] {
+            match read_whole(bytes) {
+                Err(ReadError::Shape { path, msg }) => {
+                    assert_eq!(path, "top level", "{what}");
+                    assert!(
+                        msg.contains("device_traces") || msg.contains("empty list"),
+                        "{what}: {msg}"
+                    );
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+
+    /// 100 MB of empty-list opcodes once took 5 GB; any input now stops at its budget.
+    #[test]
+    fn a_flood_of_tiny_values_stops_at_the_budget() {
+        let n = Budget::FLOOR_VALUES * 2;
+        let mut b = vec![0x80, 4];
+        b.resize(2 + n, b']');
+        b.push(b'.');
+        match read_whole(&b) {
+            Err(ReadError::Budget {
+                what,
+                offset: Some(offset),
+                ..
+            }) => {
+                assert_eq!(what, "the pickle's values");
+                // It stopped as soon as the values outgrew the bytes read.
+                let limit = Budget::FLOOR_VALUES + offset / Budget::BYTES_PER_VALUE;
+                assert!(
+                    offset < n && limit <= Budget::FLOOR_VALUES * 2,
+                    "stopped at {offset}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = read_whole(&b).unwrap_err().to_string();
+        assert!(err.contains("budget"), "{err}");
+    }
+
+    /// A few hundred bytes whose metadata list holds the one below twice at every level: expanded,
+    /// 2^30 values (60 GB). The expansion stops at the metadata budget.
+    #[test]
+    fn shared_metadata_is_never_expanded_past_the_budget() {
+        let mut b = vec![0x80, 4, b'}', b'('];
+        key(&mut b, "device_traces");
+        b.push(b']');
+        key(&mut b, "memsnap");
+        b.push(b'}');
+        b.push(b'(');
+        key(&mut b, "laughs");
+        // A list memoized at 0, then 30 times (within the nesting limit): a new list holding the previous one twice,
+        // memoized at the next index.
+        b.extend_from_slice(&[b']', b'K', 1, b'a', 0x94]);
+        for level in 0u8..30 {
+            // POP the previous list off the stack: only the memo keeps it.
+            b.extend_from_slice(&[b'0', b']', b'(', b'h', level, b'h', level, b'e', 0x94]);
+        }
+        b.extend_from_slice(b"uu.");
+        match read_whole(&b) {
+            Err(ReadError::Budget { what, limit, .. }) => {
+                assert_eq!(what, "expanding the `memsnap` metadata");
+                assert_eq!(limit, format!("{} MiB", Budget::METADATA_BYTES >> 20));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

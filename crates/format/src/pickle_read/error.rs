@@ -38,6 +38,19 @@ pub enum ReadError {
     Io { offset: usize, msg: String },
     #[error("not a memory snapshot: {path}: {msg}")]
     Shape { path: String, msg: String },
+    /// The input would take more memory than any real snapshot of its size: a memory
+    /// budget (see [`Budget`](super::Budget)) was reached.
+    #[error(
+        "not a memory snapshot: {what}{} exceeds memsnap's budget of {limit} for this input ({why})",
+        at_byte(.offset)
+    )]
+    Budget {
+        /// Where the pickle machine stopped; `None` for a limit met after parsing.
+        offset: Option<usize>,
+        what: String,
+        limit: String,
+        why: &'static str,
+    },
     /// Only from [`stream_snapshot_from`](super::stream_snapshot_from): the file needs an
     /// entry it already handed out.
     #[error("cannot stream this snapshot: {why}; read it whole instead")]
@@ -45,6 +58,10 @@ pub enum ReadError {
 }
 
 pub(super) type Result<T> = std::result::Result<T, ReadError>;
+
+fn at_byte(offset: &Option<usize>) -> String {
+    offset.map_or_else(String::new, |o| format!(" at byte {o}"))
+}
 
 impl ReadError {
     /// The same error with byte offsets moved by `base` (errors of a chunk that starts
@@ -58,10 +75,15 @@ impl ReadError {
             | ReadError::Corrupt { offset, .. }
             | ReadError::BadMemo { offset, .. }
             | ReadError::NoStop { offset }
-            | ReadError::Io { offset, .. } => *offset += base,
+            | ReadError::Io { offset, .. }
+            | ReadError::Budget {
+                offset: Some(offset),
+                ..
+            } => *offset += base,
             ReadError::Empty
             | ReadError::NotPickle { .. }
             | ReadError::Shape { .. }
+            | ReadError::Budget { offset: None, .. }
             | ReadError::NeedsFullRead { .. } => {}
         }
         self

@@ -3,6 +3,7 @@
 //! modes it converts each trace entry as it is appended ([`super::entry`]) and collapses
 //! the frame lists it used into interned stacks.
 
+use super::Budget;
 use super::arena::{NOT_MEMOIZED, Node, Pickle, SHARED, Val};
 use super::entry::event_from_dict;
 use super::error::{ReadError, Result};
@@ -443,6 +444,20 @@ impl<'a> Machine<'a> {
             if self.base + self.pos >= self.st.next_report {
                 progress(self.base + self.pos);
                 self.st.next_report = self.base + self.pos + PROGRESS_STEP;
+            }
+            // Every opcode makes at most one node or stack entry: checked once per opcode.
+            let values = self.st.pickle.nodes.len() + self.st.stack.len();
+            if values > Budget::FLOOR_VALUES + (self.base + self.pos) / Budget::BYTES_PER_VALUE {
+                return Err(ReadError::Budget {
+                    offset: Some(self.pos),
+                    what: "the pickle's values".to_string(),
+                    limit: format!(
+                        "{} values plus one per {} bytes",
+                        Budget::FLOOR_VALUES,
+                        Budget::BYTES_PER_VALUE
+                    ),
+                    why: "real snapshots need one per 11 bytes or more",
+                });
             }
             let at = self.pos;
             self.op_start = at;

@@ -19,7 +19,8 @@
 //!   or duplicated; its memo slot then names the interned stack, or "gone"), so memory no
 //!   longer grows with the history: `summary` of a 1 GB file needs about a tenth of it.
 //!
-//! Untrusted input: every length is checked against the remaining input before anything is
+//! Untrusted input: memory stays within a small multiple of the input's size ([`Budget`]);
+//! every length is checked against the remaining input before anything is
 //! allocated (when streaming, a length past the chunk reads on, at most to the end of the
 //! file, before it is checked), every opcode creates at most one node, and nothing recurses over input depth
 //! except the conversion of metadata dicts, which is capped. Any problem is a [`ReadError`]
@@ -41,6 +42,23 @@ mod machine;
 mod stream;
 
 pub use arena::{Node, Pickle, Val};
+
+/// The memory budgets that keep a hostile input from costing more than a real snapshot of
+/// its size (docs/FORMAT.md, "Reading untrusted files"):
+/// - the pickle machine holds at most [`Budget::FLOOR_VALUES`] values plus one per
+///   [`Budget::BYTES_PER_VALUE`] bytes read (arena nodes and stack entries: about 50 bytes
+///   each). Real snapshots, PyTorch's and memsnap's, need one per 11 to 35 bytes; 100 MB of
+///   empty-list opcodes needed one per byte.
+/// - metadata (`memsnap`, `allocator_settings`, unknown keys) is expanded into at most
+///   [`Budget::METADATA_BYTES`]: a list shared by reference can stand for a billion copies
+///   of itself in a few hundred bytes of pickle, and expanding it is where the memory went.
+pub struct Budget;
+
+impl Budget {
+    pub const FLOOR_VALUES: usize = 1 << 20;
+    pub const BYTES_PER_VALUE: usize = 4;
+    pub const METADATA_BYTES: usize = 16 << 20;
+}
 pub use error::ReadError;
 pub use machine::parse;
 pub use stream::{
