@@ -99,7 +99,10 @@ fn inputs_that_would_explode_in_memory_are_refused_by_every_command() {
     std::fs::write(&flood, bytes).unwrap();
     let cases = [
         (seeds.join("billion-laughs-memsnap.pickle"), "16 MiB"),
-        (seeds.join("billion-laughs-allocator-settings.pickle"), "16 MiB"),
+        (
+            seeds.join("billion-laughs-allocator-settings.pickle"),
+            "16 MiB",
+        ),
         (flood, "values plus one per 4 bytes"),
     ];
     for (file, budget) in &cases {
