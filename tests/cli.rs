@@ -1,6 +1,7 @@
 //! The `memsnap` binary on PyTorch's reference snapshots: exact summary/diff text (golden
 //! files in tests/golden/, rewritten with `MEMSNAP_BLESS=1`), JSON shapes, bad input,
-//! ranks, flamegraph, and the HTML page (self-contained).
+//! ranks, flamegraph, and the HTML page (self-contained); and on snapshots built in the
+//! tests: the live set at a moment (`--at`), `--ignore`/`--callers`, and the labels.
 //!
 //! The tests named `chromium_*` load pages in headless Chromium. They are `#[ignore]`d, so a
 //! plain `cargo test` reports them as ignored; scripts/test.sh runs them
@@ -13,8 +14,11 @@
 
 mod common;
 
+use memsnap_format::model::{Action, Frame, Meta, Segment, Snapshot, StackId, TraceEntry};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
 
 const FIXTURES: &[&str] = &[
     "torch-python-stacks",
@@ -434,6 +438,17 @@ fn flamegraph_svg_names_the_frames() {
     assert!(!svg.contains("CapturedTraceback::gather"));
 }
 
+/// The JSON island of a page written by `memsnap view`.
+fn page_data_of(html: &str) -> Value {
+    let start = html.find("id=\"data\">").unwrap() + "id=\"data\">".len();
+    let end = start + html[start..].find("</script>").unwrap();
+    serde_json::from_str(&html[start..end]).unwrap()
+}
+
+fn page_data(page: &Path) -> Value {
+    page_data_of(&std::fs::read_to_string(page).unwrap())
+}
+
 fn write_view(name: &str, dir: &Path) -> (PathBuf, String) {
     let out = dir.join(format!("{name}.html"));
     let o = memsnap(&[
@@ -462,9 +477,7 @@ fn view_is_one_self_contained_file() {
         );
         assert!(!html.contains("__MEMSNAP_"), "{f}: placeholder left");
         // The data island parses and holds what the summary reports.
-        let start = html.find("id=\"data\">").unwrap() + "id=\"data\">".len();
-        let end = start + html[start..].find("</script>").unwrap();
-        let v: serde_json::Value = serde_json::from_str(&html[start..end]).unwrap();
+        let v = page_data_of(&html);
         let d = &v["devices"][0];
         assert_eq!(
             d["ev_site"].as_array().unwrap().len(),
@@ -690,4 +703,621 @@ fn chromium_view_of_a_large_generated_snapshot_loads() {
     let page =
         large_generated_view(dir.path()).expect("python3 is needed to generate the snapshot");
     load_in_chromium("big.html", &page, "");
+}
+
+// ------------------------------------------------------------------------------------
+// The moment that matters (`--at`), attribution (`--ignore`, `--callers`) and honest
+// labels, on snapshots built here with the format crate's own writer: the exact live set
+// at the peak, at the OOM, at an event and at a time; the site chosen with `--ignore` and
+// shown with `--callers`; call counts beside event counts, the history cap, dropped events
+// only when there are some, sizes in MB (10^6) and MiB (2^20), what `view` and
+// `flamegraph` wrote, and `ranks` going on past an unreadable rank.
+
+fn json(o: &Output) -> Value {
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+    serde_json::from_slice(&o.stdout).expect("JSON on stdout")
+}
+
+fn frame(name: &str, filename: &str, line: i64) -> Frame {
+    Frame {
+        name: name.into(),
+        filename: filename.into(),
+        line,
+    }
+}
+
+/// The program of the report: every allocation goes through `cuda_alloc` in pyalloc.py;
+/// `remember_me` keeps its memory, `forget_me` frees it again.
+const KEPT: StackId = 0;
+const TEMP: StackId = 1;
+const SITE_HELPER: &str = "/srv/app/pyalloc.py:12 (cuda_alloc)";
+const SITE_KEPT: &str = "/srv/app/main.py:30 (remember_me)";
+const SITE_TEMP: &str = "/srv/app/main.py:35 (forget_me)";
+const SITE_MODULE: &str = "/srv/app/main.py:41 (<module>)";
+
+/// A memsnap-style snapshot built call by call: `cudaMalloc` is `segment_alloc` + `alloc`,
+/// `cudaFree` is `free_requested` + `free_completed` + `segment_free`, as the recorder
+/// writes them.
+struct Recording {
+    trace: Vec<TraceEntry>,
+    live: Vec<(i64, i64, StackId)>,
+    time_us: i64,
+    calls: (i64, i64),
+}
+
+impl Recording {
+    fn new() -> Self {
+        Recording {
+            trace: Vec::new(),
+            live: Vec::new(),
+            time_us: 1_700_000_000_000_000,
+            calls: (0, 0),
+        }
+    }
+
+    fn event(&mut self, action: Action, addr: i64, size: i64, stack: StackId, api: &str) {
+        self.trace.push(TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: self.time_us,
+            stack: Some(stack),
+            device_free: None,
+            user_metadata: Some(Arc::from(api)),
+        });
+    }
+
+    /// One call, 1 ms after the previous one.
+    fn malloc(&mut self, addr: i64, size: i64, stack: StackId) -> &mut Self {
+        self.time_us += 1000;
+        self.calls.0 += 1;
+        self.event(Action::SegmentAlloc, addr, size, stack, "cudaMalloc");
+        self.event(Action::Alloc, addr, size, stack, "cudaMalloc");
+        self.live.push((addr, size, stack));
+        self
+    }
+
+    fn free(&mut self, addr: i64) -> &mut Self {
+        self.time_us += 1000;
+        self.calls.1 += 1;
+        let i = self.live.iter().position(|b| b.0 == addr).expect("live");
+        let (_, size, stack) = self.live.remove(i);
+        for action in [
+            Action::FreeRequested,
+            Action::FreeCompleted,
+            Action::SegmentFree,
+        ] {
+            self.event(action, addr, size, stack, "cudaFree");
+        }
+        self
+    }
+
+    fn oom(&mut self, size: i64) -> &mut Self {
+        self.time_us += 1000;
+        self.event(Action::Oom, 0, size, TEMP, "cudaMalloc");
+        self.trace.last_mut().unwrap().device_free = Some(1 << 20);
+        self
+    }
+
+    /// The snapshot; the history keeps only the newest `kept` events (all when `None`),
+    /// and the metadata says how many the cap dropped.
+    fn snapshot(&self, kept: Option<usize>) -> Snapshot {
+        let helper = frame("cuda_alloc", "/srv/app/pyalloc.py", 12);
+        let frames = vec![
+            frame("cudaMalloc", "/usr/lib/libcudart.so.13", 0),
+            helper,
+            frame("remember_me", "/srv/app/main.py", 30),
+            frame("forget_me", "/srv/app/main.py", 35),
+            frame("<module>", "/srv/app/main.py", 41),
+        ];
+        let keep = kept.unwrap_or(self.trace.len()).min(self.trace.len());
+        let dropped = self.trace.len() - keep;
+        let int = |k: &str, v: i64| (k.to_string(), Meta::Int(v));
+        Snapshot {
+            frames,
+            stacks: vec![vec![0, 1, 2, 4], vec![0, 1, 3, 4]],
+            segments: self
+                .live
+                .iter()
+                .map(|&(addr, size, stack)| Segment::one_allocation(0, addr, size, Some(stack)))
+                .collect(),
+            device_traces: vec![self.trace[dropped..].to_vec()],
+            allocator_settings: vec![],
+            memsnap: vec![
+                ("version".into(), Meta::Str("test".into())),
+                int("dropped_events", 0),
+                (
+                    "api_calls".into(),
+                    Meta::Dict(vec![
+                        int("cudaMalloc", self.calls.0),
+                        int("cudaFree", self.calls.1),
+                    ]),
+                ),
+                (
+                    "devices".into(),
+                    Meta::List(vec![Meta::Dict(vec![
+                        int("device", 0),
+                        int("history_dropped", dropped as i64),
+                    ])]),
+                ),
+            ],
+        }
+    }
+}
+
+fn write(dir: &Path, name: &str, snap: &Snapshot) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, memsnap_format::pickle_write::to_bytes(snap)).unwrap();
+    path
+}
+
+/// Remembers 1000 B, then 5000 B twice held and freed (the peak), then 1000 B more.
+fn helper_program() -> Recording {
+    let mut r = Recording::new();
+    r.malloc(0x1000, 1000, KEPT)
+        .malloc(0x2000, 5000, TEMP)
+        .malloc(0x3000, 5000, TEMP) // events 4, 5: the peak from event 5
+        // The peak lasts until the first free completes: ties go to the latest event, the
+        // free_requested (event 6).
+        .free(0x2000)
+        .free(0x3000)
+        .malloc(0x4000, 1000, KEPT);
+    r
+}
+
+/// [`helper_program`]'s snapshot, whole, as `DIR/helper.pickle`.
+fn helper_file(dir: &Path) -> PathBuf {
+    write(dir, "helper.pickle", &helper_program().snapshot(None))
+}
+
+/// (site, bytes, count) of a JSON site list.
+fn rows(v: &Value, bytes: &str, count: &str) -> Vec<(String, i64, i64)> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["site"].as_str().unwrap().to_string(),
+                r[bytes].as_i64().unwrap(),
+                r[count].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn owned(v: &[(&str, i64, i64)]) -> Vec<(String, i64, i64)> {
+    v.iter().map(|(s, b, c)| (s.to_string(), *b, *c)).collect()
+}
+
+#[test]
+fn summary_answers_at_the_peak_by_default_with_the_end_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = helper_file(dir.path());
+    let p = snap.to_str().unwrap();
+    let v = json(&memsnap(&["summary", "--json", p]));
+    let at = &v["devices"][0]["at"];
+    assert_eq!(at["moment"], "peak");
+    assert_eq!(at["after_event"], 6);
+    assert_eq!(at["since_first_event_us"], 3000);
+    assert_eq!(at["live_requested_bytes"], 11000);
+    assert_eq!(at["live_allocations"], 3);
+    assert_eq!(at["reserved_bytes"], 11000);
+    // Everything goes through the helper, so without --ignore it is the one site.
+    assert_eq!(
+        rows(&at["sites"], "bytes", "count"),
+        owned(&[(SITE_HELPER, 11000, 3)])
+    );
+    assert_eq!(
+        rows(&at["sites"], "end_bytes", "end_count"),
+        owned(&[(SITE_HELPER, 2000, 2)])
+    );
+    // The end's own figures are unchanged (block bytes).
+    assert_eq!(v["devices"][0]["live_bytes"], 2000);
+
+    let o = memsnap(&["summary", p]);
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "  at        the peak (after event 6, +0.003 s): 10.7 KiB requested in 3 allocations, reserved 10.7 KiB\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "       at peak  allocs      at end  allocs  allocation site\n      10.7 KiB       3     2.0 KiB       2  {SITE_HELPER}\n"
+        )),
+        "{text}"
+    );
+
+    // --at end: the snapshot's own blocks, one column.
+    let v = json(&memsnap(&["summary", "--json", "--at", "end", p]));
+    let at = &v["devices"][0]["at"];
+    assert_eq!(at["moment"], "end");
+    assert_eq!(at["after_event"], Value::Null);
+    assert_eq!(
+        rows(&at["sites"], "bytes", "count"),
+        owned(&[(SITE_HELPER, 2000, 2)])
+    );
+}
+
+#[test]
+fn ignore_blames_the_caller_of_a_helper_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = helper_file(dir.path());
+    let p = snap.to_str().unwrap();
+    let v = json(&memsnap(&[
+        "summary",
+        "--json",
+        "--ignore",
+        "pyalloc.py",
+        p,
+    ]));
+    let at = &v["devices"][0]["at"];
+    assert_eq!(
+        rows(&at["sites"], "bytes", "count"),
+        owned(&[(SITE_TEMP, 10000, 2), (SITE_KEPT, 1000, 1)])
+    );
+    assert_eq!(
+        rows(&v["devices"][0]["top_sites"], "bytes", "count"),
+        owned(&[(SITE_KEPT, 2000, 2)])
+    );
+    // --callers names the frames above the site.
+    let v = json(&memsnap(&["summary", "--json", "--callers", "1", p]));
+    let kept_chain = format!("{SITE_HELPER} <- {SITE_KEPT}");
+    let temp_chain = format!("{SITE_HELPER} <- {SITE_TEMP}");
+    assert_eq!(
+        rows(&v["devices"][0]["at"]["sites"], "bytes", "count"),
+        owned(&[(&temp_chain, 10000, 2), (&kept_chain, 1000, 1)])
+    );
+    let v = json(&memsnap(&[
+        "summary",
+        "--json",
+        "--ignore",
+        "pyalloc.py",
+        "--callers",
+        "3",
+        p,
+    ]));
+    assert_eq!(
+        v["devices"][0]["top_sites"][0]["site"],
+        format!("{SITE_KEPT} <- {SITE_MODULE}")
+    );
+
+    // diff, ranks, flamegraph and view choose the same site.
+    let empty = write(dir.path(), "empty.pickle", &Recording::new().snapshot(None));
+    let v = json(&memsnap(&[
+        "diff",
+        "--json",
+        "--ignore",
+        "pyalloc.py",
+        empty.to_str().unwrap(),
+        p,
+    ]));
+    assert_eq!(v["grew"][0]["site"], SITE_KEPT);
+    assert_eq!(v["grew"][0]["growth_bytes"], 2000);
+    let ranks_dir = dir.path().join("ranks");
+    std::fs::create_dir(&ranks_dir).unwrap();
+    write(&ranks_dir, "r0.pickle", &helper_program().snapshot(None));
+    let v = json(&memsnap(&[
+        "ranks",
+        "--json",
+        "--ignore",
+        "pyalloc.py",
+        ranks_dir.to_str().unwrap(),
+    ]));
+    assert_eq!(v["ranks"][0]["top_site"], SITE_KEPT);
+    let svg = dir.path().join("f.svg");
+    let o = memsnap(&[
+        "flamegraph",
+        p,
+        "-o",
+        svg.to_str().unwrap(),
+        "--ignore",
+        "pyalloc.py",
+        "--callers",
+        "0",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.contains(SITE_TEMP) && svg_text.contains(SITE_KEPT));
+    assert!(
+        !svg_text.contains("cuda_alloc"),
+        "the ignored frame is drawn"
+    );
+    let page = dir.path().join("p.html");
+    let o = memsnap(&[
+        "view",
+        p,
+        "-o",
+        page.to_str().unwrap(),
+        "--ignore",
+        "pyalloc.py",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let data = page_data(&page);
+    let sites: Vec<&str> = data["devices"][0]["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["text"].as_str().unwrap())
+        .collect();
+    assert!(
+        sites.contains(&SITE_TEMP) && sites.contains(&SITE_KEPT),
+        "{sites:?}"
+    );
+}
+
+#[test]
+fn the_oom_is_the_default_moment_when_the_file_holds_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Recording::new();
+    r.malloc(0x1000, 1000, KEPT)
+        .malloc(0x2000, 3000, TEMP)
+        .oom(1 << 30) // event 4
+        .free(0x2000)
+        .malloc(0x3000, 8000, TEMP) // the peak, after the OOM
+        .free(0x3000);
+    let snap = write(dir.path(), "oom.pickle", &r.snapshot(None));
+    let p = snap.to_str().unwrap();
+    let v = json(&memsnap(&["summary", "--json", "--ignore", "pyalloc", p]));
+    let at = &v["devices"][0]["at"];
+    assert_eq!(at["moment"], "oom");
+    assert_eq!(at["after_event"], 4);
+    assert_eq!(
+        rows(&at["sites"], "bytes", "count"),
+        owned(&[(SITE_TEMP, 3000, 1), (SITE_KEPT, 1000, 1)])
+    );
+    let text = stdout(&memsnap(&["summary", "--ignore", "pyalloc", p]));
+    assert!(
+        text.contains("  at        the OOM (event 4, +0.002 s):"),
+        "{text}"
+    );
+    assert!(
+        text.contains("held by:  the sites listed above (at OOM)"),
+        "{text}"
+    );
+    // The peak is still one --at away.
+    let v = json(&memsnap(&["summary", "--json", "--at", "peak", p]));
+    let at = &v["devices"][0]["at"];
+    assert_eq!(at["moment"], "peak");
+    assert_eq!(at["live_requested_bytes"], 9000);
+    // An event number and a time: the state after that event.
+    let v = json(&memsnap(&["summary", "--json", "--at", "1", p]));
+    assert_eq!(v["devices"][0]["at"]["live_requested_bytes"], 1000);
+    let v = json(&memsnap(&["summary", "--json", "--at", "1.5ms", p]));
+    let at = &v["devices"][0]["at"];
+    assert_eq!(
+        (at["moment"].as_str(), at["after_event"].as_i64()),
+        (Some("time"), Some(3))
+    );
+    assert_eq!(at["live_requested_bytes"], 4000);
+
+    // A moment the file does not hold is an error naming why.
+    let none = write(dir.path(), "none.pickle", &helper_program().snapshot(None));
+    let o = memsnap(&["summary", "--at", "oom", none.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no OOM in this device's history"),
+        "{}",
+        stderr(&o)
+    );
+    let o = memsnap(&["summary", "--at", "999", none.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("event 999 is past"), "{}", stderr(&o));
+    let o = memsnap(&["summary", "--at", "soon", none.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("peak, oom, end"), "{}", stderr(&o));
+}
+
+#[test]
+fn labels_say_calls_events_and_the_cap_honestly() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = helper_program();
+    // Keep the newest 10 of the 14 events.
+    let snap = write(dir.path(), "capped.pickle", &full.snapshot(Some(10)));
+    let text = stdout(&memsnap(&["summary", snap.to_str().unwrap()]));
+    assert!(
+        text.contains("\nAPI calls: cudaMalloc 4, cudaFree 2\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "events by API (trace events; a call makes 2 or 3): cudaFree 6, cudaMalloc 4\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("  history capped: kept 10 of 14 events"),
+        "{text}"
+    );
+    assert!(!text.contains("dropped events"), "{text}");
+    let v = json(&memsnap(&["summary", "--json", snap.to_str().unwrap()]));
+    assert_eq!(v["devices"][0]["history"]["dropped_by_cap"], 4);
+    assert_eq!(
+        v["devices"][0]["history"]["capped"],
+        "history capped: kept 10 of 14 events"
+    );
+    assert_eq!(v["api_calls"][0]["api"], "cudaMalloc");
+    assert_eq!(v["api_calls"][0]["calls"], 4);
+    // The reconstruction is exact within the kept events: the peak is still 11000 B.
+    assert_eq!(v["devices"][0]["at"]["live_requested_bytes"], 11000);
+    // A file that keeps everything says nothing about a cap.
+    let snap = write(dir.path(), "full.pickle", &full.snapshot(None));
+    let text = stdout(&memsnap(&["summary", snap.to_str().unwrap()]));
+    assert!(!text.contains("capped"), "{text}");
+    // Dropped events are reported when there are some.
+    let mut s = full.snapshot(None);
+    for (key, value) in &mut s.memsnap {
+        if key == "dropped_events" {
+            *value = Meta::Int(7);
+        }
+    }
+    let snap = write(dir.path(), "dropped.pickle", &s);
+    let text = stdout(&memsnap(&["summary", snap.to_str().unwrap()]));
+    assert!(text.contains("dropped events: 7"), "{text}");
+}
+
+#[test]
+fn diff_sizes_mean_what_their_units_say_and_each_side_has_a_moment() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = write(
+        dir.path(),
+        "before.pickle",
+        &Recording::new().snapshot(None),
+    );
+    let mut r = Recording::new();
+    r.malloc(0x1000, 64_000_001, KEPT);
+    let after = write(dir.path(), "after.pickle", &r.snapshot(None));
+    let (b, a) = (before.to_str().unwrap(), after.to_str().unwrap());
+    // 64MB is 64 * 10^6 bytes: 64,000,001 passes it.
+    let o = memsnap(&["diff", b, a, "--fail-above", "64MB"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("FAIL: growth +61.0 MiB exceeds the limit 61.0 MiB (64000000 bytes)"),
+        "{}",
+        stdout(&o)
+    );
+    // 64MiB is 64 * 2^20 = 67,108,864 bytes: within.
+    let o = memsnap(&["diff", b, a, "--fail-above", "64MiB"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    // A bare M is refused rather than guessed.
+    let o = memsnap(&["diff", b, a, "--fail-above", "64M"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("ambiguous: write 64MB (10^6 bytes) or 64MiB (2^20 bytes)"),
+        "{}",
+        stderr(&o)
+    );
+
+    // Each side at its own moment: the helper program at its peak against its end.
+    let p = helper_file(dir.path());
+    let p = p.to_str().unwrap();
+    let v = json(&memsnap(&[
+        "diff",
+        "--json",
+        "--ignore",
+        "pyalloc",
+        "--at-before",
+        "peak",
+        "--at-after",
+        "end",
+        p,
+        p,
+    ]));
+    assert_eq!(v["before"]["units"], "requested bytes");
+    assert_eq!(v["before"]["at"][0]["moment"], "peak");
+    assert_eq!(v["after"]["at"][0]["moment"], "end");
+    assert_eq!(v["total_growth_bytes"], 2000 - 11000);
+    assert_eq!(v["shrank"][0]["site"], SITE_TEMP);
+    assert_eq!(v["shrank"][0]["growth_bytes"], -10000);
+    assert_eq!(v["grew"][0]["site"], SITE_KEPT);
+    assert_eq!(v["grew"][0]["growth_bytes"], 1000);
+    let text = stdout(&memsnap(&["diff", "--at", "peak", p, p]));
+    assert!(
+        text.contains("before: at the peak (after event 6, +0.003 s)\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn ranks_reports_an_unreadable_rank_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = memsnap_format::pickle_write::to_bytes(&helper_program().snapshot(None));
+    std::fs::write(dir.path().join("job-r0.pickle"), &good).unwrap();
+    std::fs::write(dir.path().join("job-r2.pickle"), &good).unwrap();
+    std::fs::write(dir.path().join("job-r1.pickle"), &good[..good.len() / 2]).unwrap();
+    let o = memsnap(&["ranks", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("job-r0.pickle") && text.contains("job-r2.pickle"),
+        "{text}"
+    );
+    let bad = text
+        .lines()
+        .position(|l| l.contains("job-r1.pickle"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let why = text.lines().nth(bad + 1).unwrap();
+    assert!(
+        why.contains("unreadable: ") && why.contains("truncated"),
+        "{text}"
+    );
+    assert!(text.contains("1 of 3 files could not be read"), "{text}");
+    let v = json(&memsnap(&["ranks", "--json", dir.path().to_str().unwrap()]));
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 3);
+    assert_eq!(ranks[1]["rank"], 1);
+    assert!(ranks[1]["error"].as_str().unwrap().contains("truncated"));
+    assert!(ranks[0]["error"].is_null() && ranks[2]["error"].is_null());
+    assert_eq!(v["median_live_bytes"], 2000);
+    // No readable file at all is an error.
+    std::fs::remove_file(dir.path().join("job-r0.pickle")).unwrap();
+    std::fs::remove_file(dir.path().join("job-r2.pickle")).unwrap();
+    let o = memsnap(&["ranks", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn view_and_flamegraph_say_what_they_wrote_and_open_at_the_moment() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = helper_program();
+    r.oom(1 << 30); // event 14
+    let snap = write(dir.path(), "oom.pickle", &r.snapshot(Some(12)));
+    let p = snap.to_str().unwrap();
+    let page = dir.path().join("page.html");
+    let o = memsnap(&["view", p, "-o", page.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with(&format!("wrote {} (", page.display())),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "open it in a web browser: file://{}",
+            page.display()
+        )),
+        "{out}"
+    );
+    let d = &page_data(&page)["devices"][0];
+    // The OOM (event 14 of 15, the 12th of the 12 kept) is where the page opens, with its
+    // size for the legend.
+    assert_eq!(d["at"]["event"], 11);
+    assert_eq!(d["at"]["short"], "OOM");
+    assert_eq!(d["oom_requested"][0], 1i64 << 30);
+    assert_eq!(d["capped"], "history capped: kept 12 of 15 events");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("red line: out of memory at event "));
+    assert!(html.contains("sizes written where they fit"));
+    let o = memsnap(&["view", p, "-o", page.to_str().unwrap(), "--at", "peak"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The peak after event 6 of the full history is event 3 of the 12 kept.
+    assert_eq!(page_data(&page)["devices"][0]["at"]["event"], 3);
+
+    let svg = dir.path().join("f.svg");
+    let o = memsnap(&["flamegraph", p, "-o", svg.to_str().unwrap(), "--at", "peak"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with(&format!(
+            "wrote {}: live memory by stack at the peak (after event 3, +0.002 s), 10.7 KiB (requested bytes) in 3 allocations\n",
+            svg.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("history capped: kept 12 of 15 events"),
+        "{out}"
+    );
+    assert!(out.contains(&format!(
+        "open it in a web browser: file://{}",
+        svg.display()
+    )));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("forget_me"));
+    // At the end only the kept blocks are drawn.
+    let o = memsnap(&["flamegraph", p, "-o", svg.to_str().unwrap(), "--at", "end"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.contains("remember_me") && !svg_text.contains("forget_me"));
 }

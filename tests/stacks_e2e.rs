@@ -125,11 +125,17 @@ fn a_stripped_library_is_named_from_its_dynamic_symbols() {
     let snap = exit_snapshot(&run);
     let frames = frames_of_block(&snap, 1024);
     assert_no_memsnap_frames(&frames);
+    // Named `symbol+offset`, the library as its file.
     let runtime = frames
         .iter()
-        .find(|f| f["name"] == "cudaMalloc")
+        .find(|f| f["name"].as_str().unwrap().starts_with("cudaMalloc+0x"))
         .unwrap_or_else(|| panic!("no cudaMalloc frame from .dynsym: {:?}", names(&frames)));
     assert_eq!(runtime["line"], 0, "no line without debug info: {runtime}");
+    assert_eq!(
+        runtime["filename"].as_str().unwrap(),
+        stripped.to_str().unwrap(),
+        "{runtime}"
+    );
     // Python frames above it are unaffected.
     assert!(
         names(&frames).iter().any(|n| n == "make_tensor"),
@@ -144,8 +150,8 @@ fn a_fully_stripped_executable_gives_module_paths_not_made_up_names() {
     let snap = exit_snapshot(&run);
     let frames = frames_of_block(&snap, 1 << 20);
     assert_no_memsnap_frames(&frames);
-    // No .symtab and no exported functions: the program's frames say where they are (the
-    // module) and nothing else; libc's frames still have names.
+    // No .symtab and no exported function before them: the program's frames are named
+    // `module+offset`, never `??`; libc's frames still have names.
     let own: Vec<&Value> = frames
         .iter()
         .filter(|f| {
@@ -157,14 +163,117 @@ fn a_fully_stripped_executable_gives_module_paths_not_made_up_names() {
         .collect();
     assert!(!own.is_empty(), "{frames:?}");
     assert!(
-        own.iter().all(|f| f["name"] == "??" && f["line"] == 0),
+        own.iter().all(|f| {
+            let name = f["name"].as_str().unwrap();
+            name.strip_prefix("static_rt_stripped+0x")
+                .is_some_and(|hex| u64::from_str_radix(hex, 16).is_ok())
+                && f["line"] == 0
+        }),
         "{own:?}"
     );
+    assert!(frames.iter().all(|f| f["name"] != "??"), "{frames:?}");
     assert!(
         names(&frames).iter().any(|n| n.contains("libc_start")),
         "{:?}",
         names(&frames)
     );
+}
+
+/// A library without debug info that exports a few functions and allocates from an
+/// unexported one (as cuBLAS does): built here, stripped, and called through ctypes.
+const HELPER_C: &str = r#"
+#include <stddef.h>
+int cudaMalloc(void **p, size_t n);
+int helper_first(int x) { return x + 1; }
+__attribute__((noinline)) static void *inner_alloc(size_t n) {
+    void *p = 0;
+    if (cudaMalloc(&p, n) != 0) return 0;
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+void *helper_alloc(size_t n) {
+    void *p = inner_alloc(n);
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+"#;
+
+const HELPER_PY: &str = r#"
+import ctypes, sys
+# Global, as PyTorch loads its CUDA libraries: the preloaded hooks forward a runtime call
+# to the runtime in the global scope.
+lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+lib.helper_alloc.restype = ctypes.c_void_p
+lib.helper_alloc.argtypes = [ctypes.c_size_t]
+assert lib.helper_alloc(12345)
+"#;
+
+#[test]
+fn an_unexported_function_is_named_by_the_nearest_exported_symbol() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("helper.c");
+    std::fs::write(&src, HELPER_C).unwrap();
+    let lib = dir.path().join("libhelper.so");
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O1", "-fPIC", "-shared", "-fno-toplevel-reorder", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg(format!("-L{}", fake_lib_dir().display()))
+        .arg("-lcudart")
+        .status()
+        .expect("run cc");
+    assert!(status.success());
+    let status = Command::new("strip")
+        .arg("--strip-all")
+        .arg(&lib)
+        .status()
+        .expect("run strip");
+    assert!(status.success());
+    let script = dir.path().join("helper.py");
+    std::fs::write(&script, HELPER_PY).unwrap();
+    let folder = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new("python3");
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("MEMSNAP_") || key.starts_with("FAKE_CUDA") || key == "LD_PRELOAD" {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    let o = cmd
+        .arg(&script)
+        .arg(&lib)
+        .env("LD_LIBRARY_PATH", fake_lib_dir())
+        .env("LD_PRELOAD", preload_lib())
+        .env("MEMSNAP_FOLDER", folder.path())
+        .env("MEMSNAP_STACKS", "all")
+        .output()
+        .expect("run python3");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let files = snapshot_files(folder.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let snap = python_load_json(&files[0]);
+    let frames = frames_of_block(&snap, 12345);
+    let in_helper: Vec<String> = frames
+        .iter()
+        .filter(|f| f["filename"].as_str().unwrap().ends_with("libhelper.so"))
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    // inner_alloc has no symbol of its own: the nearest export before it names it.
+    let offset_of = |prefix: &str| {
+        in_helper.iter().find_map(|n| {
+            n.strip_prefix(prefix)
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        })
+    };
+    assert!(offset_of("helper_first+0x").is_some(), "{in_helper:?}");
+    assert!(offset_of("helper_alloc+0x").is_some(), "{in_helper:?}");
+    for seg in snap["segments"].as_array().unwrap() {
+        for b in seg["blocks"].as_array().unwrap() {
+            for f in b["frames"].as_array().unwrap() {
+                assert_ne!(f["name"], "??", "{f}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -253,7 +253,27 @@ fn stats_rows_match_the_drivers_truth_at_every_step() {
 /// Spawns a fake-CUDA program with `LD_PRELOAD` (when `preload`) and piped stdin/stdout;
 /// returns once it printed `result ready=1`.
 fn spawn_waiting(args: &[&str], env: &[(&str, &str)], folder: &Path, preload: bool) -> Child {
-    let mut cmd = Command::new(common::program_path("wait"));
+    spawn_waiting_via(None, args, env, folder, preload)
+}
+
+/// [`spawn_waiting`], started through `launcher --fork` when given (`setsid`: in a session
+/// of its own, and a child of init rather than of this process).
+fn spawn_waiting_via(
+    launcher: Option<&str>,
+    args: &[&str],
+    env: &[(&str, &str)],
+    folder: &Path,
+    preload: bool,
+) -> Child {
+    let mut cmd = match launcher {
+        Some(l) => {
+            let mut c = Command::new(l);
+            // `setsid --fork`: the program is not this process's child.
+            c.arg("--fork").arg(common::program_path("wait"));
+            c
+        }
+        None => Command::new(common::program_path("wait")),
+    };
     cmd.args(args);
     clean_env(&mut cmd);
     cmd.env("LD_LIBRARY_PATH", common::fake_lib_dir())
@@ -974,6 +994,100 @@ fn dump_all_in_a_folder_reaches_that_jobs_recording_processes_only() {
     for line in mine {
         assert!(Path::new(line).is_file());
     }
+}
+
+#[test]
+fn dump_all_stays_in_the_callers_session_unless_user_widens_it() {
+    if Command::new("setsid").arg("--version").output().is_err() {
+        eprintln!("NOTICE: setsid not found; ignoring the --all session test");
+        return;
+    }
+    // Both write to `job`, so that no process of a test running beside this one is ever
+    // signalled. `stranger` runs in a session of its own and, forked away by `setsid
+    // --fork`, descends from no process of this one: like another person's job under a
+    // shared account.
+    // No stacks: nothing to symbolize, so the processes answer at once even on a busy
+    // machine.
+    let job = tempfile::tempdir().unwrap();
+    let mine = spawn_waiting(
+        &[],
+        &[("RANK", "0"), ("MEMSNAP_STACKS", "none")],
+        job.path(),
+        true,
+    );
+    let stranger = spawn_waiting_via(
+        Some("setsid"),
+        &[],
+        &[
+            ("RANK", "1"),
+            ("MEMSNAP_AT_EXIT", "0"),
+            ("MEMSNAP_STACKS", "none"),
+        ],
+        job.path(),
+        true,
+    );
+    let mine_pid = mine.id();
+    let folder = job.path().to_str().unwrap();
+    let o = memsnap(
+        &["dump", "--all", "--folder", folder, "--timeout", "30"],
+        &[],
+        job.path(),
+    );
+    let session_only = stderr(&o);
+    assert!(o.status.success(), "{session_only}");
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 1, "{out}\n{session_only}");
+    assert!(out.contains(&format!("-r0-p{mine_pid}-signal-")), "{out}");
+    assert!(
+        session_only.contains(&format!(
+            "signalling 1 process in this session ({}): pid {mine_pid} (wait)\n",
+            session_of_this_process()
+        )),
+        "{session_only}"
+    );
+    // --user reaches both.
+    let o = memsnap(
+        &[
+            "dump",
+            "--all",
+            "--user",
+            "--folder",
+            folder,
+            "--timeout",
+            "30",
+        ],
+        &[],
+        job.path(),
+    );
+    let all = stdout(&o);
+    for child in [mine, stranger] {
+        assert!(finish(child).success());
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(all.lines().count(), 2, "{all}\n{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("signalling 2 processes of yours on this host: "),
+        "{}",
+        stderr(&o)
+    );
+    let stranger_pid = all
+        .lines()
+        .find_map(|l| l.split("-r1-p").nth(1)?.split('-').next())
+        .unwrap_or_else(|| panic!("no rank 1 file in {all}"));
+    // The first dump said it left the stranger alone, and how to include it.
+    assert!(
+        session_only.contains("left alone: ")
+            && session_only.contains(&format!("pid {stranger_pid} (wait)"))
+            && session_only.contains("--user includes them"),
+        "{session_only}"
+    );
+}
+
+/// This process's session id (field 6 of /proc/self/stat).
+fn session_of_this_process() -> String {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 1..];
+    rest.split_whitespace().nth(3).unwrap().to_string()
 }
 
 #[test]

@@ -11,7 +11,13 @@
 //!   Python frame (library files under site-packages/dist-packages/the stdlib are skipped
 //!   unless nothing else is there), else the first native frame outside the CUDA runtime,
 //!   the allocator and PyTorch's filtered plumbing (docs/FORMAT.md#frames, filtering).
+//!   `--ignore PATTERN` skips frames whose file or function contains PATTERN when choosing
+//!   it; `--callers N` shows the N frames above it (the site's text then names them too,
+//!   so sites are grouped by the whole chain).
+//! - *at a moment* (`--at`): the live set then, from the history (`history.rs`), in
+//!   requested bytes, beside the same figures at the end.
 
+use crate::at::Resolved;
 use crate::history::{EndBlock, History};
 use crate::tally::{Tally, sorted};
 use memsnap_format::model::{BlockState, Frame, Snapshot, StackId};
@@ -65,6 +71,32 @@ pub struct Site {
     pub kind: SiteKind,
 }
 
+/// How the allocation site is chosen and shown: `--ignore` and `--callers`, the same for
+/// every command.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct Attribution {
+    /// Skip frames whose file or function contains PATTERN when choosing the allocation
+    /// site (repeatable): `--ignore pyalloc.py` blames the caller of a helper in pyalloc.py.
+    #[arg(long = "ignore", value_name = "PATTERN")]
+    pub ignore: Vec<String>,
+    /// Show N frames above each allocation site (its callers), as `site <- caller <- ...`;
+    /// sites are then grouped by the whole chain.
+    #[arg(long, value_name = "N")]
+    pub callers: Option<usize>,
+}
+
+impl Attribution {
+    /// Whether `--ignore` names this frame (by a substring of its file or function).
+    pub fn ignores(&self, f: &Frame) -> bool {
+        self.ignore
+            .iter()
+            .any(|p| f.filename.contains(p.as_str()) || f.name.contains(p.as_str()))
+    }
+}
+
+/// Between a site and its callers in a site's text.
+pub const CALLER_SEPARATOR: &str = " <- ";
+
 /// Sites and owners of every stack of one snapshot, computed once.
 pub struct Sites {
     pub sites: Vec<Site>,
@@ -76,7 +108,7 @@ pub struct Sites {
 }
 
 impl Sites {
-    pub fn new(snap: &Snapshot) -> Self {
+    pub fn new(snap: &Snapshot, attr: &Attribution) -> Self {
         let mut sites = Vec::new();
         let mut by_text: FxHashMap<String, u32> = FxHashMap::default();
         let mut intern = |s: Site| -> u32 {
@@ -99,7 +131,7 @@ impl Sites {
                 .iter()
                 .filter_map(|&f| snap.frames.get(f as usize))
                 .collect();
-            site_of_stack.push(intern(site_of(&frames)));
+            site_of_stack.push(intern(site_of(&frames, attr)));
             lib_of_stack.push(library_of(&frames));
         }
         Sites {
@@ -206,32 +238,65 @@ fn is_allocator_plumbing(f: &Frame) -> bool {
     P.iter().any(|p| f.name.contains(p))
 }
 
-fn site_of(frames: &[&Frame]) -> Site {
-    let py: Vec<&&Frame> = frames.iter().filter(|f| is_python_frame(f)).collect();
-    if let Some(f) = py
-        .iter()
-        .find(|f| !is_library_python_file(&f.filename))
-        .or_else(|| py.first())
-    {
-        return Site {
-            text: format!("{}:{} ({})", short_path(&f.filename), f.line, f.name),
-            kind: SiteKind::Python,
-        };
-    }
-    let chosen = frames
-        .iter()
-        .find(|f| !is_hidden(f) && !is_runtime(f) && !is_allocator_plumbing(f))
-        .or_else(|| frames.iter().find(|f| !is_hidden(f)))
-        .or_else(|| frames.first());
-    match chosen {
-        Some(f) => Site {
-            text: native_text(f),
-            kind: SiteKind::Native,
+/// The site of a stack: the chosen frame's text, then its callers'.
+fn site_of(frames: &[&Frame], attr: &Attribution) -> Site {
+    match site_chain(frames, attr) {
+        Some((chain, kind)) => Site {
+            text: chain.join(CALLER_SEPARATOR),
+            kind,
         },
         None => Site {
-            text: "<no frames recorded>".into(),
+            text: if frames.is_empty() {
+                "<no frames recorded>".into()
+            } else {
+                "<every frame matched --ignore>".into()
+            },
             kind: SiteKind::None,
         },
+    }
+}
+
+/// The site frame's text and its callers' (`--callers`, outward), or `None` when no frame
+/// can be the site.
+pub fn site_chain(frames: &[&Frame], attr: &Attribution) -> Option<(Vec<String>, SiteKind)> {
+    let (at, kind) = choose_site(frames, attr)?;
+    let mut chain = vec![frame_text(frames[at])];
+    let callers = frames[at + 1..]
+        .iter()
+        .filter(|f| !is_hidden(f) && !attr.ignores(f))
+        .filter(|f| kind != SiteKind::Python || is_python_frame(f))
+        .take(attr.callers.unwrap_or(0));
+    chain.extend(callers.map(|f| frame_text(f)));
+    Some((chain, kind))
+}
+
+/// The index of the site frame: the innermost user Python frame, else the first native
+/// frame outside the runtime and the allocator; frames `attr` ignores are never chosen.
+fn choose_site(frames: &[&Frame], attr: &Attribution) -> Option<(usize, SiteKind)> {
+    let usable = |f: &Frame| !attr.ignores(f);
+    let py: Vec<usize> = (0..frames.len())
+        .filter(|&i| is_python_frame(frames[i]) && usable(frames[i]))
+        .collect();
+    if let Some(&i) = py
+        .iter()
+        .find(|&&i| !is_library_python_file(&frames[i].filename))
+        .or_else(|| py.first())
+    {
+        return Some((i, SiteKind::Python));
+    }
+    let first = |ok: &dyn Fn(&Frame) -> bool| frames.iter().position(|f| usable(f) && ok(f));
+    first(&|f| !is_hidden(f) && !is_runtime(f) && !is_allocator_plumbing(f))
+        .or_else(|| first(&|f| !is_hidden(f)))
+        .or_else(|| first(&|_| true))
+        .map(|i| (i, SiteKind::Native))
+}
+
+/// One frame as a site names it: `file:line (function)` for Python, else [`native_text`].
+pub fn frame_text(f: &Frame) -> String {
+    if is_python_frame(f) {
+        format!("{}:{} ({})", short_path(&f.filename), f.line, f.name)
+    } else {
+        native_text(f)
     }
 }
 
@@ -246,11 +311,18 @@ pub fn short_path(path: &str) -> &str {
 }
 
 /// A native frame as one short line: the function without arguments or template
-/// parameters, then the file (base name) and line when known.
+/// parameters (and the `+0x..` offset when it was named from a symbol table), then the file
+/// (base name) and line when known. A frame named `library+0x..` (no symbol) is not
+/// followed by its library again.
 pub fn native_text(f: &Frame) -> String {
-    let mut s = simplify_cpp(&f.name);
+    let (name, offset) = split_offset(&f.name);
+    let mut s = simplify_cpp(name);
+    s.push_str(offset);
     let file = f.filename.rsplit('/').next().unwrap_or("");
-    if !file.is_empty() && file != "??" {
+    if !file.is_empty()
+        && file != "??"
+        && !(s.starts_with(file) && s[file.len()..].starts_with("+0x"))
+    {
         if f.line > 0 {
             s.push_str(&format!(" ({file}:{})", f.line));
         } else {
@@ -258,6 +330,16 @@ pub fn native_text(f: &Frame) -> String {
         }
     }
     s
+}
+
+/// `foo(int)+0x1a` → (`foo(int)`, `+0x1a`); a name without such an offset is returned whole.
+fn split_offset(name: &str) -> (&str, &str) {
+    match name.rfind("+0x") {
+        Some(i) if name.len() > i + 3 && name[i + 3..].bytes().all(|b| b.is_ascii_hexdigit()) => {
+            name.split_at(i)
+        }
+        _ => (name, ""),
+    }
 }
 
 /// `void at::native::f<float, 4>(at::Tensor const&)` → `at::native::f`.
@@ -397,6 +479,80 @@ pub struct DeviceStats {
     pub by_site: FxHashMap<u32, Tally>,
     pub by_library: FxHashMap<Library, Tally>,
     pub ooms: Vec<OomInfo>,
+    /// The live set at the moment `--at` asked for, with the end beside it.
+    pub at: AtInfo,
+}
+
+/// The live set at one moment, by site and library, in requested bytes; the end's in the
+/// same units beside it.
+pub struct AtInfo {
+    pub moment: Resolved,
+    pub live: Tally,
+    pub reserved: i64,
+    pub by_site: FxHashMap<u32, Tally>,
+    pub by_library: FxHashMap<Library, Tally>,
+    pub end_by_site: FxHashMap<u32, Tally>,
+    pub end_by_library: FxHashMap<Library, Tally>,
+}
+
+impl AtInfo {
+    fn new(sites: &Sites, at: crate::history::AtState, end: &[EndBlock]) -> Self {
+        let mut info = AtInfo {
+            moment: at.moment,
+            live: Tally::default(),
+            reserved: at.reserved,
+            by_site: FxHashMap::default(),
+            by_library: FxHashMap::default(),
+            end_by_site: FxHashMap::default(),
+            end_by_library: FxHashMap::default(),
+        };
+        for (stack, t) in &at.holders {
+            info.live.merge(*t);
+            info.by_site
+                .entry(sites.site(*stack))
+                .or_default()
+                .merge(*t);
+            info.by_library
+                .entry(sites.library(*stack))
+                .or_default()
+                .merge(*t);
+        }
+        for b in end {
+            info.end_by_site
+                .entry(sites.site(b.stack))
+                .or_default()
+                .add(b.requested);
+            info.end_by_library
+                .entry(sites.library(b.stack))
+                .or_default()
+                .add(b.requested);
+        }
+        info
+    }
+}
+
+/// Every active block of `device` in the snapshot (what is live after the last event).
+pub fn end_blocks(snap: &Snapshot, device: i64) -> Vec<EndBlock> {
+    snap.segments
+        .iter()
+        .filter(|s| s.device == device)
+        .flat_map(|seg| seg.blocks.iter())
+        .filter(|b| b.state.is_active())
+        .map(|b| EndBlock {
+            address: b.address,
+            requested: b.requested_size,
+            stack: b.stack,
+        })
+        .collect()
+}
+
+/// Reserved bytes of `device` in the snapshot.
+pub fn end_reserved(snap: &Snapshot, device: i64) -> i64 {
+    snap.segments
+        .iter()
+        .filter(|s| s.device == device)
+        .map(|s| s.total_size)
+        .sum()
 }
 
 /// Every device that appears in segments or has trace entries (`events[d]` of them), in
@@ -439,9 +595,9 @@ pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64, hist: &History)
         by_site: FxHashMap::default(),
         by_library: FxHashMap::default(),
         ooms: Vec::new(),
+        at: AtInfo::new(sites, crate::history::AtState::empty(), &[]),
     };
     let mut active_requested = 0i64;
-    let mut end_blocks = Vec::new();
     for seg in snap.segments.iter().filter(|s| s.device == device) {
         st.reserved.add(seg.total_size);
         for b in &seg.blocks {
@@ -465,15 +621,14 @@ pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64, hist: &History)
                 }
                 BlockState::Inactive => {}
             }
-            if b.state.is_active() && hist.has_oom() {
-                end_blocks.push(EndBlock {
-                    address: b.address,
-                    requested: b.requested_size,
-                    stack: b.stack,
-                });
-            }
         }
     }
+    let end_blocks = end_blocks(snap, device);
+    st.at = AtInfo::new(
+        sites,
+        hist.at_with_end(&end_blocks, st.reserved.bytes),
+        &end_blocks,
+    );
     // The state after the last entry is the snapshot itself.
     st.start_live_requested = hist.start_live(active_requested);
     (st.peak_live_requested, st.peak_after_event) = hist.peak_live(active_requested);
@@ -486,11 +641,8 @@ pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64, hist: &History)
             let mut by_site: FxHashMap<u32, Tally> = FxHashMap::default();
             let mut total = Tally::default();
             for (stack, t) in &o.holders {
-                let site = by_site.entry(sites.site(*stack)).or_default();
-                site.bytes += t.bytes;
-                site.count += t.count;
-                total.bytes += t.bytes;
-                total.count += t.count;
+                by_site.entry(sites.site(*stack)).or_default().merge(*t);
+                total.merge(*t);
             }
             OomInfo {
                 event: o.oom.event,
@@ -506,6 +658,34 @@ pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64, hist: &History)
         })
         .collect();
     st
+}
+
+/// Trace events of `device` the file's history cap dropped (memsnap's per-device
+/// `history_dropped`); `None` when the file does not say (PyTorch's files).
+pub fn history_dropped(snap: &Snapshot, device: i64) -> Option<i64> {
+    use memsnap_format::model::Meta;
+    let Some(Meta::List(devices)) = snap.meta("devices") else {
+        return None;
+    };
+    devices.iter().find_map(|d| {
+        let Meta::Dict(kv) = d else { return None };
+        let get = |key: &str| {
+            kv.iter().find_map(|(k, v)| match v {
+                Meta::Int(i) if k == key => Some(*i),
+                _ => None,
+            })
+        };
+        (get("device") == Some(device)).then(|| get("history_dropped"))?
+    })
+}
+
+/// `history capped: kept N of M events` when the cap dropped any, else `None`.
+pub fn capped_label(kept: usize, dropped: Option<i64>) -> Option<String> {
+    let dropped = dropped.filter(|&d| d > 0)?;
+    Some(format!(
+        "history capped: kept {kept} of {} events",
+        kept as i64 + dropped
+    ))
 }
 
 /// Live bytes by site over all devices (for diff and ranks).
@@ -540,7 +720,8 @@ pub fn fmt_bytes(b: i64) -> String {
     format!("{sign}{v:.1} {}", U[u])
 }
 
-/// Parses `1000`, `64MiB`, `1.5GB`, `2G` (binary multiples for K/M/G/T, with or without `iB`/`B`).
+/// Parses a size: `1000`, `64MB` (10^6 bytes each), `64MiB` (2^20), `1.5GB`, `2GiB`,
+/// `512kB`, `1TiB`. A bare `64M` is refused as ambiguous.
 pub fn parse_bytes(s: &str) -> Result<i64, String> {
     let t = s.trim();
     let split = t
@@ -549,16 +730,47 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
     let (num, unit) = t.split_at(split);
     let v: f64 = num
         .parse()
-        .map_err(|_| format!("{s:?} is not a size (try 1000, 64MiB, 2GiB)"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        .map_err(|_| format!("{s:?} is not a size (try 1000, 64MB, 64MiB, 2GiB)"))?;
+    let unit = unit.trim();
+    let mult: f64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
-        "k" | "kb" | "kib" => 1024.0,
-        "m" | "mb" | "mib" => 1024.0 * 1024.0,
-        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tb" | "tib" => 1024f64.powi(4),
-        _ => return Err(format!("{s:?}: unknown unit (use B, KiB, MiB, GiB, TiB)")),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        "k" | "m" | "g" | "t" => {
+            return Err(format!(
+                "{s:?} is ambiguous: write {num}{u}B ({}) or {num}{u}iB ({})",
+                match unit.to_ascii_lowercase().as_str() {
+                    "k" => "10^3 bytes",
+                    "m" => "10^6 bytes",
+                    "g" => "10^9 bytes",
+                    _ => "10^12 bytes",
+                },
+                match unit.to_ascii_lowercase().as_str() {
+                    "k" => "2^10 bytes",
+                    "m" => "2^20 bytes",
+                    "g" => "2^30 bytes",
+                    _ => "2^40 bytes",
+                },
+                u = unit.to_ascii_uppercase(),
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit (use B, kB, MB, GB, TB for powers of 1000, or KiB, MiB, GiB, TiB for powers of 1024)"
+            ));
+        }
     };
-    Ok((v * mult) as i64)
+    let bytes = v * mult;
+    if !bytes.is_finite() || bytes > i64::MAX as f64 {
+        return Err(format!("{s:?}: too large"));
+    }
+    Ok(bytes.round() as i64)
 }
 
 #[cfg(test)]
@@ -576,15 +788,16 @@ mod tests {
 
     #[test]
     fn site_prefers_user_python_then_native_outside_runtime() {
+        let none = Attribution::default();
         let torch = fr(
             "forward",
             "/x/site-packages/torch/nn/modules/linear.py",
             125,
         );
         let user = fr("<module>", "/srv/job/train.py", 36);
-        let s = site_of(&[&torch, &user]);
+        let s = site_of(&[&torch, &user], &none);
         assert_eq!(s.text, "/srv/job/train.py:36 (<module>)");
-        let s = site_of(&[&torch]);
+        let s = site_of(&[&torch], &none);
         assert_eq!(s.text, "torch/nn/modules/linear.py:125 (forward)");
         let rt = fr("cudaMalloc", "/usr/lib/libcudart.so.12", 0);
         let alloc = fr(
@@ -598,9 +811,12 @@ mod tests {
             "Reduce.cuh",
             10,
         );
-        assert_eq!(site_of(&[&rt, &nccl]).text, "ncclMemAlloc (libnccl.so.2)");
         assert_eq!(
-            site_of(&[&rt, &alloc, &op]).text,
+            site_of(&[&rt, &nccl], &none).text,
+            "ncclMemAlloc (libnccl.so.2)"
+        );
+        assert_eq!(
+            site_of(&[&rt, &alloc, &op], &none).text,
             "at::native::gpu_reduce_kernel (Reduce.cuh:10)"
         );
         assert_eq!(library_of(&[&rt, &nccl]), Library::Nccl);
@@ -618,14 +834,123 @@ mod tests {
     }
 
     #[test]
+    fn ignore_moves_the_site_to_the_caller_and_callers_are_shown() {
+        // A helper that every allocation goes through, as pyalloc.py's cuda_alloc.
+        let rt = fr("cudaMalloc", "/usr/lib/libcudart.so.13", 0);
+        let helper = fr("cuda_alloc", "/srv/app/pyalloc.py", 12);
+        let keeper = fr("remember_me", "/srv/app/main.py", 30);
+        let outer = fr("<module>", "/srv/app/main.py", 41);
+        let stack = [&rt, &helper, &keeper, &outer];
+        let none = Attribution::default();
+        assert_eq!(
+            site_of(&stack, &none).text,
+            "/srv/app/pyalloc.py:12 (cuda_alloc)"
+        );
+        let skip = Attribution {
+            ignore: vec!["pyalloc.py".into()],
+            callers: None,
+        };
+        assert_eq!(
+            site_of(&stack, &skip).text,
+            "/srv/app/main.py:30 (remember_me)"
+        );
+        // A function name matches too.
+        let skip_fn = Attribution {
+            ignore: vec!["cuda_alloc".into()],
+            callers: None,
+        };
+        assert_eq!(
+            site_of(&stack, &skip_fn).text,
+            "/srv/app/main.py:30 (remember_me)"
+        );
+        let callers = Attribution {
+            ignore: Vec::new(),
+            callers: Some(2),
+        };
+        assert_eq!(
+            site_of(&stack, &callers).text,
+            "/srv/app/pyalloc.py:12 (cuda_alloc) <- /srv/app/main.py:30 (remember_me) <- /srv/app/main.py:41 (<module>)"
+        );
+        let both = Attribution {
+            ignore: vec!["pyalloc.py".into()],
+            callers: Some(5),
+        };
+        assert_eq!(
+            site_of(&stack, &both).text,
+            "/srv/app/main.py:30 (remember_me) <- /srv/app/main.py:41 (<module>)"
+        );
+        // Everything ignored: said so.
+        let all = Attribution {
+            ignore: vec!["/".into()],
+            callers: None,
+        };
+        let s = site_of(&stack, &all);
+        assert_eq!(
+            (s.text.as_str(), s.kind),
+            ("<every frame matched --ignore>", SiteKind::None)
+        );
+        // Native sites: the first frame outside the runtime that is not ignored.
+        let op = fr(
+            "at::native::addmm_out_cuda_impl(at::Tensor&)+0x4c",
+            "/t/libtorch_cuda.so",
+            0,
+        );
+        let app = fr("main", "/src/app.cpp", 7);
+        assert_eq!(
+            site_of(&[&rt, &op, &app], &none).text,
+            "at::native::addmm_out_cuda_impl+0x4c (libtorch_cuda.so)"
+        );
+        let skip_torch = Attribution {
+            ignore: vec!["libtorch".into()],
+            callers: None,
+        };
+        assert_eq!(
+            site_of(&[&rt, &op, &app], &skip_torch).text,
+            "main (app.cpp:7)"
+        );
+    }
+
+    #[test]
+    fn native_frames_keep_their_symbol_offset_and_name_the_library_once() {
+        let f = fr("cublasLtMatmul+0x3a7b20", "/usr/lib/libcublasLt.so.13", 0);
+        assert_eq!(
+            native_text(&f),
+            "cublasLtMatmul+0x3a7b20 (libcublasLt.so.13)"
+        );
+        let f = fr("libcublas.so.13+0x1a2b3c", "/usr/lib/libcublas.so.13", 0);
+        assert_eq!(native_text(&f), "libcublas.so.13+0x1a2b3c");
+        let f = fr(
+            "void at::f<int>(at::Tensor const&)+0x10",
+            "/t/libtorch_cuda.so",
+            0,
+        );
+        assert_eq!(native_text(&f), "at::f+0x10 (libtorch_cuda.so)");
+        // `+0x` not followed by hex only is part of the name.
+        let f = fr("operator+0xyz", "??", 0);
+        assert_eq!(native_text(&f), "operator+0xyz");
+    }
+
+    #[test]
     fn sizes_format_and_parse() {
         assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(fmt_bytes(3 << 20), "3.0 MiB");
         assert_eq!(fmt_bytes(-(3 << 30)), "-3.0 GiB");
         assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
         assert_eq!(parse_bytes("1000"), Ok(1000));
-        assert_eq!(parse_bytes("1.5G"), Ok(3 << 29));
+        // MB is 10^6 bytes, MiB 2^20: what the units say.
+        assert_eq!(parse_bytes("64MB"), Ok(64_000_000));
+        assert_eq!(parse_bytes("64mb"), Ok(64_000_000));
+        assert_eq!(parse_bytes("512kB"), Ok(512_000));
+        assert_eq!(parse_bytes("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(parse_bytes("2TiB"), Ok(2 << 40));
+        let err = parse_bytes("1.5G").unwrap_err();
+        assert!(
+            err.contains("ambiguous") && err.contains("1.5GB") && err.contains("1.5GiB"),
+            "{err}"
+        );
         assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("3 parsecs").is_err());
     }
 
     /// A memsnap-style snapshot: one segment per live block, stacks `x.py:1`, `y.py:2`...
@@ -633,7 +958,7 @@ mod tests {
         events: &[(Action, i64, i64, Option<StackId>)],
         live: &[(i64, i64, StackId)],
     ) -> Snapshot {
-        use memsnap_format::model::{Block, Meta, Segment, TraceEntry};
+        use memsnap_format::model::{Meta, Segment, TraceEntry};
         let frames: Vec<Frame> = (0..4)
             .map(|i| fr("f", &format!("/app/s{i}.py"), i + 1))
             .collect();
@@ -653,23 +978,7 @@ mod tests {
             stacks: (0..4).map(|i| vec![i]).collect(),
             segments: live
                 .iter()
-                .map(|&(addr, size, st)| Segment {
-                    device: 0,
-                    address: addr,
-                    total_size: size,
-                    stream: 0,
-                    segment_type: "large".into(),
-                    segment_pool_id: (0, 0),
-                    is_expandable: false,
-                    stack: Some(st),
-                    blocks: vec![Block {
-                        address: addr,
-                        size,
-                        requested_size: size,
-                        state: BlockState::ActiveAllocated,
-                        stack: Some(st),
-                    }],
-                })
+                .map(|&(addr, size, st)| Segment::one_allocation(0, addr, size, Some(st)))
                 .collect(),
             device_traces: vec![events.iter().map(entry).collect()],
             allocator_settings: vec![],
@@ -691,8 +1000,13 @@ mod tests {
             ],
             &[(0x2000, 200, 1), (0x3000, 300, 3)],
         );
-        let sites = Sites::new(&s);
-        let st = device_stats(&s, &sites, 0, &History::of(&s.device_traces[0]));
+        let sites = Sites::new(&s, &Attribution::default());
+        let st = device_stats(
+            &s,
+            &sites,
+            0,
+            &History::of(&s.device_traces[0], crate::at::At::Auto),
+        );
         assert_eq!(st.ooms.len(), 1);
         let o = &st.ooms[0];
         assert_eq!((o.event, o.requested, o.device_free), (2, 5000, Some(7)));
@@ -733,8 +1047,13 @@ mod tests {
             ],
             &[(0x1000, 100, 1), (0x5000, 600, 2)],
         );
-        let sites = Sites::new(&s);
-        let st = device_stats(&s, &sites, 0, &History::of(&s.device_traces[0]));
+        let sites = Sites::new(&s, &Attribution::default());
+        let st = device_stats(
+            &s,
+            &sites,
+            0,
+            &History::of(&s.device_traces[0], crate::at::At::Auto),
+        );
         assert_eq!(st.start_live_requested, 1000);
         assert_eq!(st.peak_live_requested, 1000);
         assert_eq!(st.peak_after_event, None);

@@ -1,6 +1,11 @@
 //! `memsnap dump [PID ...|--all]`: asks running processes for a snapshot now.
 //!
-//! Cold, no unsafe. For each process: checks that it exists, is the user's, has
+//! Cold, no unsafe. `--all` reaches the processes of the caller's own session or job: the
+//! same session id (/proc/PID/stat), a descendant of a process of that session (launchers
+//! such as torchrun may start their workers in sessions of their own), or the same
+//! `SLURM_JOB_ID`; `--user` widens it to every process of the user on the host (under a
+//! shared account that includes other people's jobs). The list is printed before anything
+//! is signalled. For each process: checks that it exists, is the user's, has
 //! `libmemsnap.so` mapped and is recording (its `memsnap-writer` thread exists and it
 //! catches the dump signal: sending SIGUSR1 to a process that does not would kill it),
 //! reads where it writes from `/proc/PID/environ` with the library's own parser (for
@@ -22,15 +27,20 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  memsnap dump 12345\n  memsnap dump --all          # every process of yours on this host recording with memsnap (all ranks)\n  memsnap dump --all --folder snaps   # only those writing to ./snaps (one job)"
+    after_help = "Examples:\n  memsnap dump 12345\n  memsnap dump --all          # the recording processes of this session or job (all ranks)\n  memsnap dump --all --folder snaps   # only those writing to ./snaps\n  memsnap dump --all --user   # every process of yours on this host recording with memsnap"
 )]
 pub struct DumpArgs {
     /// Processes to dump
     #[arg(value_name = "PID", required_unless_present = "all")]
     pub pids: Vec<u32>,
-    /// Every process of the current user on this host that has memsnap loaded
+    /// The processes with memsnap loaded in this session or job: same session id, a
+    /// descendant of this session (a launcher's workers), or the same SLURM_JOB_ID
     #[arg(long, conflicts_with = "pids")]
     pub all: bool,
+    /// With --all: every process of yours on this host with memsnap loaded, whatever its
+    /// session (under a shared account: other people's jobs too)
+    #[arg(long, requires = "all")]
+    pub user: bool,
     /// With --all: only processes whose snapshot folder is DIR (one job's ranks)
     #[arg(long, value_name = "DIR", requires = "all")]
     pub folder: Option<PathBuf>,
@@ -62,14 +72,31 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     let mut targets = Vec::new();
 
     if args.all {
-        let pids = memsnap_processes(uid, me);
+        let loaded = memsnap_processes(uid, me);
+        let scope = Scope::of_caller();
+        let (pids, outside): (Vec<u32>, Vec<u32>) = loaded
+            .iter()
+            .partition(|&&pid| args.user || scope.contains(pid));
         if pids.is_empty() {
-            eprintln!("memsnap: no process of yours on this host has memsnap loaded");
+            if outside.is_empty() {
+                eprintln!("memsnap: no process of yours on this host has memsnap loaded");
+            } else {
+                eprintln!(
+                    "memsnap: no process with memsnap loaded in {}; {} of yours elsewhere on this host: {} (add --user to include them, or name the pids)",
+                    scope.describe(),
+                    plural(outside.len(), "process", "processes"),
+                    describe_pids(&outside)
+                );
+            }
             return Ok(ExitCode::from(1));
         }
+        let mut chosen = Vec::new();
         for pid in pids {
             match prepare(pid, uid, args.folder.as_deref()) {
-                Ok(t) => targets.push(t),
+                Ok(t) => {
+                    chosen.push(t.pid);
+                    targets.push(t);
+                }
                 Err(Prepare::Excluded | Prepare::Gone(_)) => {}
                 // Launchers (torchrun's agent) and helpers that never touch CUDA load the
                 // library too: skipping them is not a failure.
@@ -87,6 +114,26 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
         if targets.is_empty() && failed == 0 {
             eprintln!("memsnap: none of the processes with memsnap loaded is recording");
             return Ok(ExitCode::from(1));
+        }
+        if !chosen.is_empty() {
+            eprintln!(
+                "memsnap: signalling {} {}: {}",
+                plural(chosen.len(), "process", "processes"),
+                if args.user {
+                    "of yours on this host".to_string()
+                } else {
+                    format!("in {}", scope.describe())
+                },
+                describe_pids(&chosen)
+            );
+        }
+        if !args.user && !outside.is_empty() {
+            eprintln!(
+                "memsnap: left alone: {} with memsnap loaded outside {} ({}; --user includes them)",
+                plural(outside.len(), "process", "processes"),
+                scope.describe(),
+                describe_pids(&outside)
+            );
         }
     } else {
         for &pid in &args.pids {
@@ -149,6 +196,101 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The caller's session and job: what `--all` reaches without `--user`.
+struct Scope {
+    session: Option<u32>,
+    slurm_job: Option<String>,
+}
+
+/// Parent links followed at most, looking for an ancestor in the caller's session.
+const MAX_ANCESTORS: usize = 64;
+
+impl Scope {
+    fn of_caller() -> Self {
+        Scope {
+            session: stat_fields(Path::new("/proc/self")).map(|f| f.session),
+            slurm_job: std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty()),
+        }
+    }
+
+    /// Whether `pid` is in the caller's session (or descends from a process that is), or
+    /// in the caller's SLURM job.
+    fn contains(&self, pid: u32) -> bool {
+        let proc = PathBuf::from(format!("/proc/{pid}"));
+        if let Some(job) = &self.slurm_job
+            && read_environ(&proc.join("environ")).get("SLURM_JOB_ID") == Some(job)
+        {
+            return true;
+        }
+        let Some(mine) = self.session else {
+            return false;
+        };
+        let mut at = pid;
+        for _ in 0..MAX_ANCESTORS {
+            let Some(f) = stat_fields(&PathBuf::from(format!("/proc/{at}"))) else {
+                return false;
+            };
+            if f.session == mine {
+                return true;
+            }
+            if f.ppid <= 1 {
+                return false;
+            }
+            at = f.ppid;
+        }
+        false
+    }
+
+    fn describe(&self) -> String {
+        match (&self.slurm_job, self.session) {
+            (Some(job), Some(s)) => format!("this session ({s}) or SLURM job {job}"),
+            (Some(job), None) => format!("SLURM job {job}"),
+            (None, Some(s)) => format!("this session ({s})"),
+            (None, None) => "this session".to_string(),
+        }
+    }
+}
+
+/// The fields of /proc/PID/stat that say where a process belongs.
+struct StatFields {
+    ppid: u32,
+    session: u32,
+}
+
+/// Parent pid and session id from `proc/stat` (fields 4 and 6; the command name in field
+/// 2 may hold spaces and parentheses, so fields are counted from its closing parenthesis).
+fn stat_fields(proc: &Path) -> Option<StatFields> {
+    parse_stat(&std::fs::read_to_string(proc.join("stat")).ok()?)
+}
+
+fn parse_stat(stat: &str) -> Option<StatFields> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let _state = f.next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let _pgrp = f.next()?;
+    let session = f.next()?.parse().ok()?;
+    Some(StatFields { ppid, session })
+}
+
+/// `pid 12 (python), pid 13 (python)`.
+fn describe_pids(pids: &[u32]) -> String {
+    pids.iter()
+        .map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            match comm.trim() {
+                "" => format!("pid {pid}"),
+                c => format!("pid {pid} ({c})"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 enum Poll {
@@ -463,6 +605,17 @@ mod tests {
             "7f00-7f10 r-xp 00000000 08:01 123 /usr/lib/libmemsnap.so.bak\n"
         ));
         assert!(!has_memsnap("7f00-7f10 rw-p 00000000 00:00 0 \n"));
+    }
+
+    #[test]
+    fn session_and_parent_from_stat() {
+        // The command name may hold spaces and parentheses.
+        let stat = "4242 (my (odd) prog) S 4200 4242 4100 34816 4242 4194304 120 0";
+        let f = parse_stat(stat).unwrap();
+        assert_eq!((f.ppid, f.session), (4200, 4100));
+        assert!(parse_stat("4242 (x").is_none());
+        let me = stat_fields(Path::new("/proc/self")).unwrap();
+        assert_eq!(me.ppid, std::os::unix::process::parent_id());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! dispatcher turns into exit 0 instead of a panic; the launchers (run, dump) manage their
 //! own output. Cold code, no unsafe.
 
+use crate::at::At;
 use crate::history::History;
 use anyhow::{Context, Result};
 use memsnap_format::model::Snapshot;
@@ -33,10 +34,11 @@ pub struct Summarized {
     pub histories: Vec<History>,
 }
 
-/// Reads a snapshot for `summary` and `ranks`: each trace entry goes into its device's
-/// [`History`] as it is decoded and is dropped, so memory follows the live set and the
-/// distinct stacks, not the length of the history.
-pub fn load_summarized(path: &Path) -> Result<Summarized> {
+/// Reads a snapshot for `summary`, `ranks`, and the commands asked for a moment (`--at`):
+/// each trace entry goes into its device's [`History`], which follows the moment `at`, as
+/// it is decoded and is dropped, so memory follows the live set and the distinct stacks,
+/// not the length of the history.
+pub fn load_summarized(path: &Path, at: At) -> Result<Summarized> {
     let mut by_list: Vec<(u32, History)> = Vec::new();
     let streamed = decode(path, |file, progress| {
         pickle_read::stream_snapshot_from(file, progress, &mut |list, entry| {
@@ -44,7 +46,7 @@ pub fn load_summarized(path: &Path) -> Result<Summarized> {
             let h = match by_list.iter().position(|(l, _)| *l == list) {
                 Some(i) => &mut by_list[i].1,
                 None => {
-                    by_list.push((list, History::default()));
+                    by_list.push((list, History::new(at)));
                     &mut by_list.last_mut().expect("just pushed").1
                 }
             };
@@ -59,7 +61,11 @@ pub fn load_summarized(path: &Path) -> Result<Summarized> {
     let Some(streamed) = streamed else {
         // A file that refers back to an entry (no known writer): read it whole.
         let snap = load(path)?;
-        let histories = snap.device_traces.iter().map(|t| History::of(t)).collect();
+        let histories = snap
+            .device_traces
+            .iter()
+            .map(|t| History::of(t, at))
+            .collect();
         return Ok(Summarized { snap, histories });
     };
     let histories = streamed
@@ -70,7 +76,7 @@ pub fn load_summarized(path: &Path) -> Result<Summarized> {
                 .iter()
                 .find(|(list, _)| list == l)
                 .map(|(_, h)| h.clone())
-                .unwrap_or_default()
+                .unwrap_or_else(|| History::new(at))
         })
         .collect();
     Ok(Summarized {

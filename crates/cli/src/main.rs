@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod analysis;
+mod at;
 mod check;
 mod diff;
 mod dump;
@@ -36,15 +37,18 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Per device: live, reserved and peak bytes, top allocation sites and libraries, OOMs.
+    /// What held the memory at the moment that matters (the OOM, else the peak, or --at),
+    /// beside the end, per device: sites, libraries, OOMs.
     Summary(summary::Args),
-    /// What grew between two snapshots, by allocation site (exit 1 past --fail-above).
+    /// What grew between two snapshots (at their ends, or --at), by allocation site (exit 1
+    /// past --fail-above).
     Diff(diff::Args),
     /// One row per rank file in a folder; marks the ranks that stand out.
     Ranks(ranks::Args),
-    /// Write one self-contained HTML page: timeline, segments, stacks, search, zoom.
+    /// Write one self-contained HTML page: timeline, segments, stacks, search, zoom; it opens
+    /// at the OOM, else the peak (--at).
     View(view::Args),
-    /// Write a flame graph (SVG) of live bytes by stack.
+    /// Write a flame graph (SVG) of live bytes by stack at the OOM, else the peak (--at).
     Flamegraph(flamegraph::Args),
     /// Check snapshots against the format rules PyTorch's viewer relies on (exit 1 if not).
     Check(check::Args),

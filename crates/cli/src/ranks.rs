@@ -3,9 +3,11 @@
 //! The rank comes from memsnap's metadata (`rank`) or the file name (`r3`, `rank3`,
 //! `rank_3`, as in memsnap's `-r{rank}-` and torchtitan's `rank{rank}_`). A rank stands
 //! out when its live or peak bytes exceed 1.25× the median of all files, or when it hit an
-//! OOM while some other rank did not.
+//! OOM while some other rank did not. A file that cannot be read gets a row saying why;
+//! the other ranks are still reported (they are the ones a person needs then).
 
-use crate::analysis::{self, Sites, fmt_bytes};
+use crate::analysis::{self, Attribution, Sites, fmt_bytes};
+use crate::at::At;
 use crate::summary::meta_int;
 use crate::tally::sorted;
 use anyhow::{Context, Result};
@@ -21,13 +23,18 @@ pub const JSON_SHAPE: &str = "\
 JSON (--json):
   { dir, median_live_bytes, median_peak_bytes,
     ranks: [ {file, rank: int|null, live_bytes, reserved_bytes, peak_bytes, ooms,
-              top_site: str|null, top_site_bytes, outlier: bool, reasons: [str]} ] }";
+              top_site: str|null, top_site_bytes, outlier: bool, reasons: [str],
+              capped: [str], error: str|null} ] }
+A rank whose file cannot be read has `error` set and zeros elsewhere; it is left out of the
+medians. capped: `history capped: kept N of M events` per device where the cap dropped events.";
 
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = JSON_SHAPE)]
 pub struct Args {
     /// Folder holding one snapshot per rank (*.pickle, *.pkl).
     pub dir: PathBuf,
+    #[command(flatten)]
+    pub attr: Attribution,
     /// Print JSON instead of text (shape: see --help).
     #[arg(long)]
     pub json: bool,
@@ -46,6 +53,10 @@ pub struct Rank {
     pub top_site_bytes: i64,
     pub outlier: bool,
     pub reasons: Vec<String>,
+    /// `device D: history capped: kept N of M events`, where the cap dropped events.
+    pub capped: Vec<String>,
+    /// Why the file could not be read (the row's figures are then zero).
+    pub error: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -96,12 +107,12 @@ fn median(mut v: Vec<i64>) -> i64 {
     }
 }
 
-fn row(path: &Path) -> Result<Rank> {
-    let crate::input::Summarized { snap, histories } = crate::input::load_summarized(path)?;
-    let sites = Sites::new(&snap);
-    let mut r = Rank {
-        file: crate::input::display_name(path),
-        rank: meta_int(&snap, "rank").or_else(|| rank_from_name(&crate::input::display_name(path))),
+/// A row of `path` with no figures yet.
+fn empty_row(path: &Path, rank: Option<i64>) -> Rank {
+    let name = crate::input::display_name(path);
+    Rank {
+        rank: rank.or_else(|| rank_from_name(&name)),
+        file: name,
         live_bytes: 0,
         reserved_bytes: 0,
         peak_bytes: 0,
@@ -110,7 +121,24 @@ fn row(path: &Path) -> Result<Rank> {
         top_site_bytes: 0,
         outlier: false,
         reasons: Vec::new(),
-    };
+        capped: Vec::new(),
+        error: None,
+    }
+}
+
+/// A row saying why the file could not be read.
+fn unreadable(path: &Path, e: &anyhow::Error) -> Rank {
+    Rank {
+        error: Some(format!("{e:#}")),
+        ..empty_row(path, None)
+    }
+}
+
+fn row(path: &Path, attr: &Attribution) -> Result<Rank> {
+    let crate::input::Summarized { snap, histories } =
+        crate::input::load_summarized(path, At::End)?;
+    let sites = Sites::new(&snap, attr);
+    let mut r = empty_row(path, meta_int(&snap, "rank"));
     for d in analysis::devices(&snap, histories.iter().map(|h| h.events)) {
         let hist = analysis::history_of(&histories, d);
         let st = analysis::device_stats(&snap, &sites, d, &hist);
@@ -118,6 +146,9 @@ fn row(path: &Path) -> Result<Rank> {
         r.reserved_bytes += st.reserved.bytes;
         r.peak_bytes += st.peak_live_requested;
         r.ooms += st.ooms.len();
+        if let Some(c) = analysis::capped_label(hist.events, analysis::history_dropped(&snap, d)) {
+            r.capped.push(format!("device {d}: {c}"));
+        }
     }
     if let Some((s, t)) = sorted(&analysis::live_by_site(&snap, &sites)).first() {
         r.top_site = Some(sites.text(*s).to_string());
@@ -126,7 +157,7 @@ fn row(path: &Path) -> Result<Rank> {
     Ok(r)
 }
 
-pub fn build(dir: &Path) -> Result<Ranks> {
+pub fn build(dir: &Path, attr: &Attribution) -> Result<Ranks> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot list {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -136,9 +167,14 @@ pub fn build(dir: &Path) -> Result<Ranks> {
     if files.is_empty() {
         anyhow::bail!("{}: no *.pickle or *.pkl files", dir.display());
     }
-    let mut ranks = crate::input::map_files(&files, |p| row(p))
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
+    let mut ranks: Vec<Rank> = crate::input::map_files(&files, |p| {
+        row(p, attr).unwrap_or_else(|e| unreadable(p, &e))
+    });
+    if let Some(e) = ranks.iter().find_map(|r| r.error.as_ref())
+        && ranks.iter().all(|r| r.error.is_some())
+    {
+        anyhow::bail!("{}: no readable snapshot; the first: {e}", dir.display());
+    }
     ranks.sort_by(|a, b| {
         a.rank
             .is_none()
@@ -146,10 +182,11 @@ pub fn build(dir: &Path) -> Result<Ranks> {
             .then(a.rank.cmp(&b.rank))
             .then(a.file.cmp(&b.file))
     });
-    let ml = median(ranks.iter().map(|r| r.live_bytes).collect());
-    let mp = median(ranks.iter().map(|r| r.peak_bytes).collect());
-    let any_clean = ranks.iter().any(|r| r.ooms == 0);
-    for r in ranks.iter_mut() {
+    let read = || ranks.iter().filter(|r| r.error.is_none());
+    let ml = median(read().map(|r| r.live_bytes).collect());
+    let mp = median(read().map(|r| r.peak_bytes).collect());
+    let any_clean = read().any(|r| r.ooms == 0);
+    for r in ranks.iter_mut().filter(|r| r.error.is_none()) {
         if ml > 0 && r.live_bytes as f64 > OUTLIER_FACTOR * ml as f64 {
             r.reasons.push(format!(
                 "live {:.2}x median",
@@ -176,7 +213,7 @@ pub fn build(dir: &Path) -> Result<Ranks> {
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let r = build(&a.dir)?;
+    let r = build(&a.dir, &a.attr)?;
     if a.json {
         serde_json::to_writer_pretty(&mut *out, &r)?;
         writeln!(out)?;
@@ -188,6 +225,21 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         "rank", "live", "reserved", "peak", "ooms", ""
     )?;
     for x in &r.ranks {
+        if let Some(e) = &x.error {
+            writeln!(
+                out,
+                "{:>5}  {:>10}  {:>10}  {:>10}  {:>4}  {:<2} {}",
+                x.rank.map(|r| r.to_string()).unwrap_or_else(|| "?".into()),
+                "-",
+                "-",
+                "-",
+                "-",
+                "??",
+                x.file
+            )?;
+            writeln!(out, "{:>51}unreadable: {e}", "")?;
+            continue;
+        }
         writeln!(
             out,
             "{:>5}  {:>10}  {:>10}  {:>10}  {:>4}  {:<2} {}",
@@ -205,6 +257,9 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         if x.outlier {
             writeln!(out, "{:>51}stands out: {}", "", x.reasons.join(", "))?;
         }
+        for c in &x.capped {
+            writeln!(out, "{:>51}{c}", "")?;
+        }
     }
     writeln!(
         out,
@@ -212,6 +267,14 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         fmt_bytes(r.median_live_bytes),
         fmt_bytes(r.median_peak_bytes)
     )?;
+    let unreadable = r.ranks.iter().filter(|x| x.error.is_some()).count();
+    if unreadable > 0 {
+        writeln!(
+            out,
+            "{unreadable} of {} files could not be read (marked ??); the medians are of the others",
+            r.ranks.len()
+        )?;
+    }
     Ok(0)
 }
 

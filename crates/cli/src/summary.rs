@@ -1,6 +1,10 @@
-//! `memsnap summary SNAP`: what holds the memory, per device, and what happened at an OOM.
+//! `memsnap summary SNAP`: what held the memory at the moment that matters (the first OOM,
+//! else the peak, or the moment `--at` names), beside the end, per device; and each OOM.
 
-use crate::analysis::{self, DeviceStats, Library, SiteKind, Sites, fmt_bytes};
+use crate::analysis::{
+    self, AtInfo, Attribution, DeviceStats, Library, SiteKind, Sites, fmt_bytes,
+};
+use crate::at::{self, At, AtJson, Kind, Resolved};
 use crate::history;
 use crate::tally::{Tally, sorted};
 use anyhow::Result;
@@ -13,28 +17,46 @@ use std::path::PathBuf;
 pub const JSON_SHAPE: &str = "\
 JSON (--json):
   { file, producer: \"memsnap\"|\"pytorch\", dropped_events: int|null, metadata: {memsnap's metadata},
+    api_calls: [ {api, calls} ] (memsnap's files: calls per CUDA entry point, whole process),
     devices: [ { device, live_bytes, live_blocks, live_requested_bytes, pending_free_bytes,
                  reserved_bytes, segments,
                  history: { events, start_live_requested_bytes, peak_live_requested_bytes,
-                            peak_after_event: int|null, start_reserved_bytes, peak_reserved_bytes },
+                            peak_after_event: int|null, start_reserved_bytes, peak_reserved_bytes,
+                            dropped_by_cap: int|null, capped: str|null },
                  events_by_api: [ {api, events} ],
                  top_sites: [ {site, kind: \"python\"|\"native\"|\"none\", bytes, count} ],
                  libraries: [ {library, bytes, count} ],
+                 at: { moment: \"peak\"|\"oom\"|\"event\"|\"time\"|\"end\", after_event: int|null,
+                       before_first_event, time_us: int|null, since_first_event_us: int|null,
+                       unreached: str|null, live_requested_bytes, live_allocations, reserved_bytes,
+                       sites: [ {site, kind, bytes, count, end_bytes, end_count} ],
+                       libraries: [ {library, bytes, count, end_bytes, end_count} ] },
                  ooms: [ { event, requested_bytes, device_free_bytes, time_us, site, library,
                            live_requested_bytes, live_allocations, reserved_bytes, top_sites } ] } ] }
-Live = active_allocated blocks (block bytes). Peak = the most live bytes after any recorded
-event, each state derived from the final one, in requested bytes (what `alloc` events carry);
-a capped history starts from the live state it implies. Site = innermost user Python file:line, else the first native
-frame outside the CUDA runtime, the allocator and PyTorch's filtered frames.";
+Live = active_allocated blocks (block bytes); top_sites and libraries are the end's, in block
+bytes. Peak = the most live bytes after any recorded event, each state derived from the final
+one, in requested bytes (what `alloc` events carry); a capped history starts from the live
+state it implies. `at` = the live set at the moment --at names (default: the first OOM, else
+the peak), in requested bytes, with the end's figures in the same units (end_bytes).
+Site = innermost user Python file:line, else the first native frame outside the CUDA
+runtime, the allocator and PyTorch's filtered frames; --ignore and --callers change it.
+events_by_api counts trace events (a cudaMalloc is 2, a cudaFree 3); api_calls counts calls.";
 
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = JSON_SHAPE)]
 pub struct Args {
     /// Snapshot file (memsnap's or PyTorch's `_dump_snapshot` pickle).
     pub snap: PathBuf,
+    /// The moment to show what was live at: peak, oom, end, an event number (1234) or a
+    /// time since the first recorded event (250ms, 12.5s, 3m). Default: the first OOM when
+    /// the device has one, else the peak; the end is shown beside it.
+    #[arg(long, value_name = "MOMENT", value_parser = at::parse)]
+    pub at: Option<At>,
     /// How many allocation sites to list.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+    #[command(flatten)]
+    pub attr: Attribution,
     /// Print JSON instead of text (shape: see --help).
     #[arg(long)]
     pub json: bool,
@@ -55,6 +77,12 @@ pub struct ApiRow {
 }
 
 #[derive(Serialize)]
+pub struct CallRow {
+    pub api: String,
+    pub calls: i64,
+}
+
+#[derive(Serialize)]
 pub struct LibRow {
     pub library: Library,
     pub bytes: i64,
@@ -69,6 +97,58 @@ pub struct History {
     pub peak_after_event: Option<usize>,
     pub start_reserved_bytes: i64,
     pub peak_reserved_bytes: i64,
+    /// Events the file's history cap dropped (memsnap's files), and the label saying so.
+    pub dropped_by_cap: Option<i64>,
+    pub capped: Option<String>,
+}
+
+/// Requested bytes and allocations of one group at the moment and at the end.
+#[derive(Serialize, Clone, Copy)]
+pub struct AtFigures {
+    pub bytes: i64,
+    pub count: i64,
+    pub end_bytes: i64,
+    pub end_count: i64,
+}
+
+impl AtFigures {
+    fn new(at: Tally, end: Option<&Tally>) -> Self {
+        let end = end.copied().unwrap_or_default();
+        AtFigures {
+            bytes: at.bytes,
+            count: at.count,
+            end_bytes: end.bytes,
+            end_count: end.count,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct AtSiteRow {
+    pub site: String,
+    pub kind: SiteKind,
+    #[serde(flatten)]
+    pub figures: AtFigures,
+}
+
+#[derive(Serialize)]
+pub struct AtLibRow {
+    pub library: Library,
+    #[serde(flatten)]
+    pub figures: AtFigures,
+}
+
+#[derive(Serialize)]
+pub struct AtDevice {
+    #[serde(flatten)]
+    pub moment: AtJson,
+    pub live_requested_bytes: i64,
+    pub live_allocations: i64,
+    pub reserved_bytes: i64,
+    pub sites: Vec<AtSiteRow>,
+    pub libraries: Vec<AtLibRow>,
+    #[serde(skip)]
+    pub resolved: Resolved,
 }
 
 #[derive(Serialize)]
@@ -99,6 +179,7 @@ pub struct Device {
     pub events_by_api: Vec<ApiRow>,
     pub top_sites: Vec<SiteRow>,
     pub libraries: Vec<LibRow>,
+    pub at: AtDevice,
     pub ooms: Vec<Oom>,
 }
 
@@ -109,6 +190,8 @@ pub struct Summary {
     pub producer: &'static str,
     pub dropped_events: Option<i64>,
     pub metadata: serde_json::Value,
+    /// Calls per CUDA entry point (memsnap's `api_calls`), most first.
+    pub api_calls: Vec<CallRow>,
     pub devices: Vec<Device>,
 }
 
@@ -145,14 +228,39 @@ fn site_rows(sites: &Sites, v: &[(u32, Tally)], top: usize) -> Vec<SiteRow> {
         .collect()
 }
 
-pub fn build(snap: &Snapshot, histories: &[history::History], file: String, top: usize) -> Summary {
-    let sites = Sites::new(snap);
+/// memsnap's `api_calls` metadata, most calls first (ties by name).
+fn api_calls(snap: &Snapshot) -> Vec<CallRow> {
+    let Some(Meta::Dict(calls)) = snap.meta("api_calls") else {
+        return Vec::new();
+    };
+    let mut rows: Vec<CallRow> = calls
+        .iter()
+        .filter_map(|(api, n)| match n {
+            Meta::Int(n) => Some(CallRow {
+                api: api.clone(),
+                calls: *n,
+            }),
+            _ => None,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.api.cmp(&b.api)));
+    rows
+}
+
+pub fn build(
+    snap: &Snapshot,
+    histories: &[history::History],
+    file: String,
+    top: usize,
+    attr: &Attribution,
+) -> Summary {
+    let sites = Sites::new(snap, attr);
     let devices = analysis::devices(snap, histories.iter().map(|h| h.events))
         .into_iter()
         .map(|d| {
             let hist = analysis::history_of(histories, d);
             let st = analysis::device_stats(snap, &sites, d, &hist);
-            device(&sites, st, &hist, top)
+            device(snap, &sites, st, &hist, top)
         })
         .collect();
     Summary {
@@ -164,11 +272,46 @@ pub fn build(snap: &Snapshot, histories: &[history::History], file: String, top:
         },
         dropped_events: meta_int(snap, "dropped_events"),
         metadata: meta_json(&Meta::Dict(snap.memsnap.clone())),
+        api_calls: api_calls(snap),
         devices,
     }
 }
 
-fn device(sites: &Sites, st: DeviceStats, hist: &history::History, top: usize) -> Device {
+fn at_device(sites: &Sites, at: &AtInfo, top: usize) -> AtDevice {
+    let site_rows: Vec<AtSiteRow> = sorted(&at.by_site)
+        .into_iter()
+        .filter(|(_, t)| t.count > 0)
+        .take(top)
+        .map(|(s, t)| AtSiteRow {
+            site: sites.text(s).to_string(),
+            kind: sites.sites[s as usize].kind,
+            figures: AtFigures::new(t, at.end_by_site.get(&s)),
+        })
+        .collect();
+    AtDevice {
+        moment: AtJson::from(&at.moment),
+        live_requested_bytes: at.live.bytes,
+        live_allocations: at.live.count,
+        reserved_bytes: at.reserved,
+        sites: site_rows,
+        libraries: sorted(&at.by_library)
+            .into_iter()
+            .map(|(l, t)| AtLibRow {
+                library: l,
+                figures: AtFigures::new(t, at.end_by_library.get(&l)),
+            })
+            .collect(),
+        resolved: at.moment.clone(),
+    }
+}
+
+fn device(
+    snap: &Snapshot,
+    sites: &Sites,
+    st: DeviceStats,
+    hist: &history::History,
+    top: usize,
+) -> Device {
     let events_by_api = hist
         .apis()
         .into_iter()
@@ -177,6 +320,7 @@ fn device(sites: &Sites, st: DeviceStats, hist: &history::History, top: usize) -
             events: n,
         })
         .collect();
+    let dropped_by_cap = analysis::history_dropped(snap, st.device);
     Device {
         events_by_api,
         device: st.device,
@@ -193,6 +337,8 @@ fn device(sites: &Sites, st: DeviceStats, hist: &history::History, top: usize) -
             peak_after_event: st.peak_after_event,
             start_reserved_bytes: st.start_reserved,
             peak_reserved_bytes: st.peak_reserved,
+            dropped_by_cap,
+            capped: analysis::capped_label(st.events, dropped_by_cap),
         },
         top_sites: site_rows(sites, &sorted(&st.by_site), top),
         libraries: sorted(&st.by_library)
@@ -203,6 +349,7 @@ fn device(sites: &Sites, st: DeviceStats, hist: &history::History, top: usize) -
                 count: t.count,
             })
             .collect(),
+        at: at_device(sites, &st.at, top),
         ooms: st
             .ooms
             .iter()
@@ -223,13 +370,28 @@ fn device(sites: &Sites, st: DeviceStats, hist: &history::History, top: usize) -
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let loaded = crate::input::load_summarized(&a.snap)?;
+    let at = a.at.unwrap_or(At::Auto);
+    let loaded = crate::input::load_summarized(&a.snap, at)?;
     let s = build(
         &loaded.snap,
         &loaded.histories,
         a.snap.display().to_string(),
         a.top,
+        &a.attr,
     );
+    // A moment asked for by name that no device reached is an error, not an answer.
+    if a.at.is_some_and(|at| at != At::End)
+        && !s.devices.is_empty()
+        && s.devices.iter().all(|d| d.at.resolved.unreached.is_some())
+    {
+        let why = s.devices[0]
+            .at
+            .resolved
+            .unreached
+            .clone()
+            .unwrap_or_default();
+        anyhow::bail!("{}: --at: {why}", a.snap.display());
+    }
     if a.json {
         serde_json::to_writer_pretty(&mut *out, &s)?;
         writeln!(out)?;
@@ -270,13 +432,16 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
         plural(s.devices.len() as i64, "device", "devices"),
         plural(events as i64, "event", "events"),
     )?;
-    match s.dropped_events {
-        Some(n) => writeln!(out, "dropped events: {n} (memsnap counter)")?,
-        None if s.producer == "pytorch" => writeln!(
-            out,
-            "dropped events: not recorded (PyTorch keeps the newest max_entries events per device)"
-        )?,
-        None => writeln!(out, "dropped events: not recorded")?,
+    if !s.api_calls.is_empty() {
+        let list: Vec<String> = s
+            .api_calls
+            .iter()
+            .map(|c| format!("{} {}", c.api, c.calls))
+            .collect();
+        writeln!(out, "API calls: {}", list.join(", "))?;
+    }
+    if let Some(n) = s.dropped_events.filter(|&n| n > 0) {
+        writeln!(out, "dropped events: {n} (memsnap counter)")?;
     }
     if s.devices.is_empty() {
         writeln!(out, "no segments and no events: nothing was recorded")?;
@@ -286,7 +451,7 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
         writeln!(out, "device {}", d.device)?;
         writeln!(
             out,
-            "  live      {} in {} (requested {})",
+            "  live      {} in {} (requested {}) at the end",
             fmt_bytes(d.live_bytes),
             plural(d.live_blocks, "block", "blocks"),
             fmt_bytes(d.live_requested_bytes)
@@ -326,31 +491,25 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
                 fmt_bytes(h.start_reserved_bytes)
             )?;
         }
+        if let Some(capped) = &h.capped {
+            writeln!(
+                out,
+                "  {capped}: the oldest were dropped (MEMSNAP_MAX_ENTRIES), so the peak and the moments below are within the kept events"
+            )?;
+        }
         if !d.events_by_api.is_empty() {
             let list: Vec<String> = d
                 .events_by_api
                 .iter()
                 .map(|a| format!("{} {}", a.api, a.events))
                 .collect();
-            writeln!(out, "  APIs      {}", list.join(", "))?;
+            writeln!(
+                out,
+                "  events by API (trace events; a call makes 2 or 3): {}",
+                list.join(", ")
+            )?;
         }
-        if !d.top_sites.is_empty() {
-            writeln!(out, "  live by allocation site:")?;
-            writeln!(out, "    {:>10}  {:>6}  site", "bytes", "blocks")?;
-            write_sites(out, &d.top_sites, "    ")?;
-        }
-        if !d.libraries.is_empty() {
-            writeln!(out, "  live by library:")?;
-            for l in &d.libraries {
-                writeln!(
-                    out,
-                    "    {:>10}  {:>6}  {}",
-                    fmt_bytes(l.bytes),
-                    l.count,
-                    l.library_str()
-                )?;
-            }
-        }
+        write_at(out, &d.at)?;
         for o in &d.ooms {
             writeln!(
                 out,
@@ -369,7 +528,11 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
                 plural(o.live_allocations, "allocation", "allocations"),
                 fmt_bytes(o.reserved_bytes)
             )?;
-            if !o.top_sites.is_empty() {
+            let shown_above = d.at.resolved.kind == Kind::Oom
+                && d.at.resolved.pos == crate::at::Pos::After(o.event);
+            if shown_above {
+                writeln!(out, "    held by:  the sites listed above (at OOM)")?;
+            } else if !o.top_sites.is_empty() {
                 writeln!(out, "    held by:")?;
                 write_sites(out, &o.top_sites, "    ")?;
             }
@@ -378,8 +541,69 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
     Ok(())
 }
 
-impl LibRow {
-    fn library_str(&self) -> &'static str {
-        self.library.as_str()
+/// The live set at the chosen moment, by site and library, with the end beside it.
+fn write_at(out: &mut dyn Write, at: &AtDevice) -> std::io::Result<()> {
+    let r = &at.resolved;
+    if let Some(why) = &r.unreached {
+        writeln!(out, "  --at: {why}; showing the end")?;
     }
+    let at_end = r.kind == Kind::End;
+    writeln!(
+        out,
+        "  at        {}: {} requested in {}, reserved {}",
+        r.describe(),
+        fmt_bytes(at.live_requested_bytes),
+        plural(at.live_allocations, "allocation", "allocations"),
+        fmt_bytes(at.reserved_bytes)
+    )?;
+    if at.sites.is_empty() {
+        return Ok(());
+    }
+    let col = r.column();
+    let heading = |out: &mut dyn Write, what: &str| {
+        if at_end {
+            writeln!(out, "  live by {what} at the end (requested bytes):")?;
+            writeln!(out, "    {:>10}  {:>6}  {what}", "bytes", "allocs")
+        } else {
+            writeln!(out, "  live by {what} (requested bytes), {col} and at end:")?;
+            writeln!(
+                out,
+                "    {col:>10}  {:>6}  {:>10}  {:>6}  {what}",
+                "allocs", "at end", "allocs"
+            )
+        }
+    };
+    let sites: Vec<(&str, AtFigures)> = at
+        .sites
+        .iter()
+        .map(|r| (r.site.as_str(), r.figures))
+        .collect();
+    let libraries: Vec<(&str, AtFigures)> = at
+        .libraries
+        .iter()
+        .map(|l| (l.library.as_str(), l.figures))
+        .collect();
+    for (what, rows) in [("allocation site", sites), ("library", libraries)] {
+        heading(out, what)?;
+        for (name, f) in rows {
+            if at_end {
+                writeln!(
+                    out,
+                    "    {:>10}  {:>6}  {name}",
+                    fmt_bytes(f.bytes),
+                    f.count
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "    {:>10}  {:>6}  {:>10}  {:>6}  {name}",
+                    fmt_bytes(f.bytes),
+                    f.count,
+                    fmt_bytes(f.end_bytes),
+                    f.end_count
+                )?;
+            }
+        }
+    }
+    Ok(())
 }

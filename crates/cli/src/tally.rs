@@ -16,6 +16,11 @@ impl Tally {
         self.bytes += bytes;
         self.count += 1;
     }
+    /// Adds another group's bytes and count.
+    pub fn merge(&mut self, other: Tally) {
+        self.bytes += other.bytes;
+        self.count += other.count;
+    }
 }
 
 /// Groups, largest first (ties by name for stable output).

@@ -5,8 +5,15 @@
 //! The page gets per-event (site, delta) arrays and builds a max-envelope pyramid of
 //! 256-event buckets on load; views finer than a bucket per pixel replay from checkpoints.
 //! That keeps drawing proportional to the canvas width, not to the number of events.
+//!
+//! The page opens at a moment (`--at`; default the first OOM, else the peak): a marker on
+//! the timeline and the live set by site then in the side panel.
 
-use crate::analysis::{self, Sites, is_hidden, is_python_frame, native_text, short_path};
+use crate::analysis::{
+    self, Attribution, Sites, fmt_bytes, is_hidden, is_python_frame, native_text, short_path,
+};
+use crate::at::{self, At, Pos};
+use crate::history::History;
 use anyhow::{Context, Result};
 use memsnap_format::model::{Action, BlockState, Snapshot, StackId};
 use rustc_hash::FxHashMap;
@@ -30,6 +37,13 @@ pub struct Args {
     /// Sites drawn separately in the timeline (the rest are "other").
     #[arg(long, default_value_t = 12)]
     pub top: usize,
+    /// The moment the page opens at (a marker, and the live set then in the side panel):
+    /// peak, oom, end, an event number or a time since the first recorded event (12.5s).
+    /// Default: the first OOM when the device has one, else the peak.
+    #[arg(long, value_name = "MOMENT", value_parser = at::parse)]
+    pub at: Option<At>,
+    #[command(flatten)]
+    pub attr: Attribution,
 }
 
 #[derive(Serialize)]
@@ -57,9 +71,24 @@ struct PageDevice {
     init: Vec<i64>,
     ev_site: Vec<i32>,
     ev_delta: Vec<i64>,
-    /// Event indices of OOMs (drawn as red marks).
+    /// Event indices of OOMs (drawn as red marks), and the bytes each asked for.
     ooms: Vec<usize>,
+    oom_requested: Vec<i64>,
     segments: Vec<PageSegment>,
+    /// The moment the page opens at.
+    at: PageAt,
+    /// `history capped: kept N of M events`, when the cap dropped events.
+    capped: Option<String>,
+}
+
+#[derive(Serialize)]
+struct PageAt {
+    /// The state after this event is shown (-1: before the first event).
+    event: i64,
+    /// `the peak (after event 8, +1.234 s)`.
+    label: String,
+    /// Short: `peak`, `OOM`, `event 12`, `end`.
+    short: String,
 }
 
 #[derive(Serialize)]
@@ -125,6 +154,7 @@ fn device_page(
     table: &mut Table,
     device: i64,
     top: usize,
+    want: At,
 ) -> PageDevice {
     let trace: &[_] = snap
         .device_traces
@@ -279,17 +309,58 @@ fn device_page(
             .filter(|(_, e)| e.action == Action::Oom)
             .map(|(i, _)| i)
             .collect(),
+        oom_requested: trace
+            .iter()
+            .filter(|e| e.action == Action::Oom)
+            .map(|e| e.size)
+            .collect(),
         segments,
+        at: page_at(snap, device, trace, want),
+        capped: analysis::capped_label(trace.len(), analysis::history_dropped(snap, device)),
+    }
+}
+
+/// Where the page opens: the event after which the moment stands.
+fn page_at(
+    snap: &Snapshot,
+    device: i64,
+    trace: &[memsnap_format::model::TraceEntry],
+    want: At,
+) -> PageAt {
+    let hist = History::of(trace, want);
+    let end = analysis::end_blocks(snap, device);
+    let state = hist.at_with_end(&end, analysis::end_reserved(snap, device));
+    let m = state.moment;
+    let event = match m.pos {
+        Pos::BeforeFirst => -1,
+        Pos::After(i) => i as i64,
+        Pos::End => trace.len() as i64 - 1,
+    };
+    let mut label = m.describe();
+    if let Some(why) = &m.unreached {
+        label = format!("{label} ({why})");
+    }
+    let live: i64 = state.holders.values().map(|t| t.bytes).sum();
+    PageAt {
+        event,
+        label: format!("{label}: {} requested", fmt_bytes(live)),
+        short: m.column().trim_start_matches("at ").to_string(),
     }
 }
 
 /// The whole page as a string.
-pub fn render(snap: &Snapshot, title: &str, top: usize) -> Result<String> {
-    let sites = Sites::new(snap);
+pub fn render(
+    snap: &Snapshot,
+    title: &str,
+    top: usize,
+    at: At,
+    attr: &Attribution,
+) -> Result<String> {
+    let sites = Sites::new(snap, attr);
     let mut table = Table::default();
     let devices = analysis::devices(snap, snap.device_traces.iter().map(Vec::len))
         .into_iter()
-        .map(|d| device_page(snap, &sites, &mut table, d, top))
+        .map(|d| device_page(snap, &sites, &mut table, d, top, at))
         .collect();
     let page = Page {
         title: title.to_string(),
@@ -315,10 +386,27 @@ pub fn render(snap: &Snapshot, title: &str, top: usize) -> Result<String> {
     ))
 }
 
-pub fn run(a: &Args, _out: &mut dyn Write) -> Result<i32> {
+pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     let snap = crate::input::load(&a.snap)?;
-    let html = render(&snap, &crate::input::display_name(&a.snap), a.top)?;
-    std::fs::write(&a.output, html)
+    let html = render(
+        &snap,
+        &crate::input::display_name(&a.snap),
+        a.top,
+        a.at.unwrap_or(At::Auto),
+        &a.attr,
+    )?;
+    std::fs::write(&a.output, &html)
         .with_context(|| format!("cannot write {}", a.output.display()))?;
+    writeln!(
+        out,
+        "wrote {} ({}, one self-contained page, no network needed)",
+        a.output.display(),
+        fmt_bytes(html.len() as i64)
+    )?;
+    writeln!(
+        out,
+        "open it in a web browser: {}",
+        crate::flamegraph::file_url(&a.output)
+    )?;
     Ok(0)
 }

@@ -75,6 +75,28 @@ pub struct Segment {
 }
 
 impl Segment {
+    /// A segment holding one allocated block of its whole size: the shape memsnap writes
+    /// for one `cudaMalloc` (docs/FORMAT.md#one-segment-per-allocation).
+    pub fn one_allocation(device: i64, address: i64, size: i64, stack: Option<StackId>) -> Self {
+        Segment {
+            device,
+            address,
+            total_size: size,
+            stream: 0,
+            segment_type: "large".into(),
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            stack,
+            blocks: vec![Block {
+                address,
+                size,
+                requested_size: size,
+                state: BlockState::ActiveAllocated,
+                stack,
+            }],
+        }
+    }
+
     /// Σ size of `active_allocated` blocks (PyTorch's `allocated_size`).
     pub fn allocated_size(&self) -> i64 {
         self.blocks

@@ -4,8 +4,15 @@
 //! inlined frames; `.symtab`, else `.dynsym` names), plus one on its separate debug file when
 //! the module names one (`/usr/lib/debug/.build-id/xx/yyyy.debug`, or `.gnu_debuglink` next to
 //! the file, in its `.debug/` folder, or under `/usr/lib/debug`). Frames follow PyTorch's
-//! shape: `name` = demangled function, `filename` = source path or `"??"`, `line` = 0 when
-//! unknown; an address with no symbol at all gives `{"??", <module path>, 0}`.
+//! shape: `name` = demangled function, `filename` = source path, `line` = 0 when unknown.
+//!
+//! Without debug info a frame is `{"symbol+0xOFF", <module path>, 0}`: the symbol whose
+//! range holds the address, else the nearest one before it (a library such as cuBLAS
+//! exports a few entry points and keeps its internal functions unnamed: the nearest export
+//! and the distance from it still tell call sites apart and say where to look), and
+//! `{"libname.so+0xOFF", <module path>, 0}` when the module has no symbol before the
+//! address. OFF is the return address's distance from the symbol (or the module's base).
+//! Only an address outside every module stays unnamed: `{"0x7f..", "??", 0}`.
 
 use crate::capture::modules::{self, ModuleInfo};
 use crate::snapshot::model::Frame;
@@ -16,6 +23,9 @@ use std::sync::Arc as Rc;
 struct ModuleSymbols {
     main: Option<addr2line::Loader>,
     debug: Option<addr2line::Loader>,
+    /// Every named symbol of the file by address (`.symtab`, else `.dynsym`), for addresses
+    /// that no symbol's range holds; read on first need.
+    nearest: Option<Vec<(u64, Box<str>)>>,
 }
 
 #[derive(Default)]
@@ -44,7 +54,11 @@ impl Symbolizer {
     fn lookup(&mut self, pc: u64) -> Vec<Frame> {
         let table = modules::ensure();
         let Some(m) = table.find(pc).and_then(|i| table.modules.get(i)) else {
-            return vec![unknown("??")];
+            return vec![Frame {
+                name: format!("{pc:#x}"),
+                filename: "??".to_string(),
+                line: 0,
+            }];
         };
         let path = module_path(m);
         let syms = self
@@ -52,7 +66,8 @@ impl Symbolizer {
             .entry(path.clone())
             .or_insert_with(|| load_module(&path));
         // The call instruction ends just before the return address.
-        let probe = pc.wrapping_sub(1).wrapping_sub(m.base);
+        let offset = pc.wrapping_sub(m.base);
+        let probe = offset.wrapping_sub(1);
         let mut out = Vec::new();
         for loader in [&syms.debug, &syms.main].into_iter().flatten() {
             if let Ok(mut iter) = loader.find_frames(probe) {
@@ -79,38 +94,88 @@ impl Symbolizer {
                 break;
             }
         }
-        // No DWARF function name: fall back to the symbol tables.
-        if out.iter().all(|f| f.name == "??") {
-            let sym = [&syms.main, &syms.debug]
-                .into_iter()
-                .flatten()
-                .find_map(|l| l.find_symbol(probe).map(demangle));
-            match (sym, out.last_mut()) {
-                (Some(name), Some(last)) => last.name = name,
-                (Some(name), None) => out.push(Frame {
+        if out.iter().any(|f| f.name != "??") {
+            return out;
+        }
+        // No DWARF function name: the symbol tables.
+        let sym = syms.symbol(&path, probe);
+        match out.last_mut() {
+            // DWARF knew the line but not the function: the symbol names it.
+            Some(last) if last.filename != "??" => {
+                if let Some((name, _)) = sym {
+                    last.name = name;
+                }
+            }
+            _ => {
+                let name = match sym {
+                    Some((name, start)) => format!("{name}+{:#x}", offset.wrapping_sub(start)),
+                    None => format!(
+                        "{}+{offset:#x}",
+                        path.rsplit('/').next().unwrap_or(path.as_str())
+                    ),
+                };
+                out = vec![Frame {
                     name,
-                    filename: "??".to_string(),
+                    filename: path,
                     line: 0,
-                }),
-                (None, None) => out.push(unknown(&path)),
-                (None, Some(_)) => {}
+                }];
             }
         }
         out
     }
 }
 
+impl ModuleSymbols {
+    /// The demangled symbol for `probe` and its start: the one whose range holds it, else
+    /// the nearest before it.
+    fn symbol(&mut self, path: &str, probe: u64) -> Option<(String, u64)> {
+        let holding = [&self.main, &self.debug]
+            .into_iter()
+            .flatten()
+            .find_map(|l| {
+                l.find_symbol_info(probe)
+                    .map(|s| (demangle(s.name()), s.address()))
+            });
+        if holding.is_some() {
+            return holding;
+        }
+        let nearest = self.nearest.get_or_insert_with(|| symbols_by_address(path));
+        let i = nearest.partition_point(|(addr, _)| *addr <= probe);
+        let (addr, name) = nearest.get(i.checked_sub(1)?)?;
+        Some((demangle(name), *addr))
+    }
+}
+
+/// The named text and data symbols of the file at `path`, sorted by address (`.symtab`,
+/// else `.dynsym`, as `object` chooses); empty when it cannot be read.
+fn symbols_by_address(path: &str) -> Vec<(u64, Box<str>)> {
+    use object::Object;
+    let Ok(file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    // SAFETY: a read-only private mapping; a file changing under us gives wrong symbols at
+    // worst, which is what any symbolizer risks.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return Vec::new();
+    };
+    let Ok(obj) = object::File::parse(&*map) else {
+        return Vec::new();
+    };
+    // The map is sorted by address, one name per address.
+    obj.symbol_map()
+        .symbols()
+        .iter()
+        .map(|s| (s.address(), Box::from(s.name())))
+        .collect()
+}
+
 fn load_module(path: &str) -> ModuleSymbols {
     let main = addr2line::Loader::new(path).ok();
     let debug = debug_file(Path::new(path)).and_then(|p| addr2line::Loader::new(p).ok());
-    ModuleSymbols { main, debug }
-}
-
-fn unknown(filename: &str) -> Frame {
-    Frame {
-        name: "??".to_string(),
-        filename: filename.to_string(),
-        line: 0,
+    ModuleSymbols {
+        main,
+        debug,
+        nearest: None,
     }
 }
 
