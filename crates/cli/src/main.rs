@@ -17,6 +17,7 @@ mod ranks;
 mod run;
 mod summary;
 mod tally;
+mod upload_agent;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -52,6 +53,9 @@ enum Cmd {
     Run(Box<run::RunArgs>),
     /// Ask running processes (with memsnap loaded) for a snapshot now.
     Dump(dump::DumpArgs),
+    /// The helper libmemsnap.so starts to copy snapshots to MEMSNAP_REMOTE (not run by hand).
+    #[command(hide = true)]
+    UploadAgent(upload_agent::Args),
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
         // The launchers manage their own output and exit status.
         Cmd::Run(a) => launch(run::run(*a)),
         Cmd::Dump(a) => launch(dump::dump(a)),
+        Cmd::UploadAgent(a) => launch(upload_agent::run(&a)),
     }
 }
 
