@@ -27,6 +27,20 @@ fn remote_url(dir: &Path) -> String {
     )
 }
 
+/// stdout of a successful `memsnap` command.
+fn memsnap(args: &[&str]) -> String {
+    let out = std::process::Command::new(common::memsnap_bin())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn upload_lines(stderr: &str) -> usize {
     stderr.matches("could not upload").count()
 }
@@ -53,6 +67,18 @@ fn step_oom_and_exit_snapshots_are_uploaded_with_the_same_bytes() {
     assert!(names.iter().any(|n| n.starts_with("exit-")), "{names:?}");
     assert_eq!(contents(&remote.path().join("r3")), local, "{}", run.stderr);
     assert_eq!(upload_lines(&run.stderr), 0, "{}", run.stderr);
+
+    // The CLI reads the copies through their URLs: the same answers as the local files.
+    let copies = format!("file://{}/r3/", remote.path().display());
+    assert_eq!(
+        memsnap(&["ranks", &copies]),
+        memsnap(&["ranks", &run.dir.path().display().to_string()])
+    );
+    let exit = names.iter().find(|n| n.starts_with("exit-")).unwrap();
+    assert_eq!(
+        memsnap(&["summary", &format!("{copies}{exit}")]),
+        memsnap(&["summary", &run.dir.path().join(exit).display().to_string()])
+    );
 
     let remote = tempfile::tempdir().unwrap();
     let url = remote_url(remote.path());

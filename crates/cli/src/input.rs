@@ -154,8 +154,9 @@ fn decode<T>(
         &mut dyn FnMut(usize),
     ) -> std::result::Result<T, pickle_read::ReadError>,
 ) -> Result<T> {
+    let local = local_path(path);
     let mut file =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        std::fs::File::open(&local).with_context(|| format!("cannot read {}", path.display()))?;
     let len = file
         .metadata()
         .with_context(|| format!("cannot read {}", path.display()))?
@@ -182,6 +183,15 @@ fn decode<T>(
     out.with_context(|| format!("{} is not a readable memory snapshot", path.display()))
 }
 
+/// The file a `file://` URL names (what `MEMSNAP_REMOTE` writes), or `path` itself. Other
+/// URL schemes are not read (a clear "cannot read" names them).
+pub fn local_path(path: &Path) -> std::path::PathBuf {
+    match path.to_str().and_then(|s| s.strip_prefix("file://")) {
+        Some(rest) => std::path::PathBuf::from(rest),
+        None => path.to_path_buf(),
+    }
+}
+
 /// The file name for messages and tables (the full path is in JSON).
 pub fn display_name(path: &Path) -> String {
     path.file_name()
@@ -201,5 +211,18 @@ mod tests {
         });
         assert_eq!(out, items.iter().map(|i| i * 10).collect::<Vec<_>>());
         assert!(super::map_files(&[] as &[u64], |&i| i).is_empty());
+    }
+
+    #[test]
+    fn file_urls_name_local_files() {
+        use std::path::Path;
+        assert_eq!(
+            super::local_path(Path::new("file:///snaps/r0/exit-1.pickle")),
+            Path::new("/snaps/r0/exit-1.pickle")
+        );
+        assert_eq!(
+            super::local_path(Path::new("a/b.pickle")),
+            Path::new("a/b.pickle")
+        );
     }
 }

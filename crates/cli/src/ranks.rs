@@ -127,7 +127,7 @@ fn row(path: &Path) -> Result<Rank> {
 }
 
 pub fn build(dir: &Path) -> Result<Ranks> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+    let mut files: Vec<PathBuf> = std::fs::read_dir(crate::input::local_path(dir))
         .with_context(|| format!("cannot list {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
