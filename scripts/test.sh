@@ -28,6 +28,17 @@ tally() {
         END { printf "%d passed, %d failed, %d ignored", p, f, g }' "$1"
 }
 
+# tests/remote.rs uploads to a local S3-compatible server (moto, from PyPI) in a venv of
+# its own; without it those tests print that they were ignored.
+MOTO_VENV=target/tmp/moto-venv
+if [ ! -x "$MOTO_VENV/bin/moto_server" ]; then
+    echo "== installing moto[server] into $MOTO_VENV (the S3 tests' server)"
+    rm -rf "$MOTO_VENV"
+    if ! { python3 -m venv "$MOTO_VENV" && "$MOTO_VENV/bin/pip" install -q "moto[server]"; }; then
+        echo "moto could not be installed: the S3 tests in tests/remote.rs will say they are ignored"
+    fi
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo build (the preload tests need target/debug/libmemsnap.so and memsnap)"

@@ -14,6 +14,7 @@ mod flamegraph;
 mod history;
 mod input;
 mod ranks;
+mod remote;
 mod run;
 mod summary;
 mod tally;

@@ -8,7 +8,7 @@
 use crate::analysis::{self, Sites, fmt_bytes};
 use crate::summary::meta_int;
 use crate::tally::sorted;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -127,12 +127,7 @@ fn row(path: &Path) -> Result<Rank> {
 }
 
 pub fn build(dir: &Path) -> Result<Ranks> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(crate::input::local_path(dir))
-        .with_context(|| format!("cannot list {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
-        .collect();
-    files.sort();
+    let files = crate::input::rank_files(dir)?;
     if files.is_empty() {
         anyhow::bail!("{}: no *.pickle or *.pkl files", dir.display());
     }

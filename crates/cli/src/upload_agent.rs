@@ -3,7 +3,8 @@
 //!
 //! Cold. Started by libmemsnap.so's writer with a socket as stdin and stdout; not meant to
 //! be run by hand. Reads `LOCAL\tURL` lines, copies each file, answers `ok\tLOCAL` or
-//! `failed\tLOCAL\tREASON` per line, and exits when its input ends (the host has exited
+//! `failed\tLOCAL\tREASON` per line (`s3://` through [`crate::remote`], with its retries
+//! and backoff), and exits when its input ends (the host has exited
 //! or died), after finishing the lines it already read. A local file is removed only
 //! with `--remove-local` and only after its copy is complete and renamed into place.
 
@@ -21,6 +22,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
+    let mut stores = crate::remote::Stores::default();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     for line in stdin.lock().lines() {
@@ -28,7 +30,12 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         let Some((local, url)) = line.split_once('\t') else {
             continue;
         };
-        let answer = match copy(Path::new(local), url) {
+        let result = if url.starts_with("file://") {
+            copy(Path::new(local), url)
+        } else {
+            stores.upload(Path::new(local), url)
+        };
+        let answer = match result {
             Ok(()) => {
                 if args.remove_local {
                     // The copy is in place: losing the local file now loses nothing.

@@ -105,7 +105,8 @@ pub struct Config {
     pub at_crash: bool,
     /// How long a terminating signal waits for its snapshot before the program goes on.
     pub crash_wait: Duration,
-    /// Where each published snapshot is also copied: a `file://` URL template. `None` = off.
+    /// Where each published snapshot is also copied: a `file://` or `s3://` URL template.
+    /// `None` = off.
     pub remote: Option<String>,
     /// Remove the local file once its copy is confirmed.
     pub remote_only: bool,
@@ -487,20 +488,20 @@ pub fn validate_stats_path(t: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// URL schemes `MEMSNAP_REMOTE` accepts. Object stores (`s3://`, `gs://`, `az://`) are
-/// refused by name until the upload helper can reach them.
-pub const REMOTE_SCHEMES: &[&str] = &["file"];
+/// URL schemes `MEMSNAP_REMOTE` accepts: a shared file system, and S3 or an S3-compatible
+/// server (`AWS_ENDPOINT_URL`).
+pub const REMOTE_SCHEMES: &[&str] = &["file", "s3"];
 
-/// Checks `MEMSNAP_REMOTE`: a `file://` URL with an absolute path, the placeholders of
-/// `MEMSNAP_FILENAME`, and no `.` or `..` component (placeholder values are sanitized
-/// like file names, so none can add one).
+/// Checks `MEMSNAP_REMOTE`: a `file:///absolute/path` or `s3://bucket/key` template with
+/// the placeholders of `MEMSNAP_FILENAME`, no `.` or `..` component (placeholder values are
+/// sanitized like file names, so none can add one), ending in a visible name.
 pub fn validate_remote(t: &str) -> Result<(), String> {
     let accepted =
-        "a file:// URL template such as file:///shared/snaps/r{rank}/{reason}-{seq}.pickle";
+        "a file:// or s3:// URL template such as s3://bucket/snaps/r{rank}/{reason}-{seq}.pickle";
     let Some((scheme, rest)) = t.split_once("://") else {
         return Err(accepted.to_string());
     };
-    if matches!(scheme, "s3" | "gs" | "az" | "azure" | "http" | "https") {
+    if matches!(scheme, "gs" | "az" | "azure" | "abfs") {
         return Err(format!(
             "{accepted} ({scheme}:// uploads are not built into this version of memsnap)"
         ));
@@ -511,13 +512,18 @@ pub fn validate_remote(t: &str) -> Result<(), String> {
     check_placeholders(rest, TEMPLATE_KEYS)?;
     let components: Vec<&str> = rest.split('/').collect();
     let name = components.last().copied().unwrap_or("");
-    if !rest.starts_with('/')
+    let rooted = if scheme == "file" {
+        rest.starts_with('/')
+    } else {
+        components.len() >= 2 && !components[0].is_empty() && !components[0].contains('{')
+    };
+    if !rooted
         || name.is_empty()
         || name.starts_with('.')
         || components.iter().any(|c| *c == "." || *c == "..")
     {
         return Err(format!(
-            "{accepted}: an absolute path without `.` or `..` components, ending in a name that does not start with '.'"
+            "{accepted}: an absolute path (file://) or a bucket and key (s3://, the bucket without placeholders), without `.` or `..` components, ending in a name that does not start with '.'"
         ));
     }
     Ok(())
@@ -939,7 +945,7 @@ mod tests {
     }
 
     #[test]
-    fn remote_templates_are_file_urls_with_known_placeholders() {
+    fn remote_templates_are_file_or_s3_urls_with_known_placeholders() {
         let (cfg, errors) = parse(&[
             (
                 "MEMSNAP_REMOTE",
@@ -957,7 +963,10 @@ mod tests {
         assert_eq!(cfg.remote_wait, Duration::from_secs(2));
         for bad in [
             "/snaps/x.pickle",
-            "s3://bucket/{rank}.pickle",
+            "gs://bucket/{rank}.pickle",
+            "s3://bucket",
+            "s3://{rank}/x.pickle",
+            "s3:///x.pickle",
             "ftp://host/x",
             "file://relative/x.pickle",
             "file:///snaps/../etc/x",
@@ -970,11 +979,14 @@ mod tests {
             assert_eq!(errors.len(), 1, "{bad}");
             assert!(errors[0].to_string().contains("MEMSNAP_REMOTE"), "{bad}");
         }
-        let (_, errors) = parse(&[("MEMSNAP_REMOTE", "s3://b/{rank}.pickle")]);
+        let (cfg, errors) = parse(&[("MEMSNAP_REMOTE", "s3://b/run/{rank}.pickle")]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(cfg.remote.as_deref(), Some("s3://b/run/{rank}.pickle"));
+        let (_, errors) = parse(&[("MEMSNAP_REMOTE", "gs://b/{rank}.pickle")]);
         assert!(
             errors[0]
                 .to_string()
-                .contains("s3:// uploads are not built")
+                .contains("gs:// uploads are not built")
         );
         let (cfg, errors) = parse(&[("MEMSNAP_REMOTE_WAIT", "2m")]);
         assert_eq!(errors.len(), 1);
