@@ -4,9 +4,10 @@
 #
 #   bash scripts/test.sh
 #
-# The tests that load the HTML viewer in headless Chromium (tests/cli.rs, `chromium_*`) are
-# #[ignore]d for plain `cargo test`; this script runs them too when chromium is installed,
-# and says so when it is not. It ends with the number of tests that passed, failed and were
+# The tests that load the HTML viewer in headless Chromium (tests/cli.rs, `chromium_*`) and
+# those that need a local S3 server (tests/remote.rs, `s3_*`, moto from PyPI, installed here
+# into target/tmp/moto-venv) are #[ignore]d for plain `cargo test`; this script runs them
+# too when it has their tool, and says so when it has not. It ends with the number of tests that passed, failed and were
 # ignored.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,17 +28,6 @@ tally() {
         }
         END { printf "%d passed, %d failed, %d ignored", p, f, g }' "$1"
 }
-
-# tests/remote.rs uploads to a local S3-compatible server (moto, from PyPI) in a venv of
-# its own; without it those tests print that they were ignored.
-MOTO_VENV=target/tmp/moto-venv
-if [ ! -x "$MOTO_VENV/bin/moto_server" ]; then
-    echo "== installing moto[server] into $MOTO_VENV (the S3 tests' server)"
-    rm -rf "$MOTO_VENV"
-    if ! { python3 -m venv "$MOTO_VENV" && "$MOTO_VENV/bin/pip" install -q "moto[server]"; }; then
-        echo "moto could not be installed: the S3 tests in tests/remote.rs will say they are ignored"
-    fi
-fi
 
 echo "== cargo fmt --check"
 cargo fmt --check
@@ -61,7 +51,23 @@ else
     echo "chromium missing: viewer tests ignored"
     viewer="chromium missing: viewer tests ignored"
 fi
-echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer"
+# The S3 tests (tests/remote.rs, `s3_*`) upload to a local S3-compatible server, moto from
+# PyPI, installed once into a venv under target/; ignored by plain cargo test.
+MOTO_VENV=target/tmp/moto-venv
+if [ ! -x "$MOTO_VENV/bin/moto_server" ]; then
+    echo "== installing moto[server] into $MOTO_VENV (the S3 tests' server)"
+    rm -rf "$MOTO_VENV"
+    python3 -m venv "$MOTO_VENV" && "$MOTO_VENV/bin/pip" install -q "moto[server]" || true
+fi
+if [ -x "$MOTO_VENV/bin/moto_server" ]; then
+    echo "== S3 upload and read tests against moto_server on 127.0.0.1 (ignored by plain cargo test)"
+    cargo test --test remote -- --ignored s3_ 2>&1 | tee "$LOG/s3.log" || status=1
+    s3="S3 (moto): $(tally "$LOG/s3.log")"
+else
+    echo "moto could not be installed: S3 tests ignored"
+    s3="moto missing: S3 tests ignored"
+fi
+echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer; $s3"
 if [ "$status" -ne 0 ]; then
     echo "scripts/test.sh: FAILED (see above)" >&2
 fi

@@ -1,5 +1,7 @@
 //! `MEMSNAP_REMOTE`: every published snapshot is also copied by the `memsnap upload-agent`
-//! helper, end to end on the fake CUDA driver (no GPU). Needs `cargo build --workspace`
+//! helper, end to end on the fake CUDA driver (no GPU). The `s3_*` tests upload to a moto
+//! S3 server on 127.0.0.1; they are #[ignore]d, and scripts/test.sh installs moto into
+//! target/tmp/moto-venv and runs them (`cargo test --test remote -- --ignored s3_`). Needs `cargo build --workspace`
 //! first (the tests preload target/<profile>/libmemsnap.so, which finds the `memsnap`
 //! binary beside it).
 
@@ -183,18 +185,15 @@ struct Moto {
 }
 
 impl Moto {
-    /// `None` (and a line saying the test is ignored) when moto is not installed.
-    fn start(test: &str) -> Option<Moto> {
+    /// Fails when moto is not installed (these tests are #[ignore]d; scripts/test.sh
+    /// installs moto and runs them).
+    fn start() -> Moto {
         let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moto-venv");
-        if !venv.join("bin/moto_server").is_file() {
-            let line = format!(
-                "ignored: {test}: no moto_server in {} (scripts/test.sh installs moto[server] there)",
-                venv.display()
-            );
-            println!("{line}");
-            eprintln!("{line}");
-            return None;
-        }
+        assert!(
+            venv.join("bin/moto_server").is_file(),
+            "no moto_server in {} (scripts/test.sh installs moto[server] there)",
+            venv.display()
+        );
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .unwrap()
@@ -219,7 +218,7 @@ impl Moto {
             std::thread::sleep(Duration::from_millis(100));
         }
         moto.python("c.create_bucket(Bucket='snaps')", &[]);
-        Some(moto)
+        moto
     }
 
     fn endpoint(&self) -> String {
@@ -293,12 +292,9 @@ fn with_env<'a>(
 }
 
 #[test]
+#[ignore = "needs moto_server (S3); scripts/test.sh installs it and runs the s3_ tests"]
 fn s3_step_oom_and_exit_snapshots_reach_their_keys_and_read_back_the_same() {
-    let Some(moto) =
-        Moto::start("s3_step_oom_and_exit_snapshots_reach_their_keys_and_read_back_the_same")
-    else {
-        return;
-    };
+    let moto = Moto::start();
     let aws = moto.env();
     let run = run_program(
         "steps",
@@ -354,12 +350,9 @@ fn s3_step_oom_and_exit_snapshots_reach_their_keys_and_read_back_the_same() {
 }
 
 #[test]
+#[ignore = "needs moto_server (S3); scripts/test.sh installs it and runs the s3_ tests"]
 fn s3_missing_bucket_is_one_line_and_a_stopped_server_leaves_the_program_and_files_alone() {
-    let Some(mut moto) = Moto::start(
-        "s3_missing_bucket_is_one_line_and_a_stopped_server_leaves_the_program_and_files_alone",
-    ) else {
-        return;
-    };
+    let mut moto = Moto::start();
     let aws = moto.env();
     let run = run_program(
         "steps",
