@@ -4,12 +4,14 @@
 #
 #   bash scripts/test.sh
 #
-# The tests that load the HTML viewer in headless Chromium (tests/cli.rs, `chromium_*`) are
-# #[ignore]d for plain `cargo test`; this script runs them too when chromium is installed,
-# and says so when it is not. Likewise the wheel's tests (tests/wheel.rs): this script
-# builds the wheel (scripts/build-wheel.sh: a release build, and pip installs the build
-# tools from PyPI into target/wheel-tools) and runs them when python3 can make a virtual
-# environment. It ends with the number of tests that passed, failed and were ignored.
+# The tests that load the HTML viewer in headless Chromium (tests/cli.rs, `chromium_*`) and
+# those that need a local S3 server (tests/remote.rs, `s3_*`, moto from PyPI, installed here
+# into target/tmp/moto-venv) are #[ignore]d for plain `cargo test`; this script runs them
+# too when it has their tool, and says so when it has not. Likewise the wheel's tests
+# (tests/wheel.rs): this script builds the wheel (scripts/build-wheel.sh: a release build,
+# and pip installs the build tools from PyPI into target/wheel-tools) and runs them when
+# python3 can make a virtual environment. It ends with the number of tests that passed,
+# failed and were ignored.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 for tool in cargo cc python3; do
@@ -67,7 +69,23 @@ else
     echo "python3 venv (with ensurepip) missing: wheel tests ignored"
     wheel="python3 venv missing: wheel tests ignored"
 fi
-echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer; $wheel"
+# The S3 tests (tests/remote.rs, `s3_*`) upload to a local S3-compatible server, moto from
+# PyPI, installed once into a venv under target/; ignored by plain cargo test.
+MOTO_VENV=target/tmp/moto-venv
+if [ ! -x "$MOTO_VENV/bin/moto_server" ]; then
+    echo "== installing moto[server] into $MOTO_VENV (the S3 tests' server)"
+    rm -rf "$MOTO_VENV"
+    python3 -m venv "$MOTO_VENV" && "$MOTO_VENV/bin/pip" install -q "moto[server]" || true
+fi
+if [ -x "$MOTO_VENV/bin/moto_server" ]; then
+    echo "== S3 upload and read tests against moto_server on 127.0.0.1 (ignored by plain cargo test)"
+    cargo test --test remote -- --ignored s3_ 2>&1 | tee "$LOG/s3.log" || status=1
+    s3="S3 (moto): $(tally "$LOG/s3.log")"
+else
+    echo "moto could not be installed: S3 tests ignored"
+    s3="moto missing: S3 tests ignored"
+fi
+echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer; $wheel; $s3"
 if [ "$status" -ne 0 ]; then
     echo "scripts/test.sh: FAILED (see above)" >&2
 fi

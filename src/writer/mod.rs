@@ -14,6 +14,7 @@ pub mod files;
 pub mod stacks;
 pub mod state;
 pub mod stats;
+pub mod upload;
 
 use crate::channel::event::{Api, Event, Kind, NO_STACK, Payload};
 use crate::channel::handshake::{
@@ -81,6 +82,8 @@ struct Writer {
     ack: ack::AckFile,
     /// The signal that ends the job, once its snapshot was asked for.
     crash: Option<CrashInfo>,
+    /// Copies to `MEMSNAP_REMOTE`; `None` when it is unset.
+    uploader: Option<upload::Uploader>,
 }
 
 fn signal_name(sig: i32) -> &'static str {
@@ -134,6 +137,10 @@ impl Writer {
             write_warnings: 0,
             ack: ack::AckFile::new(id_pid),
             crash: None,
+            uploader: cfg
+                .remote
+                .as_ref()
+                .map(|_| upload::Uploader::new(cfg.remote_only)),
             stats,
             cfg,
         }
@@ -336,6 +343,9 @@ impl Writer {
                 let _ = self.dump(Reason::Exit, "");
             }
             self.write_stats(Reason::Exit);
+            if let Some(uploader) = &mut self.uploader {
+                uploader.finish(self.cfg.remote_wait);
+            }
             self.report_at_exit();
             self.ack.remove();
             EXIT_DONE.store(true, Release);
@@ -454,6 +464,9 @@ impl Writer {
         });
         match result {
             Ok(path) => {
+                if let (Some(uploader), Some(remote)) = (&mut self.uploader, &self.cfg.remote) {
+                    uploader.send(&path, &files::expand(remote, &self.id, &fields));
+                }
                 self.written.push(path.clone());
                 Ok(path)
             }

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use memsnap_format::model::Snapshot;
 use memsnap_format::pickle_read;
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Reads and decodes one snapshot, history included (for `view`, `check`); errors name
 /// the file and the problem.
@@ -156,16 +156,22 @@ fn bars() -> &'static indicatif::MultiProgress {
 fn decode<T>(
     path: &Path,
     read: impl FnOnce(
-        &mut std::fs::File,
+        &mut dyn std::io::Read,
         &mut dyn FnMut(usize),
     ) -> std::result::Result<T, pickle_read::ReadError>,
 ) -> Result<T> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let len = file
-        .metadata()
-        .with_context(|| format!("cannot read {}", path.display()))?
-        .len() as usize;
+    let (mut file, len): (Box<dyn std::io::Read + Send>, u64) = if crate::remote::is_remote(path) {
+        crate::remote::Stores::default().open(&path.to_string_lossy())?
+    } else {
+        let file = std::fs::File::open(local_path(path))
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let len = file
+            .metadata()
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .len();
+        (Box::new(file), len)
+    };
+    let len = len as usize;
     let bar = (len >= PROGRESS_MIN_BYTES && std::io::stderr().is_terminal()).then(|| {
         let b = bars().add(indicatif::ProgressBar::new(len as u64));
         b.set_style(
@@ -177,7 +183,7 @@ fn decode<T>(
         b.set_message(format!("reading {}", path.display()));
         b
     });
-    let out = read(&mut file, &mut |done| {
+    let out = read(&mut *file, &mut |done| {
         if let Some(b) = &bar {
             b.set_position(done as u64);
         }
@@ -186,6 +192,31 @@ fn decode<T>(
         b.finish_and_clear();
     }
     out.with_context(|| format!("{} is not a readable memory snapshot", path.display()))
+}
+
+/// The snapshot files of `memsnap ranks DIR`: `*.pickle` and `*.pkl` directly in a folder
+/// (or a `file://` URL of one), or under an `s3://bucket/prefix/`; sorted.
+pub fn rank_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    if crate::remote::is_remote(dir) {
+        let urls = crate::remote::Stores::default().list(&dir.to_string_lossy())?;
+        return Ok(urls.into_iter().map(PathBuf::from).collect());
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(local_path(dir))
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The file a `file://` URL names (what `MEMSNAP_REMOTE` writes), or `path` itself. Other
+/// URLs are read by [`crate::remote`].
+pub fn local_path(path: &Path) -> PathBuf {
+    match path.to_str().and_then(|s| s.strip_prefix("file://")) {
+        Some(rest) => PathBuf::from(rest),
+        None => path.to_path_buf(),
+    }
 }
 
 /// The file name for messages and tables (the full path is in JSON).
@@ -207,5 +238,18 @@ mod tests {
         });
         assert_eq!(out, items.iter().map(|i| i * 10).collect::<Vec<_>>());
         assert!(super::map_files(&[] as &[u64], |&i| i).is_empty());
+    }
+
+    #[test]
+    fn file_urls_name_local_files() {
+        use std::path::Path;
+        assert_eq!(
+            super::local_path(Path::new("file:///snaps/r0/exit-1.pickle")),
+            Path::new("/snaps/r0/exit-1.pickle")
+        );
+        assert_eq!(
+            super::local_path(Path::new("a/b.pickle")),
+            Path::new("a/b.pickle")
+        );
     }
 }

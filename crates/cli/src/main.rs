@@ -15,9 +15,11 @@ mod flamegraph;
 mod history;
 mod input;
 mod ranks;
+mod remote;
 mod run;
 mod summary;
 mod tally;
+mod upload_agent;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -56,6 +58,9 @@ enum Cmd {
     Run(Box<run::RunArgs>),
     /// Ask running processes (with memsnap loaded) for a snapshot now.
     Dump(dump::DumpArgs),
+    /// The helper libmemsnap.so starts to copy snapshots to MEMSNAP_REMOTE (not run by hand).
+    #[command(hide = true)]
+    UploadAgent(upload_agent::Args),
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -87,6 +92,7 @@ fn main() -> ExitCode {
         // The launchers manage their own output and exit status.
         Cmd::Run(a) => launch(run::run(*a)),
         Cmd::Dump(a) => launch(dump::dump(a)),
+        Cmd::UploadAgent(a) => launch(upload_agent::run(&a)),
     }
 }
 

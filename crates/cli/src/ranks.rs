@@ -10,7 +10,7 @@ use crate::analysis::{self, Attribution, Sites, fmt_bytes};
 use crate::at::At;
 use crate::summary::meta_int;
 use crate::tally::sorted;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -158,12 +158,7 @@ fn row(path: &Path, attr: &Attribution) -> Result<Rank> {
 }
 
 pub fn build(dir: &Path, attr: &Attribution) -> Result<Ranks> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot list {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "pickle" || e == "pkl"))
-        .collect();
-    files.sort();
+    let files = crate::input::rank_files(dir)?;
     if files.is_empty() {
         anyhow::bail!("{}: no *.pickle or *.pkl files", dir.display());
     }

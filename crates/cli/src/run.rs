@@ -63,6 +63,10 @@ pub struct RunArgs {
     /// CSV file for per-step memory figures (MEMSNAP_STATS)
     #[arg(long, value_name = "PATH")]
     pub stats: Option<String>,
+    /// Also copy each snapshot to this URL template, e.g.
+    /// 'file:///shared/snaps/r{rank}/{reason}-{seq}.pickle' (MEMSNAP_REMOTE)
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
     /// No snapshot at exit (MEMSNAP_AT_EXIT=0)
     #[arg(long)]
     pub no_at_exit: bool,
@@ -119,6 +123,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     opt(var::EVERY, "--every", &args.every);
     opt(var::PERIOD, "--period", &args.period);
     opt(var::STATS, "--stats", &args.stats);
+    opt(var::REMOTE, "--remote", &args.remote);
     if args.no_at_exit {
         set.push((var::AT_EXIT, "0".into(), "--no-at-exit"));
     }

@@ -31,7 +31,13 @@ pub mod var {
     pub const STATS: &str = "MEMSNAP_STATS";
     pub const AT_CRASH: &str = "MEMSNAP_AT_CRASH";
     pub const CRASH_WAIT: &str = "MEMSNAP_CRASH_WAIT";
+    pub const REMOTE: &str = "MEMSNAP_REMOTE";
+    pub const REMOTE_ONLY: &str = "MEMSNAP_REMOTE_ONLY";
+    pub const REMOTE_WAIT: &str = "MEMSNAP_REMOTE_WAIT";
 }
+
+/// The longest `MEMSNAP_REMOTE_WAIT`: an exiting job should not hang on its uploads.
+pub const MAX_REMOTE_WAIT: Duration = Duration::from_secs(60);
 
 /// The longest `MEMSNAP_CRASH_WAIT`: a dying job should not hang on its snapshot.
 pub const MAX_CRASH_WAIT: Duration = Duration::from_secs(60);
@@ -99,6 +105,13 @@ pub struct Config {
     pub at_crash: bool,
     /// How long a terminating signal waits for its snapshot before the program goes on.
     pub crash_wait: Duration,
+    /// Where each published snapshot is also copied: a `file://` or `s3://` URL template.
+    /// `None` = off.
+    pub remote: Option<String>,
+    /// Remove the local file once its copy is confirmed.
+    pub remote_only: bool,
+    /// How long exit waits for copies still under way.
+    pub remote_wait: Duration,
 }
 
 pub const DEFAULT_FILENAME: &str = "memsnap-{exe}-{host}-r{rank}-p{pid}-{reason}-{seq}.pickle";
@@ -126,6 +139,9 @@ impl Default for Config {
             stats: None,
             at_crash: true,
             crash_wait: Duration::from_secs(5),
+            remote: None,
+            remote_only: false,
+            remote_wait: Duration::from_secs(5),
         }
     }
 }
@@ -239,16 +255,15 @@ impl Config {
             }
         }
         cfg.at_crash = p.flag(var::AT_CRASH, cfg.at_crash);
-        if let Some(v) = p.text(var::CRASH_WAIT) {
-            match parse_duration(&v) {
-                Some(d) if d <= MAX_CRASH_WAIT => cfg.crash_wait = d,
-                _ => p.bad(
-                    var::CRASH_WAIT,
-                    &v,
-                    "a duration from 0s to 60s, such as 500ms or 5s",
-                ),
+        cfg.crash_wait = p.wait(var::CRASH_WAIT, cfg.crash_wait, MAX_CRASH_WAIT);
+        if let Some(v) = p.text(var::REMOTE) {
+            match validate_remote(&v) {
+                Ok(()) => cfg.remote = Some(v),
+                Err(msg) => p.bad(var::REMOTE, &v, &msg),
             }
         }
+        cfg.remote_only = p.flag(var::REMOTE_ONLY, cfg.remote_only);
+        cfg.remote_wait = p.wait(var::REMOTE_WAIT, cfg.remote_wait, MAX_REMOTE_WAIT);
         (cfg, errors)
     }
 }
@@ -298,6 +313,24 @@ impl<F: Fn(&str) -> Option<OsString>> Parser<'_, F> {
             "0" | "false" | "no" | "off" => false,
             _ => {
                 self.bad(name, &v, "1/true/yes/on or 0/false/no/off");
+                default
+            }
+        }
+    }
+
+    /// A bounded wait: a duration from 0 to `max` (whole seconds).
+    fn wait(&mut self, name: &'static str, default: Duration, max: Duration) -> Duration {
+        let Some(v) = self.text(name) else {
+            return default;
+        };
+        match parse_duration(&v) {
+            Some(d) if d <= max => d,
+            _ => {
+                let accepted = format!(
+                    "a duration from 0s to {}s, such as 500ms or 5s",
+                    max.as_secs()
+                );
+                self.bad(name, &v, &accepted);
                 default
             }
         }
@@ -451,6 +484,47 @@ pub fn validate_stats_path(t: &str) -> Result<(), String> {
             "a file path ending in a name that does not start with '.' (not a folder, `.`, `..` or a hidden file)"
                 .to_string(),
         );
+    }
+    Ok(())
+}
+
+/// URL schemes `MEMSNAP_REMOTE` accepts: a shared file system, and S3 or an S3-compatible
+/// server (`AWS_ENDPOINT_URL`).
+pub const REMOTE_SCHEMES: &[&str] = &["file", "s3"];
+
+/// Checks `MEMSNAP_REMOTE`: a `file:///absolute/path` or `s3://bucket/key` template with
+/// the placeholders of `MEMSNAP_FILENAME`, no `.` or `..` component (placeholder values are
+/// sanitized like file names, so none can add one), ending in a visible name.
+pub fn validate_remote(t: &str) -> Result<(), String> {
+    let accepted =
+        "a file:// or s3:// URL template such as s3://bucket/snaps/r{rank}/{reason}-{seq}.pickle";
+    let Some((scheme, rest)) = t.split_once("://") else {
+        return Err(accepted.to_string());
+    };
+    if matches!(scheme, "gs" | "az" | "azure" | "abfs") {
+        return Err(format!(
+            "{accepted} ({scheme}:// uploads are not built into this version of memsnap)"
+        ));
+    }
+    if !REMOTE_SCHEMES.contains(&scheme) {
+        return Err(accepted.to_string());
+    }
+    check_placeholders(rest, TEMPLATE_KEYS)?;
+    let components: Vec<&str> = rest.split('/').collect();
+    let name = components.last().copied().unwrap_or("");
+    let rooted = if scheme == "file" {
+        rest.starts_with('/')
+    } else {
+        components.len() >= 2 && !components[0].is_empty() && !components[0].contains('{')
+    };
+    if !rooted
+        || name.is_empty()
+        || name.starts_with('.')
+        || components.iter().any(|c| *c == "." || *c == "..")
+    {
+        return Err(format!(
+            "{accepted}: an absolute path (file://) or a bucket and key (s3://, the bucket without placeholders), without `.` or `..` components, ending in a name that does not start with '.'"
+        ));
     }
     Ok(())
 }
@@ -868,6 +942,55 @@ mod tests {
         );
         assert_eq!(expand_template("open{rank", v), Ok("open{rank".to_string()));
         assert_eq!(sanitize("node/7 a"), "node_7_a");
+    }
+
+    #[test]
+    fn remote_templates_are_file_or_s3_urls_with_known_placeholders() {
+        let (cfg, errors) = parse(&[
+            (
+                "MEMSNAP_REMOTE",
+                "file:///snaps/r{rank}/{reason}-{seq}.pickle",
+            ),
+            ("MEMSNAP_REMOTE_ONLY", "1"),
+            ("MEMSNAP_REMOTE_WAIT", "2s"),
+        ]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            cfg.remote.as_deref(),
+            Some("file:///snaps/r{rank}/{reason}-{seq}.pickle")
+        );
+        assert!(cfg.remote_only);
+        assert_eq!(cfg.remote_wait, Duration::from_secs(2));
+        for bad in [
+            "/snaps/x.pickle",
+            "gs://bucket/{rank}.pickle",
+            "s3://bucket",
+            "s3://{rank}/x.pickle",
+            "s3:///x.pickle",
+            "ftp://host/x",
+            "file://relative/x.pickle",
+            "file:///snaps/../etc/x",
+            "file:///snaps/",
+            "file:///snaps/.hidden",
+            "file:///snaps/{nope}.pickle",
+        ] {
+            let (cfg, errors) = parse(&[("MEMSNAP_REMOTE", bad)]);
+            assert_eq!(cfg.remote, None, "{bad}");
+            assert_eq!(errors.len(), 1, "{bad}");
+            assert!(errors[0].to_string().contains("MEMSNAP_REMOTE"), "{bad}");
+        }
+        let (cfg, errors) = parse(&[("MEMSNAP_REMOTE", "s3://b/run/{rank}.pickle")]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(cfg.remote.as_deref(), Some("s3://b/run/{rank}.pickle"));
+        let (_, errors) = parse(&[("MEMSNAP_REMOTE", "gs://b/{rank}.pickle")]);
+        assert!(
+            errors[0]
+                .to_string()
+                .contains("gs:// uploads are not built")
+        );
+        let (cfg, errors) = parse(&[("MEMSNAP_REMOTE_WAIT", "2m")]);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(cfg.remote_wait, Duration::from_secs(5));
     }
 
     #[test]
