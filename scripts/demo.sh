@@ -19,7 +19,7 @@ echo "== memsnap run -- demo   (libmemsnap.so preloaded; a snapshot every 2 step
 LD_LIBRARY_PATH="$OUT/fake-cuda/lib" \
     target/release/memsnap run --folder "$OUT/snapshots" --every 2 -- "$OUT/fake-cuda/bin/demo"
 
-first=$(ls -tr "$OUT"/snapshots/*-step-*.pickle | head -n 1)
+first=$(ls -tr "$OUT"/snapshots/*-step[0-9]*-*.pickle | head -n 1)
 newest=$(ls -t "$OUT"/snapshots/*-exit-*.pickle | head -n 1)
 echo
 echo "== memsnap summary $newest"

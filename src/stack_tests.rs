@@ -282,10 +282,14 @@ fn stripped_library_gives_dynsym_names() {
         .take(3)
         .map(|f| (f.name.as_str(), f.filename.as_str(), f.line))
         .collect();
-    assert_eq!(
-        top,
-        [("stk_c", "??", 0), ("stk_b", "??", 0), ("stk_a", "??", 0)]
-    );
+    // No debug info: the nearest exported symbol plus the offset of the return address
+    // into it, and the library as the file; never "??".
+    for ((name, file, line), want) in top.iter().zip(["stk_c+0x", "stk_b+0x", "stk_a+0x"]) {
+        assert!(name.starts_with(want), "{top:?}");
+        assert!(file.ends_with("libstacktest-stripped.so"), "{top:?}");
+        assert_eq!(*line, 0);
+    }
+    assert_eq!(top.len(), 3);
 }
 
 #[test]
@@ -396,6 +400,15 @@ fn library_loaded_later_ends_the_walk_until_the_writer_refreshes() {
 fn code_without_unwind_tables_ends_the_walk_cleanly() {
     let lib = clib(Which::NoUnwind);
     let full = clib(Which::Full);
+    // Tests run in parallel and each may refresh the module table; a refresh that read the
+    // maps before this library was loaded can be published after the one that saw it. Only
+    // the writer refreshes in a real process, so make sure the table knows the library.
+    for _ in 0..100 {
+        if modules::ensure().find(lib.a as u64).is_some() {
+            break;
+        }
+        modules::refresh();
+    }
     let mut first = None;
     for i in 0..200 {
         let mut req = request(Stacks::Native, FRAME_CAPACITY);
@@ -414,7 +427,8 @@ fn code_without_unwind_tables_ends_the_walk_cleanly() {
     }
     let mut req = request(Stacks::Native, FRAME_CAPACITY);
     (lib.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);
-    assert_eq!(resolve(&req.slot)[0].name, "stk_c");
+    // Built without debug info: named by its symbol plus the offset into it.
+    assert!(resolve(&req.slot)[0].name.starts_with("stk_c+0x"));
     // The library with unwind tables still unwinds fully afterwards.
     let mut req = request(Stacks::Native, FRAME_CAPACITY);
     (full.a)(capture_cb, &mut req as *mut Request as *mut libc::c_void);

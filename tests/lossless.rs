@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{Run, num, python_script, reason_of, run_program, snapshot_files};
+use common::{Run, label_of, num, python_script, run_program, snapshot_files};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -21,10 +21,10 @@ fn ledger(path: &Path) -> Value {
     serde_json::from_str(&out).expect("ledger_counts.py prints JSON")
 }
 
-fn files_for(run: &Run, reason: &str) -> Vec<PathBuf> {
+fn files_for(run: &Run, label: &str) -> Vec<PathBuf> {
     snapshot_files(run.dir.path())
         .into_iter()
-        .filter(|p| reason_of(p).as_deref() == Some(reason))
+        .filter(|p| label_of(p).as_deref() == Some(label))
         .collect()
 }
 
@@ -125,7 +125,7 @@ fn request_under_load(threads: u32, mode: &str) -> Run {
                 ms < REQUEST_BOUND_MS,
                 "memsnap_dump took {ms} ms under load"
             );
-            assert_eq!(files_for(&run, "api").len(), 1, "{}", run.stderr);
+            assert_eq!(files_for(&run, "under_load").len(), 1, "{}", run.stderr);
         }
         "oom" => {
             assert_eq!(r["oom_rc"], "2", "cudaErrorMemoryAllocation passed through");

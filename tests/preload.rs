@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Run, num, python_load_json, python_script, reason_of, run_program, snapshot_files};
+use common::{Run, label_of, num, python_load_json, python_script, run_program, snapshot_files};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +19,7 @@ fn assert_valid(path: &Path) {
 fn file_for(run: &Run, reason: &str) -> PathBuf {
     let files: Vec<PathBuf> = snapshot_files(run.dir.path())
         .into_iter()
-        .filter(|p| reason_of(p).as_deref() == Some(reason))
+        .filter(|p| label_of(p).as_deref() == Some(reason))
         .collect();
     assert_eq!(
         files.len(),
@@ -262,7 +262,7 @@ fn signal_dumps_and_chains_to_the_programs_own_handler() {
     assert_eq!(off.results()["own_handler_calls"], "1");
     let reasons: Vec<Option<String>> = snapshot_files(off.dir.path())
         .iter()
-        .map(|p| reason_of(p))
+        .map(|p| label_of(p))
         .collect();
     assert!(
         reasons.iter().all(|r| r.as_deref() == Some("exit")),

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{num, reason_of, run_program, snapshot_files};
+use common::{label_of, num, run_program, snapshot_files};
 use std::path::Path;
 use std::process::Command;
 
@@ -37,7 +37,7 @@ fn a_period_too_large_for_a_duration_is_one_message_not_an_abort() {
         // Recording carried on with the default (no period): the exit snapshot only.
         let reasons: Vec<_> = snapshot_files(run.dir.path())
             .iter()
-            .filter_map(|p| reason_of(p))
+            .filter_map(|p| label_of(p))
             .collect();
         assert_eq!(reasons, ["exit"], "{}", run.stderr);
     }

@@ -6,14 +6,14 @@
 
 mod common;
 
-use common::{python_load_json, reason_of, run_program, snapshot_files};
+use common::{label_of, python_load_json, run_program, snapshot_files};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 
 fn files_with_reason(dir: &std::path::Path, reason: &str) -> Vec<PathBuf> {
     snapshot_files(dir)
         .into_iter()
-        .filter(|p| reason_of(p).as_deref() == Some(reason))
+        .filter(|p| label_of(p).as_deref() == Some(reason))
         .collect()
 }
 

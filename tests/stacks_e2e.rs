@@ -5,7 +5,7 @@
 mod common;
 
 use common::{
-    Run, fake_lib_dir, num, preload_lib, python_load_json, reason_of, run_program, snapshot_files,
+    Run, fake_lib_dir, label_of, num, preload_lib, python_load_json, run_program, snapshot_files,
 };
 use serde_json::Value;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ fn exit_snapshot(run: &Run) -> Value {
     run.assert_success();
     let files: Vec<PathBuf> = snapshot_files(run.dir.path())
         .into_iter()
-        .filter(|p| reason_of(p).as_deref() == Some("exit"))
+        .filter(|p| label_of(p).as_deref() == Some("exit"))
         .collect();
     assert_eq!(files.len(), 1, "{files:?}\n{}", run.stderr);
     python_load_json(&files[0])

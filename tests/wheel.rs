@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_callback_results, csv, env_lines, num, python_load_json, reason_of, results};
+use common::{assert_callback_results, csv, env_lines, label_of, num, python_load_json, results};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -145,8 +145,9 @@ fn run_in(cwd: &Path, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Ou
     )
 }
 
-/// The demo's files: a `step` snapshot at steps 2 and 4 (`--every 2`) and one at exit (step
-/// 5), each accepted by the installed `memsnap check`.
+/// The demo's files: a `step` snapshot at steps 2 and 4 (`--every 2`, named `step2` and
+/// `step4` after the program's step) and one at exit (step 5), each accepted by the
+/// installed `memsnap check`.
 fn assert_demo_snapshots(folder: &Path) {
     let files = common::snapshot_files(folder);
     let mut found: Vec<(String, u64)> = files
@@ -154,7 +155,7 @@ fn assert_demo_snapshots(folder: &Path) {
         .map(|f| {
             let snap = python_load_json(f);
             (
-                reason_of(f).unwrap(),
+                label_of(f).unwrap(),
                 snap["memsnap"]["step"].as_u64().unwrap(),
             )
         })
@@ -162,7 +163,7 @@ fn assert_demo_snapshots(folder: &Path) {
     found.sort();
     assert_eq!(
         found,
-        [("exit".into(), 5), ("step".into(), 2), ("step".into(), 4)],
+        [("exit".into(), 5), ("step2".into(), 2), ("step4".into(), 4)],
         "{files:?}"
     );
     let mut cmd = Command::new(installed().bin("memsnap"));

@@ -568,7 +568,7 @@ def case_ddp(r, a):
     other = {i["pid"] for i in infos.values() if i and i["pid"] not in pids}
     r.check("no file from the launcher or other processes", not other, sorted(other))
     unparsed = [os.path.basename(p) for p, i in infos.items() if i is None]
-    r.check("file names follow memsnap-...-r{rank}-p{pid}-{reason}-{seq}.pickle", not unparsed, unparsed)
+    r.check("file names follow memsnap-...-r{rank}-p{pid}-{label}-{seq}.pickle", not unparsed, unparsed)
 
 
 # ----------------------------------------------------------------------------------------------

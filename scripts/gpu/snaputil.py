@@ -14,10 +14,11 @@ import sys
 import time
 import traceback
 
-# memsnap-{exe}-{host}-r{rank}-p{pid}-{reason}-{seq}.pickle: exe and host may hold dashes,
-# so the name is matched from the right.
+# memsnap-{exe}-{host}-r{rank}-p{pid}-{label}-{seq}.pickle: exe and host may hold dashes,
+# so the name is matched from the right. {label} is the tag of a tagged dump, step<N> for a
+# step snapshot, else the reason.
 SNAP_RE = re.compile(
-    r"^memsnap-(?P<head>.*)-r(?P<rank>-?\d+|[A-Za-z_]*)-p(?P<pid>\d+)-(?P<reason>[a-z_]+)-(?P<seq>\d+)\.pickle$"
+    r"^memsnap-(?P<head>.*)-r(?P<rank>-?\d+|[A-Za-z_]*)-p(?P<pid>\d+)-(?P<label>[A-Za-z0-9_.-]+)-(?P<seq>\d+)\.pickle$"
 )
 ASYNC_APIS = ("cudaMallocAsync", "cuMemAllocAsync", "cudaMallocFromPoolAsync", "cuMemAllocFromPoolAsync")
 ACTIVE_STATES = ("active_allocated", "active_pending_free")
@@ -133,7 +134,9 @@ def parse_name(name):
         return None
     d = m.groupdict()
     rank = int(d["rank"]) if d["rank"].lstrip("-").isdigit() else None
-    return {"rank": rank, "pid": int(d["pid"]), "reason": d["reason"], "seq": int(d["seq"])}
+    label = d["label"]
+    reason = "step" if re.fullmatch(r"step\d+", label) else label
+    return {"rank": rank, "pid": int(d["pid"]), "reason": reason, "label": label, "seq": int(d["seq"])}
 
 
 def list_snapshots(folder):

@@ -123,6 +123,21 @@ pub struct NameFields<'a> {
     pub time_s: u64,
 }
 
+impl NameFields<'_> {
+    /// `{label}`: what a person calls this snapshot. The tag of a tagged dump, `step<N>`
+    /// for a step snapshot (N the program's step number, not the dump counter), else the
+    /// reason.
+    fn label(&self) -> String {
+        if !self.tag.is_empty() {
+            sanitize(self.tag)
+        } else if self.reason == Reason::Step {
+            format!("step{}", self.step)
+        } else {
+            self.reason.as_str().to_string()
+        }
+    }
+}
+
 /// Expands a template (`{rank}`, `{pid}`, ...; config.rs validated the keys).
 pub fn expand(template: &str, id: &Identity, f: &NameFields) -> String {
     let value = |key: &str| {
@@ -140,6 +155,7 @@ pub fn expand(template: &str, id: &Identity, f: &NameFields) -> String {
             } else {
                 f.tag
             }),
+            "label" => f.label(),
             "time" => f.time_s.to_string(),
             other => format!("{{{other}}}"),
         })
@@ -295,6 +311,36 @@ mod tests {
             &f,
         );
         assert_eq!(s, "train-node_7-r3-l1-p42-oom-5-12-before_opt-99.pickle");
+    }
+
+    #[test]
+    fn the_default_name_says_the_tag_or_the_real_step() {
+        let name = |reason, step, tag| {
+            let f = NameFields {
+                reason,
+                seq: 7,
+                step,
+                tag,
+                time_s: 0,
+            };
+            expand(crate::config::DEFAULT_FILENAME, &id(), &f)
+        };
+        assert_eq!(
+            name(Reason::Step, 12, ""),
+            "memsnap-train-node_7-r3-p42-step12-7.pickle"
+        );
+        assert_eq!(
+            name(Reason::Api, 12, "before opt"),
+            "memsnap-train-node_7-r3-p42-before_opt-7.pickle"
+        );
+        assert_eq!(
+            name(Reason::Api, 12, ""),
+            "memsnap-train-node_7-r3-p42-api-7.pickle"
+        );
+        assert_eq!(
+            name(Reason::Oom, 3, ""),
+            "memsnap-train-node_7-r3-p42-oom-7.pickle"
+        );
     }
 
     #[test]

@@ -244,9 +244,10 @@ pub fn num(map: &HashMap<String, String>, key: &str) -> u64 {
         .unwrap_or_else(|e| panic!("`{key}={value}` is not a number: {e}"))
 }
 
-/// The `{reason}` of a default snapshot name (`...-{reason}-{seq}.pickle`), read from the
-/// right so a program called "oom" or "signal" does not confuse it.
-pub fn reason_of(path: &Path) -> Option<String> {
+/// The `{label}` of a default snapshot name (`...-{label}-{seq}.pickle`: the reason, a
+/// dump's tag, or `step<N>`), read from the right so a program called "oom" or "signal"
+/// does not confuse it.
+pub fn label_of(path: &Path) -> Option<String> {
     let name = path.file_name()?.to_string_lossy().into_owned();
     name.rsplit('-').nth(1).map(str::to_string)
 }

@@ -1,7 +1,7 @@
 /* load.c (static runtime): asks memsnap for a snapshot while other threads allocate at full
  * speed, and measures how long the request takes.
  * argv[1]: allocating threads (default 2); argv[2]: dump | oom | exit.
- * - dump: memsnap_dump("under-load") from the main thread; prints result dump_rc= and dump_ms=.
+ * - dump: memsnap_dump("under_load") from the main thread; prints result dump_rc= and dump_ms=.
  * - oom: a cudaMalloc larger than the device from the main thread (memsnap writes the OOM
  *   snapshot before the call returns); prints result oom_rc= and oom_ms=.
  * - exit: prints result exit_at_ms= (CLOCK_BOOTTIME, the clock of /proc/uptime) and calls
@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "dump") == 0) {
         typedef int (*dump_fn)(const char *);
         dump_fn dump = (dump_fn)dlsym(RTLD_DEFAULT, "memsnap_dump");
-        int rc = dump ? dump("under-load") : -2;
+        int rc = dump ? dump("under_load") : -2;
         printf("result dump_rc=%d\n", rc);
     } else if (strcmp(mode, "oom") == 0) {
         void *p = NULL;

@@ -540,7 +540,7 @@ fn expand_folder(folder: &str, pid: u32, env: &HashMap<String, String>) -> Resul
         "rank" => Some(config::sanitize(&rank)),
         "local_rank" => Some(config::sanitize(&local_rank)),
         "host" => Some(config::sanitize(&host)),
-        "reason" | "tag" => Some("signal".to_string()),
+        "reason" | "tag" | "label" => Some("signal".to_string()),
         _ => None,
     };
     config::expand_template(folder, value)

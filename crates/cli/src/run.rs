@@ -565,14 +565,14 @@ mod tests {
         assert!(template_matches(t, &[], name));
         assert!(template_matches(
             t,
-            &[("pid", "123"), ("reason", "signal")],
+            &[("pid", "123"), ("label", "signal")],
             name
         ));
         assert!(!template_matches(t, &[("pid", "124")], name));
-        assert!(!template_matches(t, &[("reason", "exit")], name));
+        assert!(!template_matches(t, &[("label", "exit")], name));
         assert!(template_matches(
             t,
-            &[("reason", "signal")],
+            &[("label", "signal")],
             "memsnap-demo-node1-r0-p123-signal-2-1.pickle"
         ));
         assert!(!template_matches(t, &[], "notes.txt"));

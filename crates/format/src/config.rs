@@ -114,7 +114,7 @@ pub struct Config {
     pub remote_wait: Duration,
 }
 
-pub const DEFAULT_FILENAME: &str = "memsnap-{exe}-{host}-r{rank}-p{pid}-{reason}-{seq}.pickle";
+pub const DEFAULT_FILENAME: &str = "memsnap-{exe}-{host}-r{rank}-p{pid}-{label}-{seq}.pickle";
 
 impl Default for Config {
     fn default() -> Self {
@@ -444,6 +444,7 @@ pub const TEMPLATE_KEYS: &[&str] = &[
     "seq",
     "step",
     "tag",
+    "label",
     "time",
 ];
 
