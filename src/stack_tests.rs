@@ -404,7 +404,7 @@ fn code_without_unwind_tables_ends_the_walk_cleanly() {
     // maps before this library was loaded can be published after the one that saw it. Only
     // the writer refreshes in a real process, so make sure the table knows the library.
     for _ in 0..100 {
-        if modules::ensure().find(lib.a as u64).is_some() {
+        if modules::ensure().find(lib.a as usize as u64).is_some() {
             break;
         }
         modules::refresh();

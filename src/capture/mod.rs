@@ -29,14 +29,22 @@ pub fn prepare(stacks: Stacks) {
 /// Captures the calling thread's stack into `slot`, at most `max_frames` of each kind.
 /// Native frames: innermost first, memsnap's own frames removed. Python frames: innermost
 /// first, from the calling thread's own frame chain (no GIL).
-#[inline(never)]
+///
+/// The native walk starts from the registers here, in the caller's frame (this function
+/// is always inlined): see [`native::here`].
+#[inline(always)]
 pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) {
+    capture_from(slot, stacks, max_frames, native::here());
+}
+
+#[inline(never)]
+fn capture_from(slot: &mut StackSlot, stacks: Stacks, max_frames: usize, from: native::StartRegs) {
     let max = max_frames.min(FRAME_CAPACITY);
     slot.n_native = 0;
     slot.n_python = 0;
     slot.truncated = false;
     if stacks.native() {
-        native::capture(slot, max);
+        native::capture(slot, max, from);
     }
     if stacks.python() {
         python::capture(slot, max);

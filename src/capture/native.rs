@@ -22,14 +22,59 @@
 #[cfg(target_arch = "x86_64")]
 pub use imp::{capture, capture_interrupted};
 
+/// Where a walk starts: the instruction pointer, stack pointer and frame pointer of the code
+/// that asked for the stack (see [`here`]).
+#[derive(Clone, Copy, Debug)]
+pub struct StartRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// The registers at this point of the calling function. Inlined into the hook, so the walk
+/// starts in the hook's own frame: memsnap's capture functions below it are never unwound
+/// (each was a full unwinder step per event, always the same), and their stack is never
+/// read (everything below `sp` here is out of bounds for the walk).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn here() -> StartRegs {
+    let (ip, sp, bp): (u64, u64, u64);
+    // SAFETY: reads three registers, touches no memory. `lea [rip]` gives the address of
+    // the next instruction, where `rsp` and `rbp` hold the values read here (`nostack`:
+    // nothing moves the stack pointer in between), so the unwind rule for that address
+    // applies to exactly these registers.
+    unsafe {
+        std::arch::asm!(
+            "lea {ip}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            ip = out(reg) ip,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    StartRegs { ip, sp, bp }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+pub fn here() -> StartRegs {
+    StartRegs {
+        ip: 0,
+        sp: 0,
+        bp: 0,
+    }
+}
+
 /// Walks that reused the previous one's outer frames (tests look at it).
 #[cfg(test)]
 pub static WALKS_REUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
-pub fn capture(slot: &mut crate::channel::event::StackSlot, max_frames: usize) {
-    let _ = max_frames;
+pub fn capture(slot: &mut crate::channel::event::StackSlot, max_frames: usize, from: StartRegs) {
+    let _ = (max_frames, from);
     slot.n_native = 0;
 }
 
@@ -74,6 +119,10 @@ mod imp {
         reads_from: u32,
         /// Index in [`Walk::frames`] of the first frame this step or a later one added.
         frames_from: u32,
+        /// Lowest address read by this step or a later one (see [`seal`]).
+        tail_lowest_read: u64,
+        /// Every read of this step and the later ones succeeded.
+        tail_reads_ok: bool,
     }
 
     /// A stack read and its result (`ok` false: out of bounds).
@@ -113,10 +162,27 @@ mod imp {
         end: End,
     }
 
-    /// A thread's unwinder cache and its last two walks (the previous one and the one being
+    /// framehop's rule caches per thread. One cache is direct-mapped: 509 slots indexed by
+    /// `address % 509`, so two addresses a walk meets every time that fall in the same slot
+    /// evict each other, and each then costs a CFI lookup and parse on every capture (about
+    /// 4,500 instructions; seen in a release build of this library where the hook's own
+    /// address collided with a caller's: two misses per capture, 2.5x the instructions).
+    /// Spreading addresses over eight caches by their higher bits makes the whole a
+    /// direct-mapped cache of 4,072 slots: about 37 KiB a cache (slots and framehop's CFI
+    /// evaluation context), allocated on a thread's first capture.
+    const RULE_CACHES: usize = 8;
+
+    /// The cache for `address`: a hash of the bits above the slot index framehop uses.
+    #[inline(always)]
+    fn rule_cache_index(address: FrameAddress) -> usize {
+        let lookup = address.address_for_lookup();
+        ((lookup / 509).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 61) as usize % RULE_CACHES
+    }
+
+    /// A thread's unwinder caches and its last two walks (the previous one and the one being
     /// made; they swap roles each capture).
     struct ThreadUnwind {
-        cache: Cache,
+        caches: [Cache; RULE_CACHES],
         walks: [Walk; 2],
         current: usize,
     }
@@ -150,8 +216,9 @@ mod imp {
             // `capture` is not re-entered on one thread (the hooks' nesting guard).
             return Some(unsafe { &mut *p });
         }
-        // About 40 KiB: allocated in place (zeroed), never built on the hook's stack, which
-        // may be a small thread stack of the program's.
+        // About 41 KiB (the caches allocate their own ~300 KiB): allocated in place
+        // (zeroed), never built on the hook's stack, which may be a small thread stack of
+        // the program's.
         let layout = std::alloc::Layout::new::<ThreadUnwind>();
         // SAFETY: a non-zero-sized layout.
         let fresh = unsafe { std::alloc::alloc_zeroed(layout) } as *mut ThreadUnwind;
@@ -159,8 +226,13 @@ mod imp {
             return None;
         }
         // SAFETY: all-zero bytes are valid walks (no walk yet: `table` 0, `End::Stopped`)
-        // and a valid `current`; the cache is written in place before any use.
-        unsafe { std::ptr::addr_of_mut!((*fresh).cache).write(Cache::new_in()) };
+        // and a valid `current`; the caches are written in place before any use.
+        unsafe {
+            let caches = std::ptr::addr_of_mut!((*fresh).caches) as *mut Cache;
+            for i in 0..RULE_CACHES {
+                caches.add(i).write(Cache::new_in());
+            }
+        }
         UNWIND.with(|c| c.set(fresh));
         let key = UNWIND_KEY.get_or_init(|| {
             let mut key: libc::pthread_key_t = 0;
@@ -206,23 +278,12 @@ mod imp {
     }
 
     /// Fills `slot.native` with return addresses, innermost first, memsnap's own frames
-    /// removed. Sets `slot.truncated` if the stack had more than `max_frames` frames.
+    /// removed, walking from `from` ([`super::here`] in a caller whose frame is still live).
+    /// Sets `slot.truncated` if the stack had more than `max_frames` frames.
     #[inline(never)]
-    pub fn capture(slot: &mut StackSlot, max_frames: usize) {
+    pub fn capture(slot: &mut StackSlot, max_frames: usize, from: super::StartRegs) {
         slot.n_native = 0;
-        let (ip, sp, bp): (u64, u64, u64);
-        // SAFETY: reads three registers, touches no memory.
-        unsafe {
-            std::arch::asm!(
-                "lea {ip}, [rip]",
-                "mov {sp}, rsp",
-                "mov {bp}, rbp",
-                ip = out(reg) ip,
-                sp = out(reg) sp,
-                bp = out(reg) bp,
-                options(nomem, nostack, preserves_flags),
-            );
-        }
+        let (ip, sp, bp) = (from.ip, from.sp, from.bp);
         let Some(state) = thread_unwind() else { return };
         let Some(bounds) = stack_bounds() else { return };
         capture_from(
@@ -295,7 +356,7 @@ mod imp {
         };
         let kept = walk(
             table,
-            &mut state.cache,
+            &mut state.caches,
             cur,
             prev,
             Bounds { lo: sp, top },
@@ -339,13 +400,55 @@ mod imp {
         }
     }
 
-    /// Whether every read in `reads` would return the same result now.
+    /// Whether every read `walk` made from step `at` on would return the same result now.
+    ///
+    /// The usual case needs no bounds check per read: the reads all succeeded last time, so
+    /// each lay in `[sp then, top)`; `top` is the same (one thread, one stack), and if the
+    /// lowest of them is at or above this capture's `sp`, all lie in bounds now. Then the
+    /// check is one load, one xor and one or per read.
     #[inline(always)]
-    fn reads_still_hold(reads: &[Read], bounds: Bounds) -> bool {
+    fn tail_still_holds(walk: &Walk, at: usize, bounds: Bounds) -> bool {
+        let step = &walk.steps[at];
+        let reads = &walk.reads[step.reads_from as usize..walk.n_reads];
+        if step.tail_reads_ok && step.tail_lowest_read >= bounds.lo {
+            let mut differs = 0u64;
+            for r in reads {
+                // SAFETY: `r.addr` is in `[bounds.lo, top - 8]` (see above): this thread's
+                // live stack, mapped and readable while the capture runs.
+                differs |= unsafe { std::ptr::read_unaligned(r.addr as *const u64) } ^ r.value;
+            }
+            return differs == 0;
+        }
         reads.iter().all(|r| match bounds.read(r.addr) {
             Ok(v) => r.ok && v == r.value,
             Err(()) => !r.ok,
         })
+    }
+
+    /// Fills in the tail summaries ([`Step::tail_lowest_read`], [`Step::tail_reads_ok`]) of
+    /// steps `..inner`, innermost last to first; the steps from `inner` on already have
+    /// theirs (they came whole from an earlier walk) or there are none.
+    #[inline(always)]
+    fn seal(walk: &mut Walk, inner: usize) {
+        let (mut lowest, mut ok) = match walk.steps[..walk.n_steps].get(inner) {
+            Some(s) => (s.tail_lowest_read, s.tail_reads_ok),
+            None => (u64::MAX, true),
+        };
+        let mut reads_end = walk
+            .steps
+            .get(inner)
+            .filter(|_| inner < walk.n_steps)
+            .map_or(walk.n_reads, |s| s.reads_from as usize);
+        for i in (0..inner.min(walk.n_steps)).rev() {
+            let from = walk.steps[i].reads_from as usize;
+            for r in &walk.reads[from..reads_end] {
+                lowest = lowest.min(r.addr);
+                ok &= r.ok;
+            }
+            walk.steps[i].tail_lowest_read = lowest;
+            walk.steps[i].tail_reads_ok = ok;
+            reads_end = from;
+        }
     }
 
     /// One walk into `cur`, reusing `prev`'s outer frames where they provably hold.
@@ -353,7 +456,7 @@ mod imp {
     #[inline(always)]
     fn walk(
         table: &modules::ModuleTable,
-        cache: &mut Cache,
+        caches: &mut [Cache; RULE_CACHES],
         cur: &mut Walk,
         prev: &mut Walk,
         bounds: Bounds,
@@ -393,7 +496,7 @@ mod imp {
                     && p.pc == pc
                     && p.first == first
                     && p.bp == regs.bp()
-                    && reads_still_hold(&prev.reads[p.reads_from as usize..prev.n_reads], bounds)
+                    && tail_still_holds(prev, prev_at, bounds)
                 {
                     let kept = splice(cur, prev, prev_at, slot, &mut out);
                     slot.n_native = out.n as u16;
@@ -407,6 +510,8 @@ mod imp {
                 bp: regs.bp(),
                 reads_from: cur.n_reads as u32,
                 frames_from: cur.n_frames as u32,
+                tail_lowest_read: u64::MAX,
+                tail_reads_ok: true,
             };
             if !first {
                 let Some(module) = table.find_near(pc, hint) else {
@@ -441,9 +546,12 @@ mod imp {
                 }
                 result
             };
-            let next = table
-                .unwinder
-                .unwind_frame(address, &mut regs, cache, &mut read_stack);
+            let next = table.unwinder.unwind_frame(
+                address,
+                &mut regs,
+                &mut caches[rule_cache_index(address)],
+                &mut read_stack,
+            );
             match next
                 .ok()
                 .flatten()
@@ -457,6 +565,8 @@ mod imp {
             }
         }
         slot.n_native = out.n as u16;
+        let n = cur.n_steps;
+        seal(cur, n);
         Kept::InCur
     }
 
@@ -518,6 +628,7 @@ mod imp {
             prev.steps[..from].copy_from_slice(&cur.steps[..from]);
             prev.reads[..reads_from].copy_from_slice(&cur.reads[..reads_from]);
             prev.frames[..frames_from].copy_from_slice(&cur.frames[..frames_from]);
+            seal(prev, from);
             return Kept::InPrev;
         }
         let steps = &prev.steps[from..prev.n_steps];
@@ -550,6 +661,8 @@ mod imp {
         cur.n_steps += steps.len().min(room_steps);
         cur.n_reads += reads.len().min(room_reads);
         cur.end = prev.end;
+        let inner = cur.n_steps - steps.len().min(room_steps);
+        seal(cur, inner);
         Kept::InCur
     }
 }
