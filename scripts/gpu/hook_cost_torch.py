@@ -21,6 +21,7 @@ Recorder runs check that the recorder kept trace entries with frames.
 
     python3 scripts/gpu/hook_cost_torch.py --lib target/release/libmemsnap.so
         [--rounds 3] [--iterations 20000] [--memsnap-context alloc|all] [--json FILE]
+        [--also-lib before=OLD/libmemsnap.so]   (another build's MEMSNAP_STACKS=all row, same rounds)
     python3 scripts/gpu/hook_cost_torch.py drive LIBMEMSNAP     (older spelling of --lib)
     python3 scripts/gpu/hook_cost_torch.py                      (one measurement, this process's
                                                                  environment; prints JSON)
@@ -55,6 +56,9 @@ CONFIGS = [
 ]
 RATIOS = [("python", "default/torch-python", "async/memsnap-python"),
           ("all", "default/torch-all", "async/memsnap-all")]
+# Rows added by --also-lib NAME=PATH: another build of the library, MEMSNAP_STACKS=all, timed in
+# the same rounds as the rest (config name -> library path).
+OTHER_LIBS = {}
 
 # ----------------------------------------------------------------------------------------------
 # One measurement (child process)
@@ -241,7 +245,8 @@ def drive(lib, rounds, iterations, context, run=run_child):
             try:
                 # The recorder's check (torch.cuda.memory._snapshot(), seconds with 'all' stacks)
                 # runs in the first round only, outside the timed loops.
-                r, err = run(child_env(conf, stacks, rec, lib, folder, context, rnd == 0), iterations)
+                row_lib = OTHER_LIBS.get(name, lib)
+                r, err = run(child_env(conf, stacks, rec, row_lib, folder, context, rnd == 0), iterations)
                 if err:
                     res[name]["errors"].append(err)
                     continue
@@ -388,7 +393,16 @@ def main(argv):
     p.add_argument("--iterations", type=int, default=20000, help="iterations per timed loop (5 per run)")
     p.add_argument("--memsnap-context", choices=["alloc", "all"], default="alloc")
     p.add_argument("--json", help="also write the raw results here")
+    p.add_argument("--also-lib", action="append", default=[], metavar="NAME=PATH",
+                   help="also time this build of the library with MEMSNAP_STACKS=all, in the same rounds")
     a = p.parse_args(args)
+    for spec in a.also_lib:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not os.path.exists(path):
+            sys.exit(f"hook_cost_torch.py: --also-lib wants NAME=PATH of an existing library, not {spec!r}")
+        row = f"async/memsnap-all [{name}]"
+        OTHER_LIBS[row] = os.path.abspath(path)
+        CONFIGS.insert(4, (row, ASYNC, "all", None, "async/no-preload"))
     t0 = time.time()
     res = drive(a.lib, a.rounds, a.iterations, a.memsnap_context)
     print(report(res, [os.path.relpath(argv[0])] + argv[1:], a.rounds, a.iterations, a.memsnap_context,
