@@ -65,7 +65,11 @@ fn event(kind: Kind, api: Api, device: i32, addr: u64, size: u64, payload: Paylo
 }
 
 /// Attaches the caller's stack if configured and a slot is free, then sends the event.
-#[inline]
+///
+/// Always inlined, as are the functions that call it from a hook: the native walk starts
+/// where [`capture::capture`] is inlined, and each out-of-line function between the hook
+/// and that point would be one more unwinder step on every event.
+#[inline(always)]
 fn send(rec: &Recorder, mut ev: Event, with_stack: bool) {
     let settings = rec.settings;
     if with_stack
@@ -99,7 +103,7 @@ fn note_device_total_slow(devices: &impl Devices, slot: &AtomicU64) {
 
 /// The outcome of an allocating call: an event on success, the OOM path on
 /// out-of-memory, nothing on any other error.
-#[inline]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn allocation(
     rec: &Recorder,
@@ -127,7 +131,7 @@ pub fn allocation(
 }
 
 /// A free, recorded before the real call releases the address.
-#[inline]
+#[inline(always)]
 pub fn release(rec: &Recorder, kind: Kind, api: Api, addr: u64, size: u64, stream: u64) {
     let with_stack = rec.settings.context == Context::All;
     let ev = event(kind, api, -1, addr, size, Payload::Stream(stream));
