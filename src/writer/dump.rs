@@ -2,9 +2,10 @@
 //!
 //! Cold (writer thread). Frames and stacks are interned across dumps, so each unique
 //! stack is symbolized once per process and written once per file (the encoder shares it
-//! through the pickle memo).
+//! through the pickle memo). [`live_sample`] answers `memsnap top` from the same caches.
 
 use crate::channel::event::Api;
+use crate::snapshot::live::{DeviceSample, LiveGroup, Sample};
 use crate::snapshot::model::{
     Action as ModelAction, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, TraceEntry,
 };
@@ -188,4 +189,74 @@ pub fn meta_int(key: &str, v: u64) -> (String, Meta) {
 }
 pub fn meta_str(key: &str, v: &str) -> (String, Meta) {
     (key.to_string(), Meta::Str(v.to_string()))
+}
+
+/// What is live now, grouped by device and stack, with the frames a snapshot written now
+/// would carry for those stacks (through the same interner and symbolization caches). The
+/// caller fills in the counters. Costs one pass over the live set and a hash lookup per
+/// block; only stacks not seen by a dump before are symbolized.
+pub fn live_sample(state: &State, table: &mut StackTable, interner: &mut FrameInterner) -> Sample {
+    let mut sample = Sample::default();
+    // Group by raw stack first (dense ids, one lookup per block), then map each raw stack
+    // once to the interned stack and to this answer's own numbering.
+    let mut groups: FxHashMap<(u32, Option<RawStackId>), (u64, u64)> = FxHashMap::default();
+    for (d, dev) in state.devices.iter().enumerate() {
+        let mut reserved = 0u64;
+        for live in dev.allocs.values().chain(dev.mappings.values()) {
+            reserved += live.size;
+            let g = groups.entry((d as u32, live.stack)).or_default();
+            g.0 += live.size;
+            g.1 += 1;
+        }
+        sample.devices.push(DeviceSample {
+            device: d as u32,
+            live_bytes: dev.live_bytes,
+            reserved_bytes: reserved,
+            peak_bytes: dev.peak_ever,
+            live_allocations: (dev.allocs.len() + dev.mappings.len()) as u64,
+            ooms: dev.ooms,
+        });
+    }
+    let mut local_stack: FxHashMap<StackId, u32> = FxHashMap::default();
+    let mut local_frame: FxHashMap<u32, u32> = FxHashMap::default();
+    let mut merged: FxHashMap<(u32, Option<u32>), (u64, u64)> = FxHashMap::default();
+    for ((device, raw), (bytes, count)) in groups {
+        let stack = interner.stack(raw, table).map(|id| {
+            *local_stack.entry(id).or_insert_with(|| {
+                let frames = interner
+                    .stacks
+                    .get(id as usize)
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
+                let ids = frames
+                    .iter()
+                    .map(|&f| {
+                        *local_frame.entry(f).or_insert_with(|| {
+                            let frame = interner.frames[f as usize].clone();
+                            sample.frames.push(frame);
+                            sample.frames.len() as u32 - 1
+                        })
+                    })
+                    .collect();
+                sample.stacks.push(ids);
+                sample.stacks.len() as u32 - 1
+            })
+        });
+        let g = merged.entry((device, stack)).or_default();
+        g.0 += bytes;
+        g.1 += count;
+    }
+    sample.groups = merged
+        .into_iter()
+        .map(|((device, stack), (bytes, count))| LiveGroup {
+            device,
+            stack,
+            bytes,
+            count,
+        })
+        .collect();
+    sample
+        .groups
+        .sort_by_key(|g| (g.device, std::cmp::Reverse(g.bytes), g.stack));
+    sample
 }
