@@ -341,7 +341,7 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
     })
 }
 
-fn has_memsnap(maps: &str) -> bool {
+pub fn has_memsnap(maps: &str) -> bool {
     maps.lines().any(|l| {
         l.split_whitespace()
             .nth(5)
@@ -428,7 +428,7 @@ fn send_signal(pid: u32, signal: i32) -> Result<()> {
 }
 
 /// Every process of `uid` except `me` with libmemsnap.so mapped.
-fn memsnap_processes(uid: u32, me: u32) -> Vec<u32> {
+pub fn memsnap_processes(uid: u32, me: u32) -> Vec<u32> {
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .map(|entries| {
             entries

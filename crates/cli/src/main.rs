@@ -17,6 +17,7 @@ mod ranks;
 mod run;
 mod summary;
 mod tally;
+mod top;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -52,6 +53,8 @@ enum Cmd {
     Run(Box<run::RunArgs>),
     /// Ask running processes (with memsnap loaded) for a snapshot now.
     Dump(dump::DumpArgs),
+    /// Watch running processes' GPU memory by allocation site, live (no file written).
+    Top(top::TopArgs),
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         // The launchers manage their own output and exit status.
         Cmd::Run(a) => launch(run::run(*a)),
         Cmd::Dump(a) => launch(dump::dump(a)),
+        Cmd::Top(a) => launch(top::top(a)),
     }
 }
 
