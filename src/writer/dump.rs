@@ -191,14 +191,19 @@ pub fn meta_str(key: &str, v: &str) -> (String, Meta) {
     (key.to_string(), Meta::Str(v.to_string()))
 }
 
-/// What is live now, grouped by device and stack, with the frames a snapshot written now
-/// would carry for those stacks (through the same interner and symbolization caches). The
-/// caller fills in the counters. Costs one pass over the live set and a hash lookup per
-/// block; only stacks not seen by a dump before are symbolized.
-pub fn live_sample(state: &State, table: &mut StackTable, interner: &mut FrameInterner) -> Sample {
+/// What is live now, grouped by device and stack, with the frames and stacks of the
+/// snapshot interner from `known_frames` and `known_stacks` on (what the asking client does
+/// not hold yet). Stacks not interned before go through the same symbolization caches as a
+/// dump. The caller fills in the counters. Costs one pass over the live set with a hash
+/// lookup per block, then one lookup per distinct stack.
+pub fn live_sample(
+    state: &State,
+    table: &mut StackTable,
+    interner: &mut FrameInterner,
+    known_frames: u32,
+    known_stacks: u32,
+) -> Sample {
     let mut sample = Sample::default();
-    // Group by raw stack first (dense ids, one lookup per block), then map each raw stack
-    // once to the interned stack and to this answer's own numbering.
     let mut groups: FxHashMap<(u32, Option<RawStackId>), (u64, u64)> = FxHashMap::default();
     for (d, dev) in state.devices.iter().enumerate() {
         let mut reserved = 0u64;
@@ -217,32 +222,12 @@ pub fn live_sample(state: &State, table: &mut StackTable, interner: &mut FrameIn
             ooms: dev.ooms,
         });
     }
-    let mut local_stack: FxHashMap<StackId, u32> = FxHashMap::default();
-    let mut local_frame: FxHashMap<u32, u32> = FxHashMap::default();
-    let mut merged: FxHashMap<(u32, Option<u32>), (u64, u64)> = FxHashMap::default();
+    // Raw stacks with the same frames are one interned stack: merge their groups.
+    let mut merged: FxHashMap<(u32, Option<StackId>), (u64, u64)> = FxHashMap::default();
     for ((device, raw), (bytes, count)) in groups {
-        let stack = interner.stack(raw, table).map(|id| {
-            *local_stack.entry(id).or_insert_with(|| {
-                let frames = interner
-                    .stacks
-                    .get(id as usize)
-                    .map(Vec::as_slice)
-                    .unwrap_or(&[]);
-                let ids = frames
-                    .iter()
-                    .map(|&f| {
-                        *local_frame.entry(f).or_insert_with(|| {
-                            let frame = interner.frames[f as usize].clone();
-                            sample.frames.push(frame);
-                            sample.frames.len() as u32 - 1
-                        })
-                    })
-                    .collect();
-                sample.stacks.push(ids);
-                sample.stacks.len() as u32 - 1
-            })
-        });
-        let g = merged.entry((device, stack)).or_default();
+        let g = merged
+            .entry((device, interner.stack(raw, table)))
+            .or_default();
         g.0 += bytes;
         g.1 += count;
     }
@@ -257,6 +242,12 @@ pub fn live_sample(state: &State, table: &mut StackTable, interner: &mut FrameIn
         .collect();
     sample
         .groups
-        .sort_by_key(|g| (g.device, std::cmp::Reverse(g.bytes), g.stack));
+        .sort_unstable_by_key(|g| (g.device, std::cmp::Reverse(g.bytes), g.stack));
+    let frames_from = (known_frames as usize).min(interner.frames.len());
+    let stacks_from = (known_stacks as usize).min(interner.stacks.len());
+    sample.frames_from = frames_from as u32;
+    sample.frames = interner.frames[frames_from..].to_vec();
+    sample.stacks_from = stacks_from as u32;
+    sample.stacks = interner.stacks[stacks_from..].to_vec();
     sample
 }

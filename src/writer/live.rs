@@ -16,7 +16,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Clients served at once; more connections are closed as soon as they are accepted.
+/// Clients still sending their request at once; more are closed as soon as accepted.
 const MAX_CLIENTS: usize = 8;
 /// Connections accepted per pass of the drain loop (a flood cannot keep the writer here).
 const ACCEPTS_PER_PASS: usize = 16;
@@ -32,6 +32,8 @@ struct Client {
     sent: usize,
     /// Asked and waiting for the writer's answer.
     asked: bool,
+    /// A request read in full when the connection was accepted, not yet handed out.
+    pending: Option<Request>,
     /// Answered in full (or gone): dropped on the next pass.
     done: bool,
     deadline: Instant,
@@ -46,10 +48,12 @@ pub struct Asked {
 pub struct LiveServer {
     listener: Option<UnixListener>,
     path: Option<PathBuf>,
-    uid: u32,
+    pub uid: u32,
     clients: Vec<Client>,
-    /// Connections cut off (refused peer, garbage, stall, flood), for tests and docs.
+    /// Connections cut off (refused peer, garbage, stall, flood), for tests and benches.
     pub refused: u64,
+    /// Requests answered.
+    pub answered: u64,
 }
 
 impl LiveServer {
@@ -64,6 +68,7 @@ impl LiveServer {
             uid,
             clients: Vec::new(),
             refused: 0,
+            answered: 0,
         };
         match Self::bind(uid, pid) {
             Ok((listener, path)) => {
@@ -102,7 +107,13 @@ impl LiveServer {
         }
     }
 
-    /// Whether anything is open (the drain loop then also waits on these fds).
+    /// Whether a client is connected.
+    pub fn busy(&self) -> bool {
+        !self.clients.is_empty()
+    }
+
+    /// The fds the drain loop's sleep also waits on: the listener, and each client that
+    /// has something to read or to be sent.
     pub fn poll_fds(&self, fds: &mut Vec<libc::pollfd>) {
         let fd = |fd: i32, events: i16| libc::pollfd {
             fd,
@@ -141,6 +152,15 @@ impl LiveServer {
                 false
             } else if !c.outbox.is_empty() {
                 c.send()
+            } else if let Some(request) = c.pending.take() {
+                c.asked = true;
+                asked.push(Asked {
+                    client: keep.len(),
+                    request,
+                });
+                true
+            } else if c.asked {
+                true
             } else {
                 match c.receive() {
                     Received::Waiting => true,
@@ -168,6 +188,7 @@ impl LiveServer {
 
     /// Queues `answer` (already encoded) for client `client` and sends what fits now.
     pub fn answer(&mut self, client: usize, answer: Vec<u8>) {
+        self.answered += 1;
         if let Some(c) = self.clients.get_mut(client) {
             c.outbox = answer;
             c.sent = 0;
@@ -185,22 +206,43 @@ impl LiveServer {
                 Ok((stream, _)) => stream,
                 Err(_) => break, // WouldBlock: nobody else is waiting.
             };
-            if !peer_allowed(peer_uid(&stream), self.uid)
-                || self.clients.len() >= MAX_CLIENTS
-                || stream.set_nonblocking(true).is_err()
-            {
+            if !peer_allowed(peer_uid(&stream), self.uid) || stream.set_nonblocking(true).is_err() {
                 self.refused += 1;
                 continue; // dropped: closed without a word
             }
-            self.clients.push(Client {
+            let mut client = Client {
                 stream,
                 inbox: Vec::new(),
                 outbox: Vec::new(),
                 sent: 0,
                 asked: false,
+                pending: None,
                 done: false,
                 deadline: Instant::now() + CLIENT_DEADLINE,
-            });
+            };
+            // Read at once: a client that already sent its whole request is answered in
+            // this pass whatever the others do; one that closed or sent garbage never takes
+            // a place. Only clients still sending count against the limit, so a flood of
+            // stalled connections cannot lock out the next `memsnap top`.
+            match client.receive() {
+                Received::Request(request) => client.pending = Some(request),
+                Received::Bad => {
+                    self.refused += 1;
+                    continue;
+                }
+                Received::Waiting => {
+                    let waiting = self
+                        .clients
+                        .iter()
+                        .filter(|c| !c.asked && c.pending.is_none() && !c.done)
+                        .count();
+                    if waiting >= MAX_CLIENTS {
+                        self.refused += 1;
+                        continue;
+                    }
+                }
+            }
+            self.clients.push(client);
         }
     }
 }
@@ -313,10 +355,12 @@ mod tests {
                 outbox: Vec::new(),
                 sent: 0,
                 asked: false,
+                pending: None,
                 done: false,
                 deadline: Instant::now() + CLIENT_DEADLINE,
             }],
             refused: 0,
+            answered: 0,
         };
         (server, theirs)
     }
@@ -339,14 +383,18 @@ mod tests {
     #[test]
     fn a_request_in_pieces_is_read_and_answered() {
         let (mut server, mut peer) = client_pair();
-        let bytes = live::encode(&Request::Sample);
+        let ask = Request::Sample {
+            known_frames: 0,
+            known_stacks: 0,
+        };
+        let bytes = live::encode(&ask);
         peer.write_all(&bytes[..3]).unwrap();
         assert!(server.poll().is_empty());
         assert_eq!(server.clients.len(), 1, "a partial request waits");
         peer.write_all(&bytes[3..]).unwrap();
         let asked = server.poll();
         assert_eq!(asked.len(), 1);
-        assert_eq!(asked[0].request, Request::Sample);
+        assert_eq!(asked[0].request, ask);
         server.answer(asked[0].client, live::encode(&"ok"));
         let answer: String = live::read_message(&mut peer, 64).unwrap();
         assert_eq!(answer, "ok");

@@ -229,7 +229,10 @@ impl Writer {
         let _ = self.apply_queued();
         for a in asked {
             let answer = match a.request {
-                Request::Sample => Answer::Sample(self.sample()),
+                Request::Sample {
+                    known_frames,
+                    known_stacks,
+                } => Answer::Sample(self.sample(known_frames, known_stacks)),
                 Request::Dump => match self.dump(Reason::Signal, "") {
                     Ok(path) => Answer::Dumped {
                         path: absolute(&path).display().to_string(),
@@ -242,9 +245,15 @@ impl Writer {
     }
 
     /// What is live now, with the counters `memsnap top` shows.
-    fn sample(&mut self) -> Sample {
+    fn sample(&mut self, known_frames: u32, known_stacks: u32) -> Sample {
         let c = &self.rec.counters;
-        let mut sample = dump::live_sample(&self.state, &mut self.stacks, &mut self.interner);
+        let mut sample = dump::live_sample(
+            &self.state,
+            &mut self.stacks,
+            &mut self.interner,
+            known_frames,
+            known_stacks,
+        );
         sample.version = live_protocol::PROTOCOL_VERSION;
         sample.pid = self.id.pid;
         sample.time_us = handshake::now_us();

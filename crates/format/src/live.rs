@@ -30,8 +30,15 @@ pub fn socket_path(uid: u32, pid: u32) -> PathBuf {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "ask", rename_all = "snake_case")]
 pub enum Request {
-    /// What is live now.
-    Sample,
+    /// What is live now. Frames and stacks are numbered the same in every answer of a
+    /// process (they only grow), so a client that already holds the first `known_frames`
+    /// frames and `known_stacks` stacks is sent only the ones after them.
+    Sample {
+        #[serde(default)]
+        known_frames: u32,
+        #[serde(default)]
+        known_stacks: u32,
+    },
     /// Write a snapshot now; answered with its path once it is on disk.
     Dump,
 }
@@ -77,8 +84,9 @@ pub struct OomSample {
 }
 
 /// What a process holds at one moment. Frames and stacks are those a snapshot written now
-/// would carry (innermost first), limited to the stacks of live blocks, so the CLI applies
-/// the same site rules as to a file.
+/// would carry (innermost first), so the CLI applies the same site rules as to a file; the
+/// answer carries those from `frames_from` and `stacks_from` on (what the client did not
+/// have), and group stacks index the whole list.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
     pub version: u32,
@@ -91,7 +99,11 @@ pub struct Sample {
     pub dropped_events: u64,
     pub events_without_stack: u64,
     pub devices: Vec<DeviceSample>,
+    /// Index of `frames[0]` in the process's list of frames.
+    pub frames_from: u32,
     pub frames: Vec<Frame>,
+    /// Index of `stacks[0]` in the process's list of stacks.
+    pub stacks_from: u32,
     /// Frame indices, innermost first.
     pub stacks: Vec<Vec<u32>>,
     pub groups: Vec<LiveGroup>,
@@ -102,9 +114,9 @@ pub struct Sample {
 pub enum LiveError {
     #[error("message of {len} bytes is over the limit of {max}")]
     TooLarge { len: usize, max: usize },
-    #[error("malformed message: {0}")]
+    #[error("malformed message")]
     Malformed(#[from] serde_json::Error),
-    #[error("connection: {0}")]
+    #[error("connection failed")]
     Io(#[from] std::io::Error),
 }
 
@@ -153,12 +165,24 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_wait_for_their_whole_body() {
-        let bytes = encode(&Request::Sample);
-        assert_eq!(&bytes[4..], br#"{"ask":"sample"}"#);
+        let ask = Request::Sample {
+            known_frames: 0,
+            known_stacks: 2,
+        };
+        let bytes = encode(&ask);
         assert_eq!(
-            decode::<Request>(&bytes, MAX_REQUEST).unwrap(),
-            Some(Request::Sample)
+            &bytes[4..],
+            br#"{"ask":"sample","known_frames":0,"known_stacks":2}"#
         );
+        assert_eq!(decode::<Request>(&bytes, MAX_REQUEST).unwrap(), Some(ask));
+        let short = encode(&serde_json::json!({"ask": "sample"}));
+        assert!(matches!(
+            decode::<Request>(&short, MAX_REQUEST).unwrap(),
+            Some(Request::Sample {
+                known_frames: 0,
+                known_stacks: 0
+            })
+        ));
         assert_eq!(decode::<Request>(&bytes[..6], MAX_REQUEST).unwrap(), None);
         assert_eq!(decode::<Request>(&bytes[..2], MAX_REQUEST).unwrap(), None);
 

@@ -75,8 +75,12 @@ pub fn ask(uid: u32, pid: u32, request: &Request, timeout: Duration) -> Result<A
     stream
         .write_all(&live::encode(request))
         .with_context(|| format!("asking pid {pid}"))?;
-    let answer: Answer = live::read_message(&mut stream, MAX_ANSWER)
-        .with_context(|| format!("reading the answer of pid {pid}"))?;
+    let answer: Answer = live::read_message(&mut stream, MAX_ANSWER).with_context(|| {
+        format!(
+            "reading the answer of pid {pid} (a process closes connections while too many \
+             clients are still sending, and from other users)"
+        )
+    })?;
     if let Answer::Sample(s) = &answer
         && s.version != PROTOCOL_VERSION
     {
@@ -104,9 +108,13 @@ fn why_unreachable(pid: u32) -> String {
     }
 }
 
-/// One sample of `pid`.
-pub fn sample(uid: u32, pid: u32) -> Result<Sample> {
-    match ask(uid, pid, &Request::Sample, SAMPLE_TIMEOUT)? {
+/// One sample of `pid`, without the first `known` (frames, stacks) the caller holds.
+pub fn sample(uid: u32, pid: u32, known: (u32, u32)) -> Result<Sample> {
+    let request = Request::Sample {
+        known_frames: known.0,
+        known_stacks: known.1,
+    };
+    match ask(uid, pid, &request, SAMPLE_TIMEOUT)? {
         Answer::Sample(s) => Ok(s),
         Answer::Failed { reason } => bail!("pid {pid}: {reason}"),
         Answer::Dumped { .. } => bail!("pid {pid} answered a sample request with a dump"),
@@ -127,7 +135,7 @@ pub fn dump_now(uid: u32, pid: u32) -> Result<String> {
 pub fn refresh(uid: u32, watched: &mut [Watched]) -> Vec<String> {
     let mut lines = Vec::new();
     for w in watched.iter_mut().filter(|w| w.gone.is_none()) {
-        match sample(uid, w.pid) {
+        match sample(uid, w.pid, w.known()) {
             Ok(s) => lines.extend(w.update(s)),
             Err(e) => {
                 let why = format!("{e:#}");
@@ -157,7 +165,7 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
     let mut watched = Vec::new();
     let mut failed = 0;
     for pid in pids {
-        match sample(uid, pid) {
+        match sample(uid, pid, (0, 0)) {
             Ok(s) => watched.push(Watched::new(s)),
             Err(e) => {
                 eprintln!("memsnap: {e:#}");

@@ -7,12 +7,15 @@
 
 use crate::analysis::{SiteKind, Sites, fmt_bytes};
 use memsnap_format::live::Sample;
+use memsnap_format::model::Frame;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use std::collections::VecDeque;
 
 /// Samples kept per device for the sparkline: five minutes at one per second.
 pub const HISTORY: usize = 300;
+/// The site of blocks recorded without frames (the text `summary` uses).
+const NO_FRAMES: &str = "<no frames recorded>";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SortBy {
@@ -75,26 +78,15 @@ pub struct DeviceRow {
 /// Site totals of one sample: site text → (kind, bytes, count).
 type SiteTotals = FxHashMap<String, (SiteKind, u64, u64)>;
 
-/// Live bytes by site in one sample, over all its devices, with `summary`'s site rules.
-pub fn site_totals(sample: &Sample) -> SiteTotals {
-    let sites = Sites::of_stacks(&sample.frames, &sample.stacks, false);
-    let mut out: SiteTotals = FxHashMap::default();
-    for g in &sample.groups {
-        let site = sites.site(g.stack);
-        let kind = sites.sites[site as usize].kind;
-        let e = out
-            .entry(sites.text(site).to_string())
-            .or_insert((kind, 0, 0));
-        e.1 += g.bytes;
-        e.2 += g.count;
-    }
-    out
-}
-
 /// One watched process: its latest sample and what is remembered across samples.
 pub struct Watched {
     pub pid: u32,
     pub last: Sample,
+    /// The process's frames and stacks so far (answers carry only the new ones), and the
+    /// site of each stack, by `summary`'s rules.
+    frames: Vec<Frame>,
+    stacks: Vec<Vec<u32>>,
+    stack_sites: Vec<(String, SiteKind)>,
     sites: SiteTotals,
     start_sites: SiteTotals,
     step_sites: SiteTotals,
@@ -108,27 +100,75 @@ pub struct Watched {
 }
 
 impl Watched {
-    pub fn new(sample: Sample) -> Watched {
-        let sites = site_totals(&sample);
+    pub fn new(mut sample: Sample) -> Watched {
         let mut w = Watched {
             pid: sample.pid,
             first: (sample.time_us, sample.step),
             step_marks: VecDeque::from([(sample.time_us, sample.step)]),
             ooms_seen: sample.devices.iter().map(|d| d.ooms).sum(),
-            start_sites: sites.clone(),
-            step_sites: sites.clone(),
-            sites,
+            frames: Vec::new(),
+            stacks: Vec::new(),
+            stack_sites: Vec::new(),
+            start_sites: SiteTotals::default(),
+            step_sites: SiteTotals::default(),
+            sites: SiteTotals::default(),
             history: FxHashMap::default(),
-            last: sample,
+            last: Sample::default(),
             gone: None,
         };
+        w.absorb(&mut sample);
+        w.sites = w.site_totals(&sample);
+        w.start_sites = w.sites.clone();
+        w.step_sites = w.sites.clone();
+        w.last = sample;
         w.remember_live();
         w
     }
 
+    /// How many frames and stacks of the process this view holds (the next request asks
+    /// only for the ones after them).
+    pub fn known(&self) -> (u32, u32) {
+        (self.frames.len() as u32, self.stacks.len() as u32)
+    }
+
+    /// Takes the frames and stacks a sample carries, and the sites of the new stacks.
+    fn absorb(&mut self, sample: &mut Sample) {
+        self.frames.truncate(sample.frames_from as usize);
+        self.frames.append(&mut sample.frames);
+        self.stacks.truncate(sample.stacks_from as usize);
+        self.stacks.append(&mut sample.stacks);
+        self.stack_sites
+            .truncate(self.stacks.len().min(sample.stacks_from as usize));
+        let new = &self.stacks[self.stack_sites.len()..];
+        let sites = Sites::of_stacks(&self.frames, new, false);
+        for i in 0..new.len() {
+            let site = sites.site(Some(i as u32));
+            self.stack_sites.push((
+                sites.text(site).to_string(),
+                sites.sites[site as usize].kind,
+            ));
+        }
+    }
+
+    /// Live bytes by site in one sample, over all its devices.
+    fn site_totals(&self, sample: &Sample) -> SiteTotals {
+        let mut out = SiteTotals::default();
+        for g in &sample.groups {
+            let (text, kind) = match g.stack.and_then(|s| self.stack_sites.get(s as usize)) {
+                Some((text, kind)) => (text.as_str(), *kind),
+                None => (NO_FRAMES, SiteKind::None),
+            };
+            let e = out.entry(text.to_string()).or_insert((kind, 0, 0));
+            e.1 += g.bytes;
+            e.2 += g.count;
+        }
+        out
+    }
+
     /// Takes a new sample; returns the lines of OOMs that happened since the last one.
-    pub fn update(&mut self, sample: Sample) -> Vec<String> {
-        let sites = site_totals(&sample);
+    pub fn update(&mut self, mut sample: Sample) -> Vec<String> {
+        self.absorb(&mut sample);
+        let sites = self.site_totals(&sample);
         if sample.step != self.last.step {
             self.step_sites = sites.clone();
             self.step_marks.push_back((sample.time_us, sample.step));
@@ -352,7 +392,6 @@ pub fn signed_bytes(b: i64) -> String {
 pub mod tests {
     use super::*;
     use memsnap_format::live::{DeviceSample, LiveGroup};
-    use memsnap_format::model::Frame;
 
     /// A process holding `weights` bytes from train.py:12 and `cache` bytes from a native
     /// frame, at step `step`.
@@ -438,5 +477,40 @@ pub mod tests {
             vec!["pid 1: OOM: device 0 could not allocate 2.0 GiB (1.0 MiB free)".to_string()]
         );
         assert!(w.update(s).is_empty());
+    }
+
+    #[test]
+    fn later_answers_carry_only_new_frames() {
+        let mut w = Watched::new(sample(1, 0, 0, 1000, 500));
+        assert_eq!(w.known(), (3, 2));
+        // The next answer: no new frame, a new stack over known frames, and a block
+        // without frames.
+        let mut next = sample(1, 0, 1, 1000, 500);
+        next.frames_from = 3;
+        next.frames.clear();
+        next.stacks_from = 2;
+        next.stacks = vec![vec![2]];
+        next.groups.push(LiveGroup {
+            device: 0,
+            stack: Some(2),
+            bytes: 64,
+            count: 1,
+        });
+        next.groups.push(LiveGroup {
+            device: 0,
+            stack: None,
+            bytes: 32,
+            count: 4,
+        });
+        w.update(next);
+        assert_eq!(w.known(), (3, 3));
+        let rows = site_rows(std::slice::from_ref(&w), SortBy::Live, Baseline::Start);
+        let cache = rows
+            .iter()
+            .find(|r| r.site.starts_with("kv_cache_alloc"))
+            .unwrap();
+        assert_eq!((cache.bytes, cache.count), (564, 2));
+        let none = rows.iter().find(|r| r.site == NO_FRAMES).unwrap();
+        assert_eq!((none.bytes, none.count, none.kind), (32, 4, SiteKind::None));
     }
 }
