@@ -9,36 +9,16 @@
 //! passes that served it (accept, read, build the sample, encode, send). See
 //! src/writer/drain_bench.rs.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod support;
 
 fn main() {
-    // `cargo test --all-targets` runs bench binaries without `--bench`: measure nothing then.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("live bench: run with `cargo bench --bench live`");
+    if !support::benchmarking("live") {
         return;
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let st = Command::new("cargo")
-        .args(["build", "--release", "--lib", "--quiet"])
-        .current_dir(&root)
-        .status()
-        .expect("cargo build");
-    assert!(st.success());
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(root.join("target"));
-    let so = target.join("release/libmemsnap.so");
     type Bench = unsafe extern "C" fn(u64, u32, u32, u32, *mut u64) -> u64;
-    // SAFETY: loading the library built above; the symbol has this C signature.
-    let bench = unsafe {
-        let c = std::ffi::CString::new(so.to_str().expect("utf-8 path")).expect("path");
-        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
-        assert!(!h.is_null(), "dlopen {}", so.display());
-        let b = libc::dlsym(h, c"memsnap_debug_bench_live".as_ptr());
-        assert!(!b.is_null());
-        std::mem::transmute::<*mut libc::c_void, Bench>(b)
-    };
+    let b = support::entry_point(c"memsnap_debug_bench_live");
+    // SAFETY: the symbol has this C signature.
+    let bench = unsafe { std::mem::transmute::<*mut libc::c_void, Bench>(b) };
     let requests = 50u32;
     println!(
         "| live allocations | distinct stacks | frames per stack | requests | writer time per request (median) | slowest | answer size | first request (all frames) | its answer |"

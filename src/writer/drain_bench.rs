@@ -42,10 +42,9 @@ fn next(state: &mut u64) -> u64 {
     state.wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
-/// Sends `events` events (half allocs, half frees) through the channel and applies them.
-pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
-    let depth = depth.clamp(1, FRAME_CAPACITY);
-    let distinct = u64::from(distinct_stacks.max(1));
+/// A channel and a writer for native stacks of `depth` frames (the channel is leaked: the
+/// writer holds it for `'static`, as in the library).
+fn native_writer(depth: usize) -> (&'static Recorder, Writer) {
     let settings = HookSettings {
         stacks: Stacks::Native,
         context: Context::All,
@@ -58,7 +57,14 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
         at_exit: false,
         ..Config::default()
     };
-    let mut writer = Writer::new(rec, cfg);
+    (rec, Writer::new(rec, cfg))
+}
+
+/// Sends `events` events (half allocs, half frees) through the channel and applies them.
+pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
+    let depth = depth.clamp(1, FRAME_CAPACITY);
+    let distinct = u64::from(distinct_stacks.max(1));
+    let (rec, mut writer) = native_writer(depth);
     let producer = std::thread::spawn(move || {
         const WINDOW: u64 = 64;
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -141,19 +147,7 @@ pub struct LiveFigures {
 pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u32) -> LiveFigures {
     use crate::snapshot::live::{self as protocol, Answer, MAX_ANSWER, Request};
     let depth = depth.clamp(1, FRAME_CAPACITY);
-    let settings = HookSettings {
-        stacks: Stacks::Native,
-        context: Context::All,
-        max_frames: depth,
-        dump_on_oom: false,
-    };
-    let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 16, settings, -1)));
-    let cfg = Config {
-        stacks: Stacks::Native,
-        at_exit: false,
-        ..Config::default()
-    };
-    let mut writer = Writer::new(rec, cfg);
+    let (rec, mut writer) = native_writer(depth);
     // Return addresses inside this library's own code, so that stacks symbolize to
     // distinct frames (made-up addresses all become the same `??` frame and one group).
     let (text, text_len) = own_code().unwrap_or((0x5500_0000, 1 << 20));

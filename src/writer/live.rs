@@ -210,16 +210,7 @@ impl LiveServer {
                 self.refused += 1;
                 continue; // dropped: closed without a word
             }
-            let mut client = Client {
-                stream,
-                inbox: Vec::new(),
-                outbox: Vec::new(),
-                sent: 0,
-                asked: false,
-                pending: None,
-                done: false,
-                deadline: Instant::now() + CLIENT_DEADLINE,
-            };
+            let mut client = Client::new(stream);
             // Read at once: a client that already sent its whole request is answered in
             // this pass whatever the others do; one that closed or sent garbage never takes
             // a place. Only clients still sending count against the limit, so a flood of
@@ -254,6 +245,19 @@ enum Received {
 }
 
 impl Client {
+    fn new(stream: UnixStream) -> Client {
+        Client {
+            stream,
+            inbox: Vec::new(),
+            outbox: Vec::new(),
+            sent: 0,
+            asked: false,
+            pending: None,
+            done: false,
+            deadline: Instant::now() + CLIENT_DEADLINE,
+        }
+    }
+
     fn receive(&mut self) -> Received {
         let mut buf = [0u8; 512];
         loop {
@@ -349,16 +353,7 @@ mod tests {
             listener: None,
             path: None,
             uid: 0,
-            clients: vec![Client {
-                stream: ours,
-                inbox: Vec::new(),
-                outbox: Vec::new(),
-                sent: 0,
-                asked: false,
-                pending: None,
-                done: false,
-                deadline: Instant::now() + CLIENT_DEADLINE,
-            }],
+            clients: vec![Client::new(ours)],
             refused: 0,
             answered: 0,
         };

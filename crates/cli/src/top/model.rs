@@ -6,7 +6,7 @@
 //! Cold, no I/O: the terminal view (`ui`), the plain lines and `--json` all read this.
 
 use crate::analysis::{SiteKind, Sites, fmt_bytes};
-use memsnap_format::live::Sample;
+use memsnap_format::live::{DeviceSample, Sample};
 use memsnap_format::model::Frame;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -60,16 +60,24 @@ pub struct SiteRow {
     pub growth: i64,
 }
 
+impl SiteRow {
+    fn empty(site: &str, kind: SiteKind) -> SiteRow {
+        SiteRow {
+            site: site.to_string(),
+            kind,
+            bytes: 0,
+            count: 0,
+            growth: 0,
+        }
+    }
+}
+
 /// One device of one process now.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DeviceRow {
     pub pid: u32,
-    pub device: u32,
-    pub live_bytes: u64,
-    pub reserved_bytes: u64,
-    pub peak_bytes: u64,
-    pub live_allocations: u64,
-    pub ooms: u64,
+    #[serde(flatten)]
+    pub now: DeviceSample,
     /// Live bytes over the last samples, oldest first.
     #[serde(skip)]
     pub history: Vec<u64>,
@@ -237,12 +245,7 @@ impl Watched {
             .iter()
             .map(|d| DeviceRow {
                 pid: self.pid,
-                device: d.device,
-                live_bytes: d.live_bytes,
-                reserved_bytes: d.reserved_bytes,
-                peak_bytes: d.peak_bytes,
-                live_allocations: d.live_allocations,
-                ooms: d.ooms,
+                now: d.clone(),
                 history: self
                     .history
                     .get(&d.device)
@@ -266,13 +269,9 @@ pub fn site_rows(watched: &[Watched], sort: SortBy, baseline: Baseline) -> Vec<S
     for w in watched.iter().filter(|w| w.gone.is_none()) {
         let base = w.baseline(baseline);
         for (site, &(kind, bytes, count)) in &w.sites {
-            let r = rows.entry(site).or_insert_with(|| SiteRow {
-                site: site.clone(),
-                kind,
-                bytes: 0,
-                count: 0,
-                growth: 0,
-            });
+            let r = rows
+                .entry(site)
+                .or_insert_with(|| SiteRow::empty(site, kind));
             r.bytes += bytes;
             r.count += count;
             r.growth += bytes as i64 - base.get(site).map_or(0, |b| b.1 as i64);
@@ -280,13 +279,9 @@ pub fn site_rows(watched: &[Watched], sort: SortBy, baseline: Baseline) -> Vec<S
         // Sites that held memory at the baseline and hold none now shrank to zero.
         for (site, &(kind, bytes, _)) in base {
             if !w.sites.contains_key(site) {
-                let r = rows.entry(site).or_insert_with(|| SiteRow {
-                    site: site.clone(),
-                    kind,
-                    bytes: 0,
-                    count: 0,
-                    growth: 0,
-                });
+                let r = rows
+                    .entry(site)
+                    .or_insert_with(|| SiteRow::empty(site, kind));
                 r.growth -= bytes as i64;
             }
         }
@@ -327,7 +322,7 @@ pub fn process_json(w: &Watched) -> ProcessJson {
         pid: w.pid,
         step: w.last.step,
         steps_per_s: w.steps_per_s(),
-        live_bytes: devices.iter().map(|d| d.live_bytes).sum(),
+        live_bytes: devices.iter().map(|d| d.now.live_bytes).sum(),
         devices,
         sites: site_rows(std::slice::from_ref(w), SortBy::Live, Baseline::Start),
         last_oom: w.last.last_oom.clone(),
@@ -351,13 +346,13 @@ pub fn plain_lines(watched: &[Watched], top: usize) -> Vec<String> {
                 "pid {} step {}{rate} device {}: live {} reserved {} peak {} in {} allocations{}",
                 w.pid,
                 w.last.step,
-                d.device,
-                fmt_bytes(d.live_bytes as i64),
-                fmt_bytes(d.reserved_bytes as i64),
-                fmt_bytes(d.peak_bytes as i64),
-                d.live_allocations,
-                if d.ooms > 0 {
-                    format!(", {} OOM", d.ooms)
+                d.now.device,
+                fmt_bytes(d.now.live_bytes as i64),
+                fmt_bytes(d.now.reserved_bytes as i64),
+                fmt_bytes(d.now.peak_bytes as i64),
+                d.now.live_allocations,
+                if d.now.ooms > 0 {
+                    format!(", {} OOM", d.now.ooms)
                 } else {
                     String::new()
                 }
@@ -391,7 +386,7 @@ pub fn signed_bytes(b: i64) -> String {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use memsnap_format::live::{DeviceSample, LiveGroup};
+    use memsnap_format::live::LiveGroup;
 
     /// A process holding `weights` bytes from train.py:12 and `cache` bytes from a native
     /// frame, at step `step`.

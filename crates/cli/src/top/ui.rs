@@ -109,12 +109,12 @@ pub fn draw(frame: &mut Frame, watched: &[Watched], view: &View) {
             Paragraph::new(format!(
                 "pid {} cuda:{}  live {:>10}  reserved {:>10}  peak {:>10}{}",
                 w.pid,
-                d.device,
-                fmt_bytes(d.live_bytes as i64),
-                fmt_bytes(d.reserved_bytes as i64),
-                fmt_bytes(d.peak_bytes as i64),
-                if d.ooms > 0 {
-                    format!("  OOM {}", d.ooms)
+                d.now.device,
+                fmt_bytes(d.now.live_bytes as i64),
+                fmt_bytes(d.now.reserved_bytes as i64),
+                fmt_bytes(d.now.peak_bytes as i64),
+                if d.now.ooms > 0 {
+                    format!("  OOM {}", d.now.ooms)
                 } else {
                     String::new()
                 }
