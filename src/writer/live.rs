@@ -22,6 +22,9 @@ const MAX_CLIENTS: usize = 8;
 const ACCEPTS_PER_PASS: usize = 16;
 /// Time a client has from its connection to the last byte of its answer.
 const CLIENT_DEADLINE: Duration = Duration::from_secs(2);
+/// How long the listener is left alone after `accept` failed for want of resources (out of
+/// fds): it stays readable meanwhile, and polling it would spin the writer.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 
 /// An accepted client: its request as it arrives, then its answer as it leaves.
 struct Client {
@@ -47,6 +50,8 @@ pub struct Asked {
 
 pub struct LiveServer {
     listener: Option<UnixListener>,
+    /// Set after `accept` failed with something other than "nobody waiting".
+    accept_paused_until: Option<Instant>,
     path: Option<PathBuf>,
     pub uid: u32,
     clients: Vec<Client>,
@@ -64,6 +69,7 @@ impl LiveServer {
         let uid = unsafe { libc::getuid() };
         let mut server = LiveServer {
             listener: None,
+            accept_paused_until: None,
             path: None,
             uid,
             clients: Vec::new(),
@@ -120,7 +126,9 @@ impl LiveServer {
             events,
             revents: 0,
         };
-        if let Some(l) = &self.listener {
+        if let Some(l) = &self.listener
+            && self.accept_paused_until.is_none()
+        {
             fds.push(fd(l.as_raw_fd(), libc::POLLIN));
         }
         for c in &self.clients {
@@ -201,10 +209,21 @@ impl LiveServer {
         let Some(listener) = &self.listener else {
             return;
         };
+        if let Some(until) = self.accept_paused_until {
+            if Instant::now() < until {
+                return;
+            }
+            self.accept_paused_until = None;
+        }
         for _ in 0..ACCEPTS_PER_PASS {
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
-                Err(_) => break, // WouldBlock: nobody else is waiting.
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break, // nobody else waiting
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    break;
+                }
             };
             if !peer_allowed(peer_uid(&stream), self.uid) || stream.set_nonblocking(true).is_err() {
                 self.refused += 1;
@@ -351,6 +370,7 @@ mod tests {
         ours.set_nonblocking(true).unwrap();
         let server = LiveServer {
             listener: None,
+            accept_paused_until: None,
             path: None,
             uid: 0,
             clients: vec![Client::new(ours)],
