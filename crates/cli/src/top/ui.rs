@@ -129,11 +129,12 @@ pub fn draw(frame: &mut Frame, watched: &[Watched], view: &View) {
     let rows = site_rows(watched, view.sort, view.baseline);
     let table = Table::new(
         rows.iter().map(|r| {
+            // Numbers right-aligned, so magnitudes line up.
             Row::new(vec![
-                fmt_bytes(r.bytes as i64),
-                r.count.to_string(),
-                signed_bytes(r.growth),
-                r.site.clone(),
+                Line::from(fmt_bytes(r.bytes as i64)).right_aligned(),
+                Line::from(r.count.to_string()).right_aligned(),
+                Line::from(signed_bytes(r.growth)).right_aligned(),
+                Line::from(r.site.clone()),
             ])
         }),
         [
@@ -144,8 +145,13 @@ pub fn draw(frame: &mut Frame, watched: &[Watched], view: &View) {
         ],
     )
     .header(
-        Row::new(vec!["live", "count", "growth", "site"])
-            .style(Style::default().add_modifier(Modifier::BOLD)),
+        Row::new(vec![
+            Line::from("live").right_aligned(),
+            Line::from("count").right_aligned(),
+            Line::from("growth").right_aligned(),
+            Line::from("site"),
+        ])
+        .style(Style::default().add_modifier(Modifier::BOLD)),
     )
     .block(
         Block::default()
