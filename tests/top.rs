@@ -29,7 +29,14 @@ struct Program {
 impl Program {
     fn start(name: &str, args: &[&str]) -> Program {
         let folder = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(common::program_path(name));
+        let path = common::program_path(name);
+        let mut cmd = if name.ends_with(".py") {
+            let mut c = Command::new("python3");
+            c.arg(path);
+            c
+        } else {
+            Command::new(path)
+        };
         cmd.args(args);
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
@@ -39,6 +46,11 @@ impl Program {
         }
         let mut child = cmd
             .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+            .env(
+                "FAKE_CUDART",
+                common::fake_lib_dir().join("libcudart.so.13"),
+            )
+            .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("LD_PRELOAD", common::preload_lib())
             .env("MEMSNAP_FOLDER", folder.path())
             .stdin(Stdio::piped())
@@ -63,6 +75,16 @@ impl Program {
 
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The socket, once the writer (started by the first CUDA call) has opened it.
+    fn socket(&self) -> PathBuf {
+        let path = socket(self.pid());
+        let start = Instant::now();
+        while !path.exists() && start.elapsed() < common::PROGRAM_TIMEOUT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        path
     }
 
     /// The `result k=v` pairs printed up to and including `result ready=N`.
@@ -120,8 +142,12 @@ fn top_json(pid: u32) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// (bytes, count) of the one site whose text contains `function`.
+/// (bytes, count) of the one native site whose text contains `function`.
 fn site(top: &Value, function: &str) -> (u64, u64) {
+    site_of_kind(top, function, "native")
+}
+
+fn site_of_kind(top: &Value, function: &str, kind: &str) -> (u64, u64) {
     let rows: Vec<&Value> = top["sites"]
         .as_array()
         .unwrap()
@@ -129,7 +155,7 @@ fn site(top: &Value, function: &str) -> (u64, u64) {
         .filter(|s| s["site"].as_str().unwrap().contains(function))
         .collect();
     assert_eq!(rows.len(), 1, "one site for {function}: {top}");
-    assert_eq!(rows[0]["kind"], "native");
+    assert_eq!(rows[0]["kind"], kind);
     (
         rows[0]["bytes"].as_u64().unwrap(),
         rows[0]["count"].as_u64().unwrap(),
@@ -171,6 +197,7 @@ fn once_json_reports_exactly_what_the_program_holds_by_site() {
     let mut p = Program::start("top", &[]);
     let truth = p.results_until_ready();
     let pid = p.pid();
+    assert!(p.socket().exists());
     assert_eq!(num(&truth, "live_bytes"), 11 * MIB);
 
     let top = top_json(pid);
@@ -207,11 +234,32 @@ fn once_json_reports_exactly_what_the_program_holds_by_site() {
 }
 
 #[test]
+fn a_python_program_is_shown_by_python_line() {
+    let p = Program::start("py_alloc.py", &["wait"]);
+    let truth = p.results_until_ready();
+    p.socket();
+    let top = top_json(p.pid());
+    let line = format!("py_alloc.py:{} (make_tensor)", truth["line"]);
+    assert_eq!(
+        site_of_kind(&top, &line, "python"),
+        (
+            num(&truth, "expected_live_bytes"),
+            num(&truth, "expected_live_count")
+        )
+    );
+    assert_eq!(
+        top["live_bytes"].as_u64(),
+        Some(num(&truth, "expected_live_bytes"))
+    );
+    assert!(p.finish().0.success());
+}
+
+#[test]
 fn garbage_stalled_and_flooding_clients_leave_the_program_intact() {
     let p = Program::start("top", &[]);
     let truth = p.results_until_ready();
     let pid = p.pid();
-    let path = socket(pid);
+    let path = p.socket();
 
     // Garbage: a length prefix over the cap, then a body that is not a request.
     let mut huge = UnixStream::connect(&path).unwrap();
@@ -271,6 +319,7 @@ fn garbage_stalled_and_flooding_clients_leave_the_program_intact() {
 fn all_finds_the_program_and_a_process_without_cuda_has_no_socket() {
     let p = Program::start("top", &[]);
     let truth = p.results_until_ready();
+    p.socket();
     let idle = Program::start("wait", &["noalloc"]);
     assert_eq!(idle.results_until_ready()["ready"], "1");
 
@@ -303,6 +352,7 @@ fn all_finds_the_program_and_a_process_without_cuda_has_no_socket() {
 fn without_a_terminal_top_prints_one_sample_per_refresh() {
     let p = Program::start("top", &[]);
     p.results_until_ready();
+    p.socket();
     let mut top = Command::new(common::memsnap_bin())
         .args(["top", &p.pid().to_string(), "--interval", "0.2"])
         .stdin(Stdio::null())

@@ -60,6 +60,12 @@ pub fn ask(uid: u32, pid: u32, request: &Request, timeout: Duration) -> Result<A
     let private = std::fs::symlink_metadata(&folder)
         .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0);
     let path = live::socket_path(uid, pid);
+    // The writer opens the socket a moment after the first CUDA call: give a process that
+    // has just started recording a second to show it.
+    let start = Instant::now();
+    while private && !path.exists() && start.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     if !private || !path.exists() {
         bail!("{}", why_unreachable(pid));
     }

@@ -411,8 +411,8 @@ pub mod tests {
             }],
             frames: vec![
                 frame("cudaMalloc", "libcudart.so", 0),
-                frame("build", "/home/u/train.py", 12),
-                frame("kv_cache_alloc", "/src/cache.cc", 40),
+                frame("build", "proj/train.py", 12),
+                frame("kv_cache_alloc", "src/cache.cc", 40),
             ],
             stacks: vec![vec![0, 1], vec![0, 2]],
             groups: vec![
@@ -444,10 +444,10 @@ pub mod tests {
             (rows[0].bytes, rows[0].count, rows[0].growth),
             (4500, 1, 4000)
         );
-        assert_eq!(rows[1].site, "/home/u/train.py:12 (build)");
+        assert_eq!(rows[1].site, "proj/train.py:12 (build)");
         assert_eq!((rows[1].bytes, rows[1].growth), (1000, 0));
         let by_count = site_rows(std::slice::from_ref(&w), SortBy::Count, Baseline::Start);
-        assert_eq!(by_count[0].site, "/home/u/train.py:12 (build)");
+        assert_eq!(by_count[0].site, "proj/train.py:12 (build)");
         // Since the last step: the step changed with this very sample.
         let since_step = site_rows(std::slice::from_ref(&w), SortBy::Growth, Baseline::LastStep);
         assert!(since_step.iter().all(|r| r.growth == 0));

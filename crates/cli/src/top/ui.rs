@@ -277,7 +277,7 @@ mod tests {
             cache.contains("6.0 MiB") && cache.contains("+5.0 MiB"),
             "{cache}"
         );
-        let weights = row_with(&lines, "/home/u/train.py:12 (build)");
+        let weights = row_with(&lines, "proj/train.py:12 (build)");
         assert!(
             weights.contains("3.0 MiB") && weights.contains(" 2 "),
             "{weights}"
