@@ -20,8 +20,13 @@ use std::time::{Duration, Instant};
 const MAX_CLIENTS: usize = 8;
 /// Connections accepted per pass of the drain loop (a flood cannot keep the writer here).
 const ACCEPTS_PER_PASS: usize = 16;
-/// Time a client has from its connection to the last byte of its answer.
+/// Time a client has from its connection to its whole request, and then for each part of
+/// the answer the socket takes (a client that stops reading is cut off after this long).
 const CLIENT_DEADLINE: Duration = Duration::from_secs(2);
+/// Longest time between two looks at the listener while the writer is too busy draining
+/// to sleep (a sleeping writer is woken by the listener itself): one `accept` syscall per
+/// millisecond at most, not one per pass of the drain loop.
+const ACCEPT_EVERY: Duration = Duration::from_millis(1);
 /// How long the listener is left alone after `accept` failed for want of resources (out of
 /// fds): it stays readable meanwhile, and polling it would spin the writer.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
@@ -52,6 +57,9 @@ pub struct LiveServer {
     listener: Option<UnixListener>,
     /// Set after `accept` failed with something other than "nobody waiting".
     accept_paused_until: Option<Instant>,
+    /// The drain loop's sleep saw the listener readable.
+    listener_ready: bool,
+    last_accept: Instant,
     path: Option<PathBuf>,
     pub uid: u32,
     clients: Vec<Client>,
@@ -70,6 +78,8 @@ impl LiveServer {
         let mut server = LiveServer {
             listener: None,
             accept_paused_until: None,
+            listener_ready: false,
+            last_accept: Instant::now(),
             path: None,
             uid,
             clients: Vec::new(),
@@ -144,6 +154,15 @@ impl LiveServer {
         }
     }
 
+    /// After the drain loop's `poll` on [`Self::poll_fds`]: notes whether the listener has
+    /// a connection waiting.
+    pub fn after_poll(&mut self, fds: &[libc::pollfd]) {
+        if let Some(l) = &self.listener {
+            let fd = l.as_raw_fd();
+            self.listener_ready |= fds.iter().any(|p| p.fd == fd && p.revents != 0);
+        }
+    }
+
     /// One pass: accepts new clients, reads what arrived, sends what can be sent, cuts off
     /// the ones past their deadline or misbehaving. Returns the requests read in full.
     pub fn poll(&mut self) -> Vec<Asked> {
@@ -215,6 +234,11 @@ impl LiveServer {
             }
             self.accept_paused_until = None;
         }
+        if !self.listener_ready && self.last_accept.elapsed() < ACCEPT_EVERY {
+            return;
+        }
+        self.listener_ready = false;
+        self.last_accept = Instant::now();
         for _ in 0..ACCEPTS_PER_PASS {
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
@@ -305,7 +329,12 @@ impl Client {
         while self.sent < self.outbox.len() {
             match self.stream.write(&self.outbox[self.sent..]) {
                 Ok(0) => return false,
-                Ok(n) => self.sent += n,
+                Ok(n) => {
+                    self.sent += n;
+                    // A large answer may take longer than the deadline to leave; only a
+                    // client that stops reading is a stall.
+                    self.deadline = Instant::now() + CLIENT_DEADLINE;
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return false,
@@ -371,6 +400,8 @@ mod tests {
         let server = LiveServer {
             listener: None,
             accept_paused_until: None,
+            listener_ready: false,
+            last_accept: Instant::now(),
             path: None,
             uid: 0,
             clients: vec![Client::new(ours)],

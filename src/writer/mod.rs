@@ -188,7 +188,7 @@ impl Writer {
     }
 
     /// Waits for the wake-up eventfd, a `memsnap top` client, or the timeout.
-    fn sleep(&self, timeout: Duration) {
+    fn sleep(&mut self, timeout: Duration) {
         let wake_fd = self.rec.wake_fd();
         let mut fds = Vec::with_capacity(4);
         if wake_fd >= 0 {
@@ -204,16 +204,15 @@ impl Writer {
             return;
         }
         let ms = timeout.as_millis().max(1) as i32;
-        // SAFETY: `fds` holds fds.len() valid pollfds; then draining our nonblocking
-        // eventfd into a local.
-        unsafe {
-            if libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) > 0
-                && wake_fd >= 0
-                && fds[0].revents != 0
-            {
-                let mut buf = 0u64;
-                libc::read(wake_fd, (&mut buf as *mut u64).cast(), 8);
-            }
+        // SAFETY: `fds` holds fds.len() valid pollfds.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if ready > 0 && wake_fd >= 0 && fds[0].revents != 0 {
+            let mut buf = 0u64;
+            // SAFETY: draining our nonblocking eventfd into a local.
+            unsafe { libc::read(wake_fd, (&mut buf as *mut u64).cast(), 8) };
+        }
+        if ready > 0 {
+            self.live.after_poll(&fds);
         }
     }
 
