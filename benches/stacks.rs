@@ -11,6 +11,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+mod support;
+
 const C_SOURCE: &str = r#"
 #include <stdint.h>
 typedef uint64_t (*bench_t)(int, int, uint64_t, uint64_t *);
@@ -54,22 +56,10 @@ for name, mode in [("none", 0), ("python", 1), ("native", 2), ("all", 3)]:
 "#;
 
 fn main() {
-    // `cargo test --all-targets` runs bench binaries without `--bench`: measure nothing then.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("stacks bench: run with `cargo bench --bench stacks`");
+    if !support::benchmarking("stacks") {
         return;
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let st = Command::new("cargo")
-        .args(["build", "--release", "--lib", "--quiet"])
-        .current_dir(&root)
-        .status()
-        .expect("cargo build");
-    assert!(st.success());
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(root.join("target"));
-    let so = target.join("release/libmemsnap.so");
+    let so = support::release_library();
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("benchdeep.c");
     let clib = dir.path().join("libbenchdeep.so");

@@ -8,36 +8,16 @@
 //! src/writer/drain_bench.rs). Prints events per second on one core and the growth of
 //! resident memory, for 10M events at 45 and 57 frames.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod support;
 
 fn main() {
-    // `cargo test --all-targets` runs bench binaries without `--bench`: measure nothing then.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("writer bench: run with `cargo bench --bench writer`");
+    if !support::benchmarking("writer") {
         return;
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let st = Command::new("cargo")
-        .args(["build", "--release", "--lib", "--quiet"])
-        .current_dir(&root)
-        .status()
-        .expect("cargo build");
-    assert!(st.success());
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(root.join("target"));
-    let so = target.join("release/libmemsnap.so");
     type Bench = unsafe extern "C" fn(u64, u32, u32, *mut u64) -> u64;
-    // SAFETY: loading the library built above; the symbol has this C signature.
-    let bench = unsafe {
-        let c = std::ffi::CString::new(so.to_str().expect("utf-8 path")).expect("path");
-        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
-        assert!(!h.is_null(), "dlopen {}", so.display());
-        let b = libc::dlsym(h, c"memsnap_debug_bench_writer".as_ptr());
-        assert!(!b.is_null());
-        std::mem::transmute::<*mut libc::c_void, Bench>(b)
-    };
+    let b = support::entry_point(c"memsnap_debug_bench_writer");
+    // SAFETY: the symbol has this C signature.
+    let bench = unsafe { std::mem::transmute::<*mut libc::c_void, Bench>(b) };
     let events: u64 = std::env::var("MEMSNAP_BENCH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -209,3 +209,39 @@ pub unsafe extern "C" fn memsnap_debug_bench_writer(
     }
     f.nanoseconds
 }
+
+/// Benchmark entry point: what a `memsnap top` request costs the writer (see
+/// `writer::drain_bench::live_requests`) with `live` live allocations whose stacks of
+/// `depth` native frames are drawn from `distinct_stacks`. Returns the median writer
+/// nanoseconds per request after the first; `out` receives the slowest of those, the last
+/// answer's bytes, the first request's nanoseconds and the first answer's bytes.
+///
+/// # Safety
+/// `out` must be null or point to four writable `u64`.
+#[doc(hidden)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memsnap_debug_bench_live(
+    live: u64,
+    distinct_stacks: u32,
+    depth: u32,
+    requests: u32,
+    out: *mut u64,
+) -> u64 {
+    let figures = std::panic::catch_unwind(|| {
+        crate::writer::drain_bench::live_requests(live, distinct_stacks, depth as usize, requests)
+    });
+    let Ok(f) = figures else { return 0 };
+    if !out.is_null() {
+        // SAFETY: the caller passes room for four u64.
+        unsafe {
+            *out = f.per_request_ns.last().copied().unwrap_or(0);
+            *out.add(1) = f.answer_bytes;
+            *out.add(2) = f.first_request_ns;
+            *out.add(3) = f.first_answer_bytes;
+        }
+    }
+    f.per_request_ns
+        .get(f.per_request_ns.len() / 2)
+        .copied()
+        .unwrap_or(0)
+}

@@ -80,7 +80,7 @@ impl AckFile {
 
 /// The per-user folder, made if missing; `None` unless it is a real directory of this
 /// user that nobody else can write to.
-fn private_folder(uid: u32) -> Option<PathBuf> {
+pub(super) fn private_folder(uid: u32) -> Option<PathBuf> {
     let dir = ack::folder(uid);
     let _ = fs::DirBuilder::new().mode(0o700).create(&dir);
     let meta = fs::symlink_metadata(&dir).ok()?;

@@ -42,10 +42,9 @@ fn next(state: &mut u64) -> u64 {
     state.wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
-/// Sends `events` events (half allocs, half frees) through the channel and applies them.
-pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
-    let depth = depth.clamp(1, FRAME_CAPACITY);
-    let distinct = u64::from(distinct_stacks.max(1));
+/// A channel and a writer for native stacks of `depth` frames (the channel is leaked: the
+/// writer holds it for `'static`, as in the library).
+fn native_writer(depth: usize) -> (&'static Recorder, Writer) {
     let settings = HookSettings {
         stacks: Stacks::Native,
         context: Context::All,
@@ -58,7 +57,14 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
         at_exit: false,
         ..Config::default()
     };
-    let mut writer = Writer::new(rec, cfg);
+    (rec, Writer::new(rec, cfg))
+}
+
+/// Sends `events` events (half allocs, half frees) through the channel and applies them.
+pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
+    let depth = depth.clamp(1, FRAME_CAPACITY);
+    let distinct = u64::from(distinct_stacks.max(1));
+    let (rec, mut writer) = native_writer(depth);
     let producer = std::thread::spawn(move || {
         const WINDOW: u64 = 64;
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -118,4 +124,134 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
         interned: writer.stacks.len() as u64,
         rss_growth_bytes: rss_bytes().saturating_sub(rss_before),
     }
+}
+
+/// What answering `memsnap top` costs the writer, measured.
+pub struct LiveFigures {
+    /// Writer time per request after the first (every `serve_live` pass that worked on
+    /// it), sorted.
+    pub per_request_ns: Vec<u64>,
+    /// The first request: symbolizes every stack and sends every frame.
+    pub first_request_ns: u64,
+    /// Bytes of the first answer (every frame) and of the last (no new frame).
+    pub first_answer_bytes: u64,
+    pub answer_bytes: u64,
+}
+
+/// Fills a writer with `live` live allocations whose stacks (of `depth` native frames) are
+/// drawn from `distinct_stacks`, then has a client ask for `requests` samples over the real
+/// socket; each request's writer time is the sum of the drain-loop passes that served it
+/// (accepting, reading, building the sample, encoding, sending). The client asks as
+/// `memsnap top` does, for the frames it does not hold yet; the first request, which
+/// symbolizes every stack and carries every frame, is reported apart.
+pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u32) -> LiveFigures {
+    use crate::snapshot::live::{self as protocol, Answer, MAX_ANSWER, Request};
+    let depth = depth.clamp(1, FRAME_CAPACITY);
+    let (rec, mut writer) = native_writer(depth);
+    // Return addresses inside this library's own code, so that stacks symbolize to
+    // distinct frames (made-up addresses all become the same `??` frame and one group).
+    let (text, text_len) = own_code().unwrap_or((0x5500_0000, 1 << 20));
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..live {
+        let mut ev = Event::new(Kind::Alloc, Api::CudaMallocAsync);
+        ev.addr = 0x7f00_0000_0000 + i * 0x1000;
+        ev.size = 512 << (next(&mut rng) % 8);
+        ev.payload = Payload::Stream(0);
+        ev.time_us = i;
+        let id = next(&mut rng) % u64::from(distinct_stacks.max(1));
+        if let Some((idx, slot)) = rec.take_slot() {
+            for (k, pc) in slot.native[..depth].iter_mut().enumerate() {
+                // The innermost frames vary with the stack, the outer ones are shared.
+                let spread = if k < 4 {
+                    id * 7919 + k as u64 * 104_729
+                } else {
+                    k as u64 * 104_729
+                };
+                *pc = text + (spread * 16) % text_len;
+            }
+            slot.n_native = depth as u16;
+            slot.n_python = 0;
+            ev.stack = idx;
+        }
+        writer.apply(ev);
+    }
+    let uid = writer.live.uid;
+    let path = protocol::socket_path(uid, writer.id.pid);
+    let client = std::thread::spawn(move || {
+        // As `memsnap top` does: the frames and stacks it holds are not sent again.
+        let (mut known_frames, mut known_stacks) = (0u32, 0u32);
+        let mut sizes = Vec::new();
+        for _ in 0..=requests {
+            let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+            let ask = Request::Sample {
+                known_frames,
+                known_stacks,
+            };
+            std::io::Write::write_all(&mut s, &protocol::encode(&ask)).unwrap();
+            let answer: Answer = protocol::read_message(&mut s, MAX_ANSWER).expect("answer");
+            let Answer::Sample(sample) = answer else {
+                panic!("not a sample")
+            };
+            known_frames = sample.frames_from + sample.frames.len() as u32;
+            known_stacks = sample.stacks_from + sample.stacks.len() as u32;
+            sizes.push(protocol::encode(&Answer::Sample(sample)).len() as u64);
+        }
+        sizes
+    });
+    let mut per_request_ns = Vec::new();
+    let mut first_request_ns = 0;
+    let mut current = 0u64;
+    while writer.live.answered <= u64::from(requests) {
+        let (busy_before, answered_before) = (writer.live.busy(), writer.live.answered);
+        let start = Instant::now();
+        writer.serve_live();
+        let ns = start.elapsed().as_nanos() as u64;
+        assert_eq!(writer.live.refused, 0, "a benchmark request was refused");
+        // Passes with nobody connected are the idle polls the drain loop makes anyway.
+        if busy_before || writer.live.busy() {
+            current += ns;
+        }
+        if writer.live.answered > answered_before {
+            // Sending what did not fit in the socket at once is charged to the next one.
+            if answered_before > 0 {
+                per_request_ns.push(current);
+            } else {
+                first_request_ns = current;
+            }
+            current = 0;
+        }
+    }
+    // The last answer may still be leaving.
+    while writer.live.busy() {
+        writer.serve_live();
+    }
+    let sizes = client.join().expect("client");
+    writer.live.close();
+    per_request_ns.sort_unstable();
+    LiveFigures {
+        per_request_ns,
+        first_request_ns,
+        first_answer_bytes: sizes.first().copied().unwrap_or(0),
+        answer_bytes: sizes.last().copied().unwrap_or(0),
+    }
+}
+
+/// Start and length of this library's executable mapping, from /proc/self/maps.
+fn own_code() -> Option<(u64, u64)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let range = f.next()?;
+        let perms = f.next()?;
+        let path = f.nth(3)?;
+        if !perms.starts_with("r-x") || !path.ends_with("libmemsnap.so") {
+            return None;
+        }
+        let (a, b) = range.split_once('-')?;
+        let (a, b) = (
+            u64::from_str_radix(a, 16).ok()?,
+            u64::from_str_radix(b, 16).ok()?,
+        );
+        Some((a, b - a))
+    })
 }

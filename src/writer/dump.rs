@@ -2,9 +2,10 @@
 //!
 //! Cold (writer thread). Frames and stacks are interned across dumps, so each unique
 //! stack is symbolized once per process and written once per file (the encoder shares it
-//! through the pickle memo).
+//! through the pickle memo). [`live_sample`] answers `memsnap top` from the same caches.
 
 use crate::channel::event::Api;
+use crate::snapshot::live::{DeviceSample, LiveGroup, Sample};
 use crate::snapshot::model::{
     Action as ModelAction, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, TraceEntry,
 };
@@ -188,4 +189,65 @@ pub fn meta_int(key: &str, v: u64) -> (String, Meta) {
 }
 pub fn meta_str(key: &str, v: &str) -> (String, Meta) {
     (key.to_string(), Meta::Str(v.to_string()))
+}
+
+/// What is live now, grouped by device and stack, with the frames and stacks of the
+/// snapshot interner from `known_frames` and `known_stacks` on (what the asking client does
+/// not hold yet). Stacks not interned before go through the same symbolization caches as a
+/// dump. The caller fills in the counters. Costs one pass over the live set with a hash
+/// lookup per block, then one lookup per distinct stack.
+pub fn live_sample(
+    state: &State,
+    table: &mut StackTable,
+    interner: &mut FrameInterner,
+    known_frames: u32,
+    known_stacks: u32,
+) -> Sample {
+    let mut sample = Sample::default();
+    let mut groups: FxHashMap<(u32, Option<RawStackId>), (u64, u64)> = FxHashMap::default();
+    for (d, dev) in state.devices.iter().enumerate() {
+        let mut reserved = 0u64;
+        for live in dev.allocs.values().chain(dev.mappings.values()) {
+            reserved += live.size;
+            let g = groups.entry((d as u32, live.stack)).or_default();
+            g.0 += live.size;
+            g.1 += 1;
+        }
+        sample.devices.push(DeviceSample {
+            device: d as u32,
+            live_bytes: dev.live_bytes,
+            reserved_bytes: reserved,
+            peak_bytes: dev.peak_ever,
+            live_allocations: (dev.allocs.len() + dev.mappings.len()) as u64,
+            ooms: dev.ooms,
+        });
+    }
+    // Raw stacks with the same frames are one interned stack: merge their groups.
+    let mut merged: FxHashMap<(u32, Option<StackId>), (u64, u64)> = FxHashMap::default();
+    for ((device, raw), (bytes, count)) in groups {
+        let g = merged
+            .entry((device, interner.stack(raw, table)))
+            .or_default();
+        g.0 += bytes;
+        g.1 += count;
+    }
+    sample.groups = merged
+        .into_iter()
+        .map(|((device, stack), (bytes, count))| LiveGroup {
+            device,
+            stack,
+            bytes,
+            count,
+        })
+        .collect();
+    sample
+        .groups
+        .sort_unstable_by_key(|g| (g.device, std::cmp::Reverse(g.bytes), g.stack));
+    let frames_from = (known_frames as usize).min(interner.frames.len());
+    let stacks_from = (known_stacks as usize).min(interner.stacks.len());
+    sample.frames_from = frames_from as u32;
+    sample.frames = interner.frames[frames_from..].to_vec();
+    sample.stacks_from = stacks_from as u32;
+    sample.stacks = interner.stacks[stacks_from..].to_vec();
+    sample
 }

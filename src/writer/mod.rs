@@ -11,6 +11,7 @@ pub mod ack;
 pub mod drain_bench;
 pub mod dump;
 pub mod files;
+pub mod live;
 pub mod stacks;
 pub mod state;
 pub mod stats;
@@ -23,6 +24,7 @@ use crate::channel::handshake::{
 };
 use crate::channel::queue::Recorder;
 use crate::config::Config;
+use crate::snapshot::live::{self as live_protocol, Answer, OomSample, Request, Sample};
 use crate::snapshot::model::Meta;
 use crate::snapshot::pickle_write;
 use dump::{FrameInterner, meta_int, meta_str};
@@ -84,6 +86,10 @@ struct Writer {
     crash: Option<CrashInfo>,
     /// Copies to `MEMSNAP_REMOTE`; `None` when it is unset.
     uploader: Option<upload::Uploader>,
+    /// The socket `memsnap top` asks through.
+    live: live::LiveServer,
+    /// The most recent out-of-memory error, for `memsnap top`.
+    last_oom: Option<OomSample>,
 }
 
 fn signal_name(sig: i32) -> &'static str {
@@ -141,6 +147,8 @@ impl Writer {
                 .remote
                 .as_ref()
                 .map(|_| upload::Uploader::new(cfg.remote_only)),
+            live: live::LiveServer::open(id_pid),
+            last_oom: None,
             stats,
             cfg,
         }
@@ -164,6 +172,7 @@ impl Writer {
             if let Flow::Exit = self.serve_requests() {
                 return;
             }
+            self.serve_live();
             if let Some(period) = self.cfg.period
                 && self.last_period.elapsed() >= period
             {
@@ -185,26 +194,81 @@ impl Writer {
         }
     }
 
-    /// Waits for the wake-up eventfd or the timeout.
-    fn sleep(&self, timeout: Duration) {
+    /// Waits for the wake-up eventfd, a `memsnap top` client, or the timeout.
+    fn sleep(&mut self, timeout: Duration) {
         let wake_fd = self.rec.wake_fd();
-        if wake_fd < 0 {
+        let mut fds = Vec::with_capacity(4);
+        if wake_fd >= 0 {
+            fds.push(libc::pollfd {
+                fd: wake_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        self.live.poll_fds(&mut fds);
+        if fds.is_empty() {
             std::thread::sleep(timeout);
             return;
         }
-        let mut pfd = libc::pollfd {
-            fd: wake_fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
         let ms = timeout.as_millis().max(1) as i32;
-        // SAFETY: one valid pollfd; then draining our nonblocking eventfd into a local.
-        unsafe {
-            if libc::poll(&mut pfd, 1, ms) > 0 {
-                let mut buf = 0u64;
-                libc::read(wake_fd, (&mut buf as *mut u64).cast(), 8);
-            }
+        // SAFETY: `fds` holds fds.len() valid pollfds.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if ready > 0 && wake_fd >= 0 && fds[0].revents != 0 {
+            let mut buf = 0u64;
+            // SAFETY: draining our nonblocking eventfd into a local.
+            unsafe { libc::read(wake_fd, (&mut buf as *mut u64).cast(), 8) };
         }
+        if ready > 0 {
+            self.live.after_poll(&fds);
+        }
+    }
+
+    /// `memsnap top`: answers the requests that arrived in full, from the state after every
+    /// event queued so far. Never waits on a client (docs/LIVE.md).
+    fn serve_live(&mut self) {
+        let asked = self.live.poll();
+        if asked.is_empty() {
+            return;
+        }
+        // Everything the program did before it was asked is in the answer; `apply` never
+        // ends the loop, so the flow is always `Continue` here.
+        let _ = self.apply_queued();
+        for a in asked {
+            let answer = match a.request {
+                Request::Sample {
+                    known_frames,
+                    known_stacks,
+                } => Answer::Sample(self.sample(known_frames, known_stacks)),
+                Request::Dump => match self.dump(Reason::Signal, "") {
+                    Ok(path) => Answer::Dumped {
+                        path: absolute(&path).display().to_string(),
+                    },
+                    Err(reason) => Answer::Failed { reason },
+                },
+            };
+            self.live.answer(a.client, live_protocol::encode(&answer));
+        }
+    }
+
+    /// What is live now, with the counters `memsnap top` shows.
+    fn sample(&mut self, known_frames: u32, known_stacks: u32) -> Sample {
+        let c = &self.rec.counters;
+        let mut sample = dump::live_sample(
+            &self.state,
+            &mut self.stacks,
+            &mut self.interner,
+            known_frames,
+            known_stacks,
+        );
+        sample.version = live_protocol::PROTOCOL_VERSION;
+        sample.pid = self.id.pid;
+        sample.time_us = handshake::now_us();
+        sample.step = self.step;
+        sample.events_recorded = c.pushed.load(Relaxed);
+        sample.dropped_events = c.lost_total();
+        sample.events_without_stack = c.lost_stacks.load(Relaxed);
+        sample.last_oom = self.last_oom.clone();
+        sample
     }
 
     fn take_stack(&mut self, ev: &Event) -> Option<stacks::RawStackId> {
@@ -277,6 +341,12 @@ impl Writer {
                     let (device, size, time) = (ev.device, ev.size, ev.time_us);
                     self.state
                         .oom(device, size, free, stream, time, ev.api, stack);
+                    self.last_oom = Some(OomSample {
+                        device: device.max(0) as u32,
+                        time_us: time,
+                        requested_bytes: size,
+                        device_free: free,
+                    });
                     if dump_ticket != 0 {
                         let _ = self.dump(Reason::Oom, "");
                         OOM_DUMPS.complete(dump_ticket);
@@ -348,6 +418,7 @@ impl Writer {
             }
             self.report_at_exit();
             self.ack.remove();
+            self.live.close();
             EXIT_DONE.store(true, Release);
             return Flow::Exit;
         }

@@ -5,6 +5,8 @@ ctypes.CDLL releases the GIL around each call, as PyTorch does.
 Modes (argv[1]):
   main    (default) allocations on the main thread
   thread  the same calls made from a worker threading.Thread
+  wait    as main, then prints `result ready=1` and waits for the end of stdin before the
+          truth lines (for `memsnap top`, which looks while it waits)
 
 Prints `result line=N` (the line of the cudaMalloc call in make_tensor), `result function=...`,
 `result file=...`, the expected live bytes/count, then the fake driver's truth lines.
@@ -60,7 +62,7 @@ def main():
         worker = threading.Thread(target=train, args=(3,), name="alloc-worker")
         worker.start()
         worker.join()
-    elif mode == "main":
+    elif mode in ("main", "wait"):
         train(3)
     else:
         sys.exit(f"unknown mode {mode}")
@@ -72,6 +74,9 @@ def main():
     print(f"result expected_live_bytes={sum(size for _, size in LIVE)}")
     print(f"result expected_live_count={len(LIVE)}")
     sys.stdout.flush()
+    if mode == "wait":
+        print("result ready=1", flush=True)
+        sys.stdin.read()
     libcuda = ctypes.CDLL("libcuda.so.1")
     libcuda.fake_cuda_print_truth_fd(1)
 

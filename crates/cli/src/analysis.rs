@@ -109,6 +109,17 @@ pub struct Sites {
 
 impl Sites {
     pub fn new(snap: &Snapshot, attr: &Attribution) -> Self {
+        Self::of_stacks(&snap.frames, &snap.stacks, snap.memsnap.is_empty(), attr)
+    }
+
+    /// The same from frames and stacks alone (a live sample from `memsnap top`);
+    /// `all_torch` for PyTorch's own files, whose every block is torch's.
+    pub fn of_stacks(
+        frames: &[Frame],
+        stacks: &[Vec<u32>],
+        all_torch: bool,
+        attr: &Attribution,
+    ) -> Self {
         let mut sites = Vec::new();
         let mut by_text: FxHashMap<String, u32> = FxHashMap::default();
         let mut intern = |s: Site| -> u32 {
@@ -124,13 +135,10 @@ impl Sites {
             text: "<no frames recorded>".into(),
             kind: SiteKind::None,
         });
-        let mut site_of_stack = Vec::with_capacity(snap.stacks.len());
-        let mut lib_of_stack = Vec::with_capacity(snap.stacks.len());
-        for st in &snap.stacks {
-            let frames: Vec<&Frame> = st
-                .iter()
-                .filter_map(|&f| snap.frames.get(f as usize))
-                .collect();
+        let mut site_of_stack = Vec::with_capacity(stacks.len());
+        let mut lib_of_stack = Vec::with_capacity(stacks.len());
+        for st in stacks {
+            let frames: Vec<&Frame> = st.iter().filter_map(|&f| frames.get(f as usize)).collect();
             site_of_stack.push(intern(site_of(&frames, attr)));
             lib_of_stack.push(library_of(&frames));
         }
@@ -139,7 +147,7 @@ impl Sites {
             site_of_stack,
             lib_of_stack,
             no_stack,
-            all_torch: snap.memsnap.is_empty(),
+            all_torch,
         }
     }
     pub fn site(&self, stack: Option<StackId>) -> u32 {

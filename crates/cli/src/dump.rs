@@ -199,7 +199,7 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
 }
 
 /// The caller's session and job: what `--all` reaches without `--user`.
-struct Scope {
+pub struct Scope {
     session: Option<u32>,
     slurm_job: Option<String>,
 }
@@ -208,7 +208,7 @@ struct Scope {
 const MAX_ANCESTORS: usize = 64;
 
 impl Scope {
-    fn of_caller() -> Self {
+    pub fn of_caller() -> Self {
         Scope {
             session: stat_fields(Path::new("/proc/self")).map(|f| f.session),
             slurm_job: std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty()),
@@ -217,7 +217,7 @@ impl Scope {
 
     /// Whether `pid` is in the caller's session (or descends from a process that is), or
     /// in the caller's SLURM job.
-    fn contains(&self, pid: u32) -> bool {
+    pub fn contains(&self, pid: u32) -> bool {
         let proc = PathBuf::from(format!("/proc/{pid}"));
         if let Some(job) = &self.slurm_job
             && read_environ(&proc.join("environ")).get("SLURM_JOB_ID") == Some(job)
@@ -243,7 +243,7 @@ impl Scope {
         false
     }
 
-    fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match (&self.slurm_job, self.session) {
             (Some(job), Some(s)) => format!("this session ({s}) or SLURM job {job}"),
             (Some(job), None) => format!("SLURM job {job}"),
@@ -483,7 +483,7 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
     })
 }
 
-fn has_memsnap(maps: &str) -> bool {
+pub fn has_memsnap(maps: &str) -> bool {
     maps.lines().any(|l| {
         l.split_whitespace()
             .nth(5)
@@ -570,7 +570,7 @@ fn send_signal(pid: u32, signal: i32) -> Result<()> {
 }
 
 /// Every process of `uid` except `me` with libmemsnap.so mapped.
-fn memsnap_processes(uid: u32, me: u32) -> Vec<u32> {
+pub fn memsnap_processes(uid: u32, me: u32) -> Vec<u32> {
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .map(|entries| {
             entries

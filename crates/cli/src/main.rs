@@ -19,6 +19,7 @@ mod remote;
 mod run;
 mod summary;
 mod tally;
+mod top;
 mod upload_agent;
 mod view;
 
@@ -61,6 +62,8 @@ enum Cmd {
     /// The helper libmemsnap.so starts to copy snapshots to MEMSNAP_REMOTE (not run by hand).
     #[command(hide = true)]
     UploadAgent(upload_agent::Args),
+    /// Watch running processes' GPU memory by allocation site, live (no file written).
+    Top(top::TopArgs),
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => launch(run::run(*a)),
         Cmd::Dump(a) => launch(dump::dump(a)),
         Cmd::UploadAgent(a) => launch(upload_agent::run(&a)),
+        Cmd::Top(a) => launch(top::top(a)),
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod ack;
 pub mod check;
 pub mod config;
+pub mod live;
 pub mod model;
 pub mod pickle_read;
 pub mod pickle_write;

@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 /// One frame, PyTorch's `{"name", "filename", "line"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Frame {
     pub name: String,
     pub filename: String,

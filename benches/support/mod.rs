@@ -1,0 +1,45 @@
+//! What the benches share: the `--bench` check, the release build of `libmemsnap.so`, and
+//! opening one of its exported entry points. Cold (bench tooling, not the library).
+#![allow(dead_code)] // each bench uses a subset
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// `cargo test --all-targets` runs bench binaries without `--bench`: they measure nothing
+/// then, and say how to run them.
+pub fn benchmarking(name: &str) -> bool {
+    let on = std::env::args().any(|a| a == "--bench");
+    if !on {
+        println!("{name} bench: run with `cargo bench --bench {name}`");
+    }
+    on
+}
+
+/// Builds the release library and returns its path.
+pub fn release_library() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let st = Command::new("cargo")
+        .args(["build", "--release", "--lib", "--quiet"])
+        .current_dir(&root)
+        .status()
+        .expect("cargo build");
+    assert!(st.success());
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or(root.join("target"));
+    target.join("release/libmemsnap.so")
+}
+
+/// The address of `symbol` in the release library (built first).
+pub fn entry_point(symbol: &std::ffi::CStr) -> *mut libc::c_void {
+    let so = release_library();
+    let c = std::ffi::CString::new(so.to_str().expect("utf-8 path")).expect("path");
+    // SAFETY: loading the library just built; a NUL-terminated name for dlsym.
+    let b = unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
+        assert!(!h.is_null(), "dlopen {}", so.display());
+        libc::dlsym(h, symbol.as_ptr())
+    };
+    assert!(!b.is_null(), "{symbol:?} is not exported");
+    b
+}

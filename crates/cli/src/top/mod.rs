@@ -1,0 +1,243 @@
+//! `memsnap top [PID ...|--all]`: watches running processes' GPU memory by allocation
+//! site, live, through the socket each recording process serves (`memsnap_format::live`).
+//!
+//! Cold, no unsafe. [`ask`] is the client; `model` turns samples into rows (with the
+//! site rules of `analysis`); `ui` is the full-screen view (ratatui). When stdout is not a
+//! terminal, or with `--once`, samples are printed as plain lines or JSON.
+
+pub mod model;
+pub mod ui;
+
+use anyhow::{Context, Result, bail};
+use memsnap_format::ack;
+use memsnap_format::live::{self, Answer, MAX_ANSWER, PROTOCOL_VERSION, Request, Sample};
+use model::Watched;
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Keys: s sort (live bytes, count, growth), g growth since start / since \
+the last step, f or space freeze, d dump a snapshot now, q quit.\n\nExamples:\n  memsnap top 12345\n  \
+memsnap top --all                 # every process of yours on this host recording with memsnap\n  \
+memsnap top 12345 --once --json   # one sample as JSON, for scripts"
+)]
+pub struct TopArgs {
+    /// Processes to watch
+    #[arg(value_name = "PID", required_unless_present = "all")]
+    pub pids: Vec<u32>,
+    /// Every process recording with memsnap in the caller's session or job on this host
+    /// (the same session id, a descendant of it such as a launcher's workers, or the same
+    /// SLURM_JOB_ID)
+    #[arg(long, conflicts_with = "pids")]
+    pub all: bool,
+    /// With --all: every process of yours on this host recording with memsnap, whatever its
+    /// session (under a shared account: other people's jobs too)
+    #[arg(long, requires = "all")]
+    pub user: bool,
+    /// Print one sample and exit
+    #[arg(long)]
+    pub once: bool,
+    /// With --once: one JSON object per process, one per line
+    #[arg(long, requires = "once")]
+    pub json: bool,
+    /// Seconds between refreshes
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub interval: f64,
+    /// Site rows shown in plain-line mode
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    #[command(flatten)]
+    pub attr: crate::analysis::Attribution,
+}
+
+/// How long one sample may take to come back (the process answers within milliseconds
+/// unless its writer is busy writing a large snapshot).
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a snapshot asked with `d` may take to be written.
+const DUMP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Sends one request to process `pid` and reads its answer.
+pub fn ask(uid: u32, pid: u32, request: &Request, timeout: Duration) -> Result<Answer> {
+    let folder = ack::folder(uid);
+    // Only this user can have made a socket in a private folder of theirs: the process at
+    // the other end is one of ours (the process checks our credentials in turn).
+    let private = std::fs::symlink_metadata(&folder)
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0);
+    let path = live::socket_path(uid, pid);
+    // The writer opens the socket a moment after the first CUDA call: give a process that
+    // has just started recording a second to show it.
+    let start = Instant::now();
+    while private && !path.exists() && start.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !private || !path.exists() {
+        bail!("{}", why_unreachable(pid));
+    }
+    let mut stream = UnixStream::connect(&path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            anyhow::anyhow!("pid {pid} does not answer (it exited, or its recording stopped)")
+        } else {
+            anyhow::anyhow!("cannot connect to pid {pid} ({}): {e}", path.display())
+        }
+    })?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream
+        .write_all(&live::encode(request))
+        .with_context(|| format!("asking pid {pid}"))?;
+    let answer: Answer = live::read_message(&mut stream, MAX_ANSWER).with_context(|| {
+        format!(
+            "reading the answer of pid {pid} (a process closes connections while too many \
+             clients are still sending, and from other users)"
+        )
+    })?;
+    if let Answer::Sample(s) = &answer
+        && s.version != PROTOCOL_VERSION
+    {
+        bail!(
+            "pid {pid} speaks live-protocol version {} (this memsnap: {PROTOCOL_VERSION}); use the memsnap that came with its library",
+            s.version
+        );
+    }
+    Ok(answer)
+}
+
+/// Why a process has no socket, from what /proc shows.
+fn why_unreachable(pid: u32) -> String {
+    match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+        Err(_) if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
+            format!("no process {pid}")
+        }
+        Err(e) => format!("cannot read /proc/{pid}/maps ({e}): not your process?"),
+        Ok(maps) if !crate::dump::has_memsnap(&maps) => format!(
+            "pid {pid} does not have memsnap loaded (start it with `memsnap run -- ...` or LD_PRELOAD=libmemsnap.so)"
+        ),
+        Ok(_) => format!(
+            "pid {pid} has memsnap loaded but is not recording yet (it starts on the first CUDA allocation)"
+        ),
+    }
+}
+
+/// One sample of `pid`, without the first `known` (frames, stacks) the caller holds.
+pub fn sample(uid: u32, pid: u32, known: (u32, u32)) -> Result<Sample> {
+    let request = Request::Sample {
+        known_frames: known.0,
+        known_stacks: known.1,
+    };
+    match ask(uid, pid, &request, SAMPLE_TIMEOUT)? {
+        Answer::Sample(s) => Ok(s),
+        Answer::Failed { reason } => bail!("pid {pid}: {reason}"),
+        Answer::Dumped { .. } => bail!("pid {pid} answered a sample request with a dump"),
+    }
+}
+
+/// Asks `pid` for a snapshot now; its path once written.
+pub fn dump_now(uid: u32, pid: u32) -> Result<String> {
+    match ask(uid, pid, &Request::Dump, DUMP_TIMEOUT)? {
+        Answer::Dumped { path } => Ok(path),
+        Answer::Failed { reason } => bail!("pid {pid} could not write a snapshot: {reason}"),
+        Answer::Sample(_) => bail!("pid {pid} answered a dump request with a sample"),
+    }
+}
+
+/// Takes a new sample of every watched process that is still there; returns the OOM
+/// events and the processes that went away, as lines.
+pub fn refresh(uid: u32, watched: &mut [Watched]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for w in watched.iter_mut().filter(|w| w.gone.is_none()) {
+        match sample(uid, w.pid, w.known()) {
+            Ok(s) => lines.extend(w.update(s)),
+            Err(e) => {
+                let why = format!("{e:#}");
+                lines.push(format!("pid {}: gone: {why}", w.pid));
+                w.gone = Some(why);
+            }
+        }
+    }
+    lines
+}
+
+pub fn top(args: TopArgs) -> Result<ExitCode> {
+    let uid = std::fs::metadata("/proc/self")?.uid();
+    let pids = if args.all {
+        let scope = crate::dump::Scope::of_caller();
+        let (pids, outside): (Vec<u32>, Vec<u32>) =
+            crate::dump::memsnap_processes(uid, std::process::id())
+                .into_iter()
+                .filter(|&pid| live::socket_path(uid, pid).exists())
+                .partition(|&pid| args.user || scope.contains(pid));
+        if pids.is_empty() {
+            if outside.is_empty() {
+                eprintln!("memsnap: no process of yours on this host is recording with memsnap");
+            } else {
+                eprintln!(
+                    "memsnap: no process recording with memsnap in {}; {} of yours elsewhere on this host (add --user to include them, or name the pids)",
+                    scope.describe(),
+                    outside.len()
+                );
+            }
+            return Ok(ExitCode::from(1));
+        }
+        pids
+    } else {
+        args.pids.clone()
+    };
+    let mut watched = Vec::new();
+    let mut failed = 0;
+    for pid in pids {
+        match sample(uid, pid, (0, 0)) {
+            Ok(s) => watched.push(Watched::new(s, args.attr.clone())),
+            Err(e) => {
+                eprintln!("memsnap: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    if watched.is_empty() {
+        return Ok(ExitCode::from(1));
+    }
+    let interval = Duration::try_from_secs_f64(args.interval.max(0.1)).unwrap_or(Duration::MAX);
+    let stdout = std::io::stdout();
+    if args.once {
+        let mut out = stdout.lock();
+        if args.json {
+            for w in &watched {
+                serde_json::to_writer(&mut out, &model::process_json(w))?;
+                writeln!(out)?;
+            }
+        } else {
+            for line in model::plain_lines(&watched, args.top) {
+                writeln!(out, "{line}")?;
+            }
+        }
+    } else if stdout.is_terminal() {
+        ui::run(uid, &mut watched, interval)?;
+    } else {
+        // One sample per refresh as plain lines, until every process is gone.
+        loop {
+            let mut out = stdout.lock();
+            for line in model::plain_lines(&watched, args.top) {
+                writeln!(out, "{line}")?;
+            }
+            out.flush()?;
+            drop(out);
+            let next = Instant::now() + interval;
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            for line in refresh(uid, &mut watched) {
+                writeln!(stdout.lock(), "{line}")?;
+            }
+            if watched.iter().all(|w| w.gone.is_some()) {
+                break;
+            }
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,448 @@
+//! The live-view socket (`memsnap top`): a Unix socket the writer thread serves from its
+//! drain loop, answering what is live now from its own state (protocol:
+//! `memsnap_format::live`, design: docs/LIVE.md).
+//!
+//! Cold, writer thread only; no hook ever touches it. Opened when the writer starts (the
+//! first CUDA event), in the per-user 0700 folder, and removed at exit. Every socket is
+//! non-blocking: the writer accepts, reads and writes only what is ready, so a client that
+//! stalls, floods or sends garbage costs it nothing but a closed connection. Only a peer
+//! with this process's uid (SO_PEERCRED, from the kernel) is served.
+
+use crate::snapshot::live::{self, MAX_REQUEST, Request};
+use crate::writer::ack::private_folder;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Clients still sending their request at once; more are closed as soon as accepted.
+const MAX_CLIENTS: usize = 8;
+/// Connections accepted per pass of the drain loop (a flood cannot keep the writer here).
+const ACCEPTS_PER_PASS: usize = 16;
+/// Time a client has from its connection to its whole request, and then for each part of
+/// the answer the socket takes (a client that stops reading is cut off after this long).
+const CLIENT_DEADLINE: Duration = Duration::from_secs(2);
+/// Longest time between two looks at the listener while the writer is too busy draining
+/// to sleep (a sleeping writer is woken by the listener itself): one `accept` syscall per
+/// millisecond at most, not one per pass of the drain loop.
+const ACCEPT_EVERY: Duration = Duration::from_millis(1);
+/// How long the listener is left alone after `accept` failed for want of resources (out of
+/// fds): it stays readable meanwhile, and polling it would spin the writer.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
+
+/// An accepted client: its request as it arrives, then its answer as it leaves.
+struct Client {
+    stream: UnixStream,
+    inbox: Vec<u8>,
+    /// The encoded answer and how much of it was sent; empty until answered.
+    outbox: Vec<u8>,
+    sent: usize,
+    /// Asked and waiting for the writer's answer.
+    asked: bool,
+    /// A request read in full when the connection was accepted, not yet handed out.
+    pending: Option<Request>,
+    /// Answered in full (or gone): dropped on the next pass.
+    done: bool,
+    deadline: Instant,
+}
+
+/// A request read in full, for the writer to answer with [`LiveServer::answer`].
+pub struct Asked {
+    pub client: usize,
+    pub request: Request,
+}
+
+pub struct LiveServer {
+    listener: Option<UnixListener>,
+    /// Set after `accept` failed with something other than "nobody waiting".
+    accept_paused_until: Option<Instant>,
+    /// The drain loop's sleep saw the listener readable.
+    listener_ready: bool,
+    last_accept: Instant,
+    path: Option<PathBuf>,
+    pub uid: u32,
+    clients: Vec<Client>,
+    /// Connections cut off (refused peer, garbage, stall, flood), for tests and benches.
+    pub refused: u64,
+    /// Requests answered.
+    pub answered: u64,
+}
+
+impl LiveServer {
+    /// Opens `{pid}.sock` in the per-user folder. A failure is one warning line: the
+    /// process records as before, only `memsnap top` cannot reach it.
+    pub fn open(pid: u32) -> LiveServer {
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let mut server = LiveServer {
+            listener: None,
+            accept_paused_until: None,
+            listener_ready: false,
+            last_accept: Instant::now(),
+            path: None,
+            uid,
+            clients: Vec::new(),
+            refused: 0,
+            answered: 0,
+        };
+        match Self::bind(uid, pid) {
+            Ok((listener, path)) => {
+                server.listener = Some(listener);
+                server.path = Some(path);
+            }
+            Err(e) => eprintln!(
+                "memsnap: `memsnap top` cannot reach this process (live socket: {e}); recording continues"
+            ),
+        }
+        server
+    }
+
+    fn bind(uid: u32, pid: u32) -> std::io::Result<(UnixListener, PathBuf)> {
+        if private_folder(uid).is_none() {
+            return Err(std::io::Error::other(format!(
+                "{} is not a private folder of this user",
+                crate::snapshot::ack::folder(uid).display()
+            )));
+        }
+        let path = live::socket_path(uid, pid);
+        // A socket left by an earlier process with this pid (it died without cleaning up):
+        // the folder is this user's alone, so whatever is there is ours to replace.
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        listener.set_nonblocking(true)?;
+        Ok((listener, path))
+    }
+
+    /// Removes the socket (at exit): nobody can connect any more.
+    pub fn close(&mut self) {
+        self.listener = None;
+        self.clients.clear();
+        if let Some(path) = self.path.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Whether a client is connected.
+    pub fn busy(&self) -> bool {
+        !self.clients.is_empty()
+    }
+
+    /// The fds the drain loop's sleep also waits on: the listener, and each client that
+    /// has something to read or to be sent.
+    pub fn poll_fds(&self, fds: &mut Vec<libc::pollfd>) {
+        let fd = |fd: i32, events: i16| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        if let Some(l) = &self.listener
+            && self.accept_paused_until.is_none()
+        {
+            fds.push(fd(l.as_raw_fd(), libc::POLLIN));
+        }
+        for c in &self.clients {
+            if c.asked && c.outbox.is_empty() {
+                continue;
+            }
+            let events = if c.outbox.is_empty() {
+                libc::POLLIN
+            } else {
+                libc::POLLOUT
+            };
+            fds.push(fd(c.stream.as_raw_fd(), events));
+        }
+    }
+
+    /// After the drain loop's `poll` on [`Self::poll_fds`]: notes whether the listener has
+    /// a connection waiting.
+    pub fn after_poll(&mut self, fds: &[libc::pollfd]) {
+        if let Some(l) = &self.listener {
+            let fd = l.as_raw_fd();
+            self.listener_ready |= fds.iter().any(|p| p.fd == fd && p.revents != 0);
+        }
+    }
+
+    /// One pass: accepts new clients, reads what arrived, sends what can be sent, cuts off
+    /// the ones past their deadline or misbehaving. Returns the requests read in full.
+    pub fn poll(&mut self) -> Vec<Asked> {
+        self.accept();
+        let now = Instant::now();
+        let mut asked = Vec::new();
+        let mut keep = Vec::with_capacity(self.clients.len());
+        for mut c in std::mem::take(&mut self.clients) {
+            let alive = if c.done {
+                // Answered in full: closed without counting it.
+                false
+            } else if now > c.deadline {
+                self.refused += 1;
+                false
+            } else if !c.outbox.is_empty() {
+                c.send()
+            } else if let Some(request) = c.pending.take() {
+                c.asked = true;
+                asked.push(Asked {
+                    client: keep.len(),
+                    request,
+                });
+                true
+            } else if c.asked {
+                true
+            } else {
+                match c.receive() {
+                    Received::Waiting => true,
+                    Received::Request(request) => {
+                        c.asked = true;
+                        asked.push(Asked {
+                            client: keep.len(),
+                            request,
+                        });
+                        true
+                    }
+                    Received::Bad => {
+                        self.refused += 1;
+                        false
+                    }
+                }
+            };
+            if alive {
+                keep.push(c);
+            }
+        }
+        self.clients = keep;
+        asked
+    }
+
+    /// Queues `answer` (already encoded) for client `client` and sends what fits now.
+    pub fn answer(&mut self, client: usize, answer: Vec<u8>) {
+        self.answered += 1;
+        if let Some(c) = self.clients.get_mut(client) {
+            c.outbox = answer;
+            c.sent = 0;
+            // Sent in full, or the peer is gone: either way this client is done.
+            c.done = !c.send();
+        }
+    }
+
+    fn accept(&mut self) {
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        if let Some(until) = self.accept_paused_until {
+            if Instant::now() < until {
+                return;
+            }
+            self.accept_paused_until = None;
+        }
+        if !self.listener_ready && self.last_accept.elapsed() < ACCEPT_EVERY {
+            return;
+        }
+        self.listener_ready = false;
+        self.last_accept = Instant::now();
+        for _ in 0..ACCEPTS_PER_PASS {
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break, // nobody else waiting
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.accept_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    break;
+                }
+            };
+            if !peer_allowed(peer_uid(&stream), self.uid) || stream.set_nonblocking(true).is_err() {
+                self.refused += 1;
+                continue; // dropped: closed without a word
+            }
+            let mut client = Client::new(stream);
+            // Read at once: a client that already sent its whole request is answered in
+            // this pass whatever the others do; one that closed or sent garbage never takes
+            // a place. Only clients still sending count against the limit, so a flood of
+            // stalled connections cannot lock out the next `memsnap top`.
+            match client.receive() {
+                Received::Request(request) => client.pending = Some(request),
+                Received::Bad => {
+                    self.refused += 1;
+                    continue;
+                }
+                Received::Waiting => {
+                    let waiting = self
+                        .clients
+                        .iter()
+                        .filter(|c| !c.asked && c.pending.is_none() && !c.done)
+                        .count();
+                    if waiting >= MAX_CLIENTS {
+                        self.refused += 1;
+                        continue;
+                    }
+                }
+            }
+            self.clients.push(client);
+        }
+    }
+}
+
+enum Received {
+    Waiting,
+    Request(Request),
+    Bad,
+}
+
+impl Client {
+    fn new(stream: UnixStream) -> Client {
+        Client {
+            stream,
+            inbox: Vec::new(),
+            outbox: Vec::new(),
+            sent: 0,
+            asked: false,
+            pending: None,
+            done: false,
+            deadline: Instant::now() + CLIENT_DEADLINE,
+        }
+    }
+
+    fn receive(&mut self) -> Received {
+        let mut buf = [0u8; 512];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return Received::Bad, // closed before asking
+                Ok(n) => {
+                    if self.inbox.len() + n > MAX_REQUEST + 4 {
+                        return Received::Bad;
+                    }
+                    self.inbox.extend_from_slice(&buf[..n]);
+                    match live::decode::<Request>(&self.inbox, MAX_REQUEST) {
+                        Ok(Some(r)) => return Received::Request(r),
+                        Ok(None) => continue,
+                        Err(_) => return Received::Bad,
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Received::Waiting,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return Received::Bad,
+            }
+        }
+    }
+
+    /// Sends what the socket takes now; `false` once done (all sent) or failed.
+    fn send(&mut self) -> bool {
+        while self.sent < self.outbox.len() {
+            match self.stream.write(&self.outbox[self.sent..]) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.sent += n;
+                    // A large answer may take longer than the deadline to leave; only a
+                    // client that stops reading is a stall.
+                    self.deadline = Instant::now() + CLIENT_DEADLINE;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+}
+
+/// The uid of the process at the other end, as the kernel recorded it when it connected.
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket fd, an out-buffer of the size passed, which the kernel fills.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred.uid)
+}
+
+/// Only this process's own user is served: not root, not anyone else. An unknown peer
+/// (no credentials) is refused too.
+pub fn peer_allowed(peer_uid: Option<u32>, own_uid: u32) -> bool {
+    peer_uid == Some(own_uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_same_user_is_served() {
+        assert!(peer_allowed(Some(1000), 1000));
+        assert!(!peer_allowed(Some(0), 1000), "root is someone else");
+        assert!(!peer_allowed(Some(1001), 1000));
+        assert!(!peer_allowed(None, 1000));
+        assert!(!peer_allowed(Some(1000), 0));
+    }
+
+    #[test]
+    fn the_kernel_reports_our_own_uid_for_a_local_peer() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        // SAFETY: getuid cannot fail.
+        let me = unsafe { libc::getuid() };
+        assert_eq!(peer_uid(&a), Some(me));
+        assert!(peer_allowed(peer_uid(&a), me));
+    }
+
+    /// A server on a socket pair's far end, without the listener.
+    fn client_pair() -> (LiveServer, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let server = LiveServer {
+            listener: None,
+            accept_paused_until: None,
+            listener_ready: false,
+            last_accept: Instant::now(),
+            path: None,
+            uid: 0,
+            clients: vec![Client::new(ours)],
+            refused: 0,
+            answered: 0,
+        };
+        (server, theirs)
+    }
+
+    #[test]
+    fn garbage_and_oversized_requests_are_cut_off() {
+        let (mut server, mut peer) = client_pair();
+        peer.write_all(&[0xff; 4]).unwrap(); // announces 4 GiB
+        assert!(server.poll().is_empty());
+        assert_eq!((server.clients.len(), server.refused), (0, 1));
+
+        let (mut server, mut peer) = client_pair();
+        let mut bytes = 3u32.to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{{{");
+        peer.write_all(&bytes).unwrap();
+        assert!(server.poll().is_empty());
+        assert_eq!(server.clients.len(), 0);
+    }
+
+    #[test]
+    fn a_request_in_pieces_is_read_and_answered() {
+        let (mut server, mut peer) = client_pair();
+        let ask = Request::Sample {
+            known_frames: 0,
+            known_stacks: 0,
+        };
+        let bytes = live::encode(&ask);
+        peer.write_all(&bytes[..3]).unwrap();
+        assert!(server.poll().is_empty());
+        assert_eq!(server.clients.len(), 1, "a partial request waits");
+        peer.write_all(&bytes[3..]).unwrap();
+        let asked = server.poll();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].request, ask);
+        server.answer(asked[0].client, live::encode(&"ok"));
+        let answer: String = live::read_message(&mut peer, 64).unwrap();
+        assert_eq!(answer, "ok");
+    }
+}

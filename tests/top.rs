@@ -1,0 +1,374 @@
+//! `memsnap top` end to end on the fake CUDA driver (no GPU): a running program's live bytes
+//! by site over the socket, the same-user socket surviving garbage, stalled and flooding
+//! clients, a dump asked through it, and no socket for a process that never touches CUDA.
+//! Needs `cargo build --workspace` first (the tests preload target/<profile>/libmemsnap.so).
+
+mod common;
+
+use memsnap_format::live::{self, Answer, Request};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+/// A running `top` program: its stdin, and its stdout lines as they come.
+struct Program {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    folder: tempfile::TempDir,
+}
+
+impl Program {
+    fn start(name: &str, args: &[&str]) -> Program {
+        let folder = tempfile::tempdir().unwrap();
+        let path = common::program_path(name);
+        let mut cmd = if name.ends_with(".py") {
+            let mut c = Command::new("python3");
+            c.arg(path);
+            c
+        } else {
+            Command::new(path)
+        };
+        cmd.args(args);
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("MEMSNAP_") || key.starts_with("FAKE_CUDA") || key == "LD_PRELOAD" {
+                cmd.env_remove(key.as_ref());
+            }
+        }
+        let mut child = cmd
+            .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+            .env(
+                "FAKE_CUDART",
+                common::fake_lib_dir().join("libcudart.so.13"),
+            )
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("LD_PRELOAD", common::preload_lib())
+            .env("MEMSNAP_FOLDER", folder.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the program");
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Program {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            folder,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The socket, once the writer (started by the first CUDA call) has opened it.
+    fn socket(&self) -> PathBuf {
+        let path = socket(self.pid());
+        let start = Instant::now();
+        while !path.exists() && start.elapsed() < common::PROGRAM_TIMEOUT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        path
+    }
+
+    /// The `result k=v` pairs printed up to and including `result ready=N`.
+    fn results_until_ready(&self) -> HashMap<String, String> {
+        let mut out = HashMap::new();
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(common::PROGRAM_TIMEOUT)
+                .expect("the program says it is ready");
+            out.extend(common::results(&line));
+            if line.starts_with("result ready=") {
+                return out;
+            }
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin.as_mut().unwrap(), "{line}").unwrap();
+    }
+
+    /// Closes stdin (the program then exits) and returns its exit status.
+    fn finish(mut self) -> (std::process::ExitStatus, tempfile::TempDir) {
+        drop(self.stdin.take());
+        (self.child.wait().unwrap(), self.folder)
+    }
+}
+
+fn uid() -> u32 {
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+fn socket(pid: u32) -> PathBuf {
+    live::socket_path(uid(), pid)
+}
+
+fn memsnap(args: &[&str]) -> Output {
+    Command::new(common::memsnap_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run memsnap")
+}
+
+/// `memsnap top PID --once --json`: the one process's object.
+fn top_json(pid: u32) -> Value {
+    let o = memsnap(&["top", &pid.to_string(), "--once", "--json"]);
+    assert!(
+        o.status.success(),
+        "top failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// (bytes, count) of the one native site whose text contains `function`.
+fn site(top: &Value, function: &str) -> (u64, u64) {
+    site_of_kind(top, function, "native")
+}
+
+fn site_of_kind(top: &Value, function: &str, kind: &str) -> (u64, u64) {
+    let rows: Vec<&Value> = top["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["site"].as_str().unwrap().contains(function))
+        .collect();
+    assert_eq!(rows.len(), 1, "one site for {function}: {top}");
+    assert_eq!(rows[0]["kind"], kind);
+    (
+        rows[0]["bytes"].as_u64().unwrap(),
+        rows[0]["count"].as_u64().unwrap(),
+    )
+}
+
+fn num(results: &HashMap<String, String>, key: &str) -> u64 {
+    common::num(results, key)
+}
+
+/// The exit snapshot's live bytes, by `memsnap summary --json`; `memsnap check` passes.
+fn exit_snapshot_live_bytes(folder: &Path) -> u64 {
+    let files = common::snapshot_files(folder);
+    let exit: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| common::label_of(p).as_deref() == Some("exit"))
+        .collect();
+    assert_eq!(exit.len(), 1, "{files:?}");
+    let exit = exit[0].to_str().unwrap();
+    let check = memsnap(&["check", exit]);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let summary = memsnap(&["summary", exit, "--json"]);
+    assert!(summary.status.success());
+    let s: Value = serde_json::from_slice(&summary.stdout).unwrap();
+    s["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["live_bytes"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn once_json_reports_exactly_what_the_program_holds_by_site() {
+    let mut p = Program::start("top", &[]);
+    let truth = p.results_until_ready();
+    let pid = p.pid();
+    assert!(p.socket().exists());
+    assert_eq!(num(&truth, "live_bytes"), 11 * MIB);
+
+    let top = top_json(pid);
+    assert_eq!(top["pid"], pid);
+    assert_eq!(top["live_bytes"].as_u64(), Some(num(&truth, "live_bytes")));
+    assert_eq!(top["devices"][0]["live_bytes"].as_u64(), Some(11 * MIB));
+    assert_eq!(top["devices"][0]["live_allocations"].as_u64(), Some(3));
+    // The freed 1 MiB scratch buffer counts toward the peak only.
+    assert_eq!(top["devices"][0]["peak_bytes"].as_u64(), Some(12 * MIB));
+    assert_eq!(site(&top, "top_weights"), (num(&truth, "weights_bytes"), 2));
+    assert_eq!(site(&top, "top_cache"), (num(&truth, "cache_bytes"), 1));
+    assert_eq!(top["sites"].as_array().unwrap().len(), 2, "{top}");
+    assert_eq!(top["step"], 0);
+
+    p.send("grow");
+    let truth = p.results_until_ready();
+    let top = top_json(pid);
+    assert_eq!(top["live_bytes"].as_u64(), Some(num(&truth, "live_bytes")));
+    assert_eq!(site(&top, "top_cache"), (num(&truth, "cache_bytes"), 2));
+    assert_eq!(top["step"], 1);
+
+    // Plain lines, as a script would see them.
+    let o = memsnap(&["top", &pid.to_string(), "--once"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!("pid {pid} step 1 device 0: live 13.0 MiB")),
+        "{text}"
+    );
+
+    let (status, folder) = p.finish();
+    assert!(status.success(), "{status}");
+    assert!(!socket(pid).exists(), "the socket is removed at exit");
+    assert_eq!(exit_snapshot_live_bytes(folder.path()), 13 * MIB);
+}
+
+#[test]
+fn a_python_program_is_shown_by_python_line() {
+    let p = Program::start("py_alloc.py", &["wait"]);
+    let truth = p.results_until_ready();
+    p.socket();
+    let top = top_json(p.pid());
+    let line = format!("py_alloc.py:{} (make_tensor)", truth["line"]);
+    assert_eq!(
+        site_of_kind(&top, &line, "python"),
+        (
+            num(&truth, "expected_live_bytes"),
+            num(&truth, "expected_live_count")
+        )
+    );
+    assert_eq!(
+        top["live_bytes"].as_u64(),
+        Some(num(&truth, "expected_live_bytes"))
+    );
+    assert!(p.finish().0.success());
+}
+
+#[test]
+fn garbage_stalled_and_flooding_clients_leave_the_program_intact() {
+    let p = Program::start("top", &[]);
+    let truth = p.results_until_ready();
+    let pid = p.pid();
+    let path = p.socket();
+
+    // Garbage: a length prefix over the cap, then a body that is not a request.
+    let mut huge = UnixStream::connect(&path).unwrap();
+    huge.write_all(&[0xff, 0xff, 0xff, 0x7f, b'x']).unwrap();
+    let mut junk = UnixStream::connect(&path).unwrap();
+    junk.write_all(&[5, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 0])
+        .unwrap();
+    // A stall: connects and says nothing, and keeps the connection open.
+    let mut stalled = UnixStream::connect(&path).unwrap();
+    // A flood: connections opened and dropped at once.
+    for _ in 0..200 {
+        drop(UnixStream::connect(&path));
+    }
+    for (name, conn) in [("oversized", &mut huge), ("garbage", &mut junk)] {
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(
+            conn.read(&mut buf).unwrap(),
+            0,
+            "the {name} client is cut off"
+        );
+    }
+
+    // Meanwhile the program is served as before.
+    let top = top_json(pid);
+    assert_eq!(top["live_bytes"].as_u64(), Some(num(&truth, "live_bytes")));
+
+    // The stalled client is cut off at its deadline.
+    let start = Instant::now();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(stalled.read(&mut buf).unwrap(), 0);
+    assert!(start.elapsed() < Duration::from_secs(5));
+
+    // A dump asked through the socket is a complete snapshot.
+    let mut asker = UnixStream::connect(&path).unwrap();
+    asker.write_all(&live::encode(&Request::Dump)).unwrap();
+    let answer: Answer = live::read_message(&mut asker, live::MAX_ANSWER).unwrap();
+    let Answer::Dumped { path: dumped } = answer else {
+        panic!("no dump: {answer:?}")
+    };
+    assert!(Path::new(&dumped).is_file(), "{dumped}");
+    assert!(memsnap(&["check", &dumped]).status.success());
+
+    let (status, folder) = p.finish();
+    assert!(status.success(), "the program was hurt: {status}");
+    assert_eq!(
+        exit_snapshot_live_bytes(folder.path()),
+        num(&truth, "live_bytes")
+    );
+}
+
+#[test]
+fn all_finds_the_program_and_a_process_without_cuda_has_no_socket() {
+    let p = Program::start("top", &[]);
+    let truth = p.results_until_ready();
+    p.socket();
+    let idle = Program::start("wait", &["noalloc"]);
+    assert_eq!(idle.results_until_ready()["ready"], "1");
+
+    let o = memsnap(&["top", "--all", "--once", "--json"]);
+    let ours: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["pid"] == p.pid())
+        .collect();
+    assert_eq!(ours.len(), 1, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        ours[0]["live_bytes"].as_u64(),
+        Some(num(&truth, "live_bytes"))
+    );
+
+    // memsnap is loaded but never started: no socket, and top says why.
+    assert!(!socket(idle.pid()).exists());
+    let o = memsnap(&["top", &idle.pid().to_string(), "--once"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is not recording yet"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(idle.finish().0.success());
+    assert!(p.finish().0.success());
+}
+
+#[test]
+fn without_a_terminal_top_prints_one_sample_per_refresh() {
+    let p = Program::start("top", &[]);
+    p.results_until_ready();
+    p.socket();
+    let mut top = Command::new(common::memsnap_bin())
+        .args(["top", &p.pid().to_string(), "--interval", "0.2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(top.stdout.take().unwrap());
+    let samples = out
+        .lines()
+        .map_while(Result::ok)
+        .filter(|l| l.starts_with(&format!("pid {} step 0 device 0: live 11.0 MiB", p.pid())))
+        .take(3)
+        .count();
+    let _ = top.kill();
+    let _ = top.wait();
+    assert_eq!(samples, 3);
+    assert!(p.finish().0.success());
+}
