@@ -7,7 +7,8 @@
 //! - S3: the AWS chain (`AWS_*` variables, web identity, instance metadata);
 //!   `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP=true` point it at an S3-compatible server.
 //! - Google Cloud Storage: `GOOGLE_SERVICE_ACCOUNT` / `GOOGLE_SERVICE_ACCOUNT_PATH` /
-//!   `GOOGLE_SERVICE_ACCOUNT_KEY`, `GOOGLE_APPLICATION_CREDENTIALS`, then instance metadata;
+//!   `GOOGLE_SERVICE_ACCOUNT_KEY`, `GOOGLE_APPLICATION_CREDENTIALS` (or gcloud's
+//!   application-default file), then instance metadata;
 //!   a service-account file's `gcs_base_url` (with `disable_oauth`) points it at another
 //!   server.
 //! - Azure Blob Storage: `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY`, a SAS
