@@ -5,9 +5,11 @@
 #   bash scripts/test.sh
 #
 # The tests that load the HTML viewer in headless Chromium (tests/cli.rs, `chromium_*`) and
-# those that need a local S3 server (tests/remote.rs, `s3_*`, moto from PyPI, installed here
-# into target/tmp/moto-venv) are #[ignore]d for plain `cargo test`; this script runs them
-# too when it has their tool, and says so when it has not. Likewise the wheel's tests
+# those that need a local object-store server (tests/remote.rs: `s3_*` on moto from PyPI,
+# installed here into target/tmp/moto-venv; `azure_*` on Azurite from npm, in
+# target/tmp/azurite, with the azure-storage-blob client from PyPI in target/tmp/azure-venv)
+# are #[ignore]d for plain `cargo test`; this script runs them too when it has their tools,
+# and says so when it has not. Likewise the wheel's tests
 # (tests/wheel.rs): this script builds the wheel (scripts/build-wheel.sh: a release build,
 # and pip installs the build tools from PyPI into target/wheel-tools) and runs them when
 # python3 can make a virtual environment. It ends with the number of tests that passed,
@@ -69,23 +71,46 @@ else
     echo "python3 venv (with ensurepip) missing: wheel tests ignored"
     wheel="python3 venv missing: wheel tests ignored"
 fi
-# The S3 tests (tests/remote.rs, `s3_*`) upload to a local S3-compatible server, moto from
-# PyPI, installed once into a venv under target/; ignored by plain cargo test.
+# The object-store tests (tests/remote.rs) upload to local servers installed once under
+# target/tmp; ignored by plain cargo test. S3: moto (PyPI). Azure: Azurite (npm), and
+# azure-storage-blob (PyPI) to make its container and read objects back. No GCS emulator
+# takes object_store's writes, so the gs:// tests need no server and run above.
 MOTO_VENV=target/tmp/moto-venv
 if [ ! -x "$MOTO_VENV/bin/moto_server" ]; then
     echo "== installing moto[server] into $MOTO_VENV (the S3 tests' server)"
     rm -rf "$MOTO_VENV"
     python3 -m venv "$MOTO_VENV" && "$MOTO_VENV/bin/pip" install -q "moto[server]" || true
 fi
-if [ -x "$MOTO_VENV/bin/moto_server" ]; then
-    echo "== S3 upload and read tests against moto_server on 127.0.0.1 (ignored by plain cargo test)"
-    cargo test --test remote -- --ignored s3_ 2>&1 | tee "$LOG/s3.log" || status=1
-    s3="S3 (moto): $(tally "$LOG/s3.log")"
-else
-    echo "moto could not be installed: S3 tests ignored"
-    s3="moto missing: S3 tests ignored"
+AZURE_VENV=target/tmp/azure-venv
+if ! "$AZURE_VENV/bin/python" -c 'import azure.storage.blob' 2>/dev/null; then
+    echo "== installing azure-storage-blob into $AZURE_VENV (the Azure tests' client)"
+    rm -rf "$AZURE_VENV"
+    python3 -m venv "$AZURE_VENV" && "$AZURE_VENV/bin/pip" install -q azure-storage-blob || rm -rf "$AZURE_VENV"
 fi
-echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer; $wheel; $s3"
+AZURITE=target/tmp/azurite
+if [ ! -x "$AZURITE/node_modules/.bin/azurite-blob" ] && command -v npm >/dev/null; then
+    echo "== installing azurite (npm) into $AZURITE (the Azure tests' server)"
+    mkdir -p "$AZURITE" && (cd "$AZURITE" && npm install --no-audit --no-fund --loglevel=error azurite) || rm -rf "$AZURITE"
+fi
+# Runs the tests of one server when its tools are there: remote_tests NAME FILTER TOOL...
+remote_tests() {
+    local name=$1 filter=$2
+    shift 2
+    for tool in "$@"; do
+        if [ ! -x "$tool" ]; then
+            echo "$name missing ($tool): $filter tests ignored"
+            remote="$remote; $name missing: $filter tests ignored"
+            return
+        fi
+    done
+    echo "== $filter tests against $name on 127.0.0.1 (ignored by plain cargo test)"
+    cargo test --test remote -- --ignored "$filter" 2>&1 | tee "$LOG/$filter.log" || status=1
+    remote="$remote; $name: $(tally "$LOG/$filter.log")"
+}
+remote=""
+remote_tests "moto (S3)" s3_ "$MOTO_VENV/bin/moto_server"
+remote_tests "Azurite (Azure)" azure_ "$AZURITE/node_modules/.bin/azurite-blob" "$AZURE_VENV/bin/python"
+echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer; $wheel$remote"
 if [ "$status" -ne 0 ]; then
     echo "scripts/test.sh: FAILED (see above)" >&2
 fi

@@ -195,7 +195,7 @@ fn decode<T>(
 }
 
 /// The snapshot files of `memsnap ranks DIR`: `*.pickle` and `*.pkl` directly in a folder
-/// (or a `file://` URL of one), or under an `s3://bucket/prefix/`; sorted.
+/// (or a `file://` URL of one), or under an `s3://`, `gs://` or `az://` bucket prefix; sorted.
 pub fn rank_files(dir: &Path) -> Result<Vec<PathBuf>> {
     if crate::remote::is_remote(dir) {
         let urls = crate::remote::Stores::default().list(&dir.to_string_lossy())?;

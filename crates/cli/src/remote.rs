@@ -1,14 +1,26 @@
-//! Object-store URLs (`s3://bucket/key`): uploads for `memsnap upload-agent`, reads and
-//! listings for the reading commands.
+//! Object-store URLs (`s3://bucket/key`, `gs://bucket/key`, `az://container/key`): uploads
+//! for `memsnap upload-agent`, reads and listings for the reading commands.
 //!
 //! Cold, CLI only: the preload library never links this (no async runtime or HTTP stack in
 //! the host process). `object_store` does the requests, with its own retries and backoff
-//! and the AWS credential chain (`AWS_*` variables, web identity, instance metadata);
-//! `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP=true` point it at an S3-compatible server. Each
-//! call runs on a small single-threaded runtime of its own thread.
+//! and each service's usual credentials, read from the environment by its builders:
+//! - S3: the AWS chain (`AWS_*` variables, web identity, instance metadata);
+//!   `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP=true` point it at an S3-compatible server.
+//! - Google Cloud Storage: `GOOGLE_SERVICE_ACCOUNT` / `GOOGLE_SERVICE_ACCOUNT_PATH` /
+//!   `GOOGLE_SERVICE_ACCOUNT_KEY`, `GOOGLE_APPLICATION_CREDENTIALS` (or gcloud's
+//!   application-default file), then instance metadata;
+//!   a service-account file's `gcs_base_url` (with `disable_oauth`) points it at another
+//!   server.
+//! - Azure Blob Storage: `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY`, a SAS
+//!   (`AZURE_STORAGE_SAS_KEY`), a service principal, or managed identity;
+//!   `AZURE_STORAGE_USE_EMULATOR=true` (with `AZURITE_BLOB_STORAGE_URL`) targets Azurite.
+//!
+//! Each call runs on a small single-threaded runtime of its own thread.
 
 use anyhow::{Context, Result, anyhow, bail};
 use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, RetryConfig};
 use std::collections::HashMap;
@@ -20,32 +32,88 @@ use std::time::Duration;
 /// for a server that restarts, short enough that a dead one is said within the minute.
 const RETRY_FOR: Duration = Duration::from_secs(30);
 
-/// `(bucket, key)` of an `s3://bucket/key` URL.
-pub fn parse_s3(url: &str) -> Result<(&str, &str)> {
-    let rest = url
-        .strip_prefix("s3://")
-        .ok_or_else(|| anyhow!("unsupported URL {url} (file:// and s3:// are built in)"))?;
+/// The object-store URL schemes read and written here (`MEMSNAP_REMOTE` accepts the same,
+/// see `memsnap_format::config::REMOTE_SCHEMES`).
+pub const SCHEMES: &[&str] = &["s3", "gs", "az"];
+
+/// An object-store URL taken apart: `scheme://bucket/key` (the bucket is an Azure
+/// container for `az://`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ObjectUrl<'a> {
+    pub scheme: &'a str,
+    pub bucket: &'a str,
+    pub key: &'a str,
+}
+
+/// Parses an `s3://`, `gs://` or `az://` URL.
+pub fn parse_url(url: &str) -> Result<ObjectUrl<'_>> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .filter(|(scheme, _)| SCHEMES.contains(scheme))
+        .ok_or_else(|| {
+            anyhow!("unsupported URL {url} (file://, s3://, gs:// and az:// are built in)")
+        })?;
     let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
     if bucket.is_empty() {
         bail!("{url} names no bucket");
     }
-    Ok((bucket, key))
+    Ok(ObjectUrl {
+        scheme,
+        bucket,
+        key,
+    })
 }
 
 /// True for the URLs this module reads.
 pub fn is_remote(path: &Path) -> bool {
-    path.to_str().is_some_and(|s| s.starts_with("s3://"))
+    path.to_str().is_some_and(|s| {
+        s.split_once("://")
+            .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme))
+    })
+}
+
+/// A client of one bucket (or container), its credentials and endpoint from the
+/// environment.
+fn build_store(scheme: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
+    let retry = RetryConfig {
+        retry_timeout: RETRY_FOR,
+        ..RetryConfig::default()
+    };
+    let built: object_store::Result<Arc<dyn ObjectStore>> = match scheme {
+        "s3" => AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(retry)
+            .build()
+            .map(|s| Arc::new(s) as _),
+        "gs" => GoogleCloudStorageBuilder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(retry)
+            .build()
+            .map(|s| Arc::new(s) as _),
+        "az" => MicrosoftAzureBuilder::from_env()
+            .with_container_name(bucket)
+            .with_retry(retry)
+            .build()
+            .map(|s| Arc::new(s) as _),
+        other => bail!("unsupported URL scheme {other}://"),
+    };
+    // The callers name the URL; this says what is wrong with the setup (credentials).
+    built.map_err(short)
 }
 
 /// One client per bucket and one runtime, made on first use.
 #[derive(Default)]
 pub struct Stores {
     runtime: Option<tokio::runtime::Runtime>,
+    /// By `scheme://bucket`.
     buckets: HashMap<String, Arc<dyn ObjectStore>>,
 }
 
 impl Stores {
-    fn store(&mut self, bucket: &str) -> Result<(Arc<dyn ObjectStore>, &tokio::runtime::Runtime)> {
+    fn store(
+        &mut self,
+        url: &ObjectUrl,
+    ) -> Result<(Arc<dyn ObjectStore>, &tokio::runtime::Runtime)> {
         if self.runtime.is_none() {
             self.runtime = Some(
                 tokio::runtime::Builder::new_current_thread()
@@ -54,21 +122,12 @@ impl Stores {
                     .context("starting the upload runtime")?,
             );
         }
-        let store = match self.buckets.get(bucket) {
+        let id = format!("{}://{}", url.scheme, url.bucket);
+        let store = match self.buckets.get(&id) {
             Some(s) => s.clone(),
             None => {
-                let retry = RetryConfig {
-                    retry_timeout: RETRY_FOR,
-                    ..RetryConfig::default()
-                };
-                let s: Arc<dyn ObjectStore> = Arc::new(
-                    AmazonS3Builder::from_env()
-                        .with_bucket_name(bucket)
-                        .with_retry(retry)
-                        .build()
-                        .with_context(|| format!("s3://{bucket}"))?,
-                );
-                self.buckets.insert(bucket.to_string(), s.clone());
+                let s = build_store(url.scheme, url.bucket)?;
+                self.buckets.insert(id, s.clone());
                 s
             }
         };
@@ -77,21 +136,23 @@ impl Stores {
 
     /// Uploads `local` to `url` whole (one PUT: the object appears complete or not at all).
     pub fn upload(&mut self, local: &Path, url: &str) -> Result<()> {
-        let (bucket, key) = parse_s3(url)?;
+        let parsed = parse_url(url)?;
         let bytes = std::fs::read(local).with_context(|| format!("reading {}", local.display()))?;
-        let (store, rt) = self.store(bucket)?;
-        let path = StorePath::from(key);
+        let (store, rt) = self.store(&parsed)?;
+        let path = StorePath::from(parsed.key);
         rt.block_on(store.put(&path, bytes.into())).map_err(short)?;
         Ok(())
     }
 
     /// The object's bytes, as a reader that fetches chunk by chunk while it is read.
     pub fn open(mut self, url: &str) -> Result<(Box<dyn std::io::Read + Send>, u64)> {
-        let (bucket, key) = parse_s3(url)?;
-        let (store, rt) = self.store(bucket)?;
-        let got = rt
-            .block_on(store.get(&StorePath::from(key)))
-            .map_err(short)
+        let parsed = parse_url(url)?;
+        let got = self
+            .store(&parsed)
+            .and_then(|(store, rt)| {
+                rt.block_on(store.get(&StorePath::from(parsed.key)))
+                    .map_err(short)
+            })
             .with_context(|| format!("cannot read {url}"))?;
         let size = got.meta.size;
         let stream = got.into_stream();
@@ -108,22 +169,25 @@ impl Stores {
         ))
     }
 
-    /// The `*.pickle` / `*.pkl` objects under the prefix `url`, as `s3://` URLs, sorted.
+    /// The `*.pickle` / `*.pkl` objects under the prefix `url`, as URLs of its scheme
+    /// and bucket, sorted.
     pub fn list(&mut self, url: &str) -> Result<Vec<String>> {
-        let (bucket, prefix) = parse_s3(url)?;
-        let (store, rt) = self.store(bucket)?;
-        let prefix = prefix.trim_end_matches('/');
+        let parsed = parse_url(url)?;
+        let prefix = parsed.key.trim_end_matches('/');
         let prefix = (!prefix.is_empty()).then(|| StorePath::from(prefix));
-        let listed = rt
-            .block_on(store.list_with_delimiter(prefix.as_ref()))
-            .map_err(short)
+        let listed = self
+            .store(&parsed)
+            .and_then(|(store, rt)| {
+                rt.block_on(store.list_with_delimiter(prefix.as_ref()))
+                    .map_err(short)
+            })
             .with_context(|| format!("cannot list {url}"))?;
         let mut urls: Vec<String> = listed
             .objects
             .iter()
             .map(|o| o.location.to_string())
             .filter(|k| k.ends_with(".pickle") || k.ends_with(".pkl"))
-            .map(|k| format!("s3://{bucket}/{k}"))
+            .map(|k| format!("{}://{}/{k}", parsed.scheme, parsed.bucket))
             .collect();
         urls.sort();
         Ok(urls)
@@ -168,5 +232,41 @@ impl std::io::Read for StreamReader {
         buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
         self.at += n;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ObjectUrl, is_remote, parse_url};
+    use std::path::Path;
+
+    #[test]
+    fn object_urls_name_a_scheme_a_bucket_and_a_key() {
+        for (url, scheme, bucket, key) in [
+            (
+                "s3://b/run/r0/exit-1.pickle",
+                "s3",
+                "b",
+                "run/r0/exit-1.pickle",
+            ),
+            ("gs://my.bucket/run/", "gs", "my.bucket", "run/"),
+            ("az://snaps/x.pickle", "az", "snaps", "x.pickle"),
+            ("az://snaps", "az", "snaps", ""),
+        ] {
+            assert_eq!(
+                parse_url(url).unwrap(),
+                ObjectUrl {
+                    scheme,
+                    bucket,
+                    key
+                }
+            );
+            assert!(is_remote(Path::new(url)), "{url}");
+        }
+        for bad in ["gs:///x.pickle", "abfs://c/x", "http://h/x", "x.pickle"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        assert!(!is_remote(Path::new("file:///snaps/x.pickle")));
+        assert!(!is_remote(Path::new("snaps/az://x")));
     }
 }

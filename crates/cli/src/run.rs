@@ -63,8 +63,9 @@ pub struct RunArgs {
     /// CSV file for per-step memory figures (MEMSNAP_STATS)
     #[arg(long, value_name = "PATH")]
     pub stats: Option<String>,
-    /// Also copy each snapshot to this URL template, e.g.
-    /// 'file:///shared/snaps/r{rank}/{reason}-{seq}.pickle' (MEMSNAP_REMOTE)
+    /// Also copy each snapshot to this URL template: file:///path, s3://bucket/key,
+    /// gs://bucket/key or az://container/key, e.g.
+    /// 's3://bucket/snaps/r{rank}/{reason}-{seq}.pickle' (MEMSNAP_REMOTE)
     #[arg(long, value_name = "URL")]
     pub remote: Option<String>,
     /// No snapshot at exit (MEMSNAP_AT_EXIT=0)

@@ -3,7 +3,7 @@
 //!
 //! Cold. Started by libmemsnap.so's writer with a socket as stdin and stdout; not meant to
 //! be run by hand. Reads `LOCAL\tURL` lines, copies each file, answers `ok\tLOCAL` or
-//! `failed\tLOCAL\tREASON` per line (`s3://` through [`crate::remote`], with its retries
+//! `failed\tLOCAL\tREASON` per line (`s3://`, `gs://`, `az://` through [`crate::remote`], with its retries
 //! and backoff), and exits when its input ends (the host has exited
 //! or died), after finishing the lines it already read. A local file is removed only
 //! with `--remove-local` and only after its copy is complete and renamed into place.

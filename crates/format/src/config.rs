@@ -105,7 +105,8 @@ pub struct Config {
     pub at_crash: bool,
     /// How long a terminating signal waits for its snapshot before the program goes on.
     pub crash_wait: Duration,
-    /// Where each published snapshot is also copied: a `file://` or `s3://` URL template.
+    /// Where each published snapshot is also copied: a `file://`, `s3://`, `gs://` or `az://`
+    /// URL template.
     /// `None` = off.
     pub remote: Option<String>,
     /// Remove the local file once its copy is confirmed.
@@ -489,24 +490,19 @@ pub fn validate_stats_path(t: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// URL schemes `MEMSNAP_REMOTE` accepts: a shared file system, and S3 or an S3-compatible
-/// server (`AWS_ENDPOINT_URL`).
-pub const REMOTE_SCHEMES: &[&str] = &["file", "s3"];
+/// URL schemes `MEMSNAP_REMOTE` accepts: a shared file system, S3 or an S3-compatible
+/// server (`AWS_ENDPOINT_URL`), Google Cloud Storage, Azure Blob Storage (`az://container`).
+pub const REMOTE_SCHEMES: &[&str] = &["file", "s3", "gs", "az"];
 
-/// Checks `MEMSNAP_REMOTE`: a `file:///absolute/path` or `s3://bucket/key` template with
-/// the placeholders of `MEMSNAP_FILENAME`, no `.` or `..` component (placeholder values are
-/// sanitized like file names, so none can add one), ending in a visible name.
+/// Checks `MEMSNAP_REMOTE`: a `file:///absolute/path`, `s3://bucket/key`,
+/// `gs://bucket/key` or `az://container/key` template with the placeholders of
+/// `MEMSNAP_FILENAME`, no `.` or `..` component (placeholder values are sanitized like file
+/// names, so none can add one), ending in a visible name.
 pub fn validate_remote(t: &str) -> Result<(), String> {
-    let accepted =
-        "a file:// or s3:// URL template such as s3://bucket/snaps/r{rank}/{reason}-{seq}.pickle";
+    let accepted = "a file:///path, s3://bucket/key, gs://bucket/key or az://container/key URL template such as s3://bucket/snaps/r{rank}/{reason}-{seq}.pickle";
     let Some((scheme, rest)) = t.split_once("://") else {
         return Err(accepted.to_string());
     };
-    if matches!(scheme, "gs" | "az" | "azure" | "abfs") {
-        return Err(format!(
-            "{accepted} ({scheme}:// uploads are not built into this version of memsnap)"
-        ));
-    }
     if !REMOTE_SCHEMES.contains(&scheme) {
         return Err(accepted.to_string());
     }
@@ -524,7 +520,7 @@ pub fn validate_remote(t: &str) -> Result<(), String> {
         || components.iter().any(|c| *c == "." || *c == "..")
     {
         return Err(format!(
-            "{accepted}: an absolute path (file://) or a bucket and key (s3://, the bucket without placeholders), without `.` or `..` components, ending in a name that does not start with '.'"
+            "{accepted}: an absolute path (file://) or a bucket or container and a key (s3://, gs://, az://; the bucket without placeholders), without `.` or `..` components, ending in a name that does not start with '.'"
         ));
     }
     Ok(())
@@ -946,7 +942,7 @@ mod tests {
     }
 
     #[test]
-    fn remote_templates_are_file_or_s3_urls_with_known_placeholders() {
+    fn remote_templates_are_file_or_object_store_urls_with_known_placeholders() {
         let (cfg, errors) = parse(&[
             (
                 "MEMSNAP_REMOTE",
@@ -964,7 +960,12 @@ mod tests {
         assert_eq!(cfg.remote_wait, Duration::from_secs(2));
         for bad in [
             "/snaps/x.pickle",
-            "gs://bucket/{rank}.pickle",
+            "gs://bucket",
+            "az://{rank}/x.pickle",
+            "gs://b/run/../x.pickle",
+            "az://c/run/.hidden",
+            "azure://c/x.pickle",
+            "abfs://c/x.pickle",
             "s3://bucket",
             "s3://{rank}/x.pickle",
             "s3:///x.pickle",
@@ -980,14 +981,22 @@ mod tests {
             assert_eq!(errors.len(), 1, "{bad}");
             assert!(errors[0].to_string().contains("MEMSNAP_REMOTE"), "{bad}");
         }
-        let (cfg, errors) = parse(&[("MEMSNAP_REMOTE", "s3://b/run/{rank}.pickle")]);
-        assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(cfg.remote.as_deref(), Some("s3://b/run/{rank}.pickle"));
-        let (_, errors) = parse(&[("MEMSNAP_REMOTE", "gs://b/{rank}.pickle")]);
+        for good in [
+            "s3://b/run/{rank}.pickle",
+            "gs://my.bucket/run/r{rank}/{reason}-{seq}.pickle",
+            "az://snaps/{host}/{rank}.pickle",
+        ] {
+            let (cfg, errors) = parse(&[("MEMSNAP_REMOTE", good)]);
+            assert!(errors.is_empty(), "{good}: {errors:?}");
+            assert_eq!(cfg.remote.as_deref(), Some(good));
+        }
+        let (_, errors) = parse(&[("MEMSNAP_REMOTE", "abfs://c/{rank}.pickle")]);
+        let message = errors[0].to_string();
         assert!(
-            errors[0]
-                .to_string()
-                .contains("gs:// uploads are not built")
+            message.contains("MEMSNAP_REMOTE")
+                && message.contains("gs://bucket/key")
+                && message.contains("az://container/key"),
+            "{message}"
         );
         let (cfg, errors) = parse(&[("MEMSNAP_REMOTE_WAIT", "2m")]);
         assert_eq!(errors.len(), 1);
