@@ -33,20 +33,39 @@ pub struct DumpArgs {
     /// Processes to dump
     #[arg(value_name = "PID", required_unless_present = "all")]
     pub pids: Vec<u32>,
-    /// The processes with memsnap loaded in this session or job: same session id, a
-    /// descendant of this session (a launcher's workers), or the same SLURM_JOB_ID
-    #[arg(long, conflicts_with = "pids")]
-    pub all: bool,
-    /// With --all: every process of yours on this host with memsnap loaded, whatever its
-    /// session (under a shared account: other people's jobs too)
-    #[arg(long, requires = "all")]
-    pub user: bool,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
     /// With --all: only processes whose snapshot folder is DIR (one job's ranks)
     #[arg(long, value_name = "DIR", requires = "all")]
     pub folder: Option<PathBuf>,
     /// Seconds to wait for each snapshot
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub timeout: f64,
+}
+
+/// `--all` and `--user`: the processes a command reaches when it is given no pids.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct ScopeArgs {
+    /// The processes with memsnap in this session or job: same session id, a descendant of
+    /// this session (a launcher's workers), or the same SLURM_JOB_ID
+    #[arg(long, conflicts_with = "pids")]
+    pub all: bool,
+    /// With --all: every process of yours on this host with memsnap, whatever its session
+    /// (under a shared account: other people's jobs too)
+    #[arg(long, requires = "all")]
+    pub user: bool,
+}
+
+/// The processes of `uid` (other than this one) with memsnap loaded that `keep` accepts,
+/// split into those `--all` reaches (the caller's session or job; every one with `--user`)
+/// and the rest, with the caller's scope.
+pub fn in_scope(uid: u32, user: bool, keep: impl Fn(u32) -> bool) -> (Scope, Vec<u32>, Vec<u32>) {
+    let scope = Scope::of_caller();
+    let (pids, outside) = memsnap_processes(uid, std::process::id())
+        .into_iter()
+        .filter(|&pid| keep(pid))
+        .partition(|&pid| user || scope.contains(pid));
+    (scope, pids, outside)
 }
 
 /// How long a process has to acknowledge the signal: its writer answers within
@@ -66,17 +85,12 @@ struct Target {
 }
 
 pub fn dump(args: DumpArgs) -> Result<ExitCode> {
-    let me = std::process::id();
     let uid = std::fs::metadata("/proc/self")?.uid();
     let mut failed = 0usize;
     let mut targets = Vec::new();
 
-    if args.all {
-        let loaded = memsnap_processes(uid, me);
-        let scope = Scope::of_caller();
-        let (pids, outside): (Vec<u32>, Vec<u32>) = loaded
-            .iter()
-            .partition(|&&pid| args.user || scope.contains(pid));
+    if args.scope.all {
+        let (scope, pids, outside) = in_scope(uid, args.scope.user, |_| true);
         if pids.is_empty() {
             if outside.is_empty() {
                 eprintln!("memsnap: no process of yours on this host has memsnap loaded");
@@ -119,7 +133,7 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
             eprintln!(
                 "memsnap: signalling {} {}: {}",
                 plural(chosen.len(), "process", "processes"),
-                if args.user {
+                if args.scope.user {
                     "of yours on this host".to_string()
                 } else {
                     format!("in {}", scope.describe())
@@ -127,7 +141,7 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
                 describe_pids(&chosen)
             );
         }
-        if !args.user && !outside.is_empty() {
+        if !args.scope.user && !outside.is_empty() {
             eprintln!(
                 "memsnap: left alone: {} with memsnap loaded outside {} ({}; --user includes them)",
                 plural(outside.len(), "process", "processes"),

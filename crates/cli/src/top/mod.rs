@@ -29,15 +29,8 @@ pub struct TopArgs {
     /// Processes to watch
     #[arg(value_name = "PID", required_unless_present = "all")]
     pub pids: Vec<u32>,
-    /// Every process recording with memsnap in the caller's session or job on this host
-    /// (the same session id, a descendant of it such as a launcher's workers, or the same
-    /// SLURM_JOB_ID)
-    #[arg(long, conflicts_with = "pids")]
-    pub all: bool,
-    /// With --all: every process of yours on this host recording with memsnap, whatever its
-    /// session (under a shared account: other people's jobs too)
-    #[arg(long, requires = "all")]
-    pub user: bool,
+    #[command(flatten)]
+    pub scope: crate::dump::ScopeArgs,
     /// Print one sample and exit
     #[arg(long)]
     pub once: bool,
@@ -163,13 +156,10 @@ pub fn refresh(uid: u32, watched: &mut [Watched]) -> Vec<String> {
 
 pub fn top(args: TopArgs) -> Result<ExitCode> {
     let uid = std::fs::metadata("/proc/self")?.uid();
-    let pids = if args.all {
-        let scope = crate::dump::Scope::of_caller();
-        let (pids, outside): (Vec<u32>, Vec<u32>) =
-            crate::dump::memsnap_processes(uid, std::process::id())
-                .into_iter()
-                .filter(|&pid| live::socket_path(uid, pid).exists())
-                .partition(|&pid| args.user || scope.contains(pid));
+    let pids = if args.scope.all {
+        let (scope, pids, outside) = crate::dump::in_scope(uid, args.scope.user, |pid| {
+            live::socket_path(uid, pid).exists()
+        });
         if pids.is_empty() {
             if outside.is_empty() {
                 eprintln!("memsnap: no process of yours on this host is recording with memsnap");
