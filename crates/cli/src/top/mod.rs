@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 #[command(
     after_help = "Keys: s sort (live bytes, count, growth), g growth since start / since \
 the last step, f or space freeze, d dump a snapshot now, q quit.\n\nExamples:\n  memsnap top 12345\n  \
-memsnap top --all                 # every process of yours on this host recording with memsnap\n  \
+memsnap top --all                 # the recording processes of this session or job (all ranks)\n  \
+memsnap top --all --user          # every process of yours on this host recording with memsnap\n  \
 memsnap top 12345 --once --json   # one sample as JSON, for scripts"
 )]
 pub struct TopArgs {
