@@ -591,22 +591,23 @@ fn crash_snapshot(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     rec.wait_for(|| CRASH.dumps.is_done(ticket), crash_wait());
 }
 
-/// `(ip, sp, bp)` of the interrupted code, from the kernel's saved context.
+/// The instruction, stack and frame pointers of the interrupted code, from the kernel's
+/// saved context.
 #[cfg(target_arch = "x86_64")]
-fn interrupted_registers(ctx: *mut c_void) -> Option<(u64, u64, u64)> {
+fn interrupted_registers(ctx: *mut c_void) -> Option<capture::native::StartRegs> {
     // SAFETY: an SA_SIGINFO handler's third argument is the interrupted ucontext_t.
     let uc = unsafe { (ctx as *const libc::ucontext_t).as_ref() }?;
     let g = &uc.uc_mcontext.gregs;
     let reg = |r: c_int| g.get(r as usize).map(|&v| v as u64);
-    Some((
-        reg(libc::REG_RIP)?,
-        reg(libc::REG_RSP)?,
-        reg(libc::REG_RBP)?,
-    ))
+    Some(capture::native::StartRegs {
+        ip: reg(libc::REG_RIP)?,
+        sp: reg(libc::REG_RSP)?,
+        bp: reg(libc::REG_RBP)?,
+    })
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn interrupted_registers(_ctx: *mut c_void) -> Option<(u64, u64, u64)> {
+fn interrupted_registers(_ctx: *mut c_void) -> Option<capture::native::StartRegs> {
     None
 }
 

@@ -52,14 +52,14 @@ fn capture_from(slot: &mut StackSlot, stacks: Stacks, max_frames: usize, from: n
 }
 
 /// The stack of the code a synchronous signal (a fault, `abort`) interrupted on this thread,
-/// from the registers the kernel saved: `(ip, sp, bp)`. Async-signal-safe: it uses only what
+/// from the registers the kernel saved. Async-signal-safe: it uses only what
 /// earlier captures on this process and thread set up, and captures nothing otherwise. The
 /// caller makes sure the signal did not interrupt a capture (the hooks' nesting guard).
 pub fn capture_interrupted(
     slot: &mut StackSlot,
     stacks: Stacks,
     max_frames: usize,
-    regs: (u64, u64, u64),
+    regs: native::StartRegs,
 ) {
     let max = max_frames.min(FRAME_CAPACITY);
     slot.n_native = 0;

@@ -23,7 +23,7 @@
 pub use imp::{capture, capture_interrupted};
 
 /// Where a walk starts: the instruction pointer, stack pointer and frame pointer of the code
-/// that asked for the stack (see [`here`]).
+/// that asked for the stack (see [`here`]), or of the code a signal interrupted.
 #[derive(Clone, Copy, Debug)]
 pub struct StartRegs {
     pub ip: u64,
@@ -82,7 +82,7 @@ pub fn capture(slot: &mut crate::channel::event::StackSlot, max_frames: usize, f
 pub fn capture_interrupted(
     slot: &mut crate::channel::event::StackSlot,
     max_frames: usize,
-    regs: (u64, u64, u64),
+    regs: StartRegs,
 ) {
     let _ = (max_frames, regs);
     slot.n_native = 0;
@@ -283,24 +283,16 @@ mod imp {
     #[inline(never)]
     pub fn capture(slot: &mut StackSlot, max_frames: usize, from: super::StartRegs) {
         slot.n_native = 0;
-        let (ip, sp, bp) = (from.ip, from.sp, from.bp);
         let Some(state) = thread_unwind() else { return };
         let Some(bounds) = stack_bounds() else { return };
-        capture_from(
-            slot,
-            max_frames,
-            modules::ensure(),
-            state,
-            bounds,
-            (ip, sp, bp),
-        );
+        capture_from(slot, max_frames, modules::ensure(), state, bounds, from);
     }
 
     /// The stack of the code a signal interrupted, from the registers the kernel saved
     /// (`ip` is the interrupted instruction). Async-signal-safe: it uses only what this
     /// thread's earlier captures set up (unwind state, stack bounds, the module table)
     /// and captures nothing on a thread that never captured.
-    pub fn capture_interrupted(slot: &mut StackSlot, max_frames: usize, regs: (u64, u64, u64)) {
+    pub fn capture_interrupted(slot: &mut StackSlot, max_frames: usize, regs: super::StartRegs) {
         slot.n_native = 0;
         let p = UNWIND.with(|c| c.get());
         if p.is_null() || p == STATE_GONE {
@@ -326,7 +318,7 @@ mod imp {
         capture_from(slot, max - 1, table, state, (bottom, top), regs);
         let n = slot.n_native as usize;
         slot.native.copy_within(0..n, 1);
-        slot.native[0] = regs.0;
+        slot.native[0] = regs.ip;
         slot.n_native = (n + 1) as u16;
     }
 
@@ -337,13 +329,13 @@ mod imp {
         table: &modules::ModuleTable,
         state: &mut ThreadUnwind,
         (bottom, top): (u64, u64),
-        (ip, sp, bp): (u64, u64, u64),
+        from: super::StartRegs,
     ) {
         let max = max_frames.min(FRAME_CAPACITY);
         if max == 0 {
             return;
         }
-        if sp < bottom || sp >= top {
+        if from.sp < bottom || from.sp >= top {
             // Running on another stack (a signal's alternate stack, a coroutine's): the
             // reads could not be bounded, so no native frames.
             return;
@@ -359,8 +351,8 @@ mod imp {
             &mut state.caches,
             cur,
             prev,
-            Bounds { lo: sp, top },
-            (ip, sp, bp),
+            Bounds { lo: from.sp, top },
+            from,
             slot,
             max,
         );
@@ -430,15 +422,12 @@ mod imp {
     /// theirs (they came whole from an earlier walk) or there are none.
     #[inline(always)]
     fn seal(walk: &mut Walk, inner: usize) {
-        let (mut lowest, mut ok) = match walk.steps[..walk.n_steps].get(inner) {
-            Some(s) => (s.tail_lowest_read, s.tail_reads_ok),
-            None => (u64::MAX, true),
+        let (mut lowest, mut ok, mut reads_end) = if inner < walk.n_steps {
+            let s = &walk.steps[inner];
+            (s.tail_lowest_read, s.tail_reads_ok, s.reads_from as usize)
+        } else {
+            (u64::MAX, true, walk.n_reads)
         };
-        let mut reads_end = walk
-            .steps
-            .get(inner)
-            .filter(|_| inner < walk.n_steps)
-            .map_or(walk.n_reads, |s| s.reads_from as usize);
         for i in (0..inner.min(walk.n_steps)).rev() {
             let from = walk.steps[i].reads_from as usize;
             for r in &walk.reads[from..reads_end] {
@@ -460,7 +449,7 @@ mod imp {
         cur: &mut Walk,
         prev: &mut Walk,
         bounds: Bounds,
-        (ip, sp, bp): (u64, u64, u64),
+        from: super::StartRegs,
         slot: &mut StackSlot,
         max: usize,
     ) -> Kept {
@@ -475,8 +464,8 @@ mod imp {
 
         cur.n_frames = 0;
         let mut out = Out { n: 0, max };
-        let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
-        let mut address = FrameAddress::InstructionPointer(ip);
+        let mut regs = UnwindRegsX86_64::new(from.ip, from.sp, from.bp);
+        let mut address = FrameAddress::InstructionPointer(from.ip);
         let mut hint = usize::MAX;
         while cur.n_steps < MAX_STEPS {
             let (pc, first) = match address {

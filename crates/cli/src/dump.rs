@@ -58,14 +58,34 @@ pub struct ScopeArgs {
 
 /// The processes of `uid` (other than this one) with memsnap loaded that `keep` accepts,
 /// split into those `--all` reaches (the caller's session or job; every one with `--user`)
-/// and the rest, with the caller's scope.
-pub fn in_scope(uid: u32, user: bool, keep: impl Fn(u32) -> bool) -> (Scope, Vec<u32>, Vec<u32>) {
+/// and the rest, with the caller's scope. When `--all` reaches none, says so on stderr,
+/// naming the processes outside the scope (`what`: how the processes are described, e.g.
+/// "with memsnap loaded"), and returns `None`.
+pub fn in_scope(
+    uid: u32,
+    user: bool,
+    what: &str,
+    keep: impl Fn(u32) -> bool,
+) -> Option<(Scope, Vec<u32>, Vec<u32>)> {
     let scope = Scope::of_caller();
-    let (pids, outside) = memsnap_processes(uid, std::process::id())
+    let (pids, outside): (Vec<u32>, Vec<u32>) = memsnap_processes(uid, std::process::id())
         .into_iter()
         .filter(|&pid| keep(pid))
         .partition(|&pid| user || scope.contains(pid));
-    (scope, pids, outside)
+    if !pids.is_empty() {
+        return Some((scope, pids, outside));
+    }
+    if outside.is_empty() {
+        eprintln!("memsnap: no process of yours on this host {what}");
+    } else {
+        eprintln!(
+            "memsnap: no process {what} in {}; {} of yours elsewhere on this host: {} (add --user to include them, or name the pids)",
+            scope.describe(),
+            plural(outside.len(), "process", "processes"),
+            describe_pids(&outside)
+        );
+    }
+    None
 }
 
 /// How long a process has to acknowledge the signal: its writer answers within
@@ -90,20 +110,11 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     let mut targets = Vec::new();
 
     if args.scope.all {
-        let (scope, pids, outside) = in_scope(uid, args.scope.user, |_| true);
-        if pids.is_empty() {
-            if outside.is_empty() {
-                eprintln!("memsnap: no process of yours on this host has memsnap loaded");
-            } else {
-                eprintln!(
-                    "memsnap: no process with memsnap loaded in {}; {} of yours elsewhere on this host: {} (add --user to include them, or name the pids)",
-                    scope.describe(),
-                    plural(outside.len(), "process", "processes"),
-                    describe_pids(&outside)
-                );
-            }
+        let Some((scope, pids, outside)) =
+            in_scope(uid, args.scope.user, "with memsnap loaded", |_| true)
+        else {
             return Ok(ExitCode::from(1));
-        }
+        };
         let mut chosen = Vec::new();
         for pid in pids {
             match prepare(pid, uid, args.folder.as_deref()) {
@@ -222,7 +233,7 @@ pub struct Scope {
 const MAX_ANCESTORS: usize = 64;
 
 impl Scope {
-    pub fn of_caller() -> Self {
+    fn of_caller() -> Self {
         Scope {
             session: stat_fields(Path::new("/proc/self")).map(|f| f.session),
             slurm_job: std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty()),
@@ -231,7 +242,7 @@ impl Scope {
 
     /// Whether `pid` is in the caller's session (or descends from a process that is), or
     /// in the caller's SLURM job.
-    pub fn contains(&self, pid: u32) -> bool {
+    fn contains(&self, pid: u32) -> bool {
         let proc = PathBuf::from(format!("/proc/{pid}"));
         if let Some(job) = &self.slurm_job
             && read_environ(&proc.join("environ")).get("SLURM_JOB_ID") == Some(job)
@@ -257,7 +268,7 @@ impl Scope {
         false
     }
 
-    pub fn describe(&self) -> String {
+    fn describe(&self) -> String {
         match (&self.slurm_job, self.session) {
             (Some(job), Some(s)) => format!("this session ({s}) or SLURM job {job}"),
             (Some(job), None) => format!("SLURM job {job}"),

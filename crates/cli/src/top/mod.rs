@@ -158,22 +158,11 @@ pub fn refresh(uid: u32, watched: &mut [Watched]) -> Vec<String> {
 pub fn top(args: TopArgs) -> Result<ExitCode> {
     let uid = std::fs::metadata("/proc/self")?.uid();
     let pids = if args.scope.all {
-        let (scope, pids, outside) = crate::dump::in_scope(uid, args.scope.user, |pid| {
-            live::socket_path(uid, pid).exists()
-        });
-        if pids.is_empty() {
-            if outside.is_empty() {
-                eprintln!("memsnap: no process of yours on this host is recording with memsnap");
-            } else {
-                eprintln!(
-                    "memsnap: no process recording with memsnap in {}; {} of yours elsewhere on this host (add --user to include them, or name the pids)",
-                    scope.describe(),
-                    outside.len()
-                );
-            }
-            return Ok(ExitCode::from(1));
+        let recording = |pid| live::socket_path(uid, pid).exists();
+        match crate::dump::in_scope(uid, args.scope.user, "recording with memsnap", recording) {
+            Some((_, pids, _)) => pids,
+            None => return Ok(ExitCode::from(1)),
         }
-        pids
     } else {
         args.pids.clone()
     };
