@@ -23,17 +23,18 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
     println!(
-        "| events | native frames per stack | distinct stacks | stacks interned | events/s applied (one core) | ns per event | resident memory growth |"
+        "| events | native frames per stack | distinct stacks | stacks interned | stacks sent in full | events/s applied (one core) | ns per event | resident memory growth |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (depth, distinct) in [(45u32, 2_000u32), (57, 2_000), (57, 20_000)] {
-        let mut out = [0u64; 2];
-        // SAFETY: a valid function pointer and a two-element output array.
+        let mut out = [0u64; 3];
+        // SAFETY: a valid function pointer and a three-element output array.
         let ns = unsafe { bench(events, distinct, depth, out.as_mut_ptr()) };
         let per_s = events as f64 / (ns as f64 / 1e9);
         println!(
-            "| {events} | {depth} | {distinct} | {} | {:.2}M | {:.0} | {:.1} MiB |",
+            "| {events} | {depth} | {distinct} | {} | {} | {:.2}M | {:.0} | {:.1} MiB |",
             out[0],
+            out[2],
             per_s / 1e6,
             ns as f64 / events as f64,
             out[1] as f64 / (1 << 20) as f64

@@ -8,6 +8,8 @@ use std::cell::Cell;
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Set by [`set_pass_through`]: this thread's depth holds one extra level.
+    static PASSING_THROUGH: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Depth that marks a thread as memsnap's own (the writer): it never records.
@@ -51,6 +53,24 @@ pub fn inside_hook_or_internal() -> bool {
     DEPTH.with(|d| d.get() != 0)
 }
 
+/// Benchmarks only: while on, the calling thread's hooked calls pass straight through
+/// unrecorded, exactly as nested calls do (one extra depth level), so that a benchmark can
+/// time the same loop recorded and not recorded in one process. Costs the hooks nothing:
+/// they check the depth anyway.
+pub fn set_pass_through(on: bool) {
+    if PASSING_THROUGH.with(|p| p.replace(on)) == on {
+        return;
+    }
+    DEPTH.with(|d| {
+        let v = d.get();
+        d.set(if on {
+            v.wrapping_add(1)
+        } else {
+            v.wrapping_sub(1)
+        });
+    });
+}
+
 /// Marks the current thread as internal for its whole life (the writer thread).
 pub fn mark_thread_internal() {
     DEPTH.with(|d| d.set(INTERNAL));
@@ -69,6 +89,16 @@ mod tests {
             assert!(!b.outermost());
         }
         drop(a);
+        assert!(Scope::enter().outermost());
+    }
+
+    #[test]
+    fn passing_through_records_nothing_until_turned_off() {
+        set_pass_through(true);
+        set_pass_through(true); // twice on is still one level
+        assert!(!Scope::enter().outermost());
+        set_pass_through(false);
+        set_pass_through(false);
         assert!(Scope::enter().outermost());
     }
 

@@ -10,8 +10,9 @@
 //! - [`record`] (hot): a call's outcome as an event, with its stack, on the channel.
 //! - [`capture`] (hot): native and Python stack capture, the loaded-module table, the
 //!   CPython layout table.
-//! - [`channel`] (hot): the event type, the queue to the writer, and the handshake flags
-//!   the writer and the hook side share.
+//! - [`channel`] (hot): the event type, the queue to the writer, the stacks each thread
+//!   has sent, and the handshake flags the writer and the hook side share.
+//! - [`thread_state`] (cold): per-thread state of the hook side, freed at thread exit.
 //! - [`writer`] (cold): the one writer thread that owns all recorded state and writes
 //!   snapshots. It never imports interposition, recording or lifecycle.
 //!
@@ -24,6 +25,7 @@ pub mod interpose;
 pub mod lifecycle;
 pub mod record;
 pub mod signals;
+pub mod thread_state;
 pub mod writer;
 
 pub use memsnap_format as snapshot;

@@ -81,6 +81,8 @@ fn hooks_do_not_allocate_in_steady_state() {
     round(); // first event: starts the writer (allowed to allocate once)
     let rec = crate::lifecycle::recorder().expect("recording started");
     let pushed_before = rec.counters.pushed.load(Relaxed);
+    let by_reference_before = crate::channel::sent::this_thread().map_or(0, |t| t.by_reference);
+    let reused_before = crate::capture::native::WALKS_REUSED.load(Relaxed);
     let before = allocations_on_this_thread();
     for _ in 0..1000 {
         round();
@@ -89,6 +91,15 @@ fn hooks_do_not_allocate_in_steady_state() {
         allocations_on_this_thread() - before,
         0,
         "the hot path allocated"
+    );
+    // The path proven is the steady state's: walks that reuse the previous one's outer
+    // frames, and stacks sent by reference (three allocations a round, same call sites).
+    let by_reference =
+        crate::channel::sent::this_thread().map_or(0, |t| t.by_reference) - by_reference_before;
+    assert_eq!(by_reference, 3000, "repeated stacks went by reference");
+    assert!(
+        crate::capture::native::WALKS_REUSED.load(Relaxed) - reused_before >= 2000,
+        "walks reused their previous one's outer frames"
     );
     // Exactly once per allocation and free, whichever route (cudaMalloc nests cuMemAlloc).
     let pushed = rec.counters.pushed.load(Relaxed) - pushed_before;

@@ -11,6 +11,7 @@ use crate::capture;
 use crate::channel::event::{Api, Event, Kind, Payload};
 use crate::channel::handshake::{self, OOM_DUMPS};
 use crate::channel::queue::Recorder;
+use crate::channel::sent;
 use crate::config::{Context, Stacks};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -64,22 +65,28 @@ fn event(kind: Kind, api: Api, device: i32, addr: u64, size: u64, payload: Paylo
     ev
 }
 
-/// Attaches the caller's stack if configured and a slot is free, then sends the event.
+/// Captures the caller's stack if configured, then sends the event with it (by hash when
+/// this thread sent the same stack before: see [`sent`]).
 ///
 /// Always inlined, as are the functions that call it from a hook: the native walk starts
 /// where [`capture::capture`] is inlined, and each out-of-line function between the hook
 /// and that point would be one more unwinder step on every event.
 #[inline(always)]
-fn send(rec: &Recorder, mut ev: Event, with_stack: bool) {
+fn send(rec: &Recorder, ev: Event, with_stack: bool) {
     let settings = rec.settings;
-    if with_stack
-        && settings.stacks != Stacks::None
-        && let Some((idx, slot)) = rec.take_slot()
-    {
-        capture::capture(slot, settings.stacks, settings.max_frames);
-        ev.stack = idx;
+    if with_stack && settings.stacks != Stacks::None {
+        let Some(thread) = sent::this_thread() else {
+            // A thread past its exit destructors, or no memory for its state: the event
+            // goes without its stack, counted.
+            rec.counters.lost_stacks.fetch_add(1, Relaxed);
+            rec.push(ev);
+            return;
+        };
+        let hash = capture::capture(&mut thread.scratch, settings.stacks, settings.max_frames);
+        rec.push_with_stack(ev, thread, hash);
+    } else {
+        rec.push(ev);
     }
-    rec.push(ev);
 }
 
 /// Remembers device `device`'s total memory the first time it allocates (one extra

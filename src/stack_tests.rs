@@ -155,17 +155,22 @@ struct Request {
     slot: StackSlot,
     allocs_first: u64,
     allocs_after_first: u64,
+    /// Captures whose returned hash (native part carried over by the walk) differed from
+    /// the hash of the stack computed in full.
+    hash_mismatches: u64,
 }
 
 extern "C" fn capture_cb(arg: *mut libc::c_void) {
     // SAFETY: the tests pass a `&mut Request` through the C library.
     let req = unsafe { &mut *(arg as *mut Request) };
     let start = thread_allocs();
-    capture(&mut req.slot, req.stacks, req.max);
+    let hash = capture(&mut req.slot, req.stacks, req.max);
     req.allocs_first = thread_allocs() - start;
+    req.hash_mismatches += u64::from(hash != req.slot.identity_hash());
     let before = thread_allocs();
     for _ in 1..req.repeat {
-        capture(&mut req.slot, req.stacks, req.max);
+        let hash = capture(&mut req.slot, req.stacks, req.max);
+        req.hash_mismatches += u64::from(hash != req.slot.identity_hash());
     }
     req.allocs_after_first = thread_allocs() - before;
 }
@@ -178,6 +183,7 @@ fn request(stacks: Stacks, max: usize) -> Request {
         slot: StackSlot::EMPTY,
         allocs_first: 0,
         allocs_after_first: 0,
+        hash_mismatches: 0,
     }
 }
 
@@ -195,6 +201,9 @@ fn through(lib: &CLib, via_y: bool) -> Vec<(String, i64)> {
     let mut req = request(Stacks::Native, FRAME_CAPACITY);
     let f = if via_y { lib.y } else { lib.x };
     f(capture_cb, &mut req as *mut Request as *mut libc::c_void);
+    // The stack's hash, whose native part came with the reused frames, is the same as
+    // computed over the new stack in full: the writer tells the two apart by it.
+    assert_eq!(req.hash_mismatches, 0, "{:?}", req.slot.native());
     resolve(&req.slot)
         .iter()
         .take(4)
@@ -341,6 +350,7 @@ fn steady_state_capture_allocates_nothing() {
             req.allocs_after_first, 0,
             "capture allocated in steady state"
         );
+        assert_eq!(req.hash_mismatches, 0, "hash carried over by reused walks");
     })
     .join()
     .expect("thread");

@@ -127,21 +127,61 @@ def python_depth():
     return n
 
 
+class InstructionCounter:
+    """User-space instructions retired by the calling thread (perf_event_open), or unavailable
+    (`fd` None) where the kernel or the virtual machine does not expose the counter. Unlike time,
+    the count does not depend on which core, cache state or neighbour a process got, so it shows
+    a hook's cost where process-to-process timing noise is larger than the cost itself."""
+
+    PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS, SYS_PERF_EVENT_OPEN = 0, 1, 298
+
+    def __init__(self):
+        self.fd = None
+        if platform.machine() != "x86_64":
+            return
+        import ctypes
+        import struct
+
+        attr = bytearray(128)  # struct perf_event_attr, PERF_ATTR_SIZE_VER7
+        struct.pack_into("=IIQ", attr, 0, self.PERF_TYPE_HARDWARE, len(attr), self.PERF_COUNT_HW_INSTRUCTIONS)
+        struct.pack_into("=Q", attr, 40, (1 << 5) | (1 << 6))  # exclude_kernel, exclude_hv
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        buf = (ctypes.c_char * len(attr)).from_buffer(attr)
+        fd = libc.syscall(ctypes.c_long(self.SYS_PERF_EVENT_OPEN), buf, ctypes.c_int(0), ctypes.c_int(-1),
+                          ctypes.c_int(-1), ctypes.c_ulong(0))
+        self.fd = fd if fd >= 0 else None
+
+    def read(self):
+        if self.fd is None:
+            return 0
+        return int.from_bytes(os.read(self.fd, 8), "little")
+
+
+COUNTER = None
+
+
 def timed_loop(loop, seq, iterations, sync):
+    """(ns per iteration, user-space instructions per iteration or None) of one loop."""
     sites = [loop.site0, loop.site1, loop.site2, loop.site3, loop.site4, loop.site5]
     mask = len(seq) - 1
     sync()
+    instr = COUNTER.read() if COUNTER else 0
     start = time.perf_counter_ns()
     for i in range(iterations):
         sites[i % SITES](seq[i & mask])
     sync()
-    return (time.perf_counter_ns() - start) / iterations
+    ns = (time.perf_counter_ns() - start) / iterations
+    if COUNTER is None or COUNTER.fd is None:
+        return ns, None
+    return ns, (COUNTER.read() - instr) / iterations
 
 
 def nested(depth, *args):
     if depth <= 1:
         return timed_loop(*args)
-    return nested(depth - 1, *args) + 0.0
+    ns, instr = nested(depth - 1, *args)
+    return ns + 0.0, instr
 
 
 # module level + main + measure + run_loops + NESTED x nested + timed_loop + site<n> + step
@@ -149,7 +189,13 @@ def nested(depth, *args):
 NESTED = PY_FRAMES - 8
 
 
-def run_loops(loop, seq, iterations, sync):
+def run_loops(loop, seq, iterations, sync, pass_through=None):
+    """Best of 5 timed loops: (ns, instructions or None, Python frames, best ns passing through
+    or None, events made while passing through). With `pass_through` (memsnap's
+    memsnap_debug_pass_through), each recorded loop is followed by the same loop with this
+    thread's calls passing through memsnap unrecorded: the two are timed in one process, so the
+    difference is free of the process-to-process spread. Each phase frees what it allocated
+    (drain) before the other starts, so the record stays exact for the recorded phases."""
     # The Python frames on the stack where make(size) calls torch.empty, counted on the timed
     # path itself: one iteration of a separate window, a probe standing in for make.
     seen = []
@@ -160,10 +206,24 @@ def run_loops(loop, seq, iterations, sync):
     nested(NESTED, Loop(probe), [512], 1, lambda: None)
     frames = seen[0]
     nested(NESTED, loop, seq, iterations // 4, sync)  # warm-up
-    best = min(nested(NESTED, loop, seq, iterations, sync) for _ in range(5))
+    loops, passed, passed_events = [], [], 0
+    for _ in range(5):
+        loops.append(nested(NESTED, loop, seq, iterations, sync))
+        if pass_through is not None:
+            loop.drain()
+            sync()
+            before = loop.events
+            pass_through(1)
+            passed.append(nested(NESTED, loop, seq, iterations, sync)[0])
+            loop.drain()
+            sync()
+            pass_through(0)
+            passed_events += loop.events - before
+    best = min(ns for ns, _ in loops)
+    counted = [instr for _, instr in loops if instr is not None]
     loop.drain()
     sync()
-    return best, frames
+    return best, (min(counted) if counted else None), frames, (min(passed) if passed else None), passed_events
 
 
 def recorder_check(torch):
@@ -188,9 +248,22 @@ def measure(iterations):
         os.sched_setaffinity(0, {2})
     res = {"allocator_backend": torch.cuda.get_allocator_backend(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(), "python": platform.python_version()}
+    global COUNTER
+    COUNTER = InstructionCounter()
+    pass_through = None
+    if os.environ.get("LD_PRELOAD"):
+        import ctypes
+
+        pass_through = getattr(ctypes.CDLL(None), "memsnap_debug_pass_through", None)  # None: an older build
     loop = Loop(lambda n: torch.empty(n, dtype=torch.uint8, device="cuda"))
-    best, frames = run_loops(loop, size_sequence(), iterations, torch.cuda.synchronize)
-    res.update(ns_per_iteration=round(best, 1), loop_events=loop.events, python_frames=frames)
+    best, instr, frames, best_passed, passed_events = run_loops(loop, size_sequence(), iterations,
+                                                                torch.cuda.synchronize, pass_through)
+    # loop_events: what memsnap should have recorded (the passing-through phases are not).
+    res.update(ns_per_iteration=round(best, 1), loop_events=loop.events - passed_events, python_frames=frames)
+    if best_passed is not None:
+        res["ns_passing_through"] = round(best_passed, 1)
+    if instr is not None:
+        res["instructions_per_iteration"] = round(instr, 1)
     if rec and os.environ.get("HOOK_COST_CHECK_RECORDER"):
         res.update(recorder_check(torch))
     print(json.dumps(res))
@@ -352,6 +425,8 @@ def report(res, argv, rounds, iterations, context, elapsed):
         else:
             ratio = f"{r_ns / m_ns:.1f}x"
         lines.append(f"| {stacks} | {r_txt} | {m_txt} | {ratio} |")
+    lines += same_process_table(res, fig)
+    lines += instruction_table(res, fig)
     # Every run's figure, so that the spread between processes is in plain sight: a
     # difference smaller than it says nothing.
     lines += ["", "Every run (ns per iteration, sorted): " + "; ".join(
@@ -363,6 +438,54 @@ def report(res, argv, rounds, iterations, context, elapsed):
         lines += ["", "Errors:"] + [f"- {name}: {e.strip().splitlines()[-1] if e.strip() else e}"
                                      for name, e in errors]
     return "\n".join(lines)
+
+
+def same_process_table(res, fig):
+    """Per memsnap configuration: recorded loop vs the same loop passing through memsnap, in each
+    run's own process (see run_loops). Robust to the spread between processes, which on a shared
+    virtual machine can exceed the hook's whole cost."""
+    rows = []
+    for name, _, stacks, _, _ in CONFIGS:
+        runs = [r for r in res[name]["runs"] if "ns_passing_through" in r]
+        if not stacks or not runs:
+            continue
+        why = fig[name][2]
+        deltas = sorted((r["ns_per_iteration"] - r["ns_passing_through"]) / 2 for r in runs)
+        if why:
+            rows.append(f"| {name} | {why} | — | — |")
+            continue
+        median = deltas[len(deltas) // 2] if len(deltas) % 2 else (deltas[len(deltas) // 2 - 1] + deltas[len(deltas) // 2]) / 2
+        rows.append(f"| {name} | {median:.0f} | {deltas[0]:.0f} .. {deltas[-1]:.0f} | {len(deltas)} |")
+    if not rows:
+        return []
+    return ["", "Same process: each run also times its loop with the thread's calls passing through memsnap "
+            "unrecorded (memsnap_debug_pass_through), alternating with the recorded loop; per event = "
+            "(recorded - passing through) / 2, best of 5 loops each, per run:", "",
+            "| configuration | ns per event, median over runs | range over runs | runs |", "|---|---|---|---|"] + rows
+
+
+def instruction_table(res, fig):
+    """User-space instructions the loop's thread retired per iteration (fewest over a config's
+    runs), where the counter was available; a VOID row stays void."""
+    def fewest(name):
+        counted = [r["instructions_per_iteration"] for r in res[name]["runs"] if "instructions_per_iteration" in r]
+        return min(counted) if counted else None
+
+    if all(fewest(name) is None for name, *_ in CONFIGS):
+        return ["", "Instructions: the loop thread's counter (perf_event_open) was not available here."]
+    lines = ["", "Instructions retired by the loop's thread in user space (perf_event_open; the same in "
+             "every process, unlike time; the writer thread's work is not in them):", "",
+             "| configuration | instructions per iteration | per event over its baseline |", "|---|---|---|"]
+    for name, _, _, _, base in CONFIGS:
+        mine, why = fewest(name), fig[name][2]
+        if why or mine is None:
+            lines.append(f"| {name} | {why or '—'} | — |")
+            continue
+        over = "—"
+        if base and fewest(base) is not None:
+            over = f"{(mine - fewest(base)) / 2:.0f}"
+        lines.append(f"| {name} | {mine:.0f} | {over} |")
+    return lines
 
 
 def gpu_line(run):

@@ -10,7 +10,7 @@ pub mod modules;
 pub mod native;
 pub mod python;
 
-use crate::channel::event::StackSlot;
+use crate::channel::event::{StackSlot, native_chain};
 use crate::config::{FRAME_CAPACITY, Stacks};
 
 /// One-time setup the hooks may run at initialisation instead of on the first capture:
@@ -32,23 +32,34 @@ pub fn prepare(stacks: Stacks) {
 ///
 /// The native walk starts from the registers here, in the caller's frame (this function
 /// is always inlined): see [`native::here`].
+///
+/// Returns the stack's [`StackSlot::identity_hash`], most of whose native part the walk
+/// carried over from the previous capture.
 #[inline(always)]
-pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) {
-    capture_from(slot, stacks, max_frames, native::here());
+pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) -> u64 {
+    capture_from(slot, stacks, max_frames, native::here())
 }
 
 #[inline(never)]
-fn capture_from(slot: &mut StackSlot, stacks: Stacks, max_frames: usize, from: native::StartRegs) {
+fn capture_from(
+    slot: &mut StackSlot,
+    stacks: Stacks,
+    max_frames: usize,
+    from: native::StartRegs,
+) -> u64 {
     let max = max_frames.min(FRAME_CAPACITY);
     slot.n_native = 0;
     slot.n_python = 0;
     slot.truncated = false;
+    let mut chain = None;
     if stacks.native() {
-        native::capture(slot, max, from);
+        chain = native::capture(slot, max, from);
     }
     if stacks.python() {
         python::capture(slot, max);
     }
+    let chain = chain.unwrap_or_else(|| native_chain(slot.native()));
+    slot.identity_hash_with(chain)
 }
 
 /// The stack of the code a synchronous signal (a fault, `abort`) interrupted on this thread,

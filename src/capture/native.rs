@@ -73,9 +73,14 @@ pub static WALKS_REUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomi
 
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
-pub fn capture(slot: &mut crate::channel::event::StackSlot, max_frames: usize, from: StartRegs) {
+pub fn capture(
+    slot: &mut crate::channel::event::StackSlot,
+    max_frames: usize,
+    from: StartRegs,
+) -> Option<u64> {
     let _ = (max_frames, from);
     slot.n_native = 0;
+    None
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -91,7 +96,7 @@ pub fn capture_interrupted(
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use crate::capture::modules;
-    use crate::channel::event::StackSlot;
+    use crate::channel::event::{NATIVE_CHAIN_SEED, StackSlot, native_chain_step};
     use crate::config::FRAME_CAPACITY;
     use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
     use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder as _};
@@ -157,6 +162,11 @@ mod imp {
         /// are not there), so a reused tail is copied in one go.
         frames: [u64; MAX_STEPS],
         n_frames: usize,
+        /// `chain[i]`: the native chain (`channel::event::native_chain`) of `frames[i..]`,
+        /// so that a reused tail brings its part of the stack's hash along.
+        chain: [u64; MAX_STEPS],
+        /// `chain` matches `frames` (false only when a spliced tail did not fit).
+        chain_ok: bool,
         /// Some read was not recorded (more than [`MAX_READS`]): the walk cannot be reused.
         reads_overflowed: bool,
         end: End,
@@ -193,12 +203,12 @@ mod imp {
         static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     }
 
-    static UNWIND_KEY: std::sync::OnceLock<libc::pthread_key_t> = std::sync::OnceLock::new();
+    static UNWIND_KEY: crate::thread_state::ExitKey = crate::thread_state::ExitKey::new();
 
     unsafe extern "C" fn free_unwind(p: *mut libc::c_void) {
         UNWIND.with(|c| c.set(STATE_GONE));
         if !p.is_null() {
-            // SAFETY: `p` is the Box we leaked for this thread; the thread is exiting and
+            // SAFETY: `p` is the state allocated for this thread; the thread is exiting and
             // its TLS now says "gone", so no later capture on it can use the pointer.
             unsafe { drop(Box::from_raw(p as *mut ThreadUnwind)) };
         }
@@ -216,17 +226,15 @@ mod imp {
             // `capture` is not re-entered on one thread (the hooks' nesting guard).
             return Some(unsafe { &mut *p });
         }
-        // About 41 KiB (the caches allocate their own ~300 KiB): allocated in place
-        // (zeroed), never built on the hook's stack, which may be a small thread stack of
-        // the program's.
-        let layout = std::alloc::Layout::new::<ThreadUnwind>();
-        // SAFETY: a non-zero-sized layout.
-        let fresh = unsafe { std::alloc::alloc_zeroed(layout) } as *mut ThreadUnwind;
+        // About 41 KiB (the caches allocate their own ~300 KiB).
+        // SAFETY: all-zero bytes are valid walks (no walk yet: `table` 0, `End::Stopped`)
+        // and a valid `current`; the caches are written in place below, before any use.
+        // `free_unwind` frees a `ThreadUnwind`.
+        let fresh: *mut ThreadUnwind = unsafe { UNWIND_KEY.alloc_zeroed(free_unwind) };
         if fresh.is_null() {
             return None;
         }
-        // SAFETY: all-zero bytes are valid walks (no walk yet: `table` 0, `End::Stopped`)
-        // and a valid `current`; the caches are written in place before any use.
+        // SAFETY: just allocated for this thread; the caches are written before any use.
         unsafe {
             let caches = std::ptr::addr_of_mut!((*fresh).caches) as *mut Cache;
             for i in 0..RULE_CACHES {
@@ -234,20 +242,6 @@ mod imp {
             }
         }
         UNWIND.with(|c| c.set(fresh));
-        let key = UNWIND_KEY.get_or_init(|| {
-            let mut key: libc::pthread_key_t = 0;
-            // SAFETY: plain key creation with a destructor of the right type.
-            let rc = unsafe { libc::pthread_key_create(&mut key, Some(free_unwind)) };
-            if rc == 0 {
-                key
-            } else {
-                libc::pthread_key_t::MAX
-            }
-        });
-        if *key != libc::pthread_key_t::MAX {
-            // SAFETY: a valid key; the value is only read back by `free_unwind`.
-            unsafe { libc::pthread_setspecific(*key, fresh as *const libc::c_void) };
-        }
         // SAFETY: just allocated, owned by this thread.
         Some(unsafe { &mut *fresh })
     }
@@ -279,13 +273,16 @@ mod imp {
 
     /// Fills `slot.native` with return addresses, innermost first, memsnap's own frames
     /// removed, walking from `from` ([`super::here`] in a caller whose frame is still live).
-    /// Sets `slot.truncated` if the stack had more than `max_frames` frames.
+    /// Sets `slot.truncated` if the stack had more than `max_frames` frames. Returns the
+    /// native chain of what it wrote (`channel::event::native_chain`), kept up by the walk
+    /// so that reused frames are not hashed again; `None` when the walk cannot tell (then
+    /// the caller computes it).
     #[inline(never)]
-    pub fn capture(slot: &mut StackSlot, max_frames: usize, from: super::StartRegs) {
+    pub fn capture(slot: &mut StackSlot, max_frames: usize, from: super::StartRegs) -> Option<u64> {
         slot.n_native = 0;
-        let Some(state) = thread_unwind() else { return };
-        let Some(bounds) = stack_bounds() else { return };
-        capture_from(slot, max_frames, modules::ensure(), state, bounds, from);
+        let state = thread_unwind()?;
+        let bounds = stack_bounds()?;
+        capture_from(slot, max_frames, modules::ensure(), state, bounds, from)
     }
 
     /// The stack of the code a signal interrupted, from the registers the kernel saved
@@ -315,7 +312,7 @@ mod imp {
         }
         // The walk yields return addresses; the interrupted instruction itself (the fault)
         // goes first.
-        capture_from(slot, max - 1, table, state, (bottom, top), regs);
+        let _ = capture_from(slot, max - 1, table, state, (bottom, top), regs);
         let n = slot.n_native as usize;
         slot.native.copy_within(0..n, 1);
         slot.native[0] = regs.ip;
@@ -330,15 +327,15 @@ mod imp {
         state: &mut ThreadUnwind,
         (bottom, top): (u64, u64),
         from: super::StartRegs,
-    ) {
+    ) -> Option<u64> {
         let max = max_frames.min(FRAME_CAPACITY);
         if max == 0 {
-            return;
+            return None;
         }
         if from.sp < bottom || from.sp >= top {
             // Running on another stack (a signal's alternate stack, a coroutine's): the
             // reads could not be bounded, so no native frames.
-            return;
+            return None;
         }
         let (a, b) = state.walks.split_at_mut(1);
         let (cur, prev) = if state.current == 0 {
@@ -358,8 +355,40 @@ mod imp {
         );
         // The next capture compares against this one: in `cur`, or in `prev` when the walk
         // was completed in place there.
-        if kept == Kept::InCur {
+        let record = if kept == Kept::InCur {
             state.current ^= 1;
+            cur
+        } else {
+            prev
+        };
+        // The walk's frames are the slot's unless the slot was cut at `max`.
+        if !record.chain_ok || slot.truncated || record.n_frames != slot.n_native as usize {
+            return None;
+        }
+        Some(
+            record
+                .chain
+                .first()
+                .copied()
+                .filter(|_| record.n_frames > 0)
+                .unwrap_or(NATIVE_CHAIN_SEED),
+        )
+    }
+
+    /// Computes `walk.chain[..inner]`, innermost last to first; the entries from `inner`
+    /// on are already right (they came with a reused tail) or there are none.
+    #[inline(always)]
+    fn fill_chain(walk: &mut Walk, inner: usize) {
+        let n = walk.n_frames;
+        let inner = inner.min(n);
+        let mut chain = if inner < n {
+            walk.chain[inner]
+        } else {
+            NATIVE_CHAIN_SEED
+        };
+        for i in (0..inner).rev() {
+            chain = native_chain_step(chain, walk.frames[i]);
+            walk.chain[i] = chain;
         }
     }
 
@@ -458,6 +487,7 @@ mod imp {
         cur.n_steps = 0;
         cur.n_reads = 0;
         cur.reads_overflowed = false;
+        cur.chain_ok = true;
         cur.end = End::StepLimit;
         let reusable = prev.table == table_id && !prev.reads_overflowed;
         let mut prev_at = 0usize;
@@ -556,6 +586,7 @@ mod imp {
         slot.n_native = out.n as u16;
         let n = cur.n_steps;
         seal(cur, n);
+        fill_chain(cur, cur.n_frames);
         Kept::InCur
     }
 
@@ -618,6 +649,7 @@ mod imp {
             prev.reads[..reads_from].copy_from_slice(&cur.reads[..reads_from]);
             prev.frames[..frames_from].copy_from_slice(&cur.frames[..frames_from]);
             seal(prev, from);
+            fill_chain(prev, frames_from);
             return Kept::InPrev;
         }
         let steps = &prev.steps[from..prev.n_steps];
@@ -639,11 +671,18 @@ mod imp {
             };
         }
         let frames = &prev.frames[frames_from..prev.n_frames];
+        let chain = &prev.chain[frames_from..prev.n_frames];
         let room_frames = MAX_STEPS - cur.n_frames;
         for (dst, f) in cur.frames[cur.n_frames..].iter_mut().zip(frames) {
             *dst = *f;
         }
+        for (dst, c) in cur.chain[cur.n_frames..].iter_mut().zip(chain) {
+            *dst = *c;
+        }
+        let inner_frames = cur.n_frames;
         cur.n_frames += frames.len().min(room_frames);
+        cur.chain_ok = prev.chain_ok && frames.len() <= room_frames;
+        fill_chain(cur, inner_frames);
         for (dst, r) in cur.reads[cur.n_reads..].iter_mut().zip(reads) {
             *dst = *r;
         }

@@ -1,9 +1,9 @@
 //! The fixed-size records that travel from a hook to the writer thread.
 //!
 //! Hot: built on the host's CUDA call path, so everything here is `Copy`, heap-free and
-//! written in place. An [`Event`] is small (the queue of them rarely fills); its stack, if
-//! any, lives in a [`StackSlot`] borrowed from a fixed pool and referred to by index, so
-//! that under back-pressure memsnap degrades stacks first and keeps the alloc/free.
+//! written in place. An [`Event`] is small; its stack, if any, travels as a [`StackRef`]:
+//! in full in a [`StackSlot`] borrowed from a fixed pool the first time a thread sends it,
+//! by its [`StackSlot::identity_hash`] afterwards (see [`sent`](super::sent)).
 
 use crate::config::FRAME_CAPACITY;
 
@@ -158,19 +158,27 @@ impl Api {
     }
 }
 
-/// No stack slot attached.
-pub const NO_STACK: u32 = u32::MAX;
+/// How an event's stack travels to the writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackRef {
+    /// No stack: none asked for, an empty walk, or the writer gone.
+    None,
+    /// In full, in stack slot `index`; `hash` is its [`StackSlot::identity_hash`], by which
+    /// the same thread may refer to it later.
+    Slot { index: u32, hash: u64 },
+    /// The same stack as one this thread sent earlier in a [`StackRef::Slot`] with this
+    /// hash: the writer has it already (one queue, so the full send is drained first).
+    Sent { hash: u64 },
+}
 
 #[derive(Clone, Copy, Debug)]
-#[repr(C)]
 pub struct Event {
     pub kind: Kind,
     pub api: Api,
     pub device: i32,
     /// Kernel thread id of the caller.
     pub tid: u32,
-    /// Index of the [`StackSlot`] holding this event's stack, or [`NO_STACK`].
-    pub stack: u32,
+    pub stack: StackRef,
     pub addr: u64,
     pub size: u64,
     pub payload: Payload,
@@ -185,7 +193,7 @@ impl Event {
             api,
             device: 0,
             tid: 0,
-            stack: NO_STACK,
+            stack: StackRef::None,
             addr: 0,
             size: 0,
             payload: Payload::None,
@@ -243,6 +251,103 @@ impl StackSlot {
     pub fn python(&self) -> &[PyFrameRaw] {
         &self.python[..(self.n_python as usize).min(FRAME_CAPACITY)]
     }
+
+    /// Whether the walk found nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.n_native == 0 && self.n_python == 0
+    }
+
+    /// Copies the stack in `from` (its records only, not the unused capacity).
+    #[inline]
+    pub fn copy_from(&mut self, from: &StackSlot) {
+        let (native, python) = (from.native(), from.python());
+        self.native[..native.len()].copy_from_slice(native);
+        self.python[..python.len()].copy_from_slice(python);
+        self.n_native = native.len() as u16;
+        self.n_python = python.len() as u16;
+        self.truncated = from.truncated;
+    }
+
+    /// A 64-bit hash of everything that identifies the stack: the return addresses, each
+    /// Python record, the counts and the truncation mark. Hooks compute it to send a
+    /// repeated stack by reference; the writer interns by it. Two different stacks share a
+    /// hash with a probability of about 2^-64 per pair (docs/HOT-PATH.md).
+    #[inline]
+    pub fn identity_hash(&self) -> u64 {
+        self.identity_hash_with(native_chain(self.native()))
+    }
+
+    /// [`Self::identity_hash`] with the native part given: the [`native_chain`] of
+    /// `self.native()`, which the native walk keeps up as it goes (a reused outer part of
+    /// the stack comes with its chain value, so only the new inner frames are hashed).
+    ///
+    /// The Python records are hashed as a sum of independent terms, one per word: each word
+    /// multiplied (128-bit product, halves folded) by a constant of its own position, so the
+    /// multiplications do not wait for each other (a chained hash waits 4-5 cycles per
+    /// word); per-position constants make a reordered stack a different sum.
+    #[inline]
+    pub fn identity_hash_with(&self, native_chain: u64) -> u64 {
+        let mut sum = native_chain;
+        for (p, m) in self.python().iter().zip(PYTHON_MULTIPLIERS.chunks_exact(3)) {
+            let check_flags = (u64::from(p.check) << 32) | u64::from(p.flags);
+            sum = sum
+                .wrapping_add(fold_multiply(p.code ^ HASH_SEED, m[0]))
+                .wrapping_add(fold_multiply(p.instr ^ HASH_SEED, m[1]))
+                .wrapping_add(fold_multiply(check_flags ^ HASH_SEED, m[2]));
+        }
+        let shape = u64::from(self.n_native)
+            | (u64::from(self.n_python) << 16)
+            | (u64::from(self.truncated) << 32);
+        fold_multiply(sum ^ shape, FINAL_MULTIPLIER)
+    }
+}
+
+/// Where a native chain starts (a stack without native frames has this chain).
+pub const NATIVE_CHAIN_SEED: u64 = 0x243F_6A88_85A3_08D3;
+
+/// One step of the native chain: the chain over a stack's return addresses, from the
+/// outermost inwards, so that the chain of a stack's outer part is a prefix state that a
+/// walk reusing those frames carries over.
+#[inline(always)]
+pub fn native_chain_step(chain: u64, pc: u64) -> u64 {
+    fold_multiply(chain ^ pc, CHAIN_MULTIPLIER)
+}
+
+/// The native chain of `native` (innermost first), computed in full.
+pub fn native_chain(native: &[u64]) -> u64 {
+    native
+        .iter()
+        .rev()
+        .fold(NATIVE_CHAIN_SEED, |chain, &pc| native_chain_step(chain, pc))
+}
+
+/// Words the Python part of a stack hash covers: three per frame.
+const PYTHON_WORDS: usize = FRAME_CAPACITY * 3;
+const HASH_SEED: u64 = 0x1319_8A2E_0370_7344;
+const FINAL_MULTIPLIER: u64 = 0x9E37_79B9_7F4A_7C15;
+const CHAIN_MULTIPLIER: u64 = 0xD6E8_FEB8_6659_FD93;
+
+/// One odd multiplier per word position (splitmix64 outputs), computed at compile time.
+static PYTHON_MULTIPLIERS: [u64; PYTHON_WORDS] = {
+    let mut out = [0u64; PYTHON_WORDS];
+    let mut state = 0xA409_3822_299F_31D0u64;
+    let mut i = 0;
+    while i < PYTHON_WORDS {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        out[i] = (z ^ (z >> 31)) | 1;
+        i += 1;
+    }
+    out
+};
+
+/// The 128-bit product of `a` and `b`, its halves xored.
+#[inline(always)]
+fn fold_multiply(a: u64, b: u64) -> u64 {
+    let product = u128::from(a) * u128::from(b);
+    (product as u64) ^ ((product >> 64) as u64)
 }
 
 #[cfg(test)]
@@ -252,7 +357,78 @@ mod tests {
     #[test]
     fn events_stay_small() {
         // The queue holds MEMSNAP_QUEUE_CAPACITY of these; stacks live in separate slots.
-        assert_eq!(size_of::<Event>(), 72);
+        assert_eq!(size_of::<Event>(), 88);
+    }
+
+    fn stack(native: &[u64], python: &[(u64, u64)]) -> StackSlot {
+        let mut s = StackSlot::EMPTY;
+        s.native[..native.len()].copy_from_slice(native);
+        s.n_native = native.len() as u16;
+        for (dst, &(code, instr)) in s.python.iter_mut().zip(python) {
+            *dst = PyFrameRaw {
+                code,
+                instr,
+                check: 7,
+                flags: 1,
+            };
+        }
+        s.n_python = python.len() as u16;
+        s
+    }
+
+    #[test]
+    fn the_identity_hash_tells_apart_what_makes_stacks_differ() {
+        let base = stack(&[0x1000, 0x2000, 0x3000], &[(0x7000, 10)]);
+        let h = base.identity_hash();
+        let variants = [
+            stack(&[0x1000, 0x2000, 0x3008], &[(0x7000, 10)]),
+            stack(&[0x2000, 0x1000, 0x3000], &[(0x7000, 10)]),
+            stack(&[0x1000, 0x2000], &[(0x7000, 10)]),
+            stack(&[0x1000, 0x2000, 0x3000, 0], &[(0x7000, 10)]),
+            stack(&[0x1000, 0x2000, 0x3000], &[(0x7000, 12)]),
+            stack(&[0x1000, 0x2000, 0x3000], &[]),
+            stack(&[0x1000, 0x2000, 0x3000, 0x7000], &[]),
+        ];
+        for v in &variants {
+            assert_ne!(v.identity_hash(), h);
+        }
+        let mut truncated = base;
+        truncated.truncated = true;
+        assert_ne!(truncated.identity_hash(), h);
+        let mut check = base;
+        check.python[0].check = 8;
+        assert_ne!(check.identity_hash(), h);
+        // Only the records count, not what lies beyond them.
+        let mut stale = base;
+        stale.native[3] = 0xdead;
+        stale.python[1].code = 0xbeef;
+        assert_eq!(stale.identity_hash(), h);
+        let mut copy = StackSlot::EMPTY;
+        copy.copy_from(&base);
+        assert_eq!(copy.identity_hash(), h);
+    }
+
+    #[test]
+    fn the_identity_hash_has_no_collisions_among_a_quarter_million_near_identical_stacks() {
+        // Return addresses of real loops differ in few low bits: one varying frame at each
+        // position over a shared outer part, and swapped neighbours.
+        let mut seen = std::collections::HashSet::new();
+        let outer: Vec<u64> = (0..40).map(|k| 0x7f12_3400_0000 + k * 0x1_0040).collect();
+        let mut n = 0;
+        for pos in 0..40 {
+            for delta in 0..6_250u64 {
+                let mut native = outer.clone();
+                native[pos] = native[pos].wrapping_add(delta * 4 + 1);
+                assert!(seen.insert(stack(&native, &[]).identity_hash()));
+                n += 1;
+            }
+        }
+        for i in 0..39 {
+            let mut native = outer.clone();
+            native.swap(i, i + 1);
+            assert!(seen.insert(stack(&native, &[]).identity_hash()));
+        }
+        assert_eq!(seen.len(), n + 39);
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! share.
 //!
 //! Hot. [`event`]: the fixed-size records a hook sends. [`queue`]: the queue and the stack
-//! slots they travel in. [`handshake`]: flags and counters that hooks and the writer both
+//! slots they travel in. [`sent`]: the stacks each thread has sent, so that a repeated one
+//! travels as its hash. [`handshake`]: flags and counters that hooks and the writer both
 //! touch (requests waiting for a dump, route counters, device totals, the recording switch).
 
 pub mod event;
 pub mod handshake;
 pub mod queue;
+pub mod sent;

@@ -4,8 +4,9 @@
 //! - `events`: a crossbeam `ArrayQueue<Event>` (no allocation, no lock, no thread-local on
 //!   push; docs/DEPENDENCIES.md#crossbeam-queue);
 //! - a slab of [`StackSlot`]s with a free list (`ArrayQueue<u32>` of slot indices). A hook
-//!   pops a slot, fills it in place and sends its index with the event; the writer copies
-//!   what it needs and pushes the index back.
+//!   sending a stack for the first time pops a slot, fills it and sends its index with the
+//!   event; the writer interns the stack and pushes the index back. (A repeated stack needs
+//!   no slot: see [`sent`](super::sent).)
 //!
 //! Lossless (docs/DESIGN.md, decision 5): when the queue or the slab is full, the hook
 //! waits for the writer (a short spin, then it wakes the writer and yields, then sleeps
@@ -14,7 +15,7 @@
 //! process teardown) does an event go unrecorded; those are counted by kind and reported
 //! at exit. No allocation, no lock; syscalls only while waiting for the writer.
 
-use crate::channel::event::{Event, Kind, NO_STACK, StackSlot};
+use crate::channel::event::{Event, Kind, StackRef, StackSlot};
 use crate::config::{Context, Stacks};
 use crossbeam_queue::ArrayQueue;
 use std::cell::UnsafeCell;
@@ -75,7 +76,8 @@ pub struct Counters {
     pub lost_allocs: AtomicU64,
     pub lost_frees: AtomicU64,
     pub lost_other: AtomicU64,
-    /// Stacks not captured because the writer was gone (their events were lost too).
+    /// Stacks not recorded: the writer was gone (their events were lost too), or the
+    /// calling thread was past its exit destructors (its per-thread state freed).
     pub lost_stacks: AtomicU64,
 }
 
@@ -214,8 +216,8 @@ impl Recorder {
             _ => &self.counters.lost_other,
         };
         counter.fetch_add(1, Relaxed);
-        if event.stack != NO_STACK {
-            let _ = self.free_slots.push(event.stack);
+        if let StackRef::Slot { index, .. } = event.stack {
+            let _ = self.free_slots.push(index);
         }
     }
 
@@ -308,9 +310,9 @@ mod tests {
         for i in 0..20u64 {
             let kind = if i % 2 == 0 { Kind::Alloc } else { Kind::Free };
             let mut ev = Event::new(kind, Api::CudaMalloc);
-            if let Some((idx, slot)) = rec.take_slot() {
+            if let Some((index, slot)) = rec.take_slot() {
                 slot.n_native = 1;
-                ev.stack = idx;
+                ev.stack = StackRef::Slot { index, hash: 1 };
             }
             ev.addr = i;
             rec.push(ev);
@@ -324,8 +326,11 @@ mod tests {
         assert_eq!(rec.counters.lost_stacks.load(Relaxed), 4);
         let mut addrs = Vec::new();
         while let Some(ev) = rec.pop() {
-            assert_eq!(rec.slot(ev.stack).map(|s| s.n_native), Some(1));
-            rec.release_slot(ev.stack);
+            let StackRef::Slot { index, .. } = ev.stack else {
+                panic!("every queued event has its slot")
+            };
+            assert_eq!(rec.slot(index).map(|s| s.n_native), Some(1));
+            rec.release_slot(index);
             addrs.push(ev.addr);
         }
         assert_eq!(addrs, (0..16).collect::<Vec<u64>>(), "FIFO, oldest kept");
@@ -340,10 +345,10 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..EVENTS / 4 {
                         let mut ev = Event::new(Kind::Alloc, Api::CudaMalloc);
-                        let (idx, slot) = rec.take_slot().expect("the writer is alive");
+                        let (index, slot) = rec.take_slot().expect("the writer is alive");
                         slot.n_native = 1;
                         slot.native[0] = t << 32 | i;
-                        ev.stack = idx;
+                        ev.stack = StackRef::Slot { index, hash: 1 };
                         ev.addr = t << 32 | i;
                         rec.push(ev);
                     }
@@ -356,9 +361,12 @@ mod tests {
         while received < EVENTS {
             match rec.pop() {
                 Some(ev) => {
-                    let slot = rec.slot(ev.stack).expect("every event has its stack");
+                    let StackRef::Slot { index, .. } = ev.stack else {
+                        panic!("every event has its stack")
+                    };
+                    let slot = rec.slot(index).expect("a valid slot");
                     assert_eq!(slot.native[0], ev.addr, "the stack travels with its event");
-                    rec.release_slot(ev.stack);
+                    rec.release_slot(index);
                     let (t, i) = ((ev.addr >> 32) as usize, ev.addr & 0xffff_ffff);
                     assert_eq!(i, seen[t], "per-thread order kept");
                     seen[t] += 1;

@@ -24,6 +24,17 @@ fn debug_args(stacks: libc::c_int, max_frames: libc::c_int) -> (Stacks, usize) {
     (stacks, max)
 }
 
+/// Benchmark entry point: with `on` non-zero, the calling thread's CUDA calls pass through
+/// memsnap unrecorded until it is called again with 0 (see `guard::set_pass_through`).
+/// The record then misses what the thread did meanwhile, so a benchmark must free in each
+/// phase what it allocated there; `scripts/gpu/hook_cost_torch.py` times the same loop
+/// both ways in one process with it.
+#[doc(hidden)]
+#[unsafe(no_mangle)]
+pub extern "C" fn memsnap_debug_pass_through(on: libc::c_int) {
+    crate::guard::set_pass_through(on != 0);
+}
+
 /// Debug and test entry point: captures the caller's stack (`stacks`: 0 none, 1 python,
 /// 2 native, 3 all; `max_frames` 0 = the maximum), resolves it at once the way the writer
 /// does, and writes `{"frames": [{"name","filename","line"}, ...] (innermost first),
@@ -184,10 +195,11 @@ pub fn debug_resolve_json(slot: &StackSlot, stacks: Stacks, max: usize) -> Strin
 /// `events` synthetic events with stacks of `depth` native frames drawn from
 /// `distinct_stacks` stacks through a real channel and applies them as the writer does;
 /// returns the nanoseconds spent applying them. `out[0]` receives the stacks interned,
-/// `out[1]` the growth of resident memory in bytes.
+/// `out[1]` the growth of resident memory in bytes, `out[2]` the stacks that came in full
+/// (the rest came by reference).
 ///
 /// # Safety
-/// `out` must be null or point to two writable `u64`.
+/// `out` must be null or point to three writable `u64`.
 #[doc(hidden)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memsnap_debug_bench_writer(
@@ -201,10 +213,11 @@ pub unsafe extern "C" fn memsnap_debug_bench_writer(
     });
     let Ok(f) = figures else { return 0 };
     if !out.is_null() {
-        // SAFETY: the caller passes room for two u64.
+        // SAFETY: the caller passes room for three u64.
         unsafe {
             *out = f.interned;
             *out.add(1) = f.rss_growth_bytes;
+            *out.add(2) = f.sent_in_full;
         }
     }
     f.nanoseconds

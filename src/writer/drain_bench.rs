@@ -13,6 +13,7 @@
 use super::Writer;
 use crate::channel::event::{Api, Event, Kind, Payload};
 use crate::channel::queue::{HookSettings, Recorder};
+use crate::channel::sent;
 use crate::config::{Config, Context, FRAME_CAPACITY, Stacks};
 use std::time::Instant;
 
@@ -21,6 +22,9 @@ pub struct DrainFigures {
     pub nanoseconds: u64,
     /// Distinct stacks the writer interned.
     pub interned: u64,
+    /// Stacks that came in full (a thread's first send of each, or after its table
+    /// entry was taken by another stack).
+    pub sent_in_full: u64,
     /// Growth of the process's resident memory while the events were applied.
     pub rss_growth_bytes: u64,
 }
@@ -89,20 +93,22 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
             } else {
                 r / 4 % distinct
             };
-            if let Some((idx, slot)) = rec.take_slot() {
-                for (k, pc) in slot.native[..depth].iter_mut().enumerate() {
-                    let k = k as u64;
-                    *pc = if k < 8 {
-                        0x5500_0000 + id * 0x100 + k * 8
-                    } else {
-                        0x6600_0000 + k * 0x40
-                    };
-                }
-                slot.n_native = depth as u16;
-                slot.n_python = 0;
-                ev.stack = idx;
+            // As a hook does: capture into the thread's scratch stack, then send it (in
+            // full the first time, by hash after).
+            let thread = sent::this_thread().expect("per-thread state");
+            let slot = &mut thread.scratch;
+            for (k, pc) in slot.native[..depth].iter_mut().enumerate() {
+                let k = k as u64;
+                *pc = if k < 8 {
+                    0x5500_0000 + id * 0x100 + k * 8
+                } else {
+                    0x6600_0000 + k * 0x40
+                };
             }
-            rec.push(ev);
+            slot.n_native = depth as u16;
+            slot.n_python = 0;
+            let hash = slot.identity_hash();
+            rec.push_with_stack(ev, thread, hash);
         }
     });
     let rss_before = rss_bytes();
@@ -122,6 +128,7 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
     DrainFigures {
         nanoseconds,
         interned: writer.stacks.len() as u64,
+        sent_in_full: writer.stacks.sent_in_full,
         rss_growth_bytes: rss_bytes().saturating_sub(rss_before),
     }
 }
@@ -159,20 +166,22 @@ pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u3
         ev.payload = Payload::Stream(0);
         ev.time_us = i;
         let id = next(&mut rng) % u64::from(distinct_stacks.max(1));
-        if let Some((idx, slot)) = rec.take_slot() {
-            for (k, pc) in slot.native[..depth].iter_mut().enumerate() {
-                // The innermost frames vary with the stack, the outer ones are shared.
-                let spread = if k < 4 {
-                    id * 7919 + k as u64 * 104_729
-                } else {
-                    k as u64 * 104_729
-                };
-                *pc = text + (spread * 16) % text_len;
-            }
-            slot.n_native = depth as u16;
-            slot.n_python = 0;
-            ev.stack = idx;
+        let thread = sent::this_thread().expect("per-thread state");
+        let slot = &mut thread.scratch;
+        for (k, pc) in slot.native[..depth].iter_mut().enumerate() {
+            // The innermost frames vary with the stack, the outer ones are shared.
+            let spread = if k < 4 {
+                id * 7919 + k as u64 * 104_729
+            } else {
+                k as u64 * 104_729
+            };
+            *pc = text + (spread * 16) % text_len;
         }
+        slot.n_native = depth as u16;
+        slot.n_python = 0;
+        let hash = slot.identity_hash();
+        rec.push_with_stack(ev, thread, hash);
+        let ev = rec.pop().expect("just sent");
         writer.apply(ev);
     }
     let uid = writer.live.uid;

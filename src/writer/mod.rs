@@ -17,7 +17,7 @@ pub mod state;
 pub mod stats;
 pub mod upload;
 
-use crate::channel::event::{Api, Event, Kind, NO_STACK, Payload};
+use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
 use crate::channel::handshake::{
     self, API_DUMP_LOG, API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED,
     SIGNAL_DUMPS,
@@ -266,21 +266,30 @@ impl Writer {
         sample.step = self.step;
         sample.events_recorded = c.pushed.load(Relaxed);
         sample.dropped_events = c.lost_total();
-        sample.events_without_stack = c.lost_stacks.load(Relaxed);
+        sample.events_without_stack = self.events_without_stack();
         sample.last_oom = self.last_oom.clone();
         sample
     }
 
+    /// Events recorded without the stack they should have had.
+    fn events_without_stack(&self) -> u64 {
+        self.rec.counters.lost_stacks.load(Relaxed) + self.stacks.unknown_references
+    }
+
     fn take_stack(&mut self, ev: &Event) -> Option<stacks::RawStackId> {
-        if ev.stack == NO_STACK {
-            return None;
+        match ev.stack {
+            StackRef::None => None,
+            StackRef::Slot { index, hash } => {
+                self.stacks.sent_in_full += 1;
+                let id = self
+                    .rec
+                    .slot(index)
+                    .and_then(|slot| self.stacks.intern_hashed(slot, hash));
+                self.rec.release_slot(index);
+                id
+            }
+            StackRef::Sent { hash } => self.stacks.sent_before(hash),
         }
-        let id = self
-            .rec
-            .slot(ev.stack)
-            .and_then(|slot| self.stacks.intern(slot));
-        self.rec.release_slot(ev.stack);
-        id
     }
 
     /// Module table refresh (libraries loaded since) and one-time stack warnings.
@@ -627,7 +636,13 @@ impl Writer {
             meta_int("dropped_events", c.lost_total()),
             meta_int("dropped_allocs", c.lost_allocs.load(Relaxed)),
             meta_int("dropped_frees", c.lost_frees.load(Relaxed)),
-            meta_int("events_without_stack", c.lost_stacks.load(Relaxed)),
+            meta_int("events_without_stack", self.events_without_stack()),
+            meta_int("stacks_sent_in_full", self.stacks.sent_in_full),
+            meta_int("stacks_sent_by_reference", self.stacks.sent_by_reference),
+            meta_int(
+                "ambiguous_stack_references",
+                self.stacks.ambiguous_references,
+            ),
             meta_int("hook_queue_waits", c.queue_waits.load(Relaxed)),
             meta_int("hook_slot_waits", c.slot_waits.load(Relaxed)),
             meta_int("unknown_frees", self.state.anomalies.unknown_frees),

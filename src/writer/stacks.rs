@@ -36,12 +36,21 @@ struct RawStack {
 }
 
 pub struct StackTable {
-    /// Stacks by the hash of their raw records: the first stack with each hash. A stack seen
-    /// before costs one hash over the slot, one lookup and one compare; no copy, no
-    /// allocation.
+    /// Stacks by their [`StackSlot::identity_hash`]: the first stack with each hash. A stack
+    /// a hook sent by reference costs one lookup here; one sent in full, a lookup and a
+    /// compare; no copy, no allocation.
     by_hash: FxHashMap<u64, RawStackId>,
     /// Later stacks whose hash an earlier one already had (compared in full, like the rest).
     same_hash: FxHashMap<u64, Vec<RawStackId>>,
+    /// References to a hash two different stacks have: attributed to the first of them.
+    /// With 64-bit hashes, about 2^-64 per pair of stacks (reported if it ever happens).
+    pub ambiguous_references: u64,
+    /// References to a hash no stack had: the event is recorded without its stack. Never
+    /// expected (a thread's full send is drained before its references); counted.
+    pub unknown_references: u64,
+    /// Stacks received in a slot, and by reference to one received before.
+    pub sent_in_full: u64,
+    pub sent_by_reference: u64,
     /// Interned stacks not symbolized yet, oldest first (see [`Self::symbolize_some`]).
     unsymbolized: std::collections::VecDeque<RawStackId>,
     stacks: Vec<RawStack>,
@@ -57,6 +66,10 @@ impl StackTable {
         StackTable {
             by_hash: FxHashMap::default(),
             same_hash: FxHashMap::default(),
+            ambiguous_references: 0,
+            unknown_references: 0,
+            sent_in_full: 0,
+            sent_by_reference: 0,
             unsymbolized: std::collections::VecDeque::new(),
             stacks: Vec::new(),
             python: pyframes::PyResolver::new(),
@@ -69,15 +82,30 @@ impl StackTable {
     /// Interns the stack in `slot`. Called as soon as the writer drains the event, while
     /// the Python code objects it names are still alive. `None` for an empty stack.
     pub fn intern(&mut self, slot: &StackSlot) -> Option<RawStackId> {
-        self.check_python_support();
-        if slot.native().is_empty() && slot.python().is_empty() {
-            return None;
-        }
-        self.intern_hashed(slot, slot_hash(slot))
+        self.intern_hashed(slot, slot.identity_hash())
     }
 
-    /// [`Self::intern`] with the slot's hash given (tests give two stacks one hash).
-    fn intern_hashed(&mut self, slot: &StackSlot, hash: u64) -> Option<RawStackId> {
+    /// The stack a hook sent by reference: the one interned with `hash`.
+    #[inline]
+    pub fn sent_before(&mut self, hash: u64) -> Option<RawStackId> {
+        self.sent_by_reference += 1;
+        let Some(&id) = self.by_hash.get(&hash) else {
+            self.unknown_references += 1;
+            return None;
+        };
+        if self.same_hash.contains_key(&hash) {
+            self.ambiguous_references += 1;
+        }
+        Some(id)
+    }
+
+    /// [`Self::intern`] with the slot's [`StackSlot::identity_hash`] given, as the hook
+    /// computed it (tests give two stacks one hash).
+    pub fn intern_hashed(&mut self, slot: &StackSlot, hash: u64) -> Option<RawStackId> {
+        self.check_python_support();
+        if slot.is_empty() {
+            return None;
+        }
         let same = |s: &RawStack| s.native == slot.native() && s.raw_python == slot.python();
         if let Some(&id) = self.by_hash.get(&hash) {
             if self.stacks.get(id as usize).is_some_and(same) {
@@ -181,23 +209,6 @@ impl StackTable {
             ));
         }
     }
-}
-
-/// The hash of a slot's raw records: native addresses, then each Python record (the same
-/// code object at the same instruction gives the same frames).
-fn slot_hash(slot: &StackSlot) -> u64 {
-    use std::hash::Hasher;
-    let mut h = rustc_hash::FxHasher::default();
-    h.write_usize(slot.native().len());
-    for &pc in slot.native() {
-        h.write_u64(pc);
-    }
-    for p in slot.python() {
-        h.write_u64(p.code);
-        h.write_u64(p.instr);
-        h.write_u64((u64::from(p.check) << 32) | u64::from(p.flags));
-    }
-    h.finish()
 }
 
 /// Whether a native frame is the interpreter's eval loop (one per eval call).

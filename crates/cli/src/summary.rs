@@ -16,7 +16,8 @@ use std::path::PathBuf;
 /// The `--json` shape (stable: fields are only ever added).
 pub const JSON_SHAPE: &str = "\
 JSON (--json):
-  { file, producer: \"memsnap\"|\"pytorch\", dropped_events: int|null, metadata: {memsnap's metadata},
+  { file, producer: \"memsnap\"|\"pytorch\", dropped_events: int|null,
+    events_without_stack: int|null, metadata: {memsnap's metadata},
     api_calls: [ {api, calls} ] (memsnap's files: calls per CUDA entry point, whole process),
     devices: [ { device, live_bytes, live_blocks, live_requested_bytes, pending_free_bytes,
                  reserved_bytes, segments,
@@ -189,6 +190,8 @@ pub struct Summary {
     /// "memsnap" (has memsnap's metadata) or "pytorch".
     pub producer: &'static str,
     pub dropped_events: Option<i64>,
+    /// Events recorded without their stack (memsnap's counter).
+    pub events_without_stack: Option<i64>,
     pub metadata: serde_json::Value,
     /// Calls per CUDA entry point (memsnap's `api_calls`), most first.
     pub api_calls: Vec<CallRow>,
@@ -271,6 +274,7 @@ pub fn build(
             "memsnap"
         },
         dropped_events: meta_int(snap, "dropped_events"),
+        events_without_stack: meta_int(snap, "events_without_stack"),
         metadata: meta_json(&Meta::Dict(snap.memsnap.clone())),
         api_calls: api_calls(snap),
         devices,
@@ -432,6 +436,22 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
         plural(s.devices.len() as i64, "device", "devices"),
         plural(events as i64, "event", "events"),
     )?;
+    // What the record misses comes first: everything below is short by it.
+    if let Some(n) = s.dropped_events.filter(|&n| n > 0) {
+        writeln!(
+            out,
+            "INCOMPLETE: {} not recorded (memsnap's writer stopped early); live memory \
+             below may be off by what they did",
+            plural(n, "event", "events")
+        )?;
+    }
+    if let Some(n) = s.events_without_stack.filter(|&n| n > 0) {
+        writeln!(
+            out,
+            "INCOMPLETE: {} recorded without a stack",
+            plural(n, "event", "events")
+        )?;
+    }
     if !s.api_calls.is_empty() {
         let list: Vec<String> = s
             .api_calls
@@ -439,9 +459,6 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
             .map(|c| format!("{} {}", c.api, c.calls))
             .collect();
         writeln!(out, "API calls: {}", list.join(", "))?;
-    }
-    if let Some(n) = s.dropped_events.filter(|&n| n > 0) {
-        writeln!(out, "dropped events: {n} (memsnap counter)")?;
     }
     if s.devices.is_empty() {
         writeln!(out, "no segments and no events: nothing was recorded")?;

@@ -1,0 +1,200 @@
+//! The stacks a thread has sent in full, so that a repeated stack travels as its hash.
+//!
+//! Hot. Most stacks of a training loop repeat. The first time a thread sends a stack, it
+//! goes in full in a stack slot, with its [`StackSlot::identity_hash`]; afterwards the
+//! thread sends only the hash ([`StackRef::Sent`]), which the writer looks up among the
+//! stacks it interned. A repeated stack then costs the hook no slot (two contended atomic
+//! operations on the shared free list) and no copy, and the writer one table lookup instead
+//! of reading a whole stack written on another core.
+//!
+//! Why the writer always has the stack a hash names: one queue carries both, in each
+//! thread's order, so a thread's full send is drained before its later references. Only
+//! the hashes this thread itself sent are in its table.
+//!
+//! Per thread: a table of [`SENT_TABLE_SLOTS`] hashes in sets of eight (a stack the table
+//! forgot is simply sent in full again) and a scratch stack the hook captures into before
+//! it knows whether the stack is new: 130 KiB, allocated on the thread's first stack and
+//! freed when the thread exits. No lock; no allocation or syscall afterwards.
+
+use crate::channel::event::{Event, StackRef, StackSlot};
+use crate::channel::queue::Recorder;
+use crate::thread_state::ExitKey;
+use std::cell::Cell;
+
+/// Hashes a thread's table holds (128 KiB).
+pub const SENT_TABLE_SLOTS: usize = 16384;
+/// Entries per set: one cache line of hashes. A direct-mapped table of 4,096 entries sent
+/// 11% of the events of a loop over 2,000 distinct stacks in full again, because stacks
+/// evicted each other from shared entries; with sets of eight, none but the first sends.
+/// Over 20,000 distinct stacks, 8,192 entries sent 29% in full and 16,384 sent 9%
+/// (`cargo bench --bench writer`, docs/BENCHMARKS.md).
+const WAYS: usize = 8;
+const SETS: usize = SENT_TABLE_SLOTS / WAYS;
+
+/// Marks a thread whose state was freed by the thread-exit destructor.
+const STATE_GONE: *mut ThreadStacks = std::ptr::without_provenance_mut(1);
+
+/// One thread's sent stacks and capture scratch.
+pub struct ThreadStacks {
+    /// The channel the table's hashes were sent on: a new one (a process forked before its
+    /// first CUDA call that starts recording) empties the table. 0: none yet.
+    channel: usize,
+    /// Hashes sent in full, each in set `hash % SETS`, newest first (a full set forgets
+    /// its oldest); 0: empty (a stack hashing to 0 is always sent in full).
+    sent: [[u64; WAYS]; SETS],
+    /// Where the hook captures the stack.
+    pub scratch: StackSlot,
+    /// Stacks this thread sent by reference (tests read it).
+    pub by_reference: u64,
+}
+
+thread_local! {
+    static STATE: Cell<*mut ThreadStacks> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+static STATE_KEY: ExitKey = ExitKey::new();
+
+unsafe extern "C" fn free_state(p: *mut libc::c_void) {
+    STATE.with(|c| c.set(STATE_GONE));
+    if !p.is_null() {
+        // SAFETY: `p` is the state allocated for this thread; the thread is exiting and
+        // its TLS says "gone", so no later hook on it uses the pointer.
+        unsafe { drop(Box::from_raw(p as *mut ThreadStacks)) };
+    }
+}
+
+/// The calling thread's state, created on its first stack; `None` once the thread is
+/// exiting or if the allocation failed (then the event goes without a stack, counted).
+///
+/// The caller must not hold an earlier reference: hooks do not nest on one thread (the
+/// nesting guard), and nothing else calls this.
+#[inline]
+pub fn this_thread() -> Option<&'static mut ThreadStacks> {
+    let p = STATE.with(|c| c.get());
+    if p == STATE_GONE {
+        return None;
+    }
+    if !p.is_null() {
+        // SAFETY: this thread's leaked state, used only by this thread and not re-entered
+        // (see above).
+        return Some(unsafe { &mut *p });
+    }
+    first_use()
+}
+
+#[cold]
+#[inline(never)]
+fn first_use() -> Option<&'static mut ThreadStacks> {
+    // SAFETY: all-zero bytes are a valid `ThreadStacks` (no channel, an empty table, an
+    // empty scratch stack); `free_state` frees a `ThreadStacks`.
+    let fresh: *mut ThreadStacks = unsafe { STATE_KEY.alloc_zeroed(free_state) };
+    if fresh.is_null() {
+        return None;
+    }
+    STATE.with(|c| c.set(fresh));
+    // SAFETY: just allocated, owned by this thread.
+    Some(unsafe { &mut *fresh })
+}
+
+impl Recorder {
+    /// Sends `ev` with the stack captured in `thread.scratch`, whose
+    /// [`StackSlot::identity_hash`] is `hash`: by the hash when this thread sent the same
+    /// stack before on this channel, else in full in a stack slot (waiting for one while
+    /// the writer is behind, like [`Recorder::push`]).
+    #[inline]
+    pub fn push_with_stack(&self, mut ev: Event, thread: &mut ThreadStacks, hash: u64) {
+        let stack = &thread.scratch;
+        if !stack.is_empty() {
+            let channel = self as *const Recorder as usize;
+            if thread.channel != channel {
+                thread.sent.fill([0; WAYS]);
+                thread.channel = channel;
+            }
+            debug_assert_eq!(hash, stack.identity_hash());
+            let set = &mut thread.sent[hash as usize % SETS];
+            if set.contains(&hash) && hash != 0 {
+                ev.stack = StackRef::Sent { hash };
+                thread.by_reference += 1;
+            } else if let Some((index, slot)) = self.take_slot() {
+                slot.copy_from(stack);
+                set.copy_within(..WAYS - 1, 1);
+                set[0] = hash;
+                ev.stack = StackRef::Slot { index, hash };
+            }
+        }
+        self.push(ev);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::event::{Api, Kind};
+    use crate::channel::queue::HookSettings;
+    use crate::config::{Context, Stacks};
+
+    fn recorder() -> Recorder {
+        let settings = HookSettings {
+            stacks: Stacks::Native,
+            context: Context::All,
+            max_frames: 64,
+            dump_on_oom: false,
+        };
+        Recorder::new(64, settings, -1)
+    }
+
+    fn send(rec: &Recorder, thread: &mut ThreadStacks, frames: &[u64]) -> StackRef {
+        thread.scratch = StackSlot::EMPTY;
+        thread.scratch.native[..frames.len()].copy_from_slice(frames);
+        thread.scratch.n_native = frames.len() as u16;
+        let hash = thread.scratch.identity_hash();
+        rec.push_with_stack(Event::new(Kind::Alloc, Api::CudaMalloc), thread, hash);
+        let ev = rec.pop().expect("sent");
+        if let StackRef::Slot { index, .. } = ev.stack {
+            let slot = rec.slot(index).expect("slot");
+            assert_eq!(slot.native(), frames, "the slot holds the captured stack");
+            rec.release_slot(index);
+        }
+        ev.stack
+    }
+
+    #[test]
+    fn a_repeated_stack_goes_by_hash_a_new_one_in_full_and_a_new_channel_starts_afresh() {
+        let rec = recorder();
+        let thread = this_thread().expect("state");
+        let a = send(&rec, thread, &[1, 2, 3]);
+        let StackRef::Slot { hash, .. } = a else {
+            panic!("first send of a stack is in full: {a:?}")
+        };
+        assert_eq!(send(&rec, thread, &[1, 2, 3]), StackRef::Sent { hash });
+        assert!(matches!(
+            send(&rec, thread, &[1, 2, 4]),
+            StackRef::Slot { .. }
+        ));
+        assert_eq!(send(&rec, thread, &[1, 2, 3]), StackRef::Sent { hash });
+        assert_eq!(send(&rec, thread, &[]), StackRef::None, "empty: no stack");
+        // A new channel (a writer that never saw these stacks): in full again.
+        let other = recorder();
+        assert!(matches!(
+            send(&other, thread, &[1, 2, 3]),
+            StackRef::Slot { .. }
+        ));
+        assert_eq!(send(&other, thread, &[1, 2, 3]), StackRef::Sent { hash });
+        assert!(matches!(
+            send(&rec, thread, &[1, 2, 3]),
+            StackRef::Slot { .. }
+        ));
+    }
+
+    #[test]
+    fn another_thread_sends_its_first_copy_in_full() {
+        let rec: &'static Recorder = Box::leak(Box::new(recorder()));
+        let here = send(rec, this_thread().expect("state"), &[9, 8, 7]);
+        assert!(matches!(here, StackRef::Slot { .. }));
+        let there =
+            std::thread::spawn(move || send(rec, this_thread().expect("state"), &[9, 8, 7]))
+                .join()
+                .unwrap();
+        assert!(matches!(there, StackRef::Slot { .. }), "{there:?}");
+    }
+}
