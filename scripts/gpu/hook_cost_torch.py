@@ -19,6 +19,13 @@ scripts/bench/snapshot_counts.py); a configuration that lost anything in any run
 snapshot accounts for fewer events than the loop made, prints VOID instead of a figure.
 Recorder runs check that the recorder kept trace entries with frames.
 
+Because the timings between processes are bimodal on shared virtual machines, every memsnap run
+also times the same loop with its thread's calls passing through memsnap unrecorded
+(memsnap_debug_pass_through; absent from older builds), alternating with the recorded loop, and
+the report gives per-event differences within each process (median and range over runs). Where
+the kernel exposes the loop thread's instruction counter (perf_event_open), instructions per
+iteration are reported as well.
+
     python3 scripts/gpu/hook_cost_torch.py --lib target/release/libmemsnap.so
         [--rounds 3] [--iterations 20000] [--memsnap-context alloc|all] [--json FILE]
         [--also-lib before=OLD/libmemsnap.so]   (another build's MEMSNAP_STACKS=all row, same rounds)
