@@ -22,7 +22,7 @@ pub fn prepare(stacks: Stacks) {
     }
     if stacks.python() {
         let mut scratch = StackSlot::EMPTY;
-        python::capture(&mut scratch, 1);
+        let _ = python::capture(&mut scratch, 1);
     }
 }
 
@@ -51,15 +51,15 @@ fn capture_from(
     slot.n_native = 0;
     slot.n_python = 0;
     slot.truncated = false;
-    let mut chain = None;
+    let (mut chain, mut python_sum) = (None, 0);
     if stacks.native() {
         chain = native::capture(slot, max, from);
     }
     if stacks.python() {
-        python::capture(slot, max);
+        python_sum = python::capture(slot, max);
     }
     let chain = chain.unwrap_or_else(|| native_chain(slot.native()));
-    slot.identity_hash_with(chain)
+    slot.identity_hash_from(chain, python_sum)
 }
 
 /// The stack of the code a synchronous signal (a fault, `abort`) interrupted on this thread,
@@ -80,6 +80,6 @@ pub fn capture_interrupted(
         native::capture_interrupted(slot, max, regs);
     }
     if stacks.python() && python::resolved() {
-        python::capture(slot, max);
+        let _ = python::capture(slot, max);
     }
 }

@@ -14,7 +14,7 @@
 
 use super::cpython::FRAME_OWNED_BY_CSTACK;
 pub use super::cpython::Layout;
-use crate::channel::event::{PyFrameRaw, StackSlot};
+use crate::channel::event::{PyFrameRaw, StackSlot, python_term};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 /// `PyFrameRaw::flags` bit: the first frame its `_PyEval_EvalFrameDefault` call ran.
@@ -174,8 +174,10 @@ pub fn resolved() -> bool {
 }
 
 /// Fills `slot.python`, innermost first. Sets `slot.truncated` when frames were left out.
+/// Returns the records' [`python_sum`](crate::channel::event::python_sum), added up as they
+/// were written.
 #[inline]
-pub fn capture(slot: &mut StackSlot, max_frames: usize) {
+pub fn capture(slot: &mut StackSlot, max_frames: usize) -> u64 {
     slot.n_python = 0;
     let mut state = STATE.load(Ordering::Acquire);
     if state == UNRESOLVED {
@@ -183,10 +185,10 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) {
         state = STATE.load(Ordering::Acquire);
     }
     if state != READY {
-        return;
+        return 0;
     }
     let Some(layout) = Layout::from_u8(LAYOUT.load(Ordering::Relaxed)) else {
-        return;
+        return 0;
     };
     let init = IS_INITIALIZED.load(Ordering::Relaxed);
     let get = GET_TSTATE.load(Ordering::Relaxed);
@@ -195,13 +197,13 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) {
     let tstate = unsafe {
         let is_init: extern "C" fn() -> libc::c_int = std::mem::transmute(init);
         if is_init() == 0 {
-            return;
+            return 0;
         }
         let get_ts: extern "C" fn() -> usize = std::mem::transmute(get);
         get_ts() as u64
     };
     if tstate == 0 {
-        return; // a thread CPython never saw (CUDA's, NCCL's, autograd's): no Python frames
+        return 0; // a thread CPython never saw (CUDA's, NCCL's, autograd's): no Python frames
     }
     let max = max_frames.min(slot.python.len());
     // One copy of the walk per layout, each with its offsets and version tests folded into
@@ -211,7 +213,7 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) {
     // SAFETY: `tstate` is this thread's live PyThreadState and the frames along its chain
     // belong to this thread, which is inside our hook: nothing frees or moves them while
     // we read. Offsets are those of the interpreter's version (checked against its headers).
-    let (n, more) = unsafe {
+    let (n, more, sum) = unsafe {
         match layout {
             Layout::Py310 => walk(Layout::Py310, tstate, out),
             Layout::Py311 => walk(Layout::Py311, tstate, out),
@@ -223,14 +225,27 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) {
     if more {
         slot.truncated = true;
     }
+    sum
 }
 
-/// Walks the chain from `tstate` into `out`. Returns (frames written, more frames left out).
+/// Sets the entry mark of the record at `position`, keeping `sum` (the records' Python hash
+/// so far) in step.
+#[inline(always)]
+fn mark_entry(record: &mut PyFrameRaw, position: usize, sum: &mut u64) {
+    if record.flags & FLAG_ENTRY == 0 {
+        *sum = sum.wrapping_sub(python_term(record, position));
+        record.flags |= FLAG_ENTRY;
+        *sum = sum.wrapping_add(python_term(record, position));
+    }
+}
+
+/// Walks the chain from `tstate` into `out`. Returns (frames written, more frames left out,
+/// the records' Python hash).
 ///
 /// # Safety
 /// `tstate` must be the calling thread's live `PyThreadState` of an interpreter with `layout`.
 #[inline(always)]
-unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, bool) {
+unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, bool, u64) {
     let o = layout.table();
     // SAFETY (whole body): every address read is a field of a live structure of this thread
     // at an offset of this version's layout (caller's contract).
@@ -245,6 +260,7 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
             }
         };
         let mut n = 0usize;
+        let mut sum = 0u64;
         let mut visits = 0usize;
         while frame != 0 && visits < MAX_VISITS {
             visits += 1;
@@ -255,8 +271,10 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
             };
             if matches!(layout, Layout::Py312 | Layout::Py313) && owner == FRAME_OWNED_BY_CSTACK {
                 // The frame written just before is the first one that eval call ran.
-                if let Some(prev) = n.checked_sub(1).and_then(|i| out.get_mut(i)) {
-                    prev.flags |= FLAG_ENTRY;
+                if let Some(i) = n.checked_sub(1)
+                    && let Some(prev) = out.get_mut(i)
+                {
+                    mark_entry(prev, i, &mut sum);
                 }
                 frame = back;
                 continue;
@@ -267,7 +285,7 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 continue;
             }
             if n >= out.len() {
-                return (n, true);
+                return (n, true, sum);
             }
             let instr: u64 = match layout {
                 Layout::Py310 => {
@@ -297,14 +315,17 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                     check: check_value(firstlineno, filename, name, serial),
                     flags: if entry { FLAG_ENTRY } else { 0 },
                 };
+                sum = sum.wrapping_add(python_term(slot, n));
                 n += 1;
             }
             frame = back;
         }
         // The outermost frame was entered from C whatever the version says.
-        if let Some(last) = n.checked_sub(1).and_then(|i| out.get_mut(i)) {
-            last.flags |= FLAG_ENTRY;
+        if let Some(i) = n.checked_sub(1)
+            && let Some(last) = out.get_mut(i)
+        {
+            mark_entry(last, i, &mut sum);
         }
-        (n, frame != 0)
+        (n, frame != 0, sum)
     }
 }

@@ -274,32 +274,49 @@ impl StackSlot {
     /// hash with a probability of about 2^-64 per pair (docs/HOT-PATH.md).
     #[inline]
     pub fn identity_hash(&self) -> u64 {
-        self.identity_hash_with(native_chain(self.native()))
+        self.identity_hash_from(native_chain(self.native()), python_sum(self.python()))
     }
 
-    /// [`Self::identity_hash`] with the native part given: the [`native_chain`] of
-    /// `self.native()`, which the native walk keeps up as it goes (a reused outer part of
-    /// the stack comes with its chain value, so only the new inner frames are hashed).
-    ///
-    /// The Python records are hashed as a sum of independent terms, one per word: each word
-    /// multiplied (128-bit product, halves folded) by a constant of its own position, so the
-    /// multiplications do not wait for each other (a chained hash waits 4-5 cycles per
-    /// word); per-position constants make a reordered stack a different sum.
+    /// [`Self::identity_hash`] from its two parts as the capture kept them up: the
+    /// [`native_chain`] of `self.native()` (a walk that reused the previous one's outer
+    /// frames took their chain along) and the [`python_sum`] of `self.python()` (added up
+    /// by the Python walk as it wrote each record).
     #[inline]
-    pub fn identity_hash_with(&self, native_chain: u64) -> u64 {
-        let mut sum = native_chain;
-        for (p, m) in self.python().iter().zip(PYTHON_MULTIPLIERS.chunks_exact(3)) {
-            let check_flags = (u64::from(p.check) << 32) | u64::from(p.flags);
-            sum = sum
-                .wrapping_add(fold_multiply(p.code ^ HASH_SEED, m[0]))
-                .wrapping_add(fold_multiply(p.instr ^ HASH_SEED, m[1]))
-                .wrapping_add(fold_multiply(check_flags ^ HASH_SEED, m[2]));
-        }
+    pub fn identity_hash_from(&self, native_chain: u64, python_sum: u64) -> u64 {
         let shape = u64::from(self.n_native)
             | (u64::from(self.n_python) << 16)
             | (u64::from(self.truncated) << 32);
-        fold_multiply(sum ^ shape, FINAL_MULTIPLIER)
+        fold_multiply(
+            native_chain ^ python_sum.rotate_left(29) ^ shape,
+            FINAL_MULTIPLIER,
+        )
     }
+}
+
+/// The Python part of a stack's hash: a sum of independent terms, one per word of each
+/// record, each word multiplied by an odd constant of its own position (mod 2^64). The
+/// multiplications do not wait for each other, and the Python walk adds a record's terms
+/// while its values are still in registers. A change of one word always changes the sum
+/// (an odd multiplier is invertible mod 2^64); the final mix of
+/// [`StackSlot::identity_hash_from`] spreads every bit of it.
+pub fn python_sum(python: &[PyFrameRaw]) -> u64 {
+    python
+        .iter()
+        .enumerate()
+        .fold(0u64, |sum, (i, p)| sum.wrapping_add(python_term(p, i)))
+}
+
+/// The terms of the Python record at `position` (innermost 0) in [`python_sum`].
+#[inline(always)]
+pub fn python_term(p: &PyFrameRaw, position: usize) -> u64 {
+    let Some(m) = PYTHON_MULTIPLIERS.get(position * 3..position * 3 + 3) else {
+        return 0;
+    };
+    let check_flags = (u64::from(p.check) << 32) | u64::from(p.flags);
+    (p.code ^ HASH_SEED)
+        .wrapping_mul(m[0])
+        .wrapping_add((p.instr ^ HASH_SEED).wrapping_mul(m[1]))
+        .wrapping_add((check_flags ^ HASH_SEED).wrapping_mul(m[2]))
 }
 
 /// Where a native chain starts (a stack without native frames has this chain).
