@@ -365,14 +365,11 @@ mod imp {
         if !record.chain_ok || slot.truncated || record.n_frames != slot.n_native as usize {
             return None;
         }
-        Some(
-            record
-                .chain
-                .first()
-                .copied()
-                .filter(|_| record.n_frames > 0)
-                .unwrap_or(NATIVE_CHAIN_SEED),
-        )
+        Some(if record.n_frames > 0 {
+            record.chain[0]
+        } else {
+            NATIVE_CHAIN_SEED
+        })
     }
 
     /// Computes `walk.chain[..inner]`, innermost last to first; the entries from `inner`
@@ -670,18 +667,17 @@ mod imp {
                 ..*s
             };
         }
-        let frames = &prev.frames[frames_from..prev.n_frames];
-        let chain = &prev.chain[frames_from..prev.n_frames];
+        // The tail's frames, and their chain values with them.
+        let tail = frames_from..prev.n_frames;
         let room_frames = MAX_STEPS - cur.n_frames;
-        for (dst, f) in cur.frames[cur.n_frames..].iter_mut().zip(frames) {
-            *dst = *f;
-        }
-        for (dst, c) in cur.chain[cur.n_frames..].iter_mut().zip(chain) {
-            *dst = *c;
-        }
+        let take = tail.len().min(room_frames);
         let inner_frames = cur.n_frames;
-        cur.n_frames += frames.len().min(room_frames);
-        cur.chain_ok = prev.chain_ok && frames.len() <= room_frames;
+        cur.frames[inner_frames..inner_frames + take]
+            .copy_from_slice(&prev.frames[frames_from..frames_from + take]);
+        cur.chain[inner_frames..inner_frames + take]
+            .copy_from_slice(&prev.chain[frames_from..frames_from + take]);
+        cur.n_frames += take;
+        cur.chain_ok = prev.chain_ok && take == tail.len();
         fill_chain(cur, inner_frames);
         for (dst, r) in cur.reads[cur.n_reads..].iter_mut().zip(reads) {
             *dst = *r;

@@ -128,7 +128,7 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
     DrainFigures {
         nanoseconds,
         interned: writer.stacks.len() as u64,
-        sent_in_full: writer.stacks.sent_in_full,
+        sent_in_full: writer.stacks.received_in_full,
         rss_growth_bytes: rss_bytes().saturating_sub(rss_before),
     }
 }

@@ -280,11 +280,10 @@ impl Writer {
         match ev.stack {
             StackRef::None => None,
             StackRef::Slot { index, hash } => {
-                self.stacks.sent_in_full += 1;
                 let id = self
                     .rec
                     .slot(index)
-                    .and_then(|slot| self.stacks.intern_hashed(slot, hash));
+                    .and_then(|slot| self.stacks.sent_in_full(slot, hash));
                 self.rec.release_slot(index);
                 id
             }
@@ -637,8 +636,11 @@ impl Writer {
             meta_int("dropped_allocs", c.lost_allocs.load(Relaxed)),
             meta_int("dropped_frees", c.lost_frees.load(Relaxed)),
             meta_int("events_without_stack", self.events_without_stack()),
-            meta_int("stacks_sent_in_full", self.stacks.sent_in_full),
-            meta_int("stacks_sent_by_reference", self.stacks.sent_by_reference),
+            meta_int("stacks_sent_in_full", self.stacks.received_in_full),
+            meta_int(
+                "stacks_sent_by_reference",
+                self.stacks.received_by_reference,
+            ),
             meta_int(
                 "ambiguous_stack_references",
                 self.stacks.ambiguous_references,

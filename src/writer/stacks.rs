@@ -49,8 +49,8 @@ pub struct StackTable {
     /// expected (a thread's full send is drained before its references); counted.
     pub unknown_references: u64,
     /// Stacks received in a slot, and by reference to one received before.
-    pub sent_in_full: u64,
-    pub sent_by_reference: u64,
+    pub received_in_full: u64,
+    pub received_by_reference: u64,
     /// Interned stacks not symbolized yet, oldest first (see [`Self::symbolize_some`]).
     unsymbolized: std::collections::VecDeque<RawStackId>,
     stacks: Vec<RawStack>,
@@ -68,8 +68,8 @@ impl StackTable {
             same_hash: FxHashMap::default(),
             ambiguous_references: 0,
             unknown_references: 0,
-            sent_in_full: 0,
-            sent_by_reference: 0,
+            received_in_full: 0,
+            received_by_reference: 0,
             unsymbolized: std::collections::VecDeque::new(),
             stacks: Vec::new(),
             python: pyframes::PyResolver::new(),
@@ -85,10 +85,16 @@ impl StackTable {
         self.intern_hashed(slot, slot.identity_hash())
     }
 
+    /// A stack a hook sent in full, with the hash it computed: interned (and counted).
+    pub fn sent_in_full(&mut self, slot: &StackSlot, hash: u64) -> Option<RawStackId> {
+        self.received_in_full += 1;
+        self.intern_hashed(slot, hash)
+    }
+
     /// The stack a hook sent by reference: the one interned with `hash`.
     #[inline]
     pub fn sent_before(&mut self, hash: u64) -> Option<RawStackId> {
-        self.sent_by_reference += 1;
+        self.received_by_reference += 1;
         let Some(&id) = self.by_hash.get(&hash) else {
             self.unknown_references += 1;
             return None;
@@ -101,7 +107,7 @@ impl StackTable {
 
     /// [`Self::intern`] with the slot's [`StackSlot::identity_hash`] given, as the hook
     /// computed it (tests give two stacks one hash).
-    pub fn intern_hashed(&mut self, slot: &StackSlot, hash: u64) -> Option<RawStackId> {
+    fn intern_hashed(&mut self, slot: &StackSlot, hash: u64) -> Option<RawStackId> {
         self.check_python_support();
         if slot.is_empty() {
             return None;
