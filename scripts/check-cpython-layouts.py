@@ -124,7 +124,10 @@ for table in FIELDS.values():
 HEADERS = {
     (3, 10): ["frameobject.h"],
 }
-INTERNAL_HEADERS = ["internal/pycore_frame.h"]  # 3.11 and later
+INTERNAL_HEADERS = ["internal/pycore_frame.h"]  # 3.11 and later: required
+# Included too where the interpreter has it (3.14 moved `_PyInterpreterFrame` out of
+# pycore_frame.h into its own headers).
+OPTIONAL_INTERNAL_HEADERS = ["internal/pycore_interpframe.h"]
 
 # Constants checked besides the tables: (Rust name, C expression, first version it exists in).
 CONSTANTS = [("FRAME_OWNED_BY_CSTACK", "FRAME_OWNED_BY_CSTACK", (3, 12))]
@@ -253,11 +256,13 @@ def probe(exe):
     }, None
 
 
-def c_program(version, fields, constants):
+def c_program(version, include_dir, fields, constants):
     includes = ["#define Py_BUILD_CORE 1", "#include <Python.h>", "#include <stddef.h>"]
     includes += [f"#include <{h}>" for h in HEADERS.get(version, [])]
     if version >= (3, 11):
         includes += [f'#include "{h}"' for h in INTERNAL_HEADERS]
+        includes += [f'#include "{h}"' for h in OPTIONAL_INTERNAL_HEADERS
+                     if (Path(include_dir) / h).is_file()]
     body = []
     for path, expr in fields.items():
         if expr is None:
@@ -291,7 +296,7 @@ static unsigned state_bit_{member}(void) {{
 def measure(info, fields, constants, cc, work):
     src = Path(work) / "layout.c"
     exe = Path(work) / "layout"
-    src.write_text(c_program(info["version"], fields, constants))
+    src.write_text(c_program(info["version"], info["include"], fields, constants))
     incs = ["-I" + info["include"]]
     if info["platinclude"] != info["include"]:
         incs.append("-I" + info["platinclude"])
