@@ -1,4 +1,4 @@
-//! Every repository path the documentation cites exists.
+//! Every repository path the documentation cites exists, and docs/README.md links every page.
 //!
 //! Scans README.md and docs/*.md for paths that start with one of the repository's top-level
 //! folders (`src/`, `crates/`, `tests/`, ...) and end either in a file extension
@@ -132,5 +132,22 @@ fn the_scan_finds_files_and_folders_and_skips_other_paths() {
             "tests/fixtures/torch/",
             "docs/FORMAT.md",
         ]
+    );
+}
+
+#[test]
+fn the_docs_index_links_every_page() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let index = std::fs::read_to_string(root.join("docs/README.md")).expect("docs/README.md");
+    let missing: Vec<String> = documentation(&root)
+        .iter()
+        .filter(|p| p.parent() == Some(root.join("docs").as_path()))
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_string))
+        .filter(|name| name != "README.md" && !index.contains(&format!("]({name})")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/README.md does not link: {}",
+        missing.join(", ")
     );
 }
