@@ -7,6 +7,8 @@
 //!   the dump signal, exit, fork, and the `memsnap_*` C API.
 //! - [`interpose`] (hot): symbol lookup, the routing table, the exported wrappers, device
 //!   queries, the per-thread nesting guard.
+//! - [`pytorch`] (cold attach, hot tracker): PyTorch's caching allocator, whose blocks
+//!   are reported by a trace tracker memsnap attaches at run time.
 //! - [`record`] (hot): a call's outcome as an event, with its stack, on the channel.
 //! - [`capture`] (hot): native and Python stack capture, the loaded-module table, the
 //!   CPython layout table.
@@ -23,6 +25,7 @@ pub mod channel;
 pub mod guard;
 pub mod interpose;
 pub mod lifecycle;
+pub mod pytorch;
 pub mod record;
 pub mod signals;
 pub mod thread_state;

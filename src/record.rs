@@ -206,6 +206,19 @@ fn oom_dump_ticket(rec: &Recorder) -> u64 {
 fn out_of_memory(rec: &Recorder, devices: &impl Devices, api: Api, size: u64, stream: u64) {
     let device = devices.current();
     let free_bytes = devices.memory().map(|(free, _)| free);
+    oom_episode(rec, api, device, free_bytes, size, stream);
+}
+
+/// The OOM event, and the wait for its snapshot when it opens an episode.
+#[inline(always)]
+fn oom_episode(
+    rec: &Recorder,
+    api: Api,
+    device: i32,
+    free_bytes: Option<u64>,
+    size: u64,
+    stream: u64,
+) {
     let dump_ticket = oom_dump_ticket(rec);
     let payload = Payload::Oom {
         free_bytes,
@@ -219,4 +232,41 @@ fn out_of_memory(rec: &Recorder, devices: &impl Devices, api: Api, size: u64, st
         // The episode ends when the caller gets its error back, not when it asked.
         OOM_LAST_US.store(handshake::now_us(), Release);
     }
+}
+
+/// A trace entry of PyTorch's caching allocator (`pytorch::on_trace_entry`): a block
+/// handed out (with the stack that asked for it), a free requested (with its stack under
+/// `MEMSNAP_CONTEXT=all`), a free completed, or a segment the allocator took as its own.
+/// `device` comes with the entry: no driver query.
+#[inline(always)]
+pub fn block(rec: &Recorder, kind: Kind, device: i32, addr: u64, size: u64, stream: u64) {
+    let with_stack = match kind {
+        Kind::BlockAlloc => true,
+        Kind::BlockFreeRequested => rec.settings.context == Context::All,
+        _ => false,
+    };
+    let ev = event(
+        kind,
+        Api::CachingAllocator,
+        device,
+        addr,
+        size,
+        Payload::Stream(stream),
+    );
+    send(rec, ev, with_stack);
+}
+
+/// PyTorch's caching allocator gave up on a request of `size` bytes (after freeing its
+/// cache and retrying, or at its own memory limit); `free_bytes` is what CUDA reported.
+#[cold]
+#[inline(never)]
+pub fn allocator_oom(rec: &Recorder, device: i32, size: u64, free_bytes: u64, stream: u64) {
+    oom_episode(
+        rec,
+        Api::CachingAllocator,
+        device,
+        Some(free_bytes),
+        size,
+        stream,
+    );
 }

@@ -34,6 +34,20 @@ pub enum Kind {
     ReserveFree,
     /// An allocation of `size` bytes failed with out-of-memory; payload: [`Payload::Oom`].
     Oom,
+    /// PyTorch's caching allocator handed out a block of `size` requested bytes at `addr`
+    /// inside one of its segments (no CUDA call: reported by its trace tracker).
+    BlockAlloc,
+    /// The program freed the block at `addr` (`size`: its requested bytes); it stays
+    /// reserved until [`Kind::BlockFreeCompleted`] (streams that used it may still run).
+    BlockFreeRequested,
+    /// The block at `addr` went back to the allocator's free space.
+    BlockFreeCompleted,
+    /// The caching allocator took `[addr, addr+size)`, just allocated through CUDA (an
+    /// [`Kind::Alloc`] before it), as one of its segments.
+    CacheSegment,
+    /// The caching allocator mapped `[addr, addr+size)` into one of its expandable
+    /// segments (the [`Kind::Map`]s before it).
+    CacheSegmentMap,
     /// `memsnap_step()`: carried as an event so that it is ordered with the allocations
     /// around it. (Dump and exit requests do not wait in the queue: see
     /// [`handshake`](super::handshake).)
@@ -101,11 +115,13 @@ pub enum Api {
     CudaFreeAsync,
     /// Not a CUDA call: `memsnap_step`.
     Memsnap,
+    /// Not a CUDA call: PyTorch's caching allocator, through its trace tracker.
+    CachingAllocator,
 }
 
 impl Api {
     /// Every variant, in discriminant order (`ALL[a as usize] == a`).
-    pub const ALL: [Api; 22] = [
+    pub const ALL: [Api; 23] = [
         Api::CuMemAlloc,
         Api::CuMemAllocPitch,
         Api::CuMemAllocManaged,
@@ -128,6 +144,7 @@ impl Api {
         Api::CudaFree,
         Api::CudaFreeAsync,
         Api::Memsnap,
+        Api::CachingAllocator,
     ];
 
     pub fn name(self) -> &'static str {
@@ -154,6 +171,7 @@ impl Api {
             Api::CudaFree => "cudaFree",
             Api::CudaFreeAsync => "cudaFreeAsync",
             Api::Memsnap => "memsnap",
+            Api::CachingAllocator => "CUDACachingAllocator",
         }
     }
 }
@@ -453,6 +471,6 @@ mod tests {
         for (i, api) in Api::ALL.iter().enumerate() {
             assert_eq!(*api as usize, i, "{api:?}");
         }
-        assert_eq!(Api::ALL.len(), Api::Memsnap as usize + 1);
+        assert_eq!(Api::ALL.len(), Api::CachingAllocator as usize + 1);
     }
 }

@@ -6,6 +6,7 @@
 //! travels as its hash. [`handshake`]: flags and counters that hooks and the writer both
 //! touch (requests waiting for a dump, route counters, device totals, the recording switch).
 
+pub mod allocator_route;
 pub mod event;
 pub mod handshake;
 pub mod queue;

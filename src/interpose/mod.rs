@@ -253,6 +253,7 @@ hook_table! {
 
     // Driver allocations and frees.
     Driver fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) |real| {
+        crate::pytorch::before_segment_allocation();
         allocating(real, Kind::Alloc, Api::CuMemAlloc, |r| (out_ptr(r, dptr), bytesize as u64, 0))
     }
     Driver fn cuMemFree_v2(dptr: CuDevicePtr) |real| {
@@ -307,6 +308,7 @@ hook_table! {
         handle: *mut CuMemHandle, size: usize, prop: *const CuMemAllocationProp,
         flags: c_ulonglong
     ) |real| {
+        crate::pytorch::before_segment_allocation();
         record_after(real, |rec, r| {
             if r == CUDA_SUCCESS && !handle.is_null() {
                 // Host (NUMA) locations are not device memory: NCCL allocates those this
@@ -335,6 +337,7 @@ hook_table! {
         ptr: *mut CuDevicePtr, size: usize, alignment: usize, addr: CuDevicePtr,
         flags: c_ulonglong
     ) |real| {
+        crate::pytorch::before_segment_allocation();
         record_after(real, |rec, r| {
             if r == CUDA_SUCCESS {
                 let at = out_ptr(r, ptr);
@@ -364,6 +367,7 @@ hook_table! {
     // shared libcudart). The driver call underneath hits the guard and is not recorded
     // again.
     Runtime fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) |real| {
+        crate::pytorch::before_segment_allocation();
         allocating(real, Kind::Alloc, Api::CudaMalloc, |r| (out_host_ptr(r, dev_ptr), size as u64, 0))
     }
     Runtime fn cudaFree(dev_ptr: *mut c_void) |real| {

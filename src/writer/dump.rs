@@ -179,8 +179,78 @@ fn segments(
     if let Some((seg, _)) = current {
         segs.push(seg);
     }
+    cache_segments(device, dev, table, interner, &mut segs);
     segs.sort_by_key(|s| s.address);
     out.extend(segs);
+}
+
+/// PyTorch's caching-allocator segments with their blocks, as PyTorch's own snapshot has
+/// them: live blocks in address order, the free space between them as inactive blocks
+/// (free space is always merged, so one block per gap), a contiguous run of expandable
+/// mappings as one segment.
+fn cache_segments(
+    device: i64,
+    dev: &Device,
+    table: &mut StackTable,
+    interner: &mut FrameInterner,
+    out: &mut Vec<Segment>,
+) {
+    let cache = &dev.cache;
+    let mut starts = cache.segments.keys().copied().peekable();
+    while let Some(start) = starts.next() {
+        let Some((first, end, seg)) = cache.region_of(start) else {
+            continue;
+        };
+        if first != start {
+            continue; // inside a region already written
+        }
+        while starts.next_if(|&s| s < end).is_some() {}
+        let stack = interner.stack(seg.live.stack, table);
+        let mut blocks = Vec::new();
+        let mut at = start;
+        for (&addr, block) in cache.blocks.range(start..end) {
+            if addr > at {
+                blocks.push(inactive(at, addr - at));
+            }
+            blocks.push(Block {
+                address: int(addr),
+                size: int(block.size),
+                requested_size: int(block.requested),
+                state: if block.pending_free {
+                    BlockState::ActivePendingFree
+                } else {
+                    BlockState::ActiveAllocated
+                },
+                stack: interner.stack(block.stack, table),
+            });
+            at = addr + block.size;
+        }
+        if at < end {
+            blocks.push(inactive(at, end - at));
+        }
+        let small = !seg.expandable && seg.live.size == 2 << 20;
+        out.push(Segment {
+            device,
+            address: int(start),
+            total_size: int(end - start),
+            stream: int(seg.live.stream),
+            segment_type: if small { "small" } else { "large" }.to_string(),
+            segment_pool_id: (0, 0),
+            is_expandable: seg.expandable,
+            stack,
+            blocks,
+        });
+    }
+}
+
+fn inactive(address: u64, size: u64) -> Block {
+    Block {
+        address: int(address),
+        size: int(size),
+        requested_size: 0,
+        state: BlockState::Inactive,
+        stack: None,
+    }
 }
 
 /// Helpers for metadata dictionaries.
@@ -213,12 +283,20 @@ pub fn live_sample(
             g.0 += live.size;
             g.1 += 1;
         }
+        // PyTorch's blocks are the live allocations; its segments are reserved.
+        reserved += dev.cache.reserved_bytes;
+        for block in dev.cache.blocks.values() {
+            let g = groups.entry((d as u32, block.stack)).or_default();
+            g.0 += block.size;
+            g.1 += 1;
+        }
         sample.devices.push(DeviceSample {
             device: d as u32,
             live_bytes: dev.live_bytes,
             reserved_bytes: reserved,
             peak_bytes: dev.peak_ever,
-            live_allocations: (dev.allocs.len() + dev.mappings.len()) as u64,
+            live_allocations: (dev.allocs.len() + dev.mappings.len() + dev.cache.blocks.len())
+                as u64,
             ooms: dev.ooms,
         });
     }

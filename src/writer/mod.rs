@@ -8,6 +8,7 @@
 //! on stderr, never the host's problem. A panic in here turns recording off.
 
 pub mod ack;
+pub mod cache;
 pub mod drain_bench;
 pub mod dump;
 pub mod files;
@@ -17,6 +18,7 @@ pub mod state;
 pub mod stats;
 pub mod upload;
 
+use crate::channel::allocator_route;
 use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
 use crate::channel::handshake::{
     self, API_DUMP_LOG, API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED,
@@ -361,6 +363,28 @@ impl Writer {
                     }
                 }
             }
+            Kind::BlockAlloc => {
+                let (stream, time) = (ev.payload.stream(), ev.time_us);
+                self.state
+                    .cache_block_alloc(ev.device, ev.addr, ev.size, stream, time, stack)
+            }
+            Kind::BlockFreeRequested => {
+                let (stream, time) = (ev.payload.stream(), ev.time_us);
+                self.state
+                    .cache_block_free_requested(ev.device, ev.addr, stream, time, stack)
+            }
+            Kind::BlockFreeCompleted => {
+                self.state
+                    .cache_block_free_completed(ev.device, ev.addr, ev.time_us, stack)
+            }
+            Kind::CacheSegment => {
+                let matched = self.state.cache_segment(ev.device, ev.addr, ev.size);
+                self.state.check_first_cache_segment(matched);
+            }
+            Kind::CacheSegmentMap => {
+                let matched = self.state.cache_segment_map(ev.device, ev.addr, ev.size);
+                self.state.check_first_cache_segment(matched);
+            }
             Kind::Step => self.on_step(),
         }
         Flow::Continue
@@ -607,8 +631,13 @@ impl Writer {
                     meta_int("live_bytes", dev.live_bytes),
                     meta_int(
                         "live_allocations",
-                        (dev.allocs.len() + dev.mappings.len()) as u64,
+                        (dev.allocs.len() + dev.mappings.len() + dev.cache.blocks.len())
+                            as u64,
                     ),
+                    // PyTorch's caching allocator: its segments, and the blocks in them
+                    // (counted in live_bytes too).
+                    meta_int("cache_reserved_bytes", dev.cache.reserved_bytes),
+                    meta_int("cache_allocated_bytes", dev.cache.allocated_bytes),
                     meta_int("peak_bytes", dev.peak_ever),
                     meta_int("vmm_physical_bytes", dev.physical_bytes),
                     meta_int("events", dev.events),
@@ -617,8 +646,13 @@ impl Writer {
                 ])
             })
             .collect();
+        let torch_allocator =
+            allocator_route::describe(self.state.cache_rejection()).unwrap_or_default();
         let mut meta = vec![
             meta_str("version", env!("CARGO_PKG_VERSION")),
+            // How PyTorch's allocator was seen: "blocks: ...", "segments only: ...",
+            // "tensors: ...", or empty when no PyTorch was loaded.
+            meta_str("torch_allocator", &torch_allocator),
             meta_int("pid", self.id.pid as u64),
             meta_str("rank", &self.id.rank),
             meta_str("local_rank", &self.id.local_rank),
@@ -650,6 +684,7 @@ impl Writer {
             meta_int("unknown_frees", self.state.anomalies.unknown_frees),
             meta_int("unknown_unmaps", self.state.anomalies.unknown_unmaps),
             meta_int("repaired_overlaps", self.state.anomalies.repaired_overlaps),
+            meta_int("cache_mismatches", self.state.anomalies.cache_mismatches),
             meta_int("managed_live_bytes", self.state.managed_bytes()),
             meta_int("managed_live_allocations", self.state.managed.len() as u64),
             meta_int("host_mapped_bytes", self.state.host_mappings.values().sum()),

@@ -12,6 +12,7 @@
 //! and counted, so the history stays valid and the live set stays right.
 
 use crate::channel::event::Api;
+use crate::writer::cache::{Cache, CacheCheck};
 use crate::writer::stacks::RawStackId;
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
@@ -76,6 +77,9 @@ pub struct Device {
     pub ooms: u64,
     /// Physical bytes of VMM handles created on this device and not yet freed.
     pub physical_bytes: u64,
+    /// PyTorch's caching allocator on this device: its segments and live blocks
+    /// (`writer/cache.rs`).
+    pub cache: Cache,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +99,9 @@ pub struct Anomalies {
     /// Live allocations closed because a new one overlapped them (a lost free).
     pub repaired_overlaps: u64,
     pub unknown_unmaps: u64,
+    /// Caching-allocator events that did not fit what the CUDA calls showed (a block
+    /// outside every segment, a free of an unknown block, a segment no CUDA call made).
+    pub cache_mismatches: u64,
 }
 
 pub struct State {
@@ -104,6 +111,8 @@ pub struct State {
     pub host_mappings: BTreeMap<u64, u64>,
     pub reservations: BTreeMap<u64, u64>,
     pub anomalies: Anomalies,
+    /// The check of PyTorch's allocator route (`writer/cache.rs`).
+    pub cache_check: CacheCheck,
     max_entries: usize,
 }
 
@@ -116,11 +125,12 @@ impl State {
             host_mappings: BTreeMap::new(),
             reservations: BTreeMap::new(),
             anomalies: Anomalies::default(),
+            cache_check: CacheCheck::Pending,
             max_entries: max_entries.max(1),
         }
     }
 
-    fn device(&mut self, device: i32) -> &mut Device {
+    pub(super) fn device(&mut self, device: i32) -> &mut Device {
         let d = if device < 0 || device as usize >= MAX_DEVICES {
             0
         } else {
@@ -132,7 +142,7 @@ impl State {
         &mut self.devices[d]
     }
 
-    fn push(&mut self, device: i32, rec: TraceRec) {
+    pub(super) fn push(&mut self, device: i32, rec: TraceRec) {
         let max = self.max_entries;
         let dev = self.device(device);
         dev.trace.push_back(rec);
@@ -143,14 +153,14 @@ impl State {
         }
     }
 
-    fn add_live(&mut self, device: i32, size: u64) {
+    pub(super) fn add_live(&mut self, device: i32, size: u64) {
         let dev = self.device(device);
         dev.live_bytes += size;
         dev.peak_bytes = dev.peak_bytes.max(dev.live_bytes);
         dev.peak_ever = dev.peak_ever.max(dev.live_bytes);
     }
 
-    fn sub_live(&mut self, device: i32, size: u64) {
+    pub(super) fn sub_live(&mut self, device: i32, size: u64) {
         let dev = self.device(device);
         dev.live_bytes = dev.live_bytes.saturating_sub(size);
     }
@@ -187,6 +197,9 @@ impl State {
             .iter()
             .position(|d| d.allocs.contains_key(&addr));
         let Some(d) = found else {
+            if self.free_cache_segment(addr, api, stream, time_us, stack) {
+                return;
+            }
             if self.managed.remove(&addr).is_none() {
                 self.anomalies.unknown_frees += 1;
             }
@@ -210,7 +223,7 @@ impl State {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn emit_free(
+    pub(super) fn emit_free(
         &mut self,
         device: i32,
         addr: u64,
@@ -306,6 +319,19 @@ impl State {
         }
     }
 
+    /// One mapping of `handle` is gone: the handle's memory is freed with its last mapping
+    /// once it was released.
+    pub(super) fn handle_unmapped(&mut self, handle: u64) {
+        let mut drop_it = false;
+        if let Some(h) = self.handles.get_mut(&handle) {
+            h.mapped = h.mapped.saturating_sub(1);
+            drop_it = h.released && h.mapped == 0;
+        }
+        if drop_it {
+            self.drop_handle(handle);
+        }
+    }
+
     fn drop_handle(&mut self, handle: u64) {
         if let Some(h) = self.handles.remove(&handle)
             && h.device >= 0
@@ -387,14 +413,7 @@ impl State {
                 );
                 self.devices[d].events += 1;
                 self.sub_live(d as i32, live.size);
-                let mut drop_it = false;
-                if let Some(h) = self.handles.get_mut(&live.handle) {
-                    h.mapped = h.mapped.saturating_sub(1);
-                    drop_it = h.released && h.mapped == 0;
-                }
-                if drop_it {
-                    self.drop_handle(live.handle);
-                }
+                self.handle_unmapped(live.handle);
             }
         }
         let host: Vec<u64> = self
@@ -405,6 +424,7 @@ impl State {
         for a in &host {
             self.host_mappings.remove(a);
         }
+        let found = found | self.unmap_cache_segments(addr, end, time_us, stack);
         if !found && host.is_empty() {
             self.anomalies.unknown_unmaps += 1;
         }

@@ -1,0 +1,143 @@
+//! Where PyTorch's `TraceEntry` keeps the fields memsnap reads, per PyTorch release.
+//!
+//! Cold to look up (once, at attach), hot to use (every trace entry). The table is the
+//! only version knowledge the route needs: the allocator's methods are found by their
+//! symbols at run time (docs/PYTORCH.md, "Finding the allocator"). How a release is
+//! checked and added: docs/PYTORCH.md, "Adding a PyTorch release".
+
+/// What the allocator reports, in the order of PyTorch's `TraceEntry::Action`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    /// A value this table does not name (ignored).
+    Other,
+}
+
+/// `TraceEntry::Action`'s values from 2.1 on (`USER_DEFINED`, added later, comes last and
+/// is not read).
+const ACTIONS: [Action; 9] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Snapshot,
+    Action::Oom,
+];
+
+/// Byte offsets of the fields memsnap reads in one `TraceEntry`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceEntryLayout {
+    /// `Action action_` (a 4-byte enum).
+    pub action: usize,
+    /// `c10::DeviceIndex device_` (int8).
+    pub device: usize,
+    /// `size_t addr_` (free device bytes for `OOM`).
+    pub addr: usize,
+    /// `cudaStream_t stream_`.
+    pub stream: usize,
+    /// `size_t size_`: the requested size for block events, the segment's for segment
+    /// events.
+    pub size: usize,
+}
+
+impl TraceEntryLayout {
+    #[inline(always)]
+    pub fn action(&self, code: u32) -> Action {
+        ACTIONS.get(code as usize).copied().unwrap_or(Action::Other)
+    }
+}
+
+/// `action_, device_, addr_, context_ (shared_ptr, 16 bytes), stream_, size_`: the order
+/// of every release from 2.8 to 2.15 (checked from each release's headers).
+const FROM_2_8: TraceEntryLayout = TraceEntryLayout {
+    action: 0,
+    device: 4,
+    addr: 8,
+    stream: 32,
+    size: 40,
+};
+
+/// Releases whose layout is known, as `(major, minor)` ranges, inclusive.
+const KNOWN: &[((u32, u32), (u32, u32), TraceEntryLayout)] = &[((2, 8), (2, 15), FROM_2_8)];
+
+/// The layout for PyTorch `version` (`"2.11.0+cu130"`, `"2.12.0a0+git..."`), if known.
+pub fn for_version(version: &str) -> Option<TraceEntryLayout> {
+    let release = major_minor(version)?;
+    KNOWN
+        .iter()
+        .find(|(from, to, _)| *from <= release && release <= *to)
+        .map(|(_, _, layout)| *layout)
+}
+
+/// `(major, minor)` of a version string.
+pub fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut parts = version.trim().split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor: String = parts
+        .next()?
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    Some((major, minor.parse().ok()?))
+}
+
+/// `__version__` from the text of PyTorch's `version.py`.
+pub fn version_from_py(text: &str) -> Option<&str> {
+    text.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix("__version__")?.trim_start();
+        let rest = rest.strip_prefix('=')?.trim();
+        let quote = rest.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+        let inner = &rest[1..];
+        Some(&inner[..inner.find(quote)?])
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_map_to_layouts() {
+        assert_eq!(major_minor("2.11.0+cu130"), Some((2, 11)));
+        assert_eq!(major_minor("2.12.0a0+git1234"), Some((2, 12)));
+        assert_eq!(major_minor("2.9"), Some((2, 9)));
+        assert_eq!(major_minor("garbage"), None);
+        assert_eq!(for_version("2.11.0+cu130"), Some(FROM_2_8));
+        assert_eq!(for_version("2.8.0"), Some(FROM_2_8));
+        assert_eq!(for_version("2.15.1"), Some(FROM_2_8));
+        assert_eq!(for_version("2.7.1"), None);
+        assert_eq!(for_version("2.16.0"), None);
+        assert_eq!(for_version("3.0.0"), None);
+    }
+
+    #[test]
+    fn version_py_is_read() {
+        let text = "from typing import Optional\n\n__all__ = ['__version__']\n\
+                    __version__ = '2.11.0+cu130'\ndebug = False\n";
+        assert_eq!(version_from_py(text), Some("2.11.0+cu130"));
+        assert_eq!(version_from_py("__version__ = \"2.9.1\"\n"), Some("2.9.1"));
+        assert_eq!(version_from_py("version = '1'\n"), None);
+    }
+
+    #[test]
+    fn actions_follow_pytorchs_order() {
+        let l = FROM_2_8;
+        assert_eq!(l.action(0), Action::Alloc);
+        assert_eq!(l.action(3), Action::SegmentAlloc);
+        assert_eq!(l.action(5), Action::SegmentMap);
+        assert_eq!(l.action(8), Action::Oom);
+        assert_eq!(l.action(9), Action::Other);
+        assert_eq!(l.action(u32::MAX), Action::Other);
+    }
+}

@@ -1,0 +1,210 @@
+//! PyTorch's CUDA caching allocator, seen from inside.
+//!
+//! Under PyTorch's default allocator the CUDA calls memsnap hooks are segments: one
+//! `cudaMalloc` each time the cache grows. The tensors are blocks carved inside them with
+//! no CUDA call at all. PyTorch calls every registered trace tracker for each block it
+//! hands out or takes back, on the allocating thread, even with its own history recording
+//! off; this room registers one and turns each entry into an event (docs/PYTORCH.md).
+//!
+//! Cold: [`before_segment_allocation`]'s probe, at a segment-level allocation, until PyTorch's
+//! allocator is found and decided on (once per process). Hot: [`on_trace_entry`], the
+//! tracker, for every block event; no allocation, no lock, no syscall (PyTorch holds its
+//! allocator's mutex while it runs; the only wait is the channel's bounded one, and the
+//! writer never calls into PyTorch, so that wait cannot deadlock).
+
+pub mod layout;
+pub mod library;
+pub mod std_function;
+
+use crate::channel::allocator_route::{self, AllocatorRoute};
+use crate::channel::event::Kind;
+use crate::guard::{self, Scope};
+use crate::interpose::symbols::real_dlsym;
+use crate::lifecycle;
+use crate::record;
+use layout::{Action, TraceEntryLayout};
+use library::{Allocator, Missing};
+use std::ffi::c_void;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+use std_function::{AnyData, StdFunction};
+
+/// Not found yet: probe at the next segment-level allocation.
+const LOOKING: u8 = 0;
+/// One thread is probing; the others go on without waiting (they may hold another
+/// device's allocator mutex, which the attach takes).
+const PROBING: u8 = 1;
+/// Attached, or decided against: never probe again.
+const DECIDED: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(LOOKING);
+/// `libraries_loaded()` at the last probe that found no PyTorch.
+static LIBRARIES_AT_LAST_PROBE: AtomicU64 = AtomicU64::new(0);
+static FOUND: OnceLock<Allocator> = OnceLock::new();
+/// Set once, before the tracker is attached; read by every call of the tracker.
+static LAYOUT: OnceLock<TraceEntryLayout> = OnceLock::new();
+
+/// Called by the segment-level allocation hooks (`cudaMalloc`, `cuMemAlloc`, and for
+/// expandable segments `cuMemAddressReserve` and `cuMemCreate`) before the real call:
+/// attaches the tracker the first time PyTorch's caching allocator is loaded and
+/// initialized, so that the segment being allocated and the block that asked for it are
+/// both recorded. One relaxed load once decided.
+#[inline(always)]
+pub fn before_segment_allocation() {
+    if STATE.load(Relaxed) != DECIDED
+        && !guard::inside_hook_or_internal()
+        && lifecycle::recorder().is_some()
+    {
+        probe();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn probe() {
+    if STATE
+        .compare_exchange(LOOKING, PROBING, Acquire, Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    let next = match try_attach() {
+        Some(route) => {
+            allocator_route::decide(route);
+            DECIDED
+        }
+        None => LOOKING,
+    };
+    STATE.store(next, Release);
+}
+
+/// `None`: not there yet (no `libc10_cuda.so`, or its allocator not initialized): look
+/// again at the next segment allocation.
+fn try_attach() -> Option<AllocatorRoute> {
+    let allocator = match FOUND.get() {
+        Some(a) => a,
+        None => {
+            let loaded = library::libraries_loaded();
+            if LIBRARIES_AT_LAST_PROBE.swap(loaded, Relaxed) == loaded {
+                return None; // nothing was loaded since the last look
+            }
+            match library::find() {
+                Ok(a) => FOUND.get_or_init(|| a),
+                Err(Missing::NotLoaded) => return None,
+                Err(Missing::Unusable(reason)) => {
+                    return Some(AllocatorRoute::SegmentsOnly { reason });
+                }
+            }
+        }
+    };
+    // SAFETY: `pointer` is the exported std::atomic<CUDAAllocator*>, which has the layout
+    // of one pointer.
+    let object = unsafe { (*(allocator.pointer as *const AtomicPtr<c_void>)).load(Acquire) };
+    if object.is_null() {
+        return None;
+    }
+    // SAFETY: a live C++ object with virtual methods starts with its virtual-table pointer.
+    let vptr = unsafe { *(object as *const usize) };
+    let version = library::torch_version(&allocator.path).unwrap_or_else(|| "(unknown)".into());
+    if vptr != allocator.native_vptr {
+        return Some(AllocatorRoute::NotCaching { version });
+    }
+    let len = allocator.vtable_len;
+    // SAFETY: `vptr` is NativeCachingAllocator's table of `len` entries (checked above).
+    let slots = unsafe {
+        (
+            library::slot_of(vptr, len, allocator.initialized),
+            library::slot_of(vptr, len, allocator.attach),
+        )
+    };
+    let (Some(initialized), Some(attach)) = slots else {
+        return Some(AllocatorRoute::SegmentsOnly {
+            reason: format!(
+                "PyTorch {version}: the caching allocator's methods are not in its virtual table"
+            ),
+        });
+    };
+    type Initialized = unsafe extern "C" fn(*mut c_void) -> bool;
+    type Attach = unsafe extern "C" fn(*mut c_void, *mut StdFunction);
+    // SAFETY: the entry is `bool NativeCachingAllocator::initialized()` (matched by
+    // address); a member function takes `this` as its first argument.
+    let is_initialized = unsafe {
+        let f: Initialized = std::mem::transmute(*(vptr as *const usize).add(initialized));
+        f(object)
+    };
+    if !is_initialized {
+        // A tracker attached now would be lost: PyTorch hands it to each device's
+        // allocator, and there are none before `init`.
+        return None;
+    }
+    let Some(layout) = layout::for_version(&version) else {
+        return Some(AllocatorRoute::SegmentsOnly {
+            reason: format!(
+                "PyTorch {version}: this memsnap knows the allocator's trace entries of \
+                 releases 2.8 to 2.15 only"
+            ),
+        });
+    };
+    let _ = LAYOUT.set(layout);
+    // SAFETY: RTLD_DEFAULT and a C string; `typeid(void)` is libstdc++'s.
+    let type_info = unsafe { real_dlsym(libc::RTLD_DEFAULT, c"_ZTIv") };
+    let mut tracker = StdFunction::new(on_trace_entry, type_info);
+    // SAFETY: the entry is `void NativeCachingAllocator::attachAllocatorTraceTracker(
+    // std::function<void(const TraceEntry&)>)` (matched by address). A by-value argument
+    // of a class with a non-trivial copy is passed as the address of a temporary that the
+    // caller owns (the Itanium C++ ABI); PyTorch copies it for each device.
+    unsafe {
+        let f: Attach = std::mem::transmute(*(vptr as *const usize).add(attach));
+        f(object, &mut tracker);
+    }
+    Some(AllocatorRoute::Blocks { version })
+}
+
+/// The tracker: PyTorch calls it for every trace entry, on the thread that allocates or
+/// frees, with its allocator's mutex held.
+///
+/// # Safety
+/// Called by libstdc++'s `std::function` with `entry` pointing at a live `TraceEntry`.
+unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: *const u8) {
+    if !allocator_route::block_events_on() {
+        return;
+    }
+    let Some(layout) = LAYOUT.get() else { return };
+    // One allocation is one record, and memsnap's own threads and benchmarks' passing-
+    // through threads record nothing, exactly as in the CUDA hooks.
+    let scope = Scope::enter();
+    if !scope.outermost() {
+        return;
+    }
+    let Some(rec) = lifecycle::recorder() else {
+        return;
+    };
+    // SAFETY: the offsets are this PyTorch release's (`layout`), inside the live entry.
+    let (code, device, addr, stream, size) = unsafe {
+        (
+            (entry.add(layout.action) as *const u32).read_unaligned(),
+            *(entry.add(layout.device) as *const i8),
+            (entry.add(layout.addr) as *const u64).read_unaligned(),
+            (entry.add(layout.stream) as *const u64).read_unaligned(),
+            (entry.add(layout.size) as *const u64).read_unaligned(),
+        )
+    };
+    let device = i32::from(device);
+    match layout.action(code) {
+        Action::Alloc => record::block(rec, Kind::BlockAlloc, device, addr, size, stream),
+        Action::FreeRequested => {
+            record::block(rec, Kind::BlockFreeRequested, device, addr, size, stream)
+        }
+        Action::FreeCompleted => {
+            record::block(rec, Kind::BlockFreeCompleted, device, addr, size, stream)
+        }
+        Action::SegmentAlloc => {
+            record::block(rec, Kind::CacheSegment, device, addr, size, stream)
+        }
+        Action::SegmentMap => record::block(rec, Kind::CacheSegmentMap, device, addr, size, stream),
+        // `addr` is the device's free memory as CUDA reported it.
+        Action::Oom => record::allocator_oom(rec, device, size, addr, stream),
+        // Segment frees and unmaps are recorded from the CUDA calls that follow them.
+        Action::SegmentFree | Action::SegmentUnmap | Action::Snapshot | Action::Other => {}
+    }
+}
