@@ -1,0 +1,372 @@
+"""PyTorch's default caching allocator on a real GPU: memsnap's blocks against PyTorch's own.
+
+    python3 scripts/gpu/torch_blocks.py --lib target/gpu/libmemsnap.so --cli target/gpu/memsnap \
+        --out $OUT [--cases compare,expandable,leak,oom,cost] [--cost-rounds 3]
+
+Each case runs in its own process with libmemsnap.so preloaded (no allocator switch, no code
+change) and writes one JSON record; the driver prints a table and writes results.json:
+
+- compare / expandable: mixed tensor allocations and frees (small and large pools, a free
+  held back by record_stream on a side stream), then, with nothing allocated in between,
+  PyTorch's own torch.cuda.memory._snapshot() and memsnap's snapshot (memsnap_dump_path).
+  Checks: the same segments (address, size) and, in each, the same blocks (address, size,
+  state; requested size of live blocks); torch.cuda.memory_allocated() equal to the bytes of
+  memsnap's live blocks; the snapshot's memsnap.torch_allocator line starts with "blocks".
+  expandable runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+- leak: a training loop whose evaluation pass runs without no_grad and keeps its outputs;
+  memsnap snapshots at steps 3 and 11, `memsnap diff` between them must put the growth on the
+  leaking line (the line number is printed by the case).
+- oom: a cache fragmented by 6 MiB tensors (every other one freed), then a request larger than
+  any hole; the OOM snapshot must show the reserved-but-unallocated bytes (inactive blocks) and
+  the largest free block, equal to what PyTorch's own snapshot says in the except clause (over
+  the segments both have).
+- cost: per block event, one process per configuration, recording switched on and off in
+  alternating blocks of the same loop inside the process (memsnap_debug_pass_through, in
+  builds with the bench-hooks feature), against PyTorch's recorder switched on and off the same
+  way in its own process; cached tensors only (no CUDA call), medians over blocks and processes.
+"""
+import argparse
+import ctypes
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MIB = 1 << 20
+
+
+def memsnap_dump(tag):
+    """memsnap_dump_path from the preloaded library: the snapshot's path, or None."""
+    lib = ctypes.CDLL(None)
+    fn = getattr(lib, "memsnap_dump_path", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    buf = ctypes.create_string_buffer(4096)
+    n = fn(tag.encode(), buf, 4096)
+    return buf.raw[:n].decode() if 0 <= n < 4096 else None
+
+
+def blocks_of(segments, device=0):
+    """{segment address: (total_size, [(address, size, state, requested or None)])}."""
+    out = {}
+    for seg in segments:
+        if seg.get("device", 0) != device:
+            continue
+        blocks = []
+        addr = seg["address"]
+        for b in seg["blocks"]:
+            active = b["state"] != "inactive"
+            blocks.append((addr, b["size"], b["state"], b.get("requested_size") if active else None))
+            addr += b["size"]
+        out[seg["address"]] = (seg["total_size"], blocks)
+    return out
+
+
+def compare_segments(torch_segs, memsnap_segs):
+    """Differences between PyTorch's caching-allocator segments and memsnap's (same addresses
+    only: memsnap also has other libraries' allocations, which PyTorch cannot see)."""
+    t = blocks_of(torch_segs)
+    m = blocks_of(memsnap_segs)
+    problems = []
+    for addr, (size, blocks) in sorted(t.items()):
+        if addr not in m:
+            problems.append(f"segment {addr:#x} ({size}) missing in memsnap")
+            continue
+        msize, mblocks = m[addr]
+        if msize != size:
+            problems.append(f"segment {addr:#x}: size {msize} in memsnap, {size} in PyTorch")
+        if mblocks != blocks:
+            problems.append(f"segment {addr:#x}: blocks differ: memsnap {mblocks[:6]} PyTorch {blocks[:6]}")
+    extra = sorted(set(m) - set(t))
+    return problems, extra
+
+
+def mixed_workload(torch):
+    """Allocations that exercise both pools, splits, merges and unsplit tails."""
+    keep = []
+    sizes = [4, 512, 1000, 8192, 300_000, MIB, MIB + 1, 3 * MIB, 5 * MIB + 512, 12 * MIB, 19 * MIB,
+             26 * MIB + 7, 700, 2 * MIB - 100]
+    for round_ in range(6):
+        for i, s in enumerate(sizes):
+            t = torch.empty(s, dtype=torch.uint8, device="cuda")
+            if (i + round_) % 3 != 0:
+                keep.append(t)
+        del keep[::4]
+    side = torch.cuda.Stream()
+    held = torch.empty(6 * MIB, dtype=torch.uint8, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # keeps the side stream busy while the snapshots are taken
+    held.record_stream(side)
+    del held  # pending until the side stream passes this point
+    return keep, side
+
+
+def case_compare(args):
+    import torch
+    torch.cuda.init()
+    keep, side = mixed_workload(torch)
+    allocated = torch.cuda.memory_allocated()
+    reserved = torch.cuda.memory_reserved()
+    tsnap = torch.cuda.memory._snapshot()
+    path = memsnap_dump("compare")
+    with open(path, "rb") as f:
+        msnap = pickle.load(f)
+    problems, extra = compare_segments(tsnap["segments"], msnap["segments"])
+    meta = msnap.get("memsnap", {})
+    live_block_bytes = sum(b["size"] for s in msnap["segments"] if s["address"] in blocks_of(tsnap["segments"])
+                           for b in s["blocks"] if b["state"] != "inactive")
+    dev0 = next((d for d in meta.get("devices", []) if d.get("device") == 0), {})
+    pending = sum(1 for s in tsnap["segments"] for b in s["blocks"] if b["state"] == "active_pending_free")
+    frames_on_blocks = sum(1 for s in msnap["segments"] for b in s["blocks"]
+                           if b["state"] != "inactive" and b.get("frames"))
+    live_blocks = sum(1 for s in msnap["segments"] for b in s["blocks"] if b["state"] != "inactive")
+    side.synchronize()
+    return {
+        "torch_allocator": meta.get("torch_allocator"),
+        "segments_torch": len(tsnap["segments"]),
+        "segments_memsnap": len(msnap["segments"]),
+        "memsnap_only_segments": len(extra),
+        "blocks_torch": sum(len(s["blocks"]) for s in tsnap["segments"]),
+        "pending_free_blocks_torch": pending,
+        "problems": problems[:20],
+        "problem_count": len(problems),
+        "memory_allocated": allocated,
+        "memory_reserved": reserved,
+        "memsnap_live_block_bytes": live_block_bytes,
+        "memsnap_cache_allocated_bytes": dev0.get("cache_allocated_bytes"),
+        "memsnap_cache_reserved_bytes": dev0.get("cache_reserved_bytes"),
+        "live_blocks_with_frames": frames_on_blocks,
+        "live_blocks": live_blocks,
+        "dropped": meta.get("dropped_events"),
+        "without_stack": meta.get("events_without_stack"),
+        "cache_mismatches": meta.get("cache_mismatches"),
+        "ok": (not problems and str(meta.get("torch_allocator", "")).startswith("blocks")
+               and allocated == live_block_bytes and dev0.get("cache_allocated_bytes") == allocated
+               and dev0.get("cache_reserved_bytes") == reserved and frames_on_blocks == live_blocks),
+    }
+
+
+LEAK_LINE = None
+
+
+def case_leak(args):
+    import torch
+    import inspect
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    kept = []
+    paths = {}
+
+    def evaluate(x):
+        out = model(x)  # evaluation without no_grad: the graph stays alive with `out`
+        kept.append(out)  # LEAK: every step's output (and its graph) is kept
+
+    leak_line = inspect.getsourcelines(evaluate)[1] + 1
+    for step in range(1, 15):
+        x = torch.randn(512, 1024, device="cuda")
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        evaluate(torch.randn(2048, 1024, device="cuda"))
+        if step in (3, 11):
+            paths[step] = memsnap_dump(f"step{step}")
+    diff = subprocess.run([args.cli, "diff", paths[3], paths[11]], capture_output=True, text=True, timeout=120)
+    text = diff.stdout
+    top = [line for line in text.splitlines() if ".py:" in line][:3]
+    named = any(f"torch_blocks.py:{leak_line}" in line for line in top[:1])
+    return {
+        "leak_line": leak_line,
+        "diff_top_lines": top,
+        "diff_exit": diff.returncode,
+        "leak_named_first": named,
+        "ok": named,
+        "diff_head": text[:1500],
+    }
+
+
+def case_oom(args):
+    import torch
+    free, total = torch.cuda.mem_get_info()
+    chunks = []
+    # Fragment the cache: 6 MiB tensors fill 20 MiB segments three at a time; freeing every
+    # other one leaves 6-8 MiB holes in segments that stay (each keeps a live tensor).
+    try:
+        for _ in range(int(free * 0.9 // (6 * MIB))):
+            chunks.append(torch.empty(6 * MIB, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError:
+        pass
+    del chunks[1::2]
+    time.sleep(2.5)  # past memsnap's 2 s OOM episode window, so the next OOM writes a file
+    folder = os.environ["MEMSNAP_FOLDER"]
+    before = set(os.listdir(folder))
+    tsnap = None
+    try:
+        torch.empty(int(total * 0.3), dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        tsnap = torch.cuda.memory._snapshot()
+    time.sleep(0.5)
+    new = sorted(set(os.listdir(folder)) - before)
+    oom_files = [f for f in new if "oom" in f]
+    if not oom_files or tsnap is None:
+        return {"ok": False, "error": f"no OOM snapshot ({new}) or no OOM", "oom": tsnap is not None}
+    with open(os.path.join(folder, oom_files[0]), "rb") as f:
+        msnap = pickle.load(f)
+
+    def free_stats(segs):
+        inactive = [b["size"] for s in segs for b in s["blocks"] if b["state"] == "inactive"]
+        return sum(inactive), max(inactive, default=0)
+
+    t_inactive, t_largest = free_stats(tsnap["segments"])
+    m_inactive, m_largest = free_stats([s for s in msnap["segments"]
+                                        if s["address"] in {t["address"] for t in tsnap["segments"]}])
+    ooms = [e for t in msnap["device_traces"] for e in t if e["action"] == "oom"]
+    return {
+        "oom_file": oom_files[0],
+        "torch_inactive_bytes": t_inactive,
+        "torch_largest_free_block": t_largest,
+        "memsnap_inactive_bytes": m_inactive,
+        "memsnap_largest_free_block": m_largest,
+        "oom_events": len(ooms),
+        "oom_device_free": [e.get("device_free") for e in ooms],
+        "ok": m_inactive > 0 and m_inactive == t_inactive and m_largest == t_largest and bool(ooms),
+    }
+
+
+def cost_loop(torch, n, sizes):
+    """n allocations and frees of cached tensors, 12 Python frames deep."""
+    def deep(k, s):
+        if k:
+            return deep(k - 1, s)
+        return torch.empty(s, dtype=torch.uint8, device="cuda")
+    live = [None] * 16
+    for i in range(n):
+        live[i % 16] = deep(10, sizes[i % len(sizes)])
+
+
+def case_cost(args):
+    """One process: alternating blocks of the same loop, recorded and not."""
+    import torch
+    mode = os.environ.get("TORCH_BLOCKS_COST", "memsnap")
+    sizes = [512 * (1 + (i * 37) % 2048) for i in range(256)]
+    n = args.iterations
+    cost_loop(torch, n, sizes)  # warm the cache: every later tensor comes from it
+    torch.cuda.synchronize()
+    lib = ctypes.CDLL(None)
+    switch = getattr(lib, "memsnap_debug_pass_through", None)
+    if mode == "memsnap" and switch is None:
+        return {"ok": False, "error": "this libmemsnap.so has no memsnap_debug_pass_through (build with --features bench-hooks)"}
+    on_ns, off_ns = [], []
+    for block in range(args.blocks):
+        for recorded in ((True, False) if block % 2 == 0 else (False, True)):
+            if mode == "memsnap":
+                switch(0 if recorded else 1)
+            elif recorded:
+                torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks=os.environ.get("TORCH_BLOCKS_STACKS", "python"))
+            t0 = time.perf_counter_ns()
+            cost_loop(torch, n, sizes)
+            t1 = time.perf_counter_ns()
+            if mode == "memsnap":
+                switch(0)
+            elif recorded:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            (on_ns if recorded else off_ns).append((t1 - t0) / (2 * n))
+    diffs = [a - b for a, b in zip(on_ns, off_ns)]
+    out = {"mode": mode, "per_event_ns_median": statistics.median(diffs), "per_event_ns_min": min(diffs),
+           "per_event_ns_max": max(diffs), "blocks": len(diffs), "events_per_block": 2 * n,
+           "off_ns_per_event_median": statistics.median(off_ns)}
+    if mode == "memsnap":
+        path = memsnap_dump("cost")
+        with open(path, "rb") as f:
+            meta = pickle.load(f).get("memsnap", {})
+        out.update(dropped=meta.get("dropped_events"), without_stack=meta.get("events_without_stack"),
+                   torch_allocator=meta.get("torch_allocator"), events=meta.get("events_recorded"))
+        out["ok"] = meta.get("dropped_events") == 0 and meta.get("events_without_stack") == 0
+    else:
+        out["ok"] = True
+    return out
+
+
+CASES = {"compare": case_compare, "expandable": case_compare, "leak": case_leak, "oom": case_oom, "cost": case_cost}
+
+
+def run_case(args, name, env_extra, timeout):
+    folder = tempfile.mkdtemp(prefix=f"torch-blocks-{name}-")
+    env = dict(os.environ)
+    env.update(MEMSNAP_FOLDER=folder, PYTHONUNBUFFERED="1")
+    env.update(env_extra)
+    if env_extra.get("NO_PRELOAD"):
+        env.pop("LD_PRELOAD", None)
+    else:
+        env["LD_PRELOAD"] = os.path.abspath(args.lib)
+    cmd = [sys.executable, os.path.abspath(__file__), "--case", name.split(":")[0], "--cli", args.cli,
+           "--iterations", str(args.iterations), "--blocks", str(args.blocks)]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+        rec = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": "no result", "rc": p.returncode}
+        if not lines:
+            rec["stderr"] = p.stderr[-3000:]
+    except subprocess.TimeoutExpired:
+        rec = {"ok": False, "error": f"timed out after {timeout}s"}
+    rec["case"] = name
+    rec["seconds"] = round(time.time() - t0, 1)
+    print(json.dumps(rec)[:2000], flush=True)
+    return rec
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib")
+    ap.add_argument("--cli", default="memsnap")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--case")
+    ap.add_argument("--cases", default="compare,expandable,leak,oom,cost")
+    ap.add_argument("--cost-rounds", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=5000)
+    ap.add_argument("--blocks", type=int, default=12)
+    args = ap.parse_args()
+    if args.case:
+        try:
+            rec = CASES[args.case](args)
+        except Exception as e:  # the record says what broke
+            import traceback
+            rec = {"ok": False, "error": repr(e), "trace": traceback.format_exc()[-2000:]}
+        print("RESULT " + json.dumps(rec), flush=True)
+        return
+    results = []
+    wanted = args.cases.split(",")
+    if "compare" in wanted:
+        results.append(run_case(args, "compare", {}, 120))
+    if "expandable" in wanted:
+        results.append(run_case(args, "expandable", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, 120))
+    if "leak" in wanted:
+        results.append(run_case(args, "leak", {}, 180))
+    if "oom" in wanted:
+        results.append(run_case(args, "oom", {}, 180))
+    if "cost" in wanted:
+        for r in range(args.cost_rounds):
+            for stacks in ("none", "python", "all"):
+                results.append(run_case(args, f"cost:memsnap-{stacks}", {"MEMSNAP_STACKS": stacks, "TORCH_BLOCKS_COST": "memsnap"}, 150))
+            for stacks in ("python", "all"):
+                results.append(run_case(args, f"cost:recorder-{stacks}", {"NO_PRELOAD": "1", "TORCH_BLOCKS_COST": "recorder", "TORCH_BLOCKS_STACKS": stacks}, 150))
+    with open(os.path.join(args.out, "torch_blocks.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("\ncase                     ok   key figures")
+    for r in results:
+        keys = {k: r.get(k) for k in ("problem_count", "memory_allocated", "memsnap_live_block_bytes", "leak_named_first",
+                                       "memsnap_inactive_bytes", "torch_inactive_bytes", "per_event_ns_median",
+                                       "dropped", "without_stack") if k in r}
+        print(f"{r['case']:<24} {str(r.get('ok')):<5} {keys}")
+
+
+if __name__ == "__main__":
+    main()
