@@ -280,15 +280,23 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
 
 /* ---------------------------------------------------------------- layout pins */
 
-_Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation layout");
-_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout");
-_Static_assert(offsetof(CUmemAllocationProp, location) == 8, "CUmemAllocationProp.location");
-_Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16,
-               "CUmemAllocationProp.win32HandleMetaData");
-_Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "CUmemAllocationProp.allocFlags");
-_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
-_Static_assert(sizeof(struct cudaPitchedPtr) == 32, "cudaPitchedPtr layout");
-_Static_assert(sizeof(struct cudaExtent) == 24, "cudaExtent layout");
+#ifdef __cplusplus
+#define FAKE_CUDA_STATIC_ASSERT static_assert
+#else
+#define FAKE_CUDA_STATIC_ASSERT _Static_assert
+#endif
+
+FAKE_CUDA_STATIC_ASSERT(sizeof(CUmemLocation) == 8, "CUmemLocation layout");
+FAKE_CUDA_STATIC_ASSERT(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout");
+FAKE_CUDA_STATIC_ASSERT(offsetof(CUmemAllocationProp, location) == 8,
+                        "CUmemAllocationProp.location");
+FAKE_CUDA_STATIC_ASSERT(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16,
+                        "CUmemAllocationProp.win32HandleMetaData");
+FAKE_CUDA_STATIC_ASSERT(offsetof(CUmemAllocationProp, allocFlags) == 24,
+                        "CUmemAllocationProp.allocFlags");
+FAKE_CUDA_STATIC_ASSERT(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
+FAKE_CUDA_STATIC_ASSERT(sizeof(struct cudaPitchedPtr) == 32, "cudaPitchedPtr layout");
+FAKE_CUDA_STATIC_ASSERT(sizeof(struct cudaExtent) == 24, "cudaExtent layout");
 
 #ifdef __cplusplus
 }
