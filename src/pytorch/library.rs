@@ -185,7 +185,11 @@ mod tests {
         unsafe {
             assert_eq!(slot_of(vptr, 4, 0x30), Some(2));
             assert_eq!(slot_of(vptr, 4, 0x50), None);
-            assert_eq!(slot_of(vptr, 2, 0x30), None, "only within the table's length");
+            assert_eq!(
+                slot_of(vptr, 2, 0x30),
+                None,
+                "only within the table's length"
+            );
         }
     }
 

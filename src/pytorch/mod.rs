@@ -146,6 +146,9 @@ fn try_attach() -> Option<AllocatorRoute> {
         });
     };
     let _ = LAYOUT.set(layout);
+    // PyTorch's libraries may have been loaded since the unwinder's module table was
+    // built: without them the first blocks' native stacks would stop at the tracker.
+    crate::capture::modules::refresh();
     // SAFETY: RTLD_DEFAULT and a C string; `typeid(void)` is libstdc++'s.
     let type_info = unsafe { real_dlsym(libc::RTLD_DEFAULT, c"_ZTIv") };
     let mut tracker = StdFunction::new(on_trace_entry, type_info);
@@ -198,9 +201,7 @@ unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: *const u8) 
         Action::FreeCompleted => {
             record::block(rec, Kind::BlockFreeCompleted, device, addr, size, stream)
         }
-        Action::SegmentAlloc => {
-            record::block(rec, Kind::CacheSegment, device, addr, size, stream)
-        }
+        Action::SegmentAlloc => record::block(rec, Kind::CacheSegment, device, addr, size, stream),
         Action::SegmentMap => record::block(rec, Kind::CacheSegmentMap, device, addr, size, stream),
         // `addr` is the device's free memory as CUDA reported it.
         Action::Oom => record::allocator_oom(rec, device, size, addr, stream),

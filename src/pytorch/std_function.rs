@@ -42,7 +42,9 @@ unsafe extern "C" fn manage(dest: *mut AnyData, source: *const AnyData, op: c_in
     // SAFETY: libstdc++ passes valid `_Any_data` references for both operands.
     unsafe {
         match op {
-            GET_TYPE_INFO => (*dest).0[0] = TYPE_INFO.load(std::sync::atomic::Ordering::Relaxed) as usize,
+            GET_TYPE_INFO => {
+                (*dest).0[0] = TYPE_INFO.load(std::sync::atomic::Ordering::Relaxed) as usize
+            }
             GET_FUNCTOR_PTR => (*dest).0[0] = source as usize,
             CLONE_FUNCTOR => *dest = *source,
             _ => {} // destroy: nothing was allocated

@@ -583,7 +583,11 @@ mod tests {
             ]
         );
         let sizes: Vec<u64> = s.devices[0].trace.iter().map(|r| r.size).collect();
-        assert_eq!(sizes[1], 4 * MIB, "history entries carry the requested size");
+        assert_eq!(
+            sizes[1],
+            4 * MIB,
+            "history entries carry the requested size"
+        );
     }
 
     #[test]
@@ -594,7 +598,10 @@ mod tests {
         let dev = &s.devices[0];
         assert!(dev.cache.segments.is_empty());
         assert_eq!(dev.cache.reserved_bytes, 0);
-        assert_eq!(dev.trace.back().map(|r| r.action), Some(Action::SegmentFree));
+        assert_eq!(
+            dev.trace.back().map(|r| r.action),
+            Some(Action::SegmentFree)
+        );
         assert_eq!(s.anomalies.unknown_frees, 0);
         assert_eq!(s.anomalies.cache_mismatches, 0);
     }

@@ -373,10 +373,9 @@ impl Writer {
                 self.state
                     .cache_block_free_requested(ev.device, ev.addr, stream, time, stack)
             }
-            Kind::BlockFreeCompleted => {
-                self.state
-                    .cache_block_free_completed(ev.device, ev.addr, ev.time_us, stack)
-            }
+            Kind::BlockFreeCompleted => self
+                .state
+                .cache_block_free_completed(ev.device, ev.addr, ev.time_us, stack),
             Kind::CacheSegment => {
                 let matched = self.state.cache_segment(ev.device, ev.addr, ev.size);
                 self.state.check_first_cache_segment(matched);
@@ -631,8 +630,7 @@ impl Writer {
                     meta_int("live_bytes", dev.live_bytes),
                     meta_int(
                         "live_allocations",
-                        (dev.allocs.len() + dev.mappings.len() + dev.cache.blocks.len())
-                            as u64,
+                        (dev.allocs.len() + dev.mappings.len() + dev.cache.blocks.len()) as u64,
                     ),
                     // PyTorch's caching allocator: its segments, and the blocks in them
                     // (counted in live_bytes too).

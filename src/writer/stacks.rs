@@ -167,7 +167,19 @@ impl StackTable {
         };
         if stack.merged.is_none() {
             let mut native: Vec<Frame> = Vec::with_capacity(stack.native.len());
-            for &pc in &stack.native {
+            // PyTorch's caching allocator's own frames (from its tracker or its cudaMalloc
+            // call) come first: the allocation site is whoever called the allocator.
+            let allocator = stack
+                .native
+                .iter()
+                .take_while(|&&pc| self.native.in_allocator_library(pc))
+                .count();
+            let skip = if allocator < stack.native.len() {
+                allocator
+            } else {
+                0
+            };
+            for &pc in &stack.native[skip..] {
                 native.extend(self.native.symbolize(pc).iter().cloned());
             }
             stack.merged = Some(merge(native, &stack.python));

@@ -51,6 +51,17 @@ impl Symbolizer {
         frames
     }
 
+    /// Whether the call returning to `pc` is inside PyTorch's CUDA allocator library
+    /// (`libc10_cuda.so`): the innermost such frames of a stack are the allocator's own
+    /// (its tracker call, its `malloc`), not where the program allocated.
+    pub fn in_allocator_library(&self, pc: u64) -> bool {
+        let table = modules::ensure();
+        table
+            .find(pc)
+            .and_then(|i| table.modules.get(i))
+            .is_some_and(|m| Path::new(&m.path).file_name() == Some("libc10_cuda.so".as_ref()))
+    }
+
     fn lookup(&mut self, pc: u64) -> Vec<Frame> {
         let table = modules::ensure();
         let Some(m) = table.find(pc).and_then(|i| table.modules.get(i)) else {
