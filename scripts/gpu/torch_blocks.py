@@ -120,8 +120,9 @@ def case_compare(args):
         msnap = pickle.load(f)
     problems, extra = compare_segments(tsnap["segments"], msnap["segments"])
     meta = msnap.get("memsnap", {})
+    # torch.cuda.memory_allocated(): blocks not freed yet (a pending free is no longer allocated).
     live_block_bytes = sum(b["size"] for s in msnap["segments"] if s["address"] in blocks_of(tsnap["segments"])
-                           for b in s["blocks"] if b["state"] != "inactive")
+                           for b in s["blocks"] if b["state"] == "active_allocated")
     dev0 = next((d for d in meta.get("devices", []) if d.get("device") == 0), {})
     pending = sum(1 for s in tsnap["segments"] for b in s["blocks"] if b["state"] == "active_pending_free")
     frames_on_blocks = sum(1 for s in msnap["segments"] for b in s["blocks"]

@@ -66,7 +66,8 @@ pub struct Cache {
     pub blocks: BTreeMap<u64, CachedBlock>,
     /// Bytes in `segments` (PyTorch's "reserved").
     pub reserved_bytes: u64,
-    /// Bytes in `blocks` (PyTorch's "allocated": live and pending-free blocks).
+    /// Bytes of live blocks not freed yet (PyTorch's `memory_allocated()`: a block leaves
+    /// it when the program frees it, before the streams that used it are done).
     pub allocated_bytes: u64,
 }
 
@@ -306,8 +307,12 @@ impl State {
             self.anomalies.cache_mismatches += 1;
             return;
         };
+        if block.pending_free {
+            return; // reported twice: once is enough
+        }
         block.pending_free = true;
         let block = *block;
+        self.device(device).cache.allocated_bytes -= block.size;
         self.push(
             device,
             TraceRec {
@@ -337,7 +342,9 @@ impl State {
             self.anomalies.cache_mismatches += 1;
             return;
         };
-        dev.cache.allocated_bytes -= block.size;
+        if !block.pending_free {
+            dev.cache.allocated_bytes -= block.size;
+        }
         dev.events += 1;
         self.sub_live(device, block.size);
         let rec = |action| TraceRec {
@@ -558,8 +565,9 @@ mod tests {
         s.cache_block_alloc(0, base, 4 * MIB, 7, 2, None);
         s.cache_block_alloc(0, base + 4 * MIB, 4 * MIB, 7, 2, None);
         s.cache_block_free_requested(0, base, 0, 3, None);
-        assert_eq!(blocks(&s)[0].3, true, "pending until completed");
-        assert_eq!(s.devices[0].cache.allocated_bytes, 8 * MIB);
+        assert!(blocks(&s)[0].3, "pending until completed");
+        assert_eq!(s.devices[0].cache.allocated_bytes, 4 * MIB, "freed, no longer allocated");
+        assert_eq!(s.devices[0].live_bytes, 8 * MIB, "but still held");
         s.cache_block_free_completed(0, base, 4, None);
         s.cache_block_free_requested(0, base + 4 * MIB, 0, 5, None);
         s.cache_block_free_completed(0, base + 4 * MIB, 5, None);
