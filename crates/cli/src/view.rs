@@ -8,7 +8,9 @@
 //! That keeps drawing proportional to the canvas width, not to the number of events.
 //!
 //! The page opens at a moment (`--at`; default the first OOM, else the peak): a marker on
-//! the timeline and the live set by site then in the side panel. Cold code.
+//! the timeline and the live set by site then in the side panel. The page's script formats
+//! bytes with a port of [`fmt_bytes`]; the tests below hold the two to the same strings.
+//! Cold code.
 
 use crate::args::Attribution;
 use anyhow::{Context, Result};
@@ -90,4 +92,76 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         crate::flamegraph::file_url(&a.output)
     )?;
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TEMPLATE;
+    use memsnap_engine::bytes::fmt_bytes;
+
+    /// The page's `fmt` (its script's byte formatter), cut out of the template.
+    fn page_fmt() -> &'static str {
+        let start = TEMPLATE
+            .find("function fmt(b) {")
+            .expect("the page has a fmt function");
+        let len = TEMPLATE[start..]
+            .find("\n  }\n")
+            .expect("fmt ends at its indentation");
+        &TEMPLATE[start..start + len + 4]
+    }
+
+    #[test]
+    fn the_page_formats_bytes_as_the_text_reports_do() {
+        // 29,622,272 bytes is 28.25 MiB exactly: the page's old toFixed(1) printed 28.3 MiB
+        // where the text printed 28.2 MiB.
+        let mut numbers: Vec<i64> = vec![
+            0,
+            512,
+            -512,
+            1023,
+            1024,
+            1536,
+            29_569_843,
+            29_622_272,
+            -29_622_272,
+            30_146_560,
+            (1 << 20) - 1,
+            3 << 30,
+            5 << 40,
+            7 << 50,
+        ];
+        let mut n: i64 = 1000;
+        while n < 1 << 50 {
+            numbers.extend([n, n * 41 / 16, n + 51, -(n * 3 / 2)]);
+            n = n * 5 / 3 + 7;
+        }
+        let list: Vec<String> = numbers.iter().map(i64::to_string).collect();
+        let script = format!(
+            "{}\nfor (const b of [{}]) console.log(fmt(b));",
+            page_fmt(),
+            list.join(",")
+        );
+        let out = match std::process::Command::new("node")
+            .args(["-e", &script])
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) => {
+                eprintln!("node not found ({e}): the page's formatter is not run here");
+                return;
+            }
+        };
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let page: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let text: Vec<String> = numbers.iter().map(|&b| fmt_bytes(b)).collect();
+        assert_eq!(page, text);
+        assert_eq!(text[7], "28.2 MiB");
+    }
 }

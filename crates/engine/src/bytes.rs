@@ -1,12 +1,14 @@
-//! Byte counts as people read them: [`fmt_bytes`] (the one formatter of the reports: the
-//! text commands and `memsnap top`) and [`parse_bytes`] (sizes on the command line). Cold
-//! code.
+//! Byte counts as people read them: [`fmt_bytes`] (the one formatter of every report: the
+//! text commands, `memsnap top`, and the HTML page, whose script carries a line-for-line
+//! port of it that the CLI's tests hold to the same strings) and [`parse_bytes`] (sizes
+//! on the command line). Cold code.
 
 /// `1.5 GiB`, `512 B`: binary units, one decimal, rounded to the nearest tenth with exact
 /// ties to the even tenth (28.25 MiB, an exact tie, is `28.2 MiB`; 28.75 MiB is `28.8 MiB`).
 ///
 /// Computed on integers: the tenths are `|b| * 10 / 1024^k`, an exact fraction, so the
-/// result does not depend on how a language prints floats.
+/// result does not depend on how a language prints floats (the HTML page computes the
+/// same tenths the same way).
 pub fn fmt_bytes(b: i64) -> String {
     const U: &[&str] = &["KiB", "MiB", "GiB", "TiB", "PiB"];
     let a = b.unsigned_abs();
