@@ -2,8 +2,8 @@
 //! site, live, through the socket each recording process serves (`memsnap_format::live`).
 //!
 //! Cold, no unsafe. [`ask`] is the client; `model` turns samples into rows (with the
-//! site rules of `analysis`); `ui` is the full-screen view (ratatui). When stdout is not a
-//! terminal, or with `--once`, samples are printed as plain lines or JSON.
+//! site rules of `memsnap_engine::sites`); `ui` is the full-screen view (ratatui). When
+//! stdout is not a terminal, or with `--once`, samples are printed as plain lines or JSON.
 
 pub mod model;
 pub mod ui;
