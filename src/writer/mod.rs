@@ -8,6 +8,7 @@
 //! on stderr, never the host's problem. A panic in here turns recording off.
 
 pub mod ack;
+#[cfg(feature = "bench-hooks")]
 pub mod drain_bench;
 pub mod dump;
 pub mod files;
