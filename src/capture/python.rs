@@ -100,7 +100,7 @@ fn mark_entry(record: &mut PyFrameRaw, position: usize, sum: &mut u64) {
 #[inline(always)]
 unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, bool, u64) {
     let o = layout.table();
-    // SAFETY (whole body): every address read is a field of a live structure of this thread
+    // SAFETY: for the whole body: every address read is a field of a live structure of this thread
     // at an offset of this version's layout (caller's contract).
     unsafe {
         let mut frame: u64 = match layout {

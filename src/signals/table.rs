@@ -317,8 +317,8 @@ mod tests {
         assert_eq!(back.sa_flags, libc::SA_SIGINFO | libc::SA_NODEFER);
         // SAFETY: valid set.
         assert_eq!(unsafe { libc::sigismember(&back.sa_mask, libc::SIGINT) }, 1);
-        // SAFETY: valid set.
         assert_eq!(
+            // SAFETY: valid set.
             unsafe { libc::sigismember(&back.sa_mask, libc::SIGTERM) },
             0
         );
