@@ -4,9 +4,11 @@
 //! Owns every offset into CPython's structures (thread state, frames, code objects, `str`
 //! and `bytes` objects) and the few CPython constants read alongside them, one `const`
 //! table per supported version (3.10–3.13; 64-bit, not free-threaded), measured from that
-//! version's headers. The hook (`capture::python`) walks the frame chain with it; the writer
-//! (`writer::stacks::pyframes`) reads code objects and strings with it. No other module
-//! holds an offset into CPython memory.
+//! version's headers, and the check value that ties a frame record to its code object
+//! ([`check_value`]). Process-wide, read by both sides: the hook (`capture::python`) walks
+//! the frame chain with it; the writer (`writer::stacks::pyframes`) reads code objects and
+//! strings with it and recomputes the check value. No other module holds an offset into
+//! CPython memory.
 //!
 //! Read on the hot path: constants only. No state, no allocation, no lookups;
 //! [`Layout::table`] is a `match` that returns a `&'static` table.
