@@ -36,6 +36,8 @@ tally() {
 
 echo "== cargo fmt --check"
 cargo fmt --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build (the preload tests need target/debug/libmemsnap.so and memsnap)"
 cargo build --workspace --all-targets
 echo "== snapshot checker self-test (the viewer's crash conditions)"

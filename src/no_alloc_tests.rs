@@ -79,7 +79,7 @@ fn hooks_do_not_allocate_in_steady_state() {
         }
     };
     round(); // first event: starts the writer (allowed to allocate once)
-    let rec = crate::lifecycle::recorder().expect("recording started");
+    let rec = crate::process::recording::recorder().expect("recording started");
     let pushed_before = rec.counters.pushed.load(Relaxed);
     let by_reference_before = crate::channel::sent::this_thread().map_or(0, |t| t.by_reference);
     let reused_before = crate::capture::native::WALKS_REUSED.load(Relaxed);
@@ -109,8 +109,8 @@ fn hooks_do_not_allocate_in_steady_state() {
     hooks::routing::set_real_for_test(HookId::cuMemAlloc_v2, fake_oom as *mut c_void);
     let before = allocations_on_this_thread();
     let mut d: CuDevicePtr = 0;
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: as above.
         unsafe { hooks::cuMemAlloc_v2(&mut d, 1 << 40) },
         CUDA_ERROR_OUT_OF_MEMORY
     );
