@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check memsnap's CPython layout constants against the headers of installed interpreters.
 
-src/capture/cpython.rs holds one table of byte offsets per CPython version (thread state,
+src/process/cpython.rs holds one table of byte offsets per CPython version (thread state,
 frames, code objects, str and bytes objects). For each CPython 3.X found on this machine,
 this script compiles a small C program against that interpreter's own headers (the folders
 `python3.X-config --includes` names, with `Py_BUILD_CORE` defined for the internal ones),
@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYOUTS = ROOT / "src" / "capture" / "cpython.rs"
+LAYOUTS = ROOT / "src" / "process" / "cpython.rs"
 SKIPPED = 77
 
 # A member memsnap keeps at 0 and never reads in that version.
@@ -378,11 +378,11 @@ def main(argv):
                         bad.append(f"{path}: memsnap has {want}, expected 0 (unused in {v[0]}.{v[1]})")
                 elif got.get(path) != want:
                     bad.append(f"{path} = {expr}: headers say {got.get(path)}, "
-                               f"src/capture/cpython.rs says {want}")
+                               f"src/process/cpython.rs says {want}")
             for cname, _, since in CONSTANTS:
                 if v >= since and got.get(f"const.{cname}") != rust_consts.get(cname):
                     bad.append(f"{cname}: headers say {got.get('const.' + cname)}, "
-                               f"src/capture/cpython.rs says {rust_consts.get(cname)}")
+                               f"src/process/cpython.rs says {rust_consts.get(cname)}")
             note = " (debug build)" if info["debug"] else ""
             if bad:
                 failures.append(f"{name}{note}: {len(bad)} difference(s):\n    "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite; no GPU needed. Builds the simulated CUDA driver and test programs
-# itself (needs a C compiler and python3, both checked below).
+# itself (needs a C compiler, python3 and node, checked below).
 #
 #   bash scripts/test.sh
 #
@@ -16,7 +16,7 @@
 # failed and were ignored.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-for tool in cargo cc python3; do
+for tool in cargo cc python3 node; do
     command -v "$tool" >/dev/null || { echo "scripts/test.sh: $tool is required" >&2; exit 2; }
 done
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/memsnap-test.XXXXXX")
@@ -36,6 +36,8 @@ tally() {
 
 echo "== cargo fmt --check"
 cargo fmt --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build (the preload tests need target/debug/libmemsnap.so and memsnap)"
 cargo build --workspace --all-targets
 echo "== snapshot checker self-test (the viewer's crash conditions)"

@@ -1,30 +1,38 @@
 //! `libmemsnap.so`: preloaded into a CUDA process, it records every device-memory
 //! allocation and free and writes PyTorch memory-snapshot files.
 //!
-//! The rooms, in the order an event flows through them (hot = runs inside the host's CUDA
-//! calls; docs/ARCHITECTURE.md has the whole picture):
+//! The rooms (hot = runs inside the host's CUDA calls; docs/ARCHITECTURE.md has the whole
+//! picture and the import arrows):
+//! - [`exports`] (front door): every exported symbol, bound to the room that does the work.
 //! - [`lifecycle`] (cold): the composition root: starts recording on the first CUDA event,
-//!   the dump signal, exit, fork, and the `memsnap_*` C API.
-//! - [`interpose`] (hot): symbol lookup, the routing table, the exported wrappers, device
-//!   queries, the per-thread nesting guard.
+//!   exit, fork, and the bodies of the `memsnap_*` C API.
+//! - [`interpose`] (hot): the hook table and its wrappers, routing, device queries.
 //! - [`pytorch`] (cold attach, hot tracker): PyTorch's caching allocator, whose blocks
 //!   are reported by a trace tracker memsnap attaches at run time.
+//! - [`signals`] (cold): the borrowed signals: libc hooks, the table, the handler.
+//! - [`guard`] (hot): the per-thread nesting guard.
 //! - [`record`] (hot): a call's outcome as an event, with its stack, on the channel.
-//! - [`capture`] (hot): native and Python stack capture, the loaded-module table, the
-//!   CPython layout table.
-//! - [`channel`] (hot): the event type, the queue to the writer, the stacks each thread
-//!   has sent, and the handshake flags the writer and the hook side share.
-//! - [`thread_state`] (cold): per-thread state of the hook side, freed at thread exit.
+//! - [`capture`] (hot): the native and Python stack walkers.
 //! - [`writer`] (cold): the one writer thread that owns all recorded state and writes
-//!   snapshots. It never imports interposition, recording or lifecycle.
+//!   snapshots.
+//! - [`channel`] (hot): what travels from the hook side to the writer: events, the queue,
+//!   the stacks each thread has sent, requests and counters.
+//! - [`process`] (hot reads, cold builds): process-wide state both sides read: the recording
+//!   switch, glibc's `dlsym`, the loaded-module table, the CPython layouts and interpreter.
+//! - [`thread_state`] (cold): per-thread state of the hook side, freed at thread exit.
 //!
-//! The snapshot format and the `MEMSNAP_*` settings live in the `memsnap-format` crate.
+//! The hook side and the writer meet only in `channel/` (events) and `process/`
+//! (process-wide state). Nothing imports `lifecycle/` or `interpose/` but this file and the
+//! front door, `exports.rs`. The snapshot format and the `MEMSNAP_*` settings live in the
+//! `memsnap-format` crate.
 
 pub mod capture;
 pub mod channel;
+pub mod exports;
 pub mod guard;
 pub mod interpose;
 pub mod lifecycle;
+pub mod process;
 pub mod pytorch;
 pub mod record;
 pub mod signals;

@@ -79,7 +79,7 @@ fn hooks_do_not_allocate_in_steady_state() {
         }
     };
     round(); // first event: starts the writer (allowed to allocate once)
-    let rec = crate::lifecycle::recorder().expect("recording started");
+    let rec = crate::process::recording::recorder().expect("recording started");
     let pushed_before = rec.counters.pushed.load(Relaxed);
     let by_reference_before = crate::channel::sent::this_thread().map_or(0, |t| t.by_reference);
     let reused_before = crate::capture::native::WALKS_REUSED.load(Relaxed);
@@ -105,12 +105,54 @@ fn hooks_do_not_allocate_in_steady_state() {
     let pushed = rec.counters.pushed.load(Relaxed) - pushed_before;
     assert_eq!(pushed + rec.counters.lost_total(), 6000);
 
+    // PyTorch's caching-allocator tracker: a block handed out, freed and completed, as
+    // PyTorch calls it (an entry of its 2.11 layout on the stack), with stacks.
+    let layout = crate::pytorch::layout::for_version("2.11.0").expect("2.11 is known");
+    crate::pytorch::set_layout_for_test(layout);
+    let entry = |action: u32, addr: u64| {
+        let mut e = [0u8; 136];
+        e[layout.action..layout.action + 4].copy_from_slice(&action.to_ne_bytes());
+        e[layout.addr..layout.addr + 8].copy_from_slice(&addr.to_ne_bytes());
+        e[layout.size..layout.size + 8].copy_from_slice(&4096u64.to_ne_bytes());
+        e
+    };
+    let (alloc, free_requested, free_completed) = (
+        entry(0, 0x7e00_0000),
+        entry(1, 0x7e00_0000),
+        entry(2, 0x7e00_0000),
+    );
+    let track = |e: &[u8; 136]| {
+        // SAFETY: the tracker reads the entry's fields within its 136 bytes.
+        unsafe { crate::pytorch::on_trace_entry(std::ptr::null(), e.as_ptr()) }
+    };
+    track(&alloc); // the first stack goes in full
+    track(&free_requested);
+    track(&free_completed);
+    let pushed_before = rec.counters.pushed.load(Relaxed);
+    let before = allocations_on_this_thread();
+    for _ in 0..1000 {
+        track(&alloc);
+        track(&free_requested);
+        track(&free_completed);
+    }
+    assert_eq!(
+        allocations_on_this_thread() - before,
+        0,
+        "the tracker allocated"
+    );
+    let pushed = rec.counters.pushed.load(Relaxed) - pushed_before;
+    assert_eq!(
+        pushed + rec.counters.lost_total(),
+        3000,
+        "one event per entry"
+    );
+
     // The OOM path (cold) is allowed to block, but it must not allocate either.
     hooks::routing::set_real_for_test(HookId::cuMemAlloc_v2, fake_oom as *mut c_void);
     let before = allocations_on_this_thread();
     let mut d: CuDevicePtr = 0;
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: as above.
         unsafe { hooks::cuMemAlloc_v2(&mut d, 1 << 40) },
         CUDA_ERROR_OUT_OF_MEMORY
     );

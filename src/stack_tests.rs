@@ -1,9 +1,10 @@
 //! Stack capture and resolution together (capture in the hook, [`StackTable`] in the
 //! writer), against a small C library built with `cc` at test time.
 
-use crate::capture::{capture, modules};
+use crate::capture::capture;
 use crate::channel::event::StackSlot;
 use crate::config::{FRAME_CAPACITY, Stacks};
+use crate::process::modules;
 use crate::writer::stacks::StackTable;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -2,30 +2,42 @@
 //!
 //! Runs `tests/stacks/capture_check.py` (nested functions, exact file:line, placement among
 //! native frames, deep recursion past the frame limit, non-ASCII names, threads) with the
-//! built `libmemsnap.so` loaded through ctypes, which calls `memsnap_debug_capture_json`.
+//! `libmemsnap.so` loaded through ctypes, which calls `memsnap_debug_capture_json`: a build
+//! with the `bench-hooks` feature, in a target folder of its own (`target/with-bench-hooks`)
+//! so that `target/<profile>/libmemsnap.so` stays the library that ships.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn libmemsnap() -> PathBuf {
-    // `cargo test --test` does not rebuild the cdylib when its sources change: build it.
+    // target/<profile>/deps/stacks_python-<hash> -> target/with-bench-hooks/<profile>/
+    let exe = std::env::current_exe().expect("current_exe");
+    let release = exe.components().any(|c| c.as_os_str() == "release");
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let target = profile_dir
+        .parent()
+        .expect("target dir")
+        .join("with-bench-hooks");
+    // Built here, once per run: `cargo test --test` does not rebuild a cdylib, and this one
+    // needs the feature.
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let exe = std::env::current_exe().expect("current_exe");
-        let release = exe.components().any(|c| c.as_os_str() == "release");
         let st = Command::new(cargo)
-            .args(["build", "--lib", "--quiet"])
+            .args(["build", "--lib", "--quiet", "--features", "bench-hooks"])
             .args(release.then_some("--release"))
+            .arg("--target-dir")
+            .arg(&target)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
-            .expect("cargo build --lib");
-        assert!(st.success(), "cargo build --lib failed");
+            .expect("cargo build --lib --features bench-hooks");
+        assert!(
+            st.success(),
+            "cargo build --lib --features bench-hooks failed"
+        );
     });
-    // target/<profile>/deps/stacks_python-<hash> -> target/<profile>/libmemsnap.so
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let so = dir.join("libmemsnap.so");
+    let profile = if release { "release" } else { "debug" };
+    let so = target.join(profile).join("libmemsnap.so");
     assert!(so.is_file(), "{} not built", so.display());
     so
 }

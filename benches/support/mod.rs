@@ -1,5 +1,6 @@
-//! What the benches share: the `--bench` check, the release build of `libmemsnap.so`, and
-//! opening one of its exported entry points. Cold (bench tooling, not the library).
+//! What the benches share: the `--bench` check, the release build of `libmemsnap.so` with
+//! the `bench-hooks` feature (its `memsnap_debug_*` entry points), and opening one of them.
+//! Cold (bench tooling, not the library).
 #![allow(dead_code)] // each bench uses a subset
 
 use std::path::PathBuf;
@@ -15,18 +16,30 @@ pub fn benchmarking(name: &str) -> bool {
     on
 }
 
-/// Builds the release library and returns its path.
+/// Builds the release library with `--features bench-hooks` and returns its path. It goes
+/// to a target folder of its own (`target/with-bench-hooks`), so that
+/// `target/release/libmemsnap.so` stays the library that ships, without those entry points.
 pub fn release_library() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or(root.join("target"))
+        .join("with-bench-hooks");
     let st = Command::new("cargo")
-        .args(["build", "--release", "--lib", "--quiet"])
+        .args([
+            "build",
+            "--release",
+            "--lib",
+            "--quiet",
+            "--features",
+            "bench-hooks",
+        ])
+        .arg("--target-dir")
+        .arg(&target)
         .current_dir(&root)
         .status()
         .expect("cargo build");
     assert!(st.success());
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(root.join("target"));
     target.join("release/libmemsnap.so")
 }
 

@@ -21,7 +21,10 @@ Recorder runs check that the recorder kept trace entries with frames.
 
 Because the timings between processes are bimodal on shared virtual machines, every memsnap run
 also times the same loop with its thread's calls passing through memsnap unrecorded
-(memsnap_debug_pass_through; absent from older builds), alternating with the recorded loop, and
+(memsnap_debug_pass_through, alternating with the recorded loop; it exists only in a library
+built with the bench-hooks feature, which the shipped library and the wheel leave off:
+`cargo build --release --lib --features bench-hooks --target-dir target/gpu` gives
+target/gpu/release/libmemsnap.so; without it, as in older builds, that comparison is skipped), and
 the report gives per-event differences within each process (median and range over runs). Where
 the kernel exposes the loop thread's instruction counter (perf_event_open), instructions per
 iteration are reported as well.

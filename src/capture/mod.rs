@@ -1,17 +1,19 @@
-//! Stack capture in the hook: native return addresses and raw Python frames.
+//! Stack capture in the hook: the walkers that fill a stack slot with native return
+//! addresses and raw Python frames.
 //!
 //! Hot. [`capture`] fills a [`StackSlot`] in place; it never locks, never panics, and after
 //! the first capture on a thread it never allocates or makes a syscall (the first one builds
 //! the module table once per process, and the thread's unwinder cache and stack bounds once
-//! per thread). Turning the raw records into frames is the writer's job (`writer::stacks`).
+//! per thread). What the walkers read that outlives a capture (the loaded-module table, the
+//! CPython layouts and the interpreter found) is process-wide state in `process/`; turning
+//! the raw records into frames is the writer's job (`writer::stacks`).
 
-pub mod cpython;
-pub mod modules;
 pub mod native;
 pub mod python;
 
 use crate::channel::event::{StackSlot, native_chain};
 use crate::config::{FRAME_CAPACITY, Stacks};
+use crate::process::modules;
 
 /// One-time setup the hooks may run at initialisation instead of on the first capture:
 /// builds the module table (`dl_iterate_phdr`, allocates) and looks up the CPython symbols
@@ -79,7 +81,7 @@ pub fn capture_interrupted(
     if stacks.native() {
         native::capture_interrupted(slot, max, regs);
     }
-    if stacks.python() && python::resolved() {
+    if stacks.python() && crate::process::python::resolved() {
         let _ = python::capture(slot, max);
     }
 }

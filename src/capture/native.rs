@@ -95,9 +95,9 @@ pub fn capture_interrupted(
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use crate::capture::modules;
     use crate::channel::event::{NATIVE_CHAIN_SEED, StackSlot, native_chain_step};
     use crate::config::FRAME_CAPACITY;
+    use crate::process::modules;
     use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
     use framehop::{FrameAddress, MustNotAllocateDuringUnwind, Unwinder as _};
     use std::cell::Cell;

@@ -1,7 +1,8 @@
 //! The state the hook side and the writer thread share besides the queue: requests for
 //! snapshots (exit, `memsnap_dump`, the dump signal, a crash signal, out-of-memory), route counters and
 //! device totals, and the clock both sides stamp with. One place, so that the writer never
-//! has to reach into the hook side.
+//! has to reach into the hook side (the rest it reads, the module table and the interpreter,
+//! is process-wide state in `process/`).
 //!
 //! Requests never wait in the event queue, however full it is: the asking thread raises a
 //! flag or takes a ticket here and wakes the writer, which first applies every event that

@@ -6,7 +6,7 @@
 //! driver table (routing), never hooked.
 
 use super::ffi::{CUDA_SUCCESS, CuDevice, FnCuCtxGetDevice, FnCuMemGetInfo};
-use super::symbols::real_dlsym;
+use crate::process::dlsym::real_dlsym;
 use crate::record::Devices;
 use std::ffi::c_void;
 use std::ptr::null_mut;

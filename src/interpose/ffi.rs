@@ -6,7 +6,7 @@
 //! `cuda_runtime_api.h` (CUDA 13.0). The hooked functions' pointer types are not written
 //! here: the hook table derives each from its wrapper's own signature.
 
-use std::ffi::{c_char, c_int, c_ulonglong, c_void};
+use std::ffi::{c_int, c_ulonglong, c_void};
 
 /// `CUresult` / `cudaError_t`: whatever the real call returned, never reinterpreted.
 pub type CuResult = c_int;
@@ -64,5 +64,3 @@ pub struct CudaExtent {
 /// `cuCtxGetDevice` and `cuMemGetInfo_v2`: called by memsnap, never hooked.
 pub type FnCuCtxGetDevice = unsafe extern "C" fn(*mut CuDevice) -> CuResult;
 pub type FnCuMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult;
-/// glibc's `dlsym`.
-pub type FnDlsym = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;

@@ -27,7 +27,7 @@ use crate::channel::event::{Api, Kind};
 use crate::channel::handshake::ROUTED;
 use crate::channel::queue::Recorder;
 use crate::guard::Scope;
-use crate::lifecycle;
+use crate::process::recording;
 use crate::record::{self, Outcome};
 use device::DRIVER;
 use ffi::*;
@@ -115,7 +115,7 @@ fn record_after(
     let scope = Scope::enter();
     let r = real();
     if scope.outermost()
-        && let Some(rec) = lifecycle::recorder()
+        && let Some(rec) = recording::recorder()
     {
         record(rec, r);
     }
@@ -131,7 +131,7 @@ fn record_before(
 ) -> CuResult {
     let scope = Scope::enter();
     if scope.outermost()
-        && let Some(rec) = lifecycle::recorder()
+        && let Some(rec) = recording::recorder()
     {
         record(rec);
     }

@@ -9,8 +9,8 @@
 //! Hot: [`real`] is one atomic load per hooked call once resolved; the rest runs when a
 //! program looks symbols up.
 
-use super::symbols::real_dlsym;
 use super::{HOOK_COUNT, HOOKS, HookId, Layer, device};
+use crate::process::dlsym::real_dlsym;
 use std::ffi::{CStr, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering::*};

@@ -1,7 +1,9 @@
-//! Test, debug and benchmark entry points exported by the library (`memsnap_debug_*`):
-//! capture the caller's stack as a hook would, and resolve it as the writer would, in one
-//! call. They compose capture and the writer's stack table, which is why they live in the
-//! composition root. Cold: they allocate and lock; never called by a hook.
+//! The bodies of the test, debug and benchmark entry points (`memsnap_debug_*`, declared in
+//! `exports.rs`): capture the caller's stack as a hook would, and resolve it as the writer
+//! would, in one call. They compose capture and the writer's stack table, which is why they
+//! live in the composition root. Compiled only with the `bench-hooks` feature, which the
+//! shipped library and the wheel leave off. Cold: they allocate and lock; never called by a
+//! hook.
 
 use crate::capture::capture;
 use crate::channel::event::StackSlot;
@@ -29,9 +31,8 @@ fn debug_args(stacks: libc::c_int, max_frames: libc::c_int) -> (Stacks, usize) {
 /// The record then misses what the thread did meanwhile, so a benchmark must free in each
 /// phase what it allocated there; `scripts/gpu/hook_cost_torch.py` times the same loop
 /// both ways in one process with it.
-#[doc(hidden)]
-#[unsafe(no_mangle)]
-pub extern "C" fn memsnap_debug_pass_through(on: libc::c_int) {
+#[inline(always)]
+pub fn pass_through(on: libc::c_int) {
     crate::guard::set_pass_through(on != 0);
 }
 
@@ -46,9 +47,8 @@ pub extern "C" fn memsnap_debug_pass_through(on: libc::c_int) {
 ///
 /// Not for hooks: it allocates and takes a lock. `ctypes.CDLL("libmemsnap.so")` can call it
 /// from Python (ctypes releases the GIL around the call, as PyTorch's CUDA calls do).
-#[doc(hidden)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memsnap_debug_capture_json(
+#[inline(always)]
+pub unsafe fn capture_json(
     stacks: libc::c_int,
     max_frames: libc::c_int,
     buf: *mut u8,
@@ -77,9 +77,8 @@ pub unsafe extern "C" fn memsnap_debug_capture_json(
 ///
 /// # Safety
 /// `out` must be null or point to four writable `u64`.
-#[doc(hidden)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memsnap_debug_bench_capture(
+#[inline(always)]
+pub unsafe fn bench_capture(
     stacks: libc::c_int,
     max_frames: libc::c_int,
     iterations: u64,
@@ -127,9 +126,8 @@ pub unsafe extern "C" fn memsnap_debug_bench_capture(
 ///
 /// # Safety
 /// `frames_out` must be null or point to two writable `u64`.
-#[doc(hidden)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memsnap_debug_capture_counted(
+#[inline(always)]
+pub unsafe fn capture_counted(
     stacks: libc::c_int,
     iterations: u64,
     counter: Option<extern "C" fn() -> u64>,
@@ -200,14 +198,8 @@ pub fn debug_resolve_json(slot: &StackSlot, stacks: Stacks, max: usize) -> Strin
 ///
 /// # Safety
 /// `out` must be null or point to three writable `u64`.
-#[doc(hidden)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memsnap_debug_bench_writer(
-    events: u64,
-    distinct_stacks: u32,
-    depth: u32,
-    out: *mut u64,
-) -> u64 {
+#[inline(always)]
+pub unsafe fn bench_writer(events: u64, distinct_stacks: u32, depth: u32, out: *mut u64) -> u64 {
     let figures = std::panic::catch_unwind(|| {
         crate::writer::drain_bench::run(events, distinct_stacks, depth as usize)
     });
@@ -231,9 +223,8 @@ pub unsafe extern "C" fn memsnap_debug_bench_writer(
 ///
 /// # Safety
 /// `out` must be null or point to four writable `u64`.
-#[doc(hidden)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memsnap_debug_bench_live(
+#[inline(always)]
+pub unsafe fn bench_live(
     live: u64,
     distinct_stacks: u32,
     depth: u32,

@@ -68,16 +68,27 @@ const FROM_2_8: TraceEntryLayout = TraceEntryLayout {
     size: 40,
 };
 
-/// Releases whose layout is known, as `(major, minor)` ranges, inclusive.
-const KNOWN: &[((u32, u32), (u32, u32), TraceEntryLayout)] = &[((2, 8), (2, 15), FROM_2_8)];
+/// A range of releases, `(major, minor)` to `(major, minor)` inclusive, with one layout.
+struct Releases {
+    from: (u32, u32),
+    to: (u32, u32),
+    layout: TraceEntryLayout,
+}
+
+/// Releases whose layout is known.
+const KNOWN: &[Releases] = &[Releases {
+    from: (2, 8),
+    to: (2, 15),
+    layout: FROM_2_8,
+}];
 
 /// The layout for PyTorch `version` (`"2.11.0+cu130"`, `"2.12.0a0+git..."`), if known.
 pub fn for_version(version: &str) -> Option<TraceEntryLayout> {
     let release = major_minor(version)?;
     KNOWN
         .iter()
-        .find(|(from, to, _)| *from <= release && release <= *to)
-        .map(|(_, _, layout)| *layout)
+        .find(|r| r.from <= release && release <= r.to)
+        .map(|r| r.layout)
 }
 
 /// `(major, minor)` of a version string.

@@ -7,7 +7,7 @@
 //! the slots are found by comparing the virtual table's entries with the methods'
 //! addresses, so no slot number is written down anywhere (docs/PYTORCH.md).
 
-use crate::interpose::symbols::real_dlsym;
+use crate::process::dlsym::real_dlsym;
 use std::ffi::{CStr, c_void};
 use std::path::{Path, PathBuf};
 
@@ -83,6 +83,7 @@ pub fn find() -> Result<Allocator, Missing> {
             "libc10_cuda.so exports no CUDACachingAllocator::allocator".into(),
         ));
     }
+    // SAFETY: Dl_info is plain pointers and integers: all zeros is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr fills `info` for an address inside a loaded library.
     if unsafe { libc::dladdr(pointer, &mut info) } == 0 || info.dli_fname.is_null() {

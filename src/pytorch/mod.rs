@@ -16,11 +16,11 @@ pub mod layout;
 pub mod library;
 pub mod std_function;
 
-use crate::channel::allocator_route::{self, AllocatorRoute};
 use crate::channel::event::Kind;
 use crate::guard::{self, Scope};
-use crate::interpose::symbols::real_dlsym;
-use crate::lifecycle;
+use crate::process::allocator_route::{self, AllocatorRoute};
+use crate::process::dlsym::real_dlsym;
+use crate::process::recording;
 use crate::record;
 use layout::{Action, TraceEntryLayout};
 use library::{Allocator, Missing};
@@ -53,7 +53,7 @@ static LAYOUT: OnceLock<TraceEntryLayout> = OnceLock::new();
 pub fn before_segment_allocation() {
     if STATE.load(Relaxed) != DECIDED
         && !guard::inside_hook_or_internal()
-        && lifecycle::recorder().is_some()
+        && recording::recorder().is_some()
     {
         probe();
     }
@@ -148,7 +148,7 @@ fn try_attach() -> Option<AllocatorRoute> {
     let _ = LAYOUT.set(layout);
     // PyTorch's libraries may have been loaded since the unwinder's module table was
     // built: without them the first blocks' native stacks would stop at the tracker.
-    crate::capture::modules::refresh();
+    crate::process::modules::refresh();
     // SAFETY: RTLD_DEFAULT and a C string; `typeid(void)` is libstdc++'s.
     let type_info = unsafe { real_dlsym(libc::RTLD_DEFAULT, c"_ZTIv") };
     let mut tracker = StdFunction::new(on_trace_entry, type_info);
@@ -163,12 +163,18 @@ fn try_attach() -> Option<AllocatorRoute> {
     Some(AllocatorRoute::Blocks { version })
 }
 
+/// Tests: the layout the tracker reads with, as an attach would set it.
+#[cfg(test)]
+pub fn set_layout_for_test(layout: TraceEntryLayout) {
+    let _ = LAYOUT.set(layout);
+}
+
 /// The tracker: PyTorch calls it for every trace entry, on the thread that allocates or
 /// frees, with its allocator's mutex held.
 ///
 /// # Safety
 /// Called by libstdc++'s `std::function` with `entry` pointing at a live `TraceEntry`.
-unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: *const u8) {
+pub(crate) unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: *const u8) {
     if !allocator_route::block_events_on() {
         return;
     }
@@ -179,7 +185,7 @@ unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: *const u8) 
     if !scope.outermost() {
         return;
     }
-    let Some(rec) = lifecycle::recorder() else {
+    let Some(rec) = recording::recorder() else {
         return;
     };
     // SAFETY: the offsets are this PyTorch release's (`layout`), inside the live entry.

@@ -8,8 +8,8 @@
 //! of the segment); and it keeps that whole free block when the rest is too small to be
 //! split off. Everything else (segments, addresses, states) is what the allocator said.
 
-use crate::channel::allocator_route;
 use crate::channel::event::Api;
+use crate::process::allocator_route;
 use crate::writer::stacks::RawStackId;
 use crate::writer::state::{Action, Live, State, TraceRec};
 use std::collections::BTreeMap;
@@ -566,7 +566,11 @@ mod tests {
         s.cache_block_alloc(0, base + 4 * MIB, 4 * MIB, 7, 2, None);
         s.cache_block_free_requested(0, base, 0, 3, None);
         assert!(blocks(&s)[0].3, "pending until completed");
-        assert_eq!(s.devices[0].cache.allocated_bytes, 4 * MIB, "freed, no longer allocated");
+        assert_eq!(
+            s.devices[0].cache.allocated_bytes,
+            4 * MIB,
+            "freed, no longer allocated"
+        );
         assert_eq!(s.devices[0].live_bytes, 8 * MIB, "but still held");
         s.cache_block_free_completed(0, base, 4, None);
         s.cache_block_free_requested(0, base + 4 * MIB, 0, 5, None);

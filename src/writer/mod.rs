@@ -6,34 +6,41 @@
 //! and writes snapshots on exit, out-of-memory, the dump signal, steps, periods and
 //! explicit `memsnap_dump` calls. It may allocate, lock and do I/O; a failure is a warning
 //! on stderr, never the host's problem. A panic in here turns recording off.
+//!
+//! This file holds the thread's state ([`Writer`]) and its drain loop (apply events, refresh
+//! the module table, symbolize when idle, sleep); each policy over that state has its own
+//! file: `requests` (exit, `memsnap_dump`, signals, `memsnap top`), `steps` (the step
+//! window, `MEMSNAP_EVERY`, stats rows), `publish` (writing one snapshot), `meta` (what a
+//! snapshot says about itself), `exit_report` (the exit line). What the hook side shares
+//! with it comes only through `channel/` (events, requests, counters) and `process/` (the
+//! module table and the interpreter, which `stacks` reads).
 
 pub mod ack;
 pub mod cache;
+#[cfg(feature = "bench-hooks")]
 pub mod drain_bench;
 pub mod dump;
+mod exit_report;
 pub mod files;
 pub mod live;
+mod meta;
+mod publish;
+mod requests;
 pub mod stacks;
 pub mod state;
 pub mod stats;
+mod steps;
 pub mod upload;
 
-use crate::channel::allocator_route;
 use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
-use crate::channel::handshake::{
-    self, API_DUMP_LOG, API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, ROUTED,
-    SIGNAL_DUMPS,
-};
+use crate::channel::handshake::{EXIT_DONE, OOM_DUMPS};
 use crate::channel::queue::Recorder;
 use crate::config::Config;
-use crate::snapshot::live::{self as live_protocol, Answer, OomSample, Request, Sample};
-use crate::snapshot::model::Meta;
-use crate::snapshot::pickle_write;
-use dump::{FrameInterner, meta_int, meta_str};
-use files::{Identity, NameFields, Reason};
+use crate::snapshot::live::OomSample;
+use dump::FrameInterner;
+use files::{Identity, Reason};
 use stacks::StackTable;
 use state::{Live, State};
-use std::io::{self, Write};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
@@ -60,9 +67,9 @@ const SYMBOLIZE_BUDGET: Duration = Duration::from_micros(500);
 const BATCH: usize = 8192;
 /// How often the writer looks for newly loaded libraries for the native unwinder.
 const MODULE_REFRESH: Duration = Duration::from_millis(100);
-/// Write-failure warnings printed before going quiet.
-const MAX_WRITE_WARNINGS: u32 = 3;
 
+/// The writer thread's state: what was recorded, what was written, and the policies'
+/// bookkeeping (each policy is an `impl Writer` in its own file).
 struct Writer {
     rec: &'static Recorder,
     cfg: Config,
@@ -92,16 +99,6 @@ struct Writer {
     live: live::LiveServer,
     /// The most recent out-of-memory error, for `memsnap top`.
     last_oom: Option<OomSample>,
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGBUS => "SIGBUS",
-        _ => "other",
-    }
 }
 
 /// `path` made absolute against the working directory (left as is if that fails).
@@ -225,54 +222,6 @@ impl Writer {
         }
     }
 
-    /// `memsnap top`: answers the requests that arrived in full, from the state after every
-    /// event queued so far. Never waits on a client (docs/LIVE.md).
-    fn serve_live(&mut self) {
-        let asked = self.live.poll();
-        if asked.is_empty() {
-            return;
-        }
-        // Everything the program did before it was asked is in the answer; `apply` never
-        // ends the loop, so the flow is always `Continue` here.
-        let _ = self.apply_queued();
-        for a in asked {
-            let answer = match a.request {
-                Request::Sample {
-                    known_frames,
-                    known_stacks,
-                } => Answer::Sample(self.sample(known_frames, known_stacks)),
-                Request::Dump => match self.dump(Reason::Signal, "") {
-                    Ok(path) => Answer::Dumped {
-                        path: absolute(&path).display().to_string(),
-                    },
-                    Err(reason) => Answer::Failed { reason },
-                },
-            };
-            self.live.answer(a.client, live_protocol::encode(&answer));
-        }
-    }
-
-    /// What is live now, with the counters `memsnap top` shows.
-    fn sample(&mut self, known_frames: u32, known_stacks: u32) -> Sample {
-        let c = &self.rec.counters;
-        let mut sample = dump::live_sample(
-            &self.state,
-            &mut self.stacks,
-            &mut self.interner,
-            known_frames,
-            known_stacks,
-        );
-        sample.version = live_protocol::PROTOCOL_VERSION;
-        sample.pid = self.id.pid;
-        sample.time_us = handshake::now_us();
-        sample.step = self.step;
-        sample.events_recorded = c.pushed.load(Relaxed);
-        sample.dropped_events = c.lost_total();
-        sample.events_without_stack = self.events_without_stack();
-        sample.last_oom = self.last_oom.clone();
-        sample
-    }
-
     /// Events recorded without the stack they should have had.
     fn events_without_stack(&self) -> u64 {
         self.rec.counters.lost_stacks.load(Relaxed) + self.stacks.unknown_references
@@ -389,98 +338,6 @@ impl Writer {
         Flow::Continue
     }
 
-    /// Requests that do not travel in the queue (docs: `channel::handshake`): exit,
-    /// `memsnap_dump`, the dump signal. Each first applies every event queued when the
-    /// request was seen, so the snapshot holds all that the asking thread did before.
-    fn serve_requests(&mut self) -> Flow {
-        let exit = EXIT_REQUESTED.load(Acquire);
-        let crash = CRASH.dumps.pending();
-        let signals = SIGNAL_DUMPS.pending();
-        let dumps = API_DUMPS.pending();
-        if !exit && crash.is_empty() && signals.is_empty() && dumps.is_empty() {
-            return Flow::Continue;
-        }
-        if !signals.is_empty() {
-            // Acknowledged before anything else, so `memsnap dump` knows at once.
-            self.ack.received(*signals.end());
-        }
-        if let Flow::Exit = self.apply_queued() {
-            return Flow::Exit;
-        }
-        if !crash.is_empty() {
-            // The job is ending: its snapshot comes first.
-            self.crash_snapshot();
-            CRASH.dumps.complete(*crash.end());
-        }
-        if !signals.is_empty() {
-            let written = self.dump(Reason::Signal, "");
-            self.ack.served(*signals.end(), &written);
-            SIGNAL_DUMPS.complete(*signals.end());
-        }
-        for ticket in dumps {
-            let index = ticket as usize - 1;
-            let tag = API_DUMP_LOG
-                .lock()
-                .ok()
-                .and_then(|log| log.get(index).map(|d| d.tag.clone()))
-                .unwrap_or_default();
-            // Absolute, so the caller gets a path that holds whatever its working directory.
-            let path = self
-                .dump(Reason::Api, &tag)
-                .ok()
-                .map(|p| std::path::absolute(&p).unwrap_or(p));
-            if let Some(entry) = API_DUMP_LOG
-                .lock()
-                .ok()
-                .as_mut()
-                .and_then(|l| l.get_mut(index))
-            {
-                entry.path = path;
-            }
-            API_DUMPS.complete(ticket);
-        }
-        if exit {
-            if self.cfg.at_exit {
-                let _ = self.dump(Reason::Exit, "");
-            }
-            self.write_stats(Reason::Exit);
-            if let Some(uploader) = &mut self.uploader {
-                uploader.finish(self.cfg.remote_wait);
-            }
-            self.report_at_exit();
-            self.ack.remove();
-            self.live.close();
-            EXIT_DONE.store(true, Release);
-            return Flow::Exit;
-        }
-        Flow::Continue
-    }
-
-    /// The `term` or `crash` snapshot: the signal, with the signalled thread's stack, is
-    /// its last trace entry (a `snapshot` action, which PyTorch's viewer shows as a marker).
-    fn crash_snapshot(&mut self) {
-        let info = CrashInfo {
-            signal: CRASH.signal.load(Acquire),
-            code: CRASH.code.load(Relaxed),
-            sender: CRASH.sender.load(Relaxed),
-            tid: CRASH.tid.load(Relaxed),
-        };
-        let stack = if CRASH.with_stack.load(Relaxed) {
-            self.stacks.intern(self.rec.crash_slot())
-        } else {
-            None
-        };
-        self.state
-            .marker(CRASH.time_us.load(Relaxed), stack, Api::Memsnap);
-        self.crash = Some(info);
-        let reason = if info.signal == libc::SIGTERM {
-            Reason::Term
-        } else {
-            Reason::Crash
-        };
-        let _ = self.dump(reason, "");
-    }
-
     /// Applies the events in the queue now (not those pushed while this runs).
     fn apply_queued(&mut self) -> Flow {
         for _ in 0..self.rec.queued() {
@@ -495,305 +352,4 @@ impl Writer {
     fn history_marks(&self) -> Vec<u64> {
         self.state.devices.iter().map(|d| d.trace_total).collect()
     }
-
-    /// `memsnap_step()`: the recording window (SKIP/INTERVAL), EVERY, and stats rows.
-    fn on_step(&mut self) {
-        self.step += 1;
-        let (skip, interval) = (self.cfg.skip, self.cfg.interval);
-        if interval > 0 {
-            if self.step == skip {
-                self.window_from = Some(self.history_marks());
-            }
-            if self.step == skip + interval {
-                let _ = self.dump(Reason::Step, "");
-                self.window_from = None;
-            }
-        }
-        if self.cfg.every > 0
-            && self.step.is_multiple_of(self.cfg.every)
-            && !(interval > 0 && self.step == skip + interval)
-        {
-            // An EVERY snapshot keeps the full history even while a window is open: only
-            // the window's own snapshot is cut to the window.
-            let window = self.window_from.take();
-            let _ = self.dump(Reason::Step, "");
-            self.window_from = window;
-        }
-        self.write_stats(Reason::Step);
-    }
-
-    fn write_stats(&mut self, reason: Reason) {
-        if let Some(stats) = &mut self.stats {
-            stats.row(self.step, reason, &self.state);
-            self.state.reset_peaks();
-        }
-    }
-
-    /// Writes one snapshot; returns its path, or why it could not be written.
-    fn dump(&mut self, reason: Reason, tag: &str) -> Result<PathBuf, String> {
-        let window = if reason == Reason::Step {
-            self.window_from.clone()
-        } else {
-            None
-        };
-        let mut snap = dump::build(
-            &self.state,
-            &mut self.stacks,
-            &mut self.interner,
-            window.as_deref(),
-        );
-        self.seq += 1;
-        let now_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let fields = NameFields {
-            reason,
-            seq: self.seq,
-            step: self.step,
-            tag,
-            time_s: now_s,
-        };
-        snap.allocator_settings = self.allocator_settings();
-        snap.memsnap = self.metadata(reason, tag);
-        let bytes = pickle_write::to_bytes(&snap);
-        let name = files::expand(&self.cfg.filename, &self.id, &fields);
-        let result = files::folder(&self.cfg, &self.id, &fields).and_then(|dir| {
-            if dir.created {
-                self.created_folders.push(absolute(&dir.path));
-            }
-            files::write_atomic(&dir.path, &name, &bytes, self.cfg.overwrite)
-        });
-        match result {
-            Ok(path) => {
-                if let (Some(uploader), Some(remote)) = (&mut self.uploader, &self.cfg.remote) {
-                    uploader.send(&path, &files::expand(remote, &self.id, &fields));
-                }
-                self.written.push(path.clone());
-                Ok(path)
-            }
-            Err(e) => {
-                self.write_warnings += 1;
-                if self.write_warnings <= MAX_WRITE_WARNINGS {
-                    eprintln!(
-                        "memsnap: could not write the {} snapshot {name} in {}: {e}{}",
-                        reason.as_str(),
-                        self.cfg.folder,
-                        if self.write_warnings == MAX_WRITE_WARNINGS {
-                            " (further failures are silent)"
-                        } else {
-                            ""
-                        }
-                    );
-                }
-                Err(format!(
-                    "could not write {name} in {}: {e}",
-                    self.cfg.folder
-                ))
-            }
-        }
-    }
-
-    fn allocator_settings(&self) -> Vec<(String, Meta)> {
-        let overflowed = self.state.devices.iter().any(|d| d.trace_overflow > 0);
-        vec![
-            meta_str(
-                "PYTORCH_CUDA_ALLOC_CONF",
-                &std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default(),
-            ),
-            (
-                "trace_alloc_max_entries".to_string(),
-                Meta::Int(self.cfg.max_entries as i64),
-            ),
-            ("trace_alloc_overflowed".to_string(), Meta::Bool(overflowed)),
-            meta_str("recorder", "memsnap (CUDA driver/runtime interposer)"),
-        ]
-    }
-
-    fn metadata(&self, reason: Reason, tag: &str) -> Vec<(String, Meta)> {
-        let c = &self.rec.counters;
-        let api_counts: Vec<(String, Meta)> = self
-            .api_counts
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .filter_map(|(i, n)| api_name(i).map(|name| meta_int(name, *n)))
-            .collect();
-        let per_device: Vec<Meta> = self
-            .state
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(d, dev)| {
-                Meta::Dict(vec![
-                    meta_int("device", d as u64),
-                    meta_int("live_bytes", dev.live_bytes),
-                    meta_int(
-                        "live_allocations",
-                        (dev.allocs.len() + dev.mappings.len() + dev.cache.blocks.len()) as u64,
-                    ),
-                    // PyTorch's caching allocator: its segments, and the blocks in them
-                    // (counted in live_bytes too).
-                    meta_int("cache_reserved_bytes", dev.cache.reserved_bytes),
-                    meta_int("cache_allocated_bytes", dev.cache.allocated_bytes),
-                    meta_int("peak_bytes", dev.peak_ever),
-                    meta_int("vmm_physical_bytes", dev.physical_bytes),
-                    meta_int("events", dev.events),
-                    meta_int("ooms", dev.ooms),
-                    meta_int("history_dropped", dev.trace_overflow),
-                ])
-            })
-            .collect();
-        let torch_allocator =
-            allocator_route::describe(self.state.cache_rejection()).unwrap_or_default();
-        let mut meta = vec![
-            meta_str("version", env!("CARGO_PKG_VERSION")),
-            // How PyTorch's allocator was seen: "blocks: ...", "segments only: ...",
-            // "tensors: ...", or empty when no PyTorch was loaded.
-            meta_str("torch_allocator", &torch_allocator),
-            meta_int("pid", self.id.pid as u64),
-            meta_str("rank", &self.id.rank),
-            meta_str("local_rank", &self.id.local_rank),
-            meta_str("host", &self.id.host),
-            meta_str("exe", &self.id.exe),
-            meta_str("reason", reason.as_str()),
-            meta_str("tag", tag),
-            meta_int("seq", self.seq),
-            meta_int("step", self.step),
-            meta_int("time_us", handshake::now_us()),
-            meta_int("events_recorded", c.pushed.load(Relaxed)),
-            // Lost only while the writer is gone; a snapshot written then has none to report,
-            // so these are 0 in every file and exist for readers that check.
-            meta_int("dropped_events", c.lost_total()),
-            meta_int("dropped_allocs", c.lost_allocs.load(Relaxed)),
-            meta_int("dropped_frees", c.lost_frees.load(Relaxed)),
-            meta_int("events_without_stack", self.events_without_stack()),
-            meta_int("stacks_sent_in_full", self.stacks.received_in_full),
-            meta_int(
-                "stacks_sent_by_reference",
-                self.stacks.received_by_reference,
-            ),
-            meta_int(
-                "ambiguous_stack_references",
-                self.stacks.ambiguous_references,
-            ),
-            meta_int("hook_queue_waits", c.queue_waits.load(Relaxed)),
-            meta_int("hook_slot_waits", c.slot_waits.load(Relaxed)),
-            meta_int("unknown_frees", self.state.anomalies.unknown_frees),
-            meta_int("unknown_unmaps", self.state.anomalies.unknown_unmaps),
-            meta_int("repaired_overlaps", self.state.anomalies.repaired_overlaps),
-            meta_int("cache_mismatches", self.state.anomalies.cache_mismatches),
-            meta_int("managed_live_bytes", self.state.managed_bytes()),
-            meta_int("managed_live_allocations", self.state.managed.len() as u64),
-            meta_int("host_mapped_bytes", self.state.host_mappings.values().sum()),
-            meta_int("reserved_va_bytes", self.state.reservations.values().sum()),
-            meta_str("stacks", &format!("{:?}", self.cfg.stacks).to_lowercase()),
-            (
-                "routes".to_string(),
-                Meta::Dict(vec![
-                    meta_int("dlsym", ROUTED.dlsym.load(Relaxed)),
-                    meta_int("cuGetProcAddress", ROUTED.get_proc_address.load(Relaxed)),
-                    meta_int(
-                        "cudaGetDriverEntryPoint",
-                        ROUTED.driver_entry_point.load(Relaxed),
-                    ),
-                ]),
-            ),
-            meta_int("dump_signals_received", SIGNAL_DUMPS.asked()),
-            ("api_calls".to_string(), Meta::Dict(api_counts)),
-            ("devices".to_string(), Meta::List(per_device)),
-        ];
-        if let Some(c) = self.crash
-            && matches!(reason, Reason::Term | Reason::Crash)
-        {
-            meta.push((
-                "signal".to_string(),
-                Meta::Dict(vec![
-                    meta_int("number", c.signal as u64),
-                    meta_str("name", signal_name(c.signal)),
-                    meta_str("origin", if c.code > 0 { "fault" } else { "sent" }),
-                    meta_int("sender_pid", c.sender.max(0) as u64),
-                    meta_int("thread", c.tid as u64),
-                ]),
-            ));
-        }
-        meta
-    }
-
-    /// The one line a user sees at exit: which files, and what to run next.
-    fn report_at_exit(&self) {
-        if self.cfg.quiet {
-            return;
-        }
-        let mut err = io::stderr().lock();
-        match self.written.as_slice() {
-            [] => {
-                let _ = writeln!(
-                    err,
-                    "memsnap: recorded {} events; no snapshot was written",
-                    self.rec.counters.pushed.load(Relaxed)
-                );
-            }
-            files => {
-                let files: Vec<PathBuf> = files.iter().map(|p| absolute(p)).collect();
-                let folders: std::collections::BTreeSet<&std::path::Path> =
-                    files.iter().filter_map(|p| p.parent()).collect();
-                // One folder: named once, files by name; several: whole paths.
-                let (place, shown): (String, Vec<String>) = match folders.iter().next() {
-                    Some(dir) if folders.len() == 1 => {
-                        let created = if self.created_folders.iter().any(|c| c == dir) {
-                            ", a folder memsnap created"
-                        } else {
-                            ""
-                        };
-                        (
-                            format!(" in {}{created}", dir.display()),
-                            files
-                                .iter()
-                                .filter_map(|p| p.file_name())
-                                .map(|n| n.to_string_lossy().into_owned())
-                                .collect(),
-                        )
-                    }
-                    _ => {
-                        let created: Vec<String> = self
-                            .created_folders
-                            .iter()
-                            .map(|c| c.display().to_string())
-                            .collect();
-                        let note = if created.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (memsnap created {})", created.join(", "))
-                        };
-                        (
-                            note,
-                            files.iter().map(|p| p.display().to_string()).collect(),
-                        )
-                    }
-                };
-                let last = files
-                    .last()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default();
-                let listed = &shown[shown.len().saturating_sub(5)..];
-                let more = if files.len() > 5 {
-                    format!(" (and {} more)", files.len() - 5)
-                } else {
-                    String::new()
-                };
-                let _ = writeln!(
-                    err,
-                    "memsnap: wrote {} snapshot{}{place}: {}{more}. Look at it with: memsnap summary {last} (or open it at https://pytorch.org/memory_viz)",
-                    files.len(),
-                    if files.len() == 1 { "" } else { "s" },
-                    listed.join(", "),
-                );
-            }
-        }
-    }
-}
-
-fn api_name(i: usize) -> Option<&'static str> {
-    crate::channel::event::Api::ALL.get(i).map(|a| a.name())
 }

@@ -16,9 +16,9 @@ mod symbolize;
 pub use pyframes::{line_310, line_311, read_mem};
 pub use symbolize::demangle;
 
-use crate::capture::{modules, python};
 use crate::channel::event::{PyFrameRaw, StackSlot};
 use crate::config::Config;
+use crate::process::{modules, python};
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 

@@ -1,15 +1,17 @@
-//! `memsnap diff BEFORE AFTER`: what grew between two snapshots, by allocation site.
+//! `memsnap diff BEFORE AFTER`: the arguments, reading both files, and the text renderer
+//! of the engine's [`Diff`] (JSON is its serde form): what grew between two snapshots, by
+//! allocation site.
 //!
 //! Compares live blocks (`active_allocated`, all devices) grouped by site, at the end of
 //! each file, or at the moment `--at` names on each side (then in requested bytes, on both
-//! sides). Exit status 1 when the total growth passes `--fail-above`, for CI.
+//! sides). Exit status 1 when the total growth passes `--fail-above`, for CI. Cold code.
 
-use crate::analysis::{self, Attribution, SiteKind, Sites, fmt_bytes, parse_bytes};
-use crate::at::{self, At, AtJson, Resolved};
-use crate::tally::Tally;
+use crate::args::Attribution;
 use anyhow::Result;
-use serde::Serialize;
-use std::collections::BTreeMap;
+use memsnap_engine::at::{self, At};
+use memsnap_engine::bytes::{fmt_bytes, parse_bytes};
+use memsnap_engine::diff::{self as engine, Diff, Input, Row, SideLive};
+use memsnap_engine::sites;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -56,105 +58,20 @@ pub struct Args {
     pub json: bool,
 }
 
-#[derive(Serialize)]
-pub struct DeviceAt {
-    pub device: i64,
-    #[serde(flatten)]
-    pub moment: AtJson,
-}
-
-#[derive(Serialize)]
-pub struct Side {
-    pub file: String,
-    pub live_bytes: i64,
-    pub live_blocks: i64,
-    pub units: &'static str,
-    /// The moment of each device (empty when the side is at its end).
-    pub at: Vec<DeviceAt>,
-    /// `history capped: kept N of M events`, per device where the cap dropped events.
-    pub capped: Vec<String>,
-}
-
-#[derive(Serialize, Clone)]
-pub struct Row {
-    pub site: String,
-    pub kind: SiteKind,
-    pub before_bytes: i64,
-    pub after_bytes: i64,
-    pub growth_bytes: i64,
-    pub before_count: i64,
-    pub after_count: i64,
-    pub count_growth: i64,
-}
-
-#[derive(Serialize)]
-pub struct Diff {
-    pub before: Side,
-    pub after: Side,
-    pub total_growth_bytes: i64,
-    pub fail_above_bytes: Option<i64>,
-    pub failed: bool,
-    pub grew: Vec<Row>,
-    pub shrank: Vec<Row>,
-}
-
-/// One side: live bytes by site text (sites are compared by their text, which is stable
-/// across files), the moment of each device, and the cap labels.
-struct SideLive {
-    by_site: BTreeMap<String, (SiteKind, Tally)>,
-    total: Tally,
-    moments: Vec<(i64, Resolved)>,
-    capped: Vec<String>,
-}
-
 /// The live set of `path` at `at`, by site: block bytes at the end when `requested` is
 /// false, else requested bytes (the history's units) at the moment.
-fn side(path: &Path, at: At, requested: bool, attr: &Attribution) -> Result<SideLive> {
-    let mut side = SideLive {
-        by_site: BTreeMap::new(),
-        total: Tally::default(),
-        moments: Vec::new(),
-        capped: Vec::new(),
-    };
-    let mut add = |sites: &Sites, site: u32, t: Tally| {
-        side.by_site
-            .entry(sites.text(site).to_string())
-            .or_insert((sites.sites[site as usize].kind, Tally::default()))
-            .1
-            .merge(t);
-        side.total.merge(t);
-    };
+fn side(path: &Path, at: At, requested: bool, attr: &sites::Attribution) -> Result<SideLive> {
     if !requested {
         let snap = crate::input::load_final_state(path)?;
-        let sites = Sites::new(&snap, attr);
-        for (s, t) in analysis::live_by_site(&snap, &sites) {
-            add(&sites, s, t);
-        }
-        return Ok(side);
+        return Ok(engine::side_at_end(&snap, attr));
     }
     let loaded = crate::input::load_summarized(path, at)?;
-    let snap = &loaded.snap;
-    let sites = Sites::new(snap, attr);
-    let mut moments = Vec::new();
-    let mut capped = Vec::new();
-    for d in analysis::devices(snap, loaded.histories.iter().map(|h| h.events)) {
-        let hist = analysis::history_of(&loaded.histories, d);
-        let end = analysis::end_blocks(snap, d);
-        let state = hist.at_with_end(&end, analysis::end_reserved(snap, d));
-        for (stack, t) in &state.holders {
-            add(&sites, sites.site(*stack), *t);
-        }
-        if let Some(c) = analysis::capped_label(hist.events, analysis::history_dropped(snap, d)) {
-            capped.push(format!("device {d}: {c}"));
-        }
-        moments.push((d, state.moment));
-    }
-    if at != At::End && !moments.is_empty() && moments.iter().all(|(_, m)| m.unreached.is_some()) {
-        let why = moments[0].1.unreached.clone().unwrap_or_default();
+    let side = engine::side_at(&loaded, attr);
+    if at != At::End
+        && let Some(why) = side.unreached()
+    {
         anyhow::bail!("{}: --at: {why}", path.display());
     }
-    side.moments = moments;
-    side.capped = capped;
     Ok(side)
 }
 
@@ -164,85 +81,30 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     // Block bytes exist only at the end; any other moment puts both sides in the
     // history's units, so the two columns compare like with like.
     let requested = at_before != At::End || at_after != At::End;
+    let attr = a.attr.rules();
     // Both files at once: reading is one core per file.
     let mut loaded = crate::input::map_files(
         &[(&a.before, at_before), (&a.after, at_after)],
-        |(p, at)| side(p, *at, requested, &a.attr),
+        |(p, at)| side(p, *at, requested, &attr),
     )
     .into_iter();
     let (Some(b), Some(c)) = (loaded.next(), loaded.next()) else {
         anyhow::bail!("internal error: two files read, fewer results");
     };
     let (b, c) = (b?, c?);
-    let mut rows: BTreeMap<&str, (SiteKind, Tally, Tally)> = BTreeMap::new();
-    for (site, (kind, t)) in &b.by_site {
-        rows.entry(site)
-            .or_insert((*kind, Tally::default(), Tally::default()))
-            .1 = *t;
-    }
-    for (site, (kind, t)) in &c.by_site {
-        rows.entry(site)
-            .or_insert((*kind, Tally::default(), Tally::default()))
-            .2 = *t;
-    }
-    let all: Vec<Row> = rows
-        .into_iter()
-        .map(|(site, (kind, x, y))| Row {
-            site: site.to_string(),
-            kind,
-            before_bytes: x.bytes,
-            after_bytes: y.bytes,
-            growth_bytes: y.bytes - x.bytes,
-            before_count: x.count,
-            after_count: y.count,
-            count_growth: y.count - x.count,
-        })
-        .collect();
-    let mut grew: Vec<Row> = all.iter().filter(|r| r.growth_bytes > 0).cloned().collect();
-    grew.sort_by(|x, y| {
-        y.growth_bytes
-            .cmp(&x.growth_bytes)
-            .then(x.site.cmp(&y.site))
-    });
-    grew.truncate(a.top);
-    let mut shrank: Vec<Row> = all.iter().filter(|r| r.growth_bytes < 0).cloned().collect();
-    shrank.sort_by(|x, y| {
-        x.growth_bytes
-            .cmp(&y.growth_bytes)
-            .then(x.site.cmp(&y.site))
-    });
-    shrank.truncate(a.top.div_ceil(4));
-    let total = c.total.bytes - b.total.bytes;
-    let failed = a.fail_above.is_some_and(|f| total > f);
-    let units = if requested {
-        "requested bytes"
-    } else {
-        "block bytes"
-    };
-    let json_side = |path: &Path, s: &SideLive| Side {
-        file: path.display().to_string(),
-        live_bytes: s.total.bytes,
-        live_blocks: s.total.count,
-        units,
-        at: s
-            .moments
-            .iter()
-            .map(|(d, m)| DeviceAt {
-                device: *d,
-                moment: AtJson::from(m),
-            })
-            .collect(),
-        capped: s.capped.clone(),
-    };
-    let d = Diff {
-        before: json_side(&a.before, &b),
-        after: json_side(&a.after, &c),
-        total_growth_bytes: total,
-        fail_above_bytes: a.fail_above,
-        failed,
-        grew,
-        shrank,
-    };
+    let d = engine::compare(
+        Input {
+            file: a.before.display().to_string(),
+            live: &b,
+        },
+        Input {
+            file: a.after.display().to_string(),
+            live: &c,
+        },
+        requested,
+        a.top,
+        a.fail_above,
+    );
     if a.json {
         serde_json::to_writer_pretty(&mut *out, &d)?;
         writeln!(out)?;
@@ -254,7 +116,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             out,
         )?;
     }
-    Ok(if failed { 1 } else { 0 })
+    Ok(if d.failed { 1 } else { 0 })
 }
 
 fn signed(b: i64) -> String {

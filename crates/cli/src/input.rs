@@ -1,12 +1,15 @@
-//! Reading snapshot files for the commands: whole, streamed into histories, or final state
-//! only; several files at once; progress bars; display names. The readers (summary, diff,
-//! ranks, view, flamegraph, check) write to a `Write`, so a closed pipe is an error the
-//! dispatcher turns into exit 0 instead of a panic; the launchers (run, dump) manage their
-//! own output. Cold code, no unsafe.
+//! Opening snapshot files for the commands: local paths, `file://` URLs and object-store
+//! URLs ([`crate::remote`]), with progress bars on large files; the engine
+//! ([`memsnap_engine::input`]) decodes the bytes. Also: several files at once, the files of
+//! a ranks folder, display names. The readers (summary, diff, ranks, view, flamegraph,
+//! check) write to a `Write`, so a closed pipe is an error the dispatcher turns into exit 0
+//! instead of a panic; the launchers (run, dump) manage their own output. Cold code, no
+//! unsafe.
 
-use crate::at::At;
-use crate::history::History;
 use anyhow::{Context, Result};
+use memsnap_engine::at::At;
+use memsnap_engine::input as engine;
+pub use memsnap_engine::input::Summarized;
 use memsnap_format::model::Snapshot;
 use memsnap_format::pickle_read;
 use std::io::IsTerminal;
@@ -15,89 +18,30 @@ use std::path::{Path, PathBuf};
 /// Reads and decodes one snapshot, history included (for `view`, `check`); errors name
 /// the file and the problem.
 ///
-/// The file is streamed through the decoder a chunk at a time rather than read whole or
-/// memory-mapped: the pickle is decoded front to back once, so holding the whole file
-/// would only add its size to the peak memory, while a file truncated by a writer during
-/// the read stays a clear error (a map would turn it into SIGBUS, and mapping needs
-/// `unsafe` in code that otherwise forbids it).
+/// The file is streamed through the decoder rather than read whole or memory-mapped: a
+/// file truncated by a writer during the read stays a clear error (a map would turn it
+/// into SIGBUS, and mapping needs `unsafe` in code that otherwise forbids it).
 pub fn load(path: &Path) -> Result<Snapshot> {
-    decode(path, |file, progress| {
-        pickle_read::read_snapshot_from(file, progress)
-    })
+    decode(path, engine::read_whole)
 }
 
-/// A snapshot whose histories were folded as they were read, never held.
-pub struct Summarized {
-    /// Everything but the entries (`device_traces` lists are empty).
-    pub snap: Snapshot,
-    /// One per device ordinal.
-    pub histories: Vec<History>,
-}
-
-/// Reads a snapshot for `summary`, `ranks`, and the commands asked for a moment (`--at`):
-/// each trace entry goes into its device's [`History`], which follows the moment `at`, as
-/// it is decoded and is dropped, so memory follows the live set and the distinct stacks,
-/// not the length of the history.
+/// Reads a snapshot for `summary`, `ranks`, and the commands asked for a moment (`--at`),
+/// folding each device's entries into its history as they are decoded
+/// ([`engine::read_summarized`]).
 pub fn load_summarized(path: &Path, at: At) -> Result<Summarized> {
-    let mut by_list: Vec<(u32, History)> = Vec::new();
-    let streamed = decode(path, |file, progress| {
-        pickle_read::stream_snapshot_from(file, progress, &mut |list, entry| {
-            // A file has one list per device: a short scan beats hashing per entry.
-            let h = match by_list.iter().position(|(l, _)| *l == list) {
-                Some(i) => &mut by_list[i].1,
-                None => {
-                    by_list.push((list, History::new(at)));
-                    &mut by_list.last_mut().expect("just pushed").1
-                }
-            };
-            h.push(&entry);
-        })
-        .map(Some)
-        .or_else(|e| match e {
-            pickle_read::ReadError::NeedsFullRead { .. } => Ok(None),
-            e => Err(e),
-        })
-    })?;
-    let Some(streamed) = streamed else {
+    match decode(path, |file, progress| {
+        engine::read_summarized(file, progress, at)
+    })? {
+        Some(s) => Ok(s),
         // A file that refers back to an entry (no known writer): read it whole.
-        let snap = load(path)?;
-        let histories = snap
-            .device_traces
-            .iter()
-            .map(|t| History::of(t, at))
-            .collect();
-        return Ok(Summarized { snap, histories });
-    };
-    let histories = streamed
-        .trace_lists
-        .iter()
-        .map(|l| {
-            by_list
-                .iter()
-                .find(|(list, _)| list == l)
-                .map(|(_, h)| h.clone())
-                .unwrap_or_else(|| History::new(at))
-        })
-        .collect();
-    Ok(Summarized {
-        snap: streamed.snapshot,
-        histories,
-    })
+        None => Ok(Summarized::of_whole(load(path)?, at)),
+    }
 }
 
-/// Reads a snapshot for commands that only need its final state (`diff`, `flamegraph`):
-/// the history is decoded (that is how a pickle is read) but nothing of it is kept.
+/// Reads a snapshot for commands that only need its final state (`diff`, `flamegraph`).
 pub fn load_final_state(path: &Path) -> Result<Snapshot> {
-    let streamed = decode(path, |file, progress| {
-        pickle_read::stream_snapshot_from(file, progress, &mut |_, _| {})
-            .map(Some)
-            .or_else(|e| match e {
-                pickle_read::ReadError::NeedsFullRead { .. } => Ok(None),
-                e => Err(e),
-            })
-    })?;
-    match streamed {
-        Some(s) => Ok(s.snapshot),
+    match decode(path, engine::read_final_state)? {
+        Some(s) => Ok(s),
         None => load(path),
     }
 }

@@ -1,24 +1,23 @@
-//! The `memsnap` command line: a thin dispatcher over one module per command; [`input`]
-//! reads snapshot files for all of them.
+//! The `memsnap` command line: a thin dispatcher over one module per command. Each reading
+//! command parses its arguments (clap), opens its files ([`input`]), asks the engine
+//! (`memsnap_engine`) for its model and renders it (text, JSON, HTML, SVG); the launchers
+//! (`run`, `dump`, `top`, `upload-agent`) talk to processes and stores. Cold code.
 //!
 //! Exit status: 0 ok; 1 only for `diff --fail-above` when growth passes the limit;
 //! 2 for every error (bad arguments, unreadable or invalid files). A closed stdout
 //! (`memsnap summary x | head`) is not an error: exit 0.
 #![forbid(unsafe_code)]
 
-mod analysis;
-mod at;
+mod args;
 mod check;
 mod diff;
 mod dump;
 mod flamegraph;
-mod history;
 mod input;
 mod ranks;
 mod remote;
 mod run;
 mod summary;
-mod tally;
 mod top;
 mod upload_agent;
 mod view;

@@ -1,22 +1,16 @@
-//! `memsnap ranks DIR`: one row per rank file and the ranks that stand out.
-//!
-//! The rank comes from memsnap's metadata (`rank`) or the file name (`r3`, `rank3`,
-//! `rank_3`, as in memsnap's `-r{rank}-` and torchtitan's `rank{rank}_`). A rank stands
-//! out when its live or peak bytes exceed 1.25× the median of all files, or when it hit an
-//! OOM while some other rank did not. A file that cannot be read gets a row saying why;
-//! the other ranks are still reported (they are the ones a person needs then).
+//! `memsnap ranks DIR`: the arguments, reading every rank file (several at once), and the
+//! text renderer of the engine's [`Ranks`] (JSON is its serde form): one row per rank file
+//! and the ranks that stand out ([`memsnap_engine::ranks`] says which). A file that cannot
+//! be read gets a row saying why; the other ranks are still reported (they are the ones a
+//! person needs then). Cold code.
 
-use crate::analysis::{self, Attribution, Sites, fmt_bytes};
-use crate::at::At;
-use crate::summary::meta_int;
-use crate::tally::sorted;
+use crate::args::Attribution;
 use anyhow::Result;
-use serde::Serialize;
+use memsnap_engine::at::At;
+use memsnap_engine::bytes::fmt_bytes;
+use memsnap_engine::ranks::{self as engine, OUTLIER_FACTOR, Ranks};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-/// Factor over the median that marks a rank.
-pub const OUTLIER_FACTOR: f64 = 1.25;
 
 /// The `--json` shape (stable: fields are only ever added).
 pub const JSON_SHAPE: &str = "\
@@ -40,171 +34,26 @@ pub struct Args {
     pub json: bool,
 }
 
-#[derive(Serialize, Clone)]
-pub struct Rank {
-    pub file: String,
-    pub rank: Option<i64>,
-    pub live_bytes: i64,
-    pub reserved_bytes: i64,
-    /// Σ over devices of the peak live (requested) bytes within the recorded history.
-    pub peak_bytes: i64,
-    pub ooms: usize,
-    pub top_site: Option<String>,
-    pub top_site_bytes: i64,
-    pub outlier: bool,
-    pub reasons: Vec<String>,
-    /// `device D: history capped: kept N of M events`, where the cap dropped events.
-    pub capped: Vec<String>,
-    /// Why the file could not be read (the row's figures are then zero).
-    pub error: Option<String>,
-}
-
-#[derive(Serialize)]
-pub struct Ranks {
-    pub dir: String,
-    pub median_live_bytes: i64,
-    pub median_peak_bytes: i64,
-    pub ranks: Vec<Rank>,
-}
-
-/// `…-r12-…`, `rank12`, `rank_12`, `_r3.`: the first such number in the file name.
-pub fn rank_from_name(name: &str) -> Option<i64> {
-    let b = name.as_bytes();
-    for (i, _) in name.match_indices('r') {
-        let boundary = i == 0 || !b[i - 1].is_ascii_alphanumeric();
-        if !boundary {
-            continue;
-        }
-        let mut j = i + 1;
-        if name[j..].starts_with("ank") {
-            j += 3;
-            if name[j..].starts_with('_') || name[j..].starts_with('-') {
-                j += 1;
-            }
-        }
-        let digits: String = name[j..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit())
-            .collect();
-        let after = name[j + digits.len()..].chars().next();
-        if !digits.is_empty() && after.is_none_or(|c| !c.is_ascii_alphanumeric()) {
-            return digits.parse().ok();
-        }
-    }
-    None
-}
-
-fn median(mut v: Vec<i64>) -> i64 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort_unstable();
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2
-    }
-}
-
-/// A row of `path` with no figures yet.
-fn empty_row(path: &Path, rank: Option<i64>) -> Rank {
-    let name = crate::input::display_name(path);
-    Rank {
-        rank: rank.or_else(|| rank_from_name(&name)),
-        file: name,
-        live_bytes: 0,
-        reserved_bytes: 0,
-        peak_bytes: 0,
-        ooms: 0,
-        top_site: None,
-        top_site_bytes: 0,
-        outlier: false,
-        reasons: Vec::new(),
-        capped: Vec::new(),
-        error: None,
-    }
-}
-
-/// A row saying why the file could not be read.
-fn unreadable(path: &Path, e: &anyhow::Error) -> Rank {
-    Rank {
-        error: Some(format!("{e:#}")),
-        ..empty_row(path, None)
-    }
-}
-
-fn row(path: &Path, attr: &Attribution) -> Result<Rank> {
-    let crate::input::Summarized { snap, histories } =
-        crate::input::load_summarized(path, At::End)?;
-    let sites = Sites::new(&snap, attr);
-    let mut r = empty_row(path, meta_int(&snap, "rank"));
-    for d in analysis::devices(&snap, histories.iter().map(|h| h.events)) {
-        let hist = analysis::history_of(&histories, d);
-        let st = analysis::device_stats(&snap, &sites, d, &hist);
-        r.live_bytes += st.live.bytes;
-        r.reserved_bytes += st.reserved.bytes;
-        r.peak_bytes += st.peak_live_requested;
-        r.ooms += st.ooms.len();
-        if let Some(c) = analysis::capped_label(hist.events, analysis::history_dropped(&snap, d)) {
-            r.capped.push(format!("device {d}: {c}"));
-        }
-    }
-    if let Some((s, t)) = sorted(&analysis::live_by_site(&snap, &sites)).first() {
-        r.top_site = Some(sites.text(*s).to_string());
-        r.top_site_bytes = t.bytes;
-    }
-    Ok(r)
-}
-
+/// Reads every snapshot of `dir` and builds the table.
 pub fn build(dir: &Path, attr: &Attribution) -> Result<Ranks> {
     let files = crate::input::rank_files(dir)?;
     if files.is_empty() {
         anyhow::bail!("{}: no *.pickle or *.pkl files", dir.display());
     }
-    let mut ranks: Vec<Rank> = crate::input::map_files(&files, |p| {
-        row(p, attr).unwrap_or_else(|e| unreadable(p, &e))
+    let attr = attr.rules();
+    let ranks = crate::input::map_files(&files, |p| {
+        let name = crate::input::display_name(p);
+        match crate::input::load_summarized(p, At::End) {
+            Ok(loaded) => engine::row(name, &loaded, &attr),
+            Err(e) => engine::unreadable(name, format!("{e:#}")),
+        }
     });
     if let Some(e) = ranks.iter().find_map(|r| r.error.as_ref())
         && ranks.iter().all(|r| r.error.is_some())
     {
         anyhow::bail!("{}: no readable snapshot; the first: {e}", dir.display());
     }
-    ranks.sort_by(|a, b| {
-        a.rank
-            .is_none()
-            .cmp(&b.rank.is_none())
-            .then(a.rank.cmp(&b.rank))
-            .then(a.file.cmp(&b.file))
-    });
-    let read = || ranks.iter().filter(|r| r.error.is_none());
-    let ml = median(read().map(|r| r.live_bytes).collect());
-    let mp = median(read().map(|r| r.peak_bytes).collect());
-    let any_clean = read().any(|r| r.ooms == 0);
-    for r in ranks.iter_mut().filter(|r| r.error.is_none()) {
-        if ml > 0 && r.live_bytes as f64 > OUTLIER_FACTOR * ml as f64 {
-            r.reasons.push(format!(
-                "live {:.2}x median",
-                r.live_bytes as f64 / ml as f64
-            ));
-        }
-        if mp > 0 && r.peak_bytes as f64 > OUTLIER_FACTOR * mp as f64 {
-            r.reasons.push(format!(
-                "peak {:.2}x median",
-                r.peak_bytes as f64 / mp as f64
-            ));
-        }
-        if r.ooms > 0 && any_clean {
-            r.reasons.push("OOM (other ranks had none)".into());
-        }
-        r.outlier = !r.reasons.is_empty();
-    }
-    Ok(Ranks {
-        dir: dir.display().to_string(),
-        median_live_bytes: ml,
-        median_peak_bytes: mp,
-        ranks,
-    })
+    Ok(engine::finish(dir.display().to_string(), ranks))
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
@@ -271,22 +120,4 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         )?;
     }
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rank_from_name;
-
-    #[test]
-    fn rank_from_file_names() {
-        assert_eq!(
-            rank_from_name("memsnap-python-node1-r12-p4242-exit-0.pickle"),
-            Some(12)
-        );
-        assert_eq!(rank_from_name("rank3_memory_snapshot.pickle"), Some(3));
-        assert_eq!(rank_from_name("snap_rank_7.pickle"), Some(7));
-        assert_eq!(rank_from_name("train-r0.pickle"), Some(0));
-        assert_eq!(rank_from_name("torch-transformer.pickle"), None);
-        assert_eq!(rank_from_name("run-r2d2.pickle"), None);
-    }
 }

@@ -7,9 +7,9 @@
 //! only if its type pointer is `PyCode_Type` and its first line and name/file pointers give the check value
 //! the hook computed; decoded objects are cached per (address, check value).
 
-use crate::capture::cpython::{BytesLayout, Layout, StrLayout};
-use crate::capture::python::{FLAG_ENTRY, check_value, fold};
 use crate::channel::event::PyFrameRaw;
+use crate::process::cpython::{BytesLayout, FLAG_ENTRY, Layout, StrLayout, check_value, fold};
+use crate::process::python;
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 use std::sync::Arc as Rc;
@@ -83,10 +83,9 @@ impl PyResolver {
     /// Picks up the interpreter the hooks found (cheap; call before resolving).
     fn ensure_layout(&mut self) -> Option<Layout> {
         if self.layout.is_none()
-            && let crate::capture::python::Interpreter::Supported(l, _, _) =
-                crate::capture::python::interpreter()
+            && let python::Interpreter::Supported(l, _, _) = python::interpreter()
         {
-            let t = crate::capture::python::lookup(c"PyCode_Type");
+            let t = python::lookup(c"PyCode_Type");
             if t != 0 {
                 self.layout = Some(l);
                 self.code_type = t as u64;

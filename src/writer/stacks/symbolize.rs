@@ -14,7 +14,7 @@
 //! address. OFF is the return address's distance from the symbol (or the module's base).
 //! Only an address outside every module stays unnamed: `{"0x7f..", "??", 0}`.
 
-use crate::capture::modules::{self, ModuleInfo};
+use crate::process::modules::{self, ModuleInfo};
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};

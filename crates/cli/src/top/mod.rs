@@ -2,8 +2,8 @@
 //! site, live, through the socket each recording process serves (`memsnap_format::live`).
 //!
 //! Cold, no unsafe. [`ask`] is the client; `model` turns samples into rows (with the
-//! site rules of `analysis`); `ui` is the full-screen view (ratatui). When stdout is not a
-//! terminal, or with `--once`, samples are printed as plain lines or JSON.
+//! site rules of `memsnap_engine::sites`); `ui` is the full-screen view (ratatui). When
+//! stdout is not a terminal, or with `--once`, samples are printed as plain lines or JSON.
 
 pub mod model;
 pub mod ui;
@@ -45,7 +45,7 @@ pub struct TopArgs {
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     #[command(flatten)]
-    pub attr: crate::analysis::Attribution,
+    pub attr: crate::args::Attribution,
 }
 
 /// How long one sample may take to come back (the process answers within milliseconds
@@ -170,7 +170,7 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
     let mut failed = 0;
     for pid in pids {
         match sample(uid, pid, (0, 0)) {
-            Ok(s) => watched.push(Watched::new(s, args.attr.clone())),
+            Ok(s) => watched.push(Watched::new(s, args.attr.rules())),
             Err(e) => {
                 eprintln!("memsnap: {e:#}");
                 failed += 1;

@@ -1,11 +1,12 @@
 //! What `memsnap top` shows, computed from the samples the processes answer: per device
 //! live/reserved/peak with a short history for the sparkline, live bytes by site (the
-//! same site rules as `memsnap summary`, from `analysis`), growth against a baseline,
-//! steps per second, and the OOM events seen while watching.
+//! same site rules as `memsnap summary`, from `memsnap_engine::sites`), growth against a
+//! baseline, steps per second, and the OOM events seen while watching.
 //!
 //! Cold, no I/O: the terminal view (`ui`), the plain lines and `--json` all read this.
 
-use crate::analysis::{Attribution, SiteKind, Sites, fmt_bytes};
+use memsnap_engine::bytes::fmt_bytes;
+use memsnap_engine::sites::{Attribution, SiteKind, Sites};
 use memsnap_format::live::{DeviceSample, Sample};
 use memsnap_format::model::Frame;
 use rustc_hash::FxHashMap;

@@ -5,8 +5,8 @@
 //! `TestBackend`); [`run`] owns the terminal and the key loop.
 
 use super::model::{Baseline, SortBy, Watched, signed_bytes, site_rows};
-use crate::analysis::fmt_bytes;
 use anyhow::Result;
+use memsnap_engine::bytes::fmt_bytes;
 use ratatui::Frame;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -263,7 +263,7 @@ mod tests {
     fn shows_devices_sites_sorted_and_growth() {
         let mut w = Watched::new(
             sample(42, 3, 0, 3 << 20, 1 << 20),
-            crate::analysis::Attribution::default(),
+            memsnap_engine::sites::Attribution::default(),
         );
         w.update(sample(42, 5, 1, 3 << 20, 6 << 20));
         let watched = [w];

@@ -4,9 +4,11 @@
 //! Owns every offset into CPython's structures (thread state, frames, code objects, `str`
 //! and `bytes` objects) and the few CPython constants read alongside them, one `const`
 //! table per supported version (3.10–3.13; 64-bit, not free-threaded), measured from that
-//! version's headers. The hook (`capture::python`) walks the frame chain with it; the writer
-//! (`writer::stacks::pyframes`) reads code objects and strings with it. No other module
-//! holds an offset into CPython memory.
+//! version's headers, and the check value that ties a frame record to its code object
+//! ([`check_value`]). Process-wide, read by both sides: the hook (`capture::python`) walks
+//! the frame chain with it; the writer (`writer::stacks::pyframes`) reads code objects and
+//! strings with it and recomputes the check value. No other module holds an offset into
+//! CPython memory.
 //!
 //! Read on the hot path: constants only. No state, no allocation, no lookups;
 //! [`Layout::table`] is a `match` that returns a `&'static` table.
@@ -158,6 +160,24 @@ pub struct BytesLayout {
 /// `FRAME_OWNED_BY_CSTACK` (3.12+ `enum _frameowner`): the `owner` of the shim frame an eval
 /// call pushes below its first frame.
 pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
+
+/// `PyFrameRaw::flags` bit: the first frame its `_PyEval_EvalFrameDefault` call ran.
+pub const FLAG_ENTRY: u32 = 1;
+
+/// The check value of a code object: its first line mixed with the addresses of its
+/// `co_filename` and `co_name` and a serial: `co_version` on 3.12+, the name's cached
+/// hash on 3.10/3.11. Another code object that reuses a freed one's address (its strings
+/// may be recycled too) is then told apart. The writer recomputes it from the object.
+#[inline(always)]
+pub fn check_value(firstlineno: i32, filename: u64, name: u64, serial: u32) -> u32 {
+    let h = (name ^ filename.rotate_left(32)) >> 4;
+    (firstlineno as u32) ^ (h as u32) ^ ((h >> 32) as u32) ^ serial.wrapping_mul(0x9e37_79b1)
+}
+
+#[inline(always)]
+pub fn fold(v: u64) -> u32 {
+    (v as u32) ^ ((v >> 32) as u32)
+}
 
 /// Object headers, the same in every supported version.
 const OBJECT: ObjectLayout = ObjectLayout { ob_type: 8 };

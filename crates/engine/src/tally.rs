@@ -1,5 +1,5 @@
 //! [`Tally`]: the bytes and count of one group (a site, a library, a device's live set),
-//! and the largest-first order the reports list groups in.
+//! and the largest-first order the reports list groups in. Cold code.
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;

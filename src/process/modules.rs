@@ -1,6 +1,7 @@
 //! The table of loaded modules: executable ranges and unwind sections, from `dl_iterate_phdr`.
 //!
-//! Mostly cold. The hot path only does [`current`] (one atomic load) and range lookups in the
+//! Process-wide state: the hooks' native walker reads it, the writer symbolizes with it and
+//! rebuilds it. Mostly cold. The hot path only does [`current`] (one atomic load) and range lookups in the
 //! immutable table it returns. A table is built once, by the first call to [`ensure`] (the
 //! first capture, or earlier through `capture::prepare`), and rebuilt by the writer thread
 //! through [`refresh_if_stale`] after a hook saw a return address in no known module. Old

@@ -1,0 +1,28 @@
+//! Arguments several commands share: `--ignore` and `--callers` ([`Attribution`], turned
+//! into the engine's site rules). Cold code.
+
+use memsnap_engine::sites;
+
+/// How the allocation site is chosen and shown: `--ignore` and `--callers`, the same for
+/// every command.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct Attribution {
+    /// Skip frames whose file or function contains PATTERN when choosing the allocation
+    /// site (repeatable): `--ignore pyalloc.py` blames the caller of a helper in pyalloc.py.
+    #[arg(long = "ignore", value_name = "PATTERN")]
+    pub ignore: Vec<String>,
+    /// Show N frames above each allocation site (its callers), as `site <- caller <- ...`;
+    /// sites are then grouped by the whole chain.
+    #[arg(long, value_name = "N")]
+    pub callers: Option<usize>,
+}
+
+impl Attribution {
+    /// The engine's site rules these arguments ask for.
+    pub fn rules(&self) -> sites::Attribution {
+        sites::Attribution {
+            ignore: self.ignore.clone(),
+            callers: self.callers,
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! Process-wide state that the hook side and the writer both read: the recording switch and
+//! the recorder, glibc's real `dlsym`, the loaded-module table, the CPython layouts and the
+//! interpreter found at run time, and what was decided about PyTorch's caching allocator.
+//!
+//! The bottom of the library: it imports nothing of it but the channel's `Recorder` type.
+//! Hot only in what the hooks load on every call (the switch, one module-table pointer, the
+//! interpreter's resolved functions: atomic loads); building and refreshing the tables is
+//! cold.
+//! - [`recording`]: the recording switch and the recorder the hooks send on.
+//! - [`dlsym`]: glibc's own `dlsym`, found once.
+//! - [`modules`]: the table of loaded modules (ranges and unwind sections), rebuilt by the
+//!   writer when a hook met an unknown address.
+//! - [`cpython`]: CPython's structure layouts and the code-object check value.
+//! - [`python`]: the running interpreter: found once, then read by the walker and the writer.
+//! - [`allocator_route`]: how PyTorch's caching allocator is seen (decided once by the hook
+//!   side, read by the writer for each snapshot), and the switch that sets its events aside.
+
+pub mod allocator_route;
+pub mod cpython;
+pub mod dlsym;
+pub mod modules;
+pub mod python;
+pub mod recording;

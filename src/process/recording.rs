@@ -1,0 +1,108 @@
+//! The recording switch: whether this process records, and the channel its hooks send on.
+//!
+//! Process-wide state. Hot: [`recorder`] is one atomic load and one pointer load once
+//! recording is on. State machine: `UNINIT` → (first allocation hook) `STARTING` →
+//! `ACTIVE`, or `OFF` (disabled, failed to start, forked child of a recording parent, or
+//! after exit). A process that never makes an allocation call never leaves `UNINIT`: no
+//! thread, no file, no output (JAX starts such children).
+//!
+//! Starting is the composition root's job (`lifecycle`: settings, the channel, the writer
+//! thread, the signals, the exit hook). This room never names it: `lifecycle` implements
+//! [`Start`] for [`Switch`], and the first hook calls it through that trait (resolved at
+//! compile time: no function pointer, nothing registered at run time, so a hook that runs
+//! before any library constructor still starts recording).
+
+use crate::channel::queue::Recorder;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
+
+const UNINIT: u8 = 0;
+const STARTING: u8 = 1;
+const ACTIVE: u8 = 2;
+const OFF: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static RECORDER: AtomicPtr<Recorder> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The recording switch, which the composition root knows how to turn on.
+pub struct Switch;
+
+/// Turning recording on, once per process: implemented by `lifecycle` for [`Switch`].
+/// `start` runs on the thread of the first allocation hook, with the switch at `STARTING`;
+/// it ends with [`activate`] (after [`publish`]) or [`turn_off`].
+pub trait Start {
+    fn start();
+}
+
+/// The recorder if recording is on, starting it on first use.
+#[inline(always)]
+pub fn recorder() -> Option<&'static Recorder> {
+    if STATE.load(Acquire) == ACTIVE {
+        // SAFETY: set (to a leaked, never-freed Recorder) before STATE became ACTIVE.
+        return unsafe { RECORDER.load(Acquire).as_ref() };
+    }
+    recorder_slow()
+}
+
+#[cold]
+#[inline(never)]
+fn recorder_slow() -> Option<&'static Recorder> {
+    match STATE.compare_exchange(UNINIT, STARTING, AcqRel, Acquire) {
+        Ok(_) => <Switch as Start>::start(),
+        Err(STARTING) => {
+            // Another thread is starting the writer: wait for it (milliseconds at most).
+            for _ in 0..200_000 {
+                match STATE.load(Acquire) {
+                    STARTING => std::thread::yield_now(),
+                    ACTIVE => break,
+                    _ => return None,
+                }
+            }
+        }
+        Err(_) => {}
+    }
+    if STATE.load(Acquire) != ACTIVE {
+        return None;
+    }
+    // SAFETY: as in `recorder`.
+    unsafe { RECORDER.load(Acquire).as_ref() }
+}
+
+/// The recorder once [`publish`]ed, whatever the switch says now (the exit handler, the
+/// C API, the signal handler). Never starts anything.
+pub fn recorder_if_started() -> Option<&'static Recorder> {
+    // SAFETY: RECORDER is either null or a leaked, never-freed Recorder.
+    unsafe { RECORDER.load(Acquire).as_ref() }
+}
+
+/// Whether recording is on.
+pub fn is_active() -> bool {
+    STATE.load(Acquire) == ACTIVE
+}
+
+/// Whether recording has never been asked for in this process.
+pub fn never_started() -> bool {
+    STATE.load(Relaxed) == UNINIT
+}
+
+/// [`Start::start`]: the recorder hooks will send on; published before [`activate`].
+pub fn publish(rec: &'static Recorder) {
+    RECORDER.store(rec as *const Recorder as *mut Recorder, Release);
+}
+
+/// [`Start::start`] succeeded: hooks record from now on.
+pub fn activate() {
+    STATE.store(ACTIVE, Release);
+}
+
+/// Recording is off for good: disabled, failed to start, the writer is gone, or exit.
+pub fn turn_off() {
+    STATE.store(OFF, Release);
+}
+
+/// In a forked child (the parent's writer thread does not exist there): off, unless the
+/// parent never started (the child may then start its own recording later).
+pub fn off_in_forked_child() {
+    if STATE.load(Relaxed) != UNINIT {
+        STATE.store(OFF, Relaxed);
+    }
+}

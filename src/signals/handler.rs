@@ -1,0 +1,231 @@
+//! The handler memsnap keeps in the kernel for every borrowed signal: the dump signal asks
+//! the writer for a snapshot; a signal that ends the job (the crash handler) writes a `term`
+//! or `crash` snapshot, bounded by `MEMSNAP_CRASH_WAIT`, with the signalled thread's stack
+//! for a fault; then the program's own action is carried out with the semantics it asked for.
+//!
+//! Cold: once per signal. Async-signal-safe: atomics, an eventfd write, clock reads,
+//! `nanosleep`, `sigaction`/`pthread_sigmask`/`tgkill`; no allocation, no lock.
+
+use super::table::{
+    Borrowed, ProgramAction, Role, borrowed, empty_set, real_sigaction, set_from_words,
+    zeroed_sigaction,
+};
+use crate::capture;
+use crate::channel::handshake::{CRASH, SIGNAL_DUMPS};
+use crate::channel::queue::Recorder;
+use crate::process::recording;
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::time::Duration;
+
+/// How long a crash handler waits for its snapshot, in milliseconds.
+static CRASH_WAIT_MS: AtomicU64 = AtomicU64::new(5_000);
+/// Set by the first crash signal: a later one (a nested fault, another thread, a fault
+/// inside the snapshot itself) never tries again, it goes straight on.
+static CRASH_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Puts memsnap's handler in the kernel for `b`, with the program's mask and the flags a
+/// chained call cannot emulate (restart, alternate stack, no-defer).
+pub(super) fn install(b: &Borrowed) -> bool {
+    let sig = b.signal.load(Acquire);
+    let program = b.program();
+    let mut act = zeroed_sigaction();
+    let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = on_borrowed_signal;
+    act.sa_sigaction = handler as usize;
+    let crash_stack = if b.role() == Role::Crash {
+        libc::SA_ONSTACK
+    } else {
+        0
+    };
+    if program.is_function() {
+        act.sa_flags = libc::SA_SIGINFO
+            | crash_stack
+            | (program.flags & (libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER));
+        act.sa_mask = set_from_words(&program.mask);
+    } else {
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+        act.sa_mask = empty_set();
+    }
+    // SAFETY: a valid action; no old action wanted.
+    unsafe { real_sigaction(sig, &act, null_mut()) == 0 }
+}
+
+/// `MEMSNAP_CRASH_WAIT`.
+pub fn set_crash_wait(wait: Duration) {
+    CRASH_WAIT_MS.store(wait.as_millis().min(u64::MAX as u128) as u64, Relaxed);
+}
+
+extern "C" fn on_borrowed_signal(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    // SAFETY: errno is thread-local; saved and restored so the interrupted code sees no
+    // change.
+    let saved_errno = unsafe { *libc::__errno_location() };
+    if let Some(b) = borrowed(sig) {
+        handle(b, sig, info, ctx);
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved_errno };
+}
+
+fn handle(b: &Borrowed, sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let program = b.program();
+    if program.is_function() && program.flags & libc::SA_RESETHAND != 0 {
+        // One-shot: the kernel would have reset it to the default before the call.
+        b.set_program(&ProgramAction::simple(libc::SIG_DFL, 0, None));
+        install(b);
+    }
+    let role = b.role();
+    match role {
+        Role::Dump => ask_for_signal_dump(),
+        // SIGTERM and SIGABRT always end the job (abort() kills after its handler
+        // returns): snapshot first, as the program's handler may not return. A fault
+        // handler may repair and return (runtimes use SIGSEGV that way), so a fault gets
+        // its snapshot only when its default action is reached below.
+        Role::Crash if !is_fault(sig) => crash_snapshot(sig, info, ctx),
+        Role::Crash => {}
+    }
+    match program.handler {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            if role == Role::Crash {
+                crash_snapshot(sig, info, ctx);
+                default_action(b, sig, info);
+            } else if program.explicit {
+                // The program asked for the default action (terminate): let the snapshot
+                // it asked for land first, then do what the kernel would have done.
+                wait_for_signal_dump();
+                default_action(b, sig, info);
+            }
+        }
+        handler if program.flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: installed with SA_SIGINFO, so it takes (int, siginfo_t *, void *);
+            // called with the kernel's own arguments.
+            let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+                unsafe { std::mem::transmute(handler) };
+            f(sig, info, ctx);
+        }
+        handler => {
+            // SAFETY: a plain `void (*)(int)` handler.
+            let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(handler) };
+            f(sig);
+        }
+    }
+}
+
+/// The recorder the handler asks for snapshots: set before any signal is borrowed.
+fn recorder() -> Option<&'static Recorder> {
+    recording::recorder_if_started()
+}
+
+/// Async-signal-safe: a ticket and an eventfd write. Many signals before the writer looks
+/// become one snapshot; one that arrives while a snapshot is being written gets another.
+fn ask_for_signal_dump() {
+    if let Some(rec) = recorder()
+        && rec.writer_alive.load(Acquire)
+    {
+        SIGNAL_DUMPS.ask();
+        rec.wake_writer();
+    }
+}
+
+fn wait_for_signal_dump() {
+    if let Some(rec) = recorder() {
+        let ticket = SIGNAL_DUMPS.asked();
+        rec.wait_for(|| SIGNAL_DUMPS.is_done(ticket), crash_wait());
+    }
+}
+
+fn crash_wait() -> Duration {
+    Duration::from_millis(CRASH_WAIT_MS.load(Relaxed))
+}
+
+/// A signal the kernel raises for the faulting instruction itself.
+fn is_fault(sig: c_int) -> bool {
+    matches!(
+        sig,
+        libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL
+    )
+}
+
+/// The first crash signal asks for a snapshot with the signal and, for a synchronous
+/// signal (a fault, `abort`), the signalled thread's stack, and waits for it, bounded by
+/// `MEMSNAP_CRASH_WAIT`. SIGTERM is sent to the process and lands on whichever thread the
+/// kernel picks, so its stack would say nothing: it has none.
+fn crash_snapshot(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    if CRASH_SEEN.swap(true, AcqRel) {
+        return;
+    }
+    let Some(rec) = recorder() else { return };
+    if !rec.writer_alive.load(Acquire) {
+        return;
+    }
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler (or null).
+    let (code, sender) = match unsafe { info.as_ref() } {
+        // SAFETY: si_pid is meaningful for signals sent by a process (code <= 0).
+        Some(i) if i.si_code <= 0 => (i.si_code, unsafe { i.si_pid() }),
+        Some(i) => (i.si_code, 0),
+        None => (0, 0),
+    };
+    let synchronous = sig != libc::SIGTERM;
+    let mut with_stack = false;
+    if synchronous
+        && rec.settings.stacks != crate::config::Stacks::None
+        && !crate::guard::inside_hook_or_internal()
+        && let Some(regs) = interrupted_registers(ctx)
+    {
+        // SAFETY: CRASH_SEEN lets exactly one handler get here.
+        let slot = unsafe { rec.crash_slot_to_fill() };
+        capture::capture_interrupted(slot, rec.settings.stacks, rec.settings.max_frames, regs);
+        with_stack = true;
+    }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    let ticket = CRASH.ask(sig, code, sender, tid, with_stack);
+    rec.wake_writer();
+    rec.wait_for(|| CRASH.dumps.is_done(ticket), crash_wait());
+}
+
+/// The instruction, stack and frame pointers of the interrupted code, from the kernel's
+/// saved context.
+#[cfg(target_arch = "x86_64")]
+fn interrupted_registers(ctx: *mut c_void) -> Option<capture::native::StartRegs> {
+    // SAFETY: an SA_SIGINFO handler's third argument is the interrupted ucontext_t.
+    let uc = unsafe { (ctx as *const libc::ucontext_t).as_ref() }?;
+    let g = &uc.uc_mcontext.gregs;
+    let reg = |r: c_int| g.get(r as usize).map(|&v| v as u64);
+    Some(capture::native::StartRegs {
+        ip: reg(libc::REG_RIP)?,
+        sp: reg(libc::REG_RSP)?,
+        bp: reg(libc::REG_RBP)?,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn interrupted_registers(_ctx: *mut c_void) -> Option<capture::native::StartRegs> {
+    None
+}
+
+/// Does what the kernel's default action for `sig` would have done (terminate, with a
+/// core where it dumps one), so the exit status is the one the program would have had.
+fn default_action(b: &Borrowed, sig: c_int, info: *mut libc::siginfo_t) {
+    let mut dfl = zeroed_sigaction();
+    dfl.sa_sigaction = libc::SIG_DFL;
+    // SAFETY: a valid default action.
+    unsafe { real_sigaction(sig, &dfl, null_mut()) };
+    // SAFETY: as in `crash_snapshot`.
+    let kernel_fault = unsafe { info.as_ref() }.is_some_and(|i| i.si_code > 0) && is_fault(sig);
+    if kernel_fault {
+        // Returning re-executes the faulting instruction, which faults again, now with the
+        // default action: the core shows the real fault.
+        return;
+    }
+    // SAFETY: sending a signal to this very thread, then letting it through.
+    unsafe {
+        libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), sig);
+        let mut set = empty_set();
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, null_mut());
+    }
+    // Only reached if the default action does not end the process: keep memsnap's handler.
+    install(b);
+}

@@ -1,0 +1,155 @@
+//! What each snapshot says about itself: `allocator_settings` (as PyTorch writes them) and
+//! memsnap's own metadata (identity, reason, counters, route counts, per-device totals, the
+//! signal behind a `term`/`crash` snapshot).
+//!
+//! Cold (writer thread).
+
+use super::Writer;
+use super::dump::{meta_int, meta_str};
+use super::files::Reason;
+use crate::channel::handshake::{self, ROUTED, SIGNAL_DUMPS};
+use crate::process::allocator_route;
+use crate::snapshot::model::Meta;
+use std::sync::atomic::Ordering::*;
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        _ => "other",
+    }
+}
+
+fn api_name(i: usize) -> Option<&'static str> {
+    crate::channel::event::Api::ALL.get(i).map(|a| a.name())
+}
+
+impl Writer {
+    pub(super) fn allocator_settings(&self) -> Vec<(String, Meta)> {
+        let overflowed = self.state.devices.iter().any(|d| d.trace_overflow > 0);
+        vec![
+            meta_str(
+                "PYTORCH_CUDA_ALLOC_CONF",
+                &std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default(),
+            ),
+            (
+                "trace_alloc_max_entries".to_string(),
+                Meta::Int(self.cfg.max_entries as i64),
+            ),
+            ("trace_alloc_overflowed".to_string(), Meta::Bool(overflowed)),
+            meta_str("recorder", "memsnap (CUDA driver/runtime interposer)"),
+        ]
+    }
+
+    pub(super) fn metadata(&self, reason: Reason, tag: &str) -> Vec<(String, Meta)> {
+        let c = &self.rec.counters;
+        let api_counts: Vec<(String, Meta)> = self
+            .api_counts
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .filter_map(|(i, n)| api_name(i).map(|name| meta_int(name, *n)))
+            .collect();
+        let per_device: Vec<Meta> = self
+            .state
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(d, dev)| {
+                Meta::Dict(vec![
+                    meta_int("device", d as u64),
+                    meta_int("live_bytes", dev.live_bytes),
+                    meta_int(
+                        "live_allocations",
+                        (dev.allocs.len() + dev.mappings.len() + dev.cache.blocks.len()) as u64,
+                    ),
+                    // PyTorch's caching allocator: its segments, and its blocks not freed
+                    // yet (PyTorch's memory_reserved() and memory_allocated()).
+                    meta_int("cache_reserved_bytes", dev.cache.reserved_bytes),
+                    meta_int("cache_allocated_bytes", dev.cache.allocated_bytes),
+                    meta_int("peak_bytes", dev.peak_ever),
+                    meta_int("vmm_physical_bytes", dev.physical_bytes),
+                    meta_int("events", dev.events),
+                    meta_int("ooms", dev.ooms),
+                    meta_int("history_dropped", dev.trace_overflow),
+                ])
+            })
+            .collect();
+        let torch_allocator =
+            allocator_route::describe(self.state.cache_rejection()).unwrap_or_default();
+        let mut meta = vec![
+            meta_str("version", env!("CARGO_PKG_VERSION")),
+            // How PyTorch's allocator was seen: "blocks: ...", "segments only: ...",
+            // "tensors: ...", or empty when no PyTorch was loaded.
+            meta_str("torch_allocator", &torch_allocator),
+            meta_int("pid", self.id.pid as u64),
+            meta_str("rank", &self.id.rank),
+            meta_str("local_rank", &self.id.local_rank),
+            meta_str("host", &self.id.host),
+            meta_str("exe", &self.id.exe),
+            meta_str("reason", reason.as_str()),
+            meta_str("tag", tag),
+            meta_int("seq", self.seq),
+            meta_int("step", self.step),
+            meta_int("time_us", handshake::now_us()),
+            meta_int("events_recorded", c.pushed.load(Relaxed)),
+            // Lost only while the writer is gone; a snapshot written then has none to report,
+            // so these are 0 in every file and exist for readers that check.
+            meta_int("dropped_events", c.lost_total()),
+            meta_int("dropped_allocs", c.lost_allocs.load(Relaxed)),
+            meta_int("dropped_frees", c.lost_frees.load(Relaxed)),
+            meta_int("events_without_stack", self.events_without_stack()),
+            meta_int("stacks_sent_in_full", self.stacks.received_in_full),
+            meta_int(
+                "stacks_sent_by_reference",
+                self.stacks.received_by_reference,
+            ),
+            meta_int(
+                "ambiguous_stack_references",
+                self.stacks.ambiguous_references,
+            ),
+            meta_int("hook_queue_waits", c.queue_waits.load(Relaxed)),
+            meta_int("hook_slot_waits", c.slot_waits.load(Relaxed)),
+            meta_int("unknown_frees", self.state.anomalies.unknown_frees),
+            meta_int("unknown_unmaps", self.state.anomalies.unknown_unmaps),
+            meta_int("repaired_overlaps", self.state.anomalies.repaired_overlaps),
+            meta_int("cache_mismatches", self.state.anomalies.cache_mismatches),
+            meta_int("managed_live_bytes", self.state.managed_bytes()),
+            meta_int("managed_live_allocations", self.state.managed.len() as u64),
+            meta_int("host_mapped_bytes", self.state.host_mappings.values().sum()),
+            meta_int("reserved_va_bytes", self.state.reservations.values().sum()),
+            meta_str("stacks", &format!("{:?}", self.cfg.stacks).to_lowercase()),
+            (
+                "routes".to_string(),
+                Meta::Dict(vec![
+                    meta_int("dlsym", ROUTED.dlsym.load(Relaxed)),
+                    meta_int("cuGetProcAddress", ROUTED.get_proc_address.load(Relaxed)),
+                    meta_int(
+                        "cudaGetDriverEntryPoint",
+                        ROUTED.driver_entry_point.load(Relaxed),
+                    ),
+                ]),
+            ),
+            meta_int("dump_signals_received", SIGNAL_DUMPS.asked()),
+            ("api_calls".to_string(), Meta::Dict(api_counts)),
+            ("devices".to_string(), Meta::List(per_device)),
+        ];
+        if let Some(c) = self.crash
+            && matches!(reason, Reason::Term | Reason::Crash)
+        {
+            meta.push((
+                "signal".to_string(),
+                Meta::Dict(vec![
+                    meta_int("number", c.signal as u64),
+                    meta_str("name", signal_name(c.signal)),
+                    meta_str("origin", if c.code > 0 { "fault" } else { "sent" }),
+                    meta_int("sender_pid", c.sender.max(0) as u64),
+                    meta_int("thread", c.tid as u64),
+                ]),
+            ));
+        }
+        meta
+    }
+}

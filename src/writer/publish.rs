@@ -1,0 +1,80 @@
+//! Writing one snapshot: built from the state (`dump`), named and written atomically
+//! (`files`), handed to the uploader when `MEMSNAP_REMOTE` is set; a failure is a warning on
+//! stderr (the first few), never the program's problem.
+//!
+//! Cold (writer thread).
+
+use super::files::{self, NameFields, Reason};
+use super::{Writer, absolute, dump};
+use crate::snapshot::pickle_write;
+use std::path::PathBuf;
+
+/// Write-failure warnings printed before going quiet.
+const MAX_WRITE_WARNINGS: u32 = 3;
+
+impl Writer {
+    /// Writes one snapshot; returns its path, or why it could not be written.
+    pub(super) fn dump(&mut self, reason: Reason, tag: &str) -> Result<PathBuf, String> {
+        let window = if reason == Reason::Step {
+            self.window_from.clone()
+        } else {
+            None
+        };
+        let mut snap = dump::build(
+            &self.state,
+            &mut self.stacks,
+            &mut self.interner,
+            window.as_deref(),
+        );
+        self.seq += 1;
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let fields = NameFields {
+            reason,
+            seq: self.seq,
+            step: self.step,
+            tag,
+            time_s: now_s,
+        };
+        snap.allocator_settings = self.allocator_settings();
+        snap.memsnap = self.metadata(reason, tag);
+        let bytes = pickle_write::to_bytes(&snap);
+        let name = files::expand(&self.cfg.filename, &self.id, &fields);
+        let result = files::folder(&self.cfg, &self.id, &fields).and_then(|dir| {
+            if dir.created {
+                self.created_folders.push(absolute(&dir.path));
+            }
+            files::write_atomic(&dir.path, &name, &bytes, self.cfg.overwrite)
+        });
+        match result {
+            Ok(path) => {
+                if let (Some(uploader), Some(remote)) = (&mut self.uploader, &self.cfg.remote) {
+                    uploader.send(&path, &files::expand(remote, &self.id, &fields));
+                }
+                self.written.push(path.clone());
+                Ok(path)
+            }
+            Err(e) => {
+                self.write_warnings += 1;
+                if self.write_warnings <= MAX_WRITE_WARNINGS {
+                    eprintln!(
+                        "memsnap: could not write the {} snapshot {name} in {}: {e}{}",
+                        reason.as_str(),
+                        self.cfg.folder,
+                        if self.write_warnings == MAX_WRITE_WARNINGS {
+                            " (further failures are silent)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                Err(format!(
+                    "could not write {name} in {}: {e}",
+                    self.cfg.folder
+                ))
+            }
+        }
+    }
+}
