@@ -168,6 +168,53 @@ fn every_inside_a_window_keeps_the_full_history_and_is_not_written_twice() {
 }
 
 #[test]
+fn step_boundaries_are_in_the_history_and_the_device_capacity_in_the_metadata() {
+    let run = run_program(
+        "steps",
+        &["5"],
+        &[
+            ("MEMSNAP_FILENAME", "s{step}-{reason}.pickle"),
+            ("FAKE_CUDA_CAPACITY", "8G"),
+        ],
+        true,
+    );
+    run.assert_success();
+    let snap = python_load_json(&run.dir.path().join("s5-exit.pickle"));
+    let marks = snap["external_annotations"].as_array().expect("a list");
+    let steps: Vec<u64> = marks.iter().map(|m| m["step"].as_u64().unwrap()).collect();
+    assert_eq!(
+        steps,
+        vec![1, 2, 3, 4, 5],
+        "one boundary per step: {marks:?}"
+    );
+    let trace = snap["device_traces"][0].as_array().unwrap();
+    let mut previous = 0;
+    for (k, m) in marks.iter().enumerate() {
+        assert_eq!(m["name"], "memsnap.step");
+        assert_eq!(m["stage"], "START");
+        assert_eq!(m["device"], 0);
+        let t = m["time_us"].as_u64().unwrap();
+        assert!(t >= previous, "in order");
+        previous = t;
+        // Step k+1 (1-based) allocates keep = (k+1) MiB + 4 KiB: after the boundary of k
+        // completed steps, never before it.
+        let keep = (k as u64 + 1) * (1 << 20) + 4096;
+        let at = trace
+            .iter()
+            .position(|e| e["action"] == "alloc" && e["size"] == keep)
+            .unwrap();
+        if k > 0 {
+            assert!(
+                trace[at]["time_us"].as_u64().unwrap() <= t,
+                "step {k}'s alloc before its end"
+            );
+        }
+    }
+    let devices = snap["memsnap"]["devices"].as_array().unwrap();
+    assert_eq!(devices[0]["total_bytes"], 8u64 << 30);
+}
+
+#[test]
 fn explicit_dumps_make_a_tagged_before_after_pair() {
     let run = run_program(
         "steps",

@@ -69,6 +69,8 @@ impl Writer {
                     // yet (PyTorch's memory_reserved() and memory_allocated()).
                     meta_int("cache_reserved_bytes", dev.cache.reserved_bytes),
                     meta_int("cache_allocated_bytes", dev.cache.allocated_bytes),
+                    // The device's capacity as the driver reported it (0: not asked yet).
+                    meta_int("total_bytes", handshake::device_total(d)),
                     meta_int("peak_bytes", dev.peak_ever),
                     meta_int("vmm_physical_bytes", dev.physical_bytes),
                     meta_int("events", dev.events),

@@ -333,7 +333,12 @@ impl Writer {
                 let matched = self.state.cache_segment_map(ev.device, ev.addr, ev.size);
                 self.state.check_first_cache_segment(matched);
             }
-            Kind::Step => self.on_step(),
+            Kind::Step => {
+                // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so that
+                // file has its closing boundary too.
+                self.state.mark_step(self.step + 1, ev.time_us);
+                self.on_step()
+            }
         }
         Flow::Continue
     }

@@ -19,6 +19,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 /// Most device ordinals tracked; events for larger ordinals are filed under 0.
 const MAX_DEVICES: usize = 256;
+/// Step boundaries kept (older ones are older than any history a file can hold at the
+/// default history size).
+pub const MAX_STEP_MARKS: usize = 1 << 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -113,6 +116,9 @@ pub struct State {
     pub anomalies: Anomalies,
     /// The check of PyTorch's allocator route (`writer/cache.rs`).
     pub cache_check: CacheCheck,
+    /// Step boundaries, oldest first: `(steps completed, time_us)`, the newest
+    /// [`MAX_STEP_MARKS`] (written as `external_annotations`, docs/FORMAT.md).
+    pub step_marks: VecDeque<(u64, u64)>,
     max_entries: usize,
 }
 
@@ -126,6 +132,7 @@ impl State {
             reservations: BTreeMap::new(),
             anomalies: Anomalies::default(),
             cache_check: CacheCheck::Pending,
+            step_marks: VecDeque::new(),
             max_entries: max_entries.max(1),
         }
     }
@@ -479,6 +486,14 @@ impl State {
                 },
             );
         }
+    }
+
+    /// `memsnap_step()`: `steps` steps are complete from `time_us` on.
+    pub fn mark_step(&mut self, steps: u64, time_us: u64) {
+        if self.step_marks.len() == MAX_STEP_MARKS {
+            self.step_marks.pop_front();
+        }
+        self.step_marks.push_back((steps, time_us));
     }
 
     pub fn reserve(&mut self, addr: u64, size: u64) {

@@ -219,6 +219,10 @@ pub struct Snapshot {
     /// memsnap's top-level `memsnap` key: counters, dropped events, routes, trigger.
     /// Viewers ignore unknown top-level keys. Empty for PyTorch's files.
     pub memsnap: Vec<(String, Meta)>,
+    /// `external_annotations`: flat dicts. memsnap writes its step boundaries here
+    /// (docs/FORMAT.md#step-boundaries); PyTorch writes `record_function` marks, which the
+    /// reader leaves out.
+    pub external_annotations: Vec<Vec<(String, Meta)>>,
 }
 
 impl Snapshot {

@@ -292,6 +292,13 @@ impl<'a, 's> Encoder<'a, 's> {
         self.meta_dict(&snap.allocator_settings);
         self.key(Fixed::ExternalAnnotations);
         self.buf.push(op::EMPTY_LIST);
+        for chunk in snap.external_annotations.chunks(BATCH) {
+            self.buf.push(op::MARK);
+            for entry in chunk {
+                self.meta_dict(entry);
+            }
+            self.buf.push(op::APPENDS);
+        }
         let mut items = 4;
         if !snap.memsnap.is_empty() {
             self.key(Fixed::Memsnap);
@@ -729,7 +736,8 @@ print(json.dumps(out))
             .collect();
         let mut top = json!({
             "segments": segments, "device_traces": traces,
-            "allocator_settings": dict(&snap.allocator_settings), "external_annotations": [],
+            "allocator_settings": dict(&snap.allocator_settings),
+            "external_annotations": snap.external_annotations.iter().map(|a| dict(a)).collect::<Vec<_>>(),
         });
         if !snap.memsnap.is_empty() {
             top["memsnap"] = dict(&snap.memsnap);
@@ -815,6 +823,31 @@ print(json.dumps(out))
         assert!(ev_ids.iter().all(|i| *i == ev_ids[0]));
         assert_eq!(got.ids["segments"][0], ev_ids[0]);
         assert_eq!(got.ids["blocks"][0][0], ev_ids[0]);
+    }
+
+    #[test]
+    fn step_annotations_round_trip_in_memsnap_files_only() {
+        let mark = |step: i64| {
+            vec![
+                ("name".to_string(), Meta::Str("memsnap.step".into())),
+                ("stage".to_string(), Meta::Str("START".into())),
+                ("step".to_string(), Meta::Int(step)),
+                ("device".to_string(), Meta::Int(0)),
+                (
+                    "time_us".to_string(),
+                    Meta::Int(1_700_000_000_000_000 + step),
+                ),
+            ]
+        };
+        let mut snap = minimal_example();
+        snap.external_annotations = (1..=1500).map(mark).collect(); // two batches
+        snap.memsnap = vec![("step".into(), Meta::Int(1500))];
+        let got = crate::pickle_read::read_snapshot(&to_bytes(&snap)).unwrap();
+        assert_eq!(got.external_annotations, snap.external_annotations);
+        // PyTorch's own files (no `memsnap` key): their annotations are not read.
+        snap.memsnap.clear();
+        let got = crate::pickle_read::read_snapshot(&to_bytes(&snap)).unwrap();
+        assert!(got.external_annotations.is_empty());
     }
 
     const INTS: [i64; 15] = [

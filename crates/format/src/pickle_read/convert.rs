@@ -182,6 +182,19 @@ impl Converter<'_> {
             }
             if let Some(s) = p.get(root, "memsnap") {
                 snap.memsnap = self.meta_dict(s, "memsnap")?;
+                // memsnap's step boundaries. Only in memsnap's files: PyTorch's can hold
+                // many record_function marks, which no command reads.
+                if let Some(a) = p.get(root, "external_annotations")
+                    && let Some(Meta::List(items)) = self.meta(a, 0, "external_annotations")?
+                {
+                    snap.external_annotations = items
+                        .into_iter()
+                        .filter_map(|m| match m {
+                            Meta::Dict(d) => Some(d),
+                            _ => None,
+                        })
+                        .collect();
+                }
             }
         }
         self.events = Vec::new();
