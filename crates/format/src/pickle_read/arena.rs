@@ -98,6 +98,14 @@ impl Pickle {
             _ => None,
         }
     }
+    /// Items of a list or tuple stored as values (not a run of converted trace entries):
+    /// borrowed, never expanded.
+    pub fn seq(&self, v: Val) -> Option<&[Val]> {
+        match self.node(v) {
+            Some(Node::List(x)) | Some(Node::Tuple(x)) => Some(x),
+            _ => None,
+        }
+    }
     pub fn dict(&self, v: Val) -> Option<&[(Val, Val)]> {
         match self.node(v) {
             Some(Node::Dict(x)) => Some(x),

@@ -65,6 +65,8 @@ pub(super) struct MachineState {
     spare_dicts: Vec<Vec<(Val, Val)>>,
     spare_lists: Vec<Vec<Val>>,
     next_report: usize,
+    /// Bytes of input up to and including STOP, once it is read.
+    read: usize,
 }
 
 impl MachineState {
@@ -86,6 +88,7 @@ impl MachineState {
             spare_dicts: Vec::new(),
             spare_lists: Vec::new(),
             next_report: PROGRESS_STEP,
+            read: 0,
         }
     }
 
@@ -94,10 +97,13 @@ impl MachineState {
     pub(super) fn finish(self) -> (Pickle, Interner, Vec<TraceEntry>) {
         let MachineState {
             pickle,
-            interner,
+            mut interner,
             events,
+            read,
             ..
         } = self;
+        // Conversion may spend what the whole input allows.
+        interner.model_limit = Budget::model_limit(read);
         (pickle, interner, events)
     }
 }
@@ -482,6 +488,7 @@ impl<'a> Machine<'a> {
                 b'.' => {
                     let v = self.pop(at)?;
                     self.st.pickle.root = Some(v);
+                    self.st.read = self.base + self.pos;
                     progress(self.base + self.input.len());
                     return Ok(());
                 }
@@ -815,8 +822,12 @@ impl<'a> Machine<'a> {
         if !is_event {
             return Ok(None);
         }
-        let entry = event_from_dict(&self.st.pickle, &mut self.st.interner, item)
-            .map_err(|msg| self.corrupt(at, format!("trace entry: {msg}")))?;
+        self.st.interner.model_limit = Budget::model_limit(self.base + self.pos);
+        let entry = event_from_dict(&self.st.pickle, &mut self.st.interner, item);
+        if let Some(e) = self.st.interner.exceeded() {
+            return Err(e);
+        }
+        let entry = entry.map_err(|msg| self.corrupt(at, format!("trace entry: {msg}")))?;
         let n = self.st.converted;
         self.st.converted = n
             .checked_add(1)

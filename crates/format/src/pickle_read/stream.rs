@@ -146,7 +146,7 @@ fn read_chunked(
     // The machine's working state is not needed to convert: free it now, not at the end.
     let (pickle, interner, events) = state.finish();
     let root = pickle.root.ok_or(ReadError::NoStop { offset: base })?;
-    let (snapshot, trace_lists) = to_snapshot(&pickle, root, mode, interner, events)?;
+    let (snapshot, trace_lists, _) = to_snapshot(&pickle, root, mode, interner, events)?;
     Ok(Streamed {
         snapshot,
         trace_lists,
@@ -403,6 +403,27 @@ mod tests {
             streamed(&b, READ_CHUNK),
             Err(ReadError::NeedsFullRead { .. })
         ));
+    }
+
+    /// The fuzz target's seeds of both hostile shapes (a trace list, a block list, each
+    /// stored once and referenced thousands of times) are refused at the model budget,
+    /// read whole or streamed, in any chunk size.
+    #[test]
+    fn fuzz_seeds_of_shared_lists_are_refused_at_the_model_budget() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/seeds/read_snapshot"
+        );
+        for name in ["shared-trace-list.pickle", "shared-block-list.pickle"] {
+            let b = std::fs::read(format!("{dir}/{name}")).unwrap();
+            for r in [
+                read_snapshot(&b).map(|_| ()),
+                read_chunked(&mut &b[..], 4096, &mut |_| {}, None).map(|_| ()),
+                streamed(&b, 4096).map(|_| ()),
+            ] {
+                assert!(matches!(r, Err(ReadError::Expands { .. })), "{name}: {r:?}");
+            }
+        }
     }
 
     /// Random byte mutations of every fixture: Ok or Err, never a panic. Deterministic.
