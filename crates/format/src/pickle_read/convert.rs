@@ -31,6 +31,8 @@ struct Converter<'p> {
     metadata_spent: std::cell::Cell<usize>,
     /// The interner's count of model bytes, once it is handed over to the snapshot.
     model_bytes: usize,
+    /// The interner's bad frames, likewise.
+    bad_frames: (u64, Option<String>),
 }
 
 /// Stream mode: the number a device's entries were handed out with, once it is sure that
@@ -59,16 +61,14 @@ fn shape(path: impl Into<String>, msg: impl Into<String>) -> ReadError {
 const META_DEPTH: usize = 32;
 
 /// Converts the value `root` of a file the machine read in `mode` (with the `interner` and
-/// the `events` it converted on the way) to a snapshot, with each device's trace list
-/// number in stream mode (empty otherwise) and the bytes of model counted against
-/// [`Budget::model_limit`].
+/// the `events` it converted on the way) to a snapshot.
 pub(super) fn to_snapshot(
     pickle: &Pickle,
     root: Val,
     mode: Mode,
     interner: Interner,
     events: Vec<TraceEntry>,
-) -> Result<(Snapshot, Vec<u32>, usize)> {
+) -> Result<Converted> {
     let total_events = events.len();
     // Nothing is dropped from here on, so lists may be remembered by identity.
     let mut interner = interner;
@@ -87,9 +87,27 @@ pub(super) fn to_snapshot(
         trace_lists: Vec::new(),
         metadata_spent: std::cell::Cell::new(0),
         model_bytes: 0,
+        bad_frames: (0, None),
     };
     let snapshot = conv.snapshot(root)?;
-    Ok((snapshot, conv.trace_lists, conv.model_bytes))
+    Ok(Converted {
+        snapshot,
+        trace_lists: conv.trace_lists,
+        model_bytes: conv.model_bytes,
+        bad_frames: conv.bad_frames,
+    })
+}
+
+/// What [`to_snapshot`] makes.
+pub(super) struct Converted {
+    pub(super) snapshot: Snapshot,
+    /// Stream mode: each device's trace list number (empty otherwise).
+    pub(super) trace_lists: Vec<u32>,
+    /// Bytes of model counted against [`Budget::model_limit`] (what the tests measure).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) model_bytes: usize,
+    /// Frames that break rule 11: how many, and the first described.
+    pub(super) bad_frames: (u64, Option<String>),
 }
 
 impl Converter<'_> {
@@ -218,6 +236,10 @@ impl Converter<'_> {
         }
         self.events = Vec::new();
         self.model_bytes = self.interner.model_bytes();
+        self.bad_frames = (
+            self.interner.bad_frames,
+            self.interner.first_bad_frame.take(),
+        );
         (snap.frames, snap.stacks) = std::mem::take(&mut self.interner).into_stacks();
         Ok(snap)
     }
@@ -479,9 +501,9 @@ mod tests {
     fn read_whole(bytes: &[u8]) -> Result<Snapshot> {
         let mut m = Machine::new(bytes, Mode::Keep);
         m.run(&mut |_| {})?;
-        let (pickle, interner, events) = m.st.finish();
+        let (pickle, interner, events, _) = m.st.finish();
         let root = pickle.root.expect("the machine stops with a root");
-        to_snapshot(&pickle, root, Mode::Keep, interner, events).map(|(s, _, _)| s)
+        to_snapshot(&pickle, root, Mode::Keep, interner, events).map(|c| c.snapshot)
     }
 
     fn count(s: &Snapshot, a: &str) -> usize {
@@ -783,11 +805,11 @@ mod tests {
     fn model_bytes(bytes: &[u8]) -> usize {
         let mut m = Machine::new(bytes, Mode::Keep);
         m.run(&mut |_| {}).unwrap();
-        let (pickle, interner, events) = m.st.finish();
+        let (pickle, interner, events, _) = m.st.finish();
         let root = pickle.root.unwrap();
         to_snapshot(&pickle, root, Mode::Keep, interner, events)
             .unwrap()
-            .2
+            .model_bytes
     }
 
     /// PyTorch's files and memsnap's own stay far inside the model budget: a fifth of

@@ -84,6 +84,10 @@ pub(super) struct Interner {
     pub(super) model_limit: usize,
     /// What went over `model_limit` first; nothing more is expanded from then on.
     over: Option<&'static str>,
+    /// Frames and `frames` values that break "Producer's rules", rule 11, and the first
+    /// one described ([`Encoding::bad_frames`](super::arena::Encoding::bad_frames)).
+    pub(super) bad_frames: u64,
+    pub(super) first_bad_frame: Option<String>,
 }
 
 impl Interner {
@@ -108,6 +112,13 @@ impl Interner {
             return false;
         }
         true
+    }
+
+    fn bad_frame(&mut self, what: impl FnOnce() -> String) {
+        self.bad_frames += 1;
+        if self.first_bad_frame.is_none() {
+            self.first_bad_frame = Some(what());
+        }
     }
 
     /// Bytes of model counted so far.
@@ -249,6 +260,31 @@ impl Interner {
         if !self.spend(2 * (std::mem::size_of::<Frame>() + strings), "frames") {
             return 0;
         }
+        let str_of = |k| p.get(v, k).and_then(|x| p.str(x));
+        let problem = match (p.node(v), v) {
+            (Some(Node::Dict(_)), _) => {
+                if str_of("name").is_none() {
+                    Some("a frame dict without a str `name`".to_string())
+                } else if str_of("filename").is_none() {
+                    Some("a frame dict without a str `filename`".to_string())
+                } else if !matches!(p.get(v, "line"), Some(Val::Int(_))) {
+                    Some("a frame dict without an int `line`".to_string())
+                } else {
+                    None
+                }
+            }
+            (Some(Node::Str(s)), _) => Some(format!(
+                "a frame that is a string ({:?})",
+                s.chars().take(40).collect::<String>()
+            )),
+            (Some(Node::List(_) | Node::Tuple(_)), _) => Some("a frame that is a list".into()),
+            (_, Val::Int(i)) => Some(format!("a frame that is an integer ({i})")),
+            (_, Val::None) => Some("a frame that is None".into()),
+            _ => Some("a frame that is not a dict".into()),
+        };
+        if let Some(problem) = problem {
+            self.bad_frame(|| problem);
+        }
         let frame = match p.node(v) {
             Some(Node::Dict(_)) => Frame {
                 name: p
@@ -336,14 +372,24 @@ impl Interner {
         if let Val::Stack(s) = v {
             return s;
         }
-        let Val::Ref(id) = v else { return None };
+        let not_a_list = || "a `frames` value that is not a list".to_string();
+        let Val::Ref(id) = v else {
+            self.bad_frame(not_a_list);
+            return None;
+        };
         if let Some(Node::Stack(s)) = p.node(v) {
             return *s;
         }
         if let Some(&s) = self.stack_by_node.get(&id) {
             return s;
         }
-        let items = p.seq(v).unwrap_or_default();
+        let items = match p.seq(v) {
+            Some(items) => items,
+            None => {
+                self.bad_frame(not_a_list);
+                &[]
+            }
+        };
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
         ids.extend(items.iter().map(|&f| self.frame(p, f)));

@@ -43,7 +43,7 @@ mod intern;
 mod machine;
 mod stream;
 
-pub use arena::{Node, Pickle, Val};
+pub use arena::{Encoding, Node, Pickle, Val};
 
 /// The memory budgets that keep a hostile input from costing more than a real snapshot of
 /// its size (docs/FORMAT.md, "Reading untrusted files"):
@@ -77,6 +77,6 @@ impl Budget {
 pub use error::ReadError;
 pub use machine::parse;
 pub use stream::{
-    Streamed, TraceSink, read_snapshot, read_snapshot_from, read_snapshot_with_progress,
-    stream_snapshot_from,
+    Streamed, TraceSink, read_snapshot, read_snapshot_encoding_from, read_snapshot_from,
+    read_snapshot_with_progress, stream_snapshot_from,
 };
