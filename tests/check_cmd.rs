@@ -246,3 +246,28 @@ fn check_reports_every_file_and_fails_if_any_failed() {
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("torch-oom.pickle: ok"), "{text}");
 }
+
+/// One `device_traces` list per device (docs/FORMAT.md, "Producer's rules", rule 2): an
+/// empty snapshot with one or two empty lists has that many devices in `check`,
+/// `summary` and `summary --json` alike (summary said 0).
+#[test]
+fn summary_and_check_count_the_devices_of_an_empty_snapshot_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    for (n, lists) in [(0, "[]"), (1, "[[]]"), (2, "[[], []]")] {
+        let path = dir.path().join(format!("empty{n}.pickle"));
+        python_pickle(
+            &path,
+            &format!(r#"{{"segments": [], "device_traces": {lists}}}"#),
+            4,
+        );
+        let f = path.to_str().unwrap();
+        let check = String::from_utf8_lossy(&memsnap(&["check", f]).stdout).into_owned();
+        assert!(check.contains(&format!("on {n} device(s)")), "{check}");
+        let summary = String::from_utf8_lossy(&memsnap(&["summary", f]).stdout).into_owned();
+        let word = if n == 1 { "device" } else { "devices" };
+        assert!(summary.contains(&format!("{n} {word},")), "{summary}");
+        let json: serde_json::Value =
+            serde_json::from_slice(&memsnap(&["summary", "--json", f]).stdout).unwrap();
+        assert_eq!(json["devices"].as_array().unwrap().len(), n, "{json}");
+    }
+}

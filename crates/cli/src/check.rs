@@ -48,7 +48,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
                 "{}: ok ({} segments, {events} events on {} device(s))",
                 display_name(path),
                 snap.segments.len(),
-                snap.device_traces.len()
+                memsnap_engine::device::devices(&snap).len()
             )?;
             continue;
         }
