@@ -124,3 +124,150 @@ fn inputs_that_would_explode_in_memory_are_refused_by_every_command() {
         }
     }
 }
+
+/// Writes `value` (a Python expression) with `pickle.dump(..., protocol=protocol)`.
+fn python_pickle(path: &Path, value: &str, protocol: u8) {
+    let script = format!(
+        "import pickle, sys\npickle.dump({value}, open(sys.argv[1], 'wb'), protocol={protocol})"
+    );
+    let ok = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// A valid one-allocation history whose `alloc` has the frames `frames` (Python).
+fn with_frames(frames: &str) -> String {
+    format!(
+        r#"{{"segments": [{{"device": 0, "address": 4096, "total_size": 512, "stream": 0,
+             "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+             "frames": [], "blocks": [{{"address": 4096, "size": 512, "requested_size": 512,
+             "state": "inactive", "frames": []}}]}}],
+           "device_traces": [[
+             {{"action": "segment_alloc", "addr": 4096, "size": 512, "stream": 0, "time_us": 0, "frames": []}},
+             {{"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "time_us": 1, "frames": {frames}}},
+             {{"action": "free_requested", "addr": 4096, "size": 512, "stream": 0, "time_us": 2, "frames": []}},
+             {{"action": "free_completed", "addr": 4096, "size": 512, "stream": 0, "time_us": 3, "frames": []}}]]}}"#
+    )
+}
+
+/// The viewer rejects protocol 5 and reads frames as `{name, filename, line}`: `check`
+/// reports both (it passed them before), and passes the same file written right.
+#[test]
+fn protocol_5_and_malformed_frames_are_violations() {
+    let dir = tempfile::tempdir().unwrap();
+    let good_frames = r#"[{"name": "f", "filename": "a.py", "line": 3}]"#;
+    let cases = [
+        ("good.pickle", with_frames(good_frames), 4, None),
+        (
+            "protocol5.pickle",
+            with_frames(good_frames),
+            5,
+            Some("pickle protocol 5"),
+        ),
+        (
+            "int-frame.pickle",
+            with_frames("[7]"),
+            4,
+            Some("a frame that is an integer (7)"),
+        ),
+        (
+            "list-frame.pickle",
+            with_frames(r#"[["a.py", 3]]"#),
+            4,
+            Some("a frame that is a list"),
+        ),
+        (
+            "no-filename.pickle",
+            with_frames(r#"[{"name": "f", "line": 3}]"#),
+            4,
+            Some("without a str `filename`"),
+        ),
+        (
+            "no-line.pickle",
+            with_frames(r#"[{"name": "f", "filename": "a.py"}]"#),
+            4,
+            Some("without an int `line`"),
+        ),
+    ];
+    for (name, value, protocol, problem) in cases {
+        let path = dir.path().join(name);
+        python_pickle(&path, &value, protocol);
+        let out = memsnap(&["check", path.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        match problem {
+            None => assert_eq!(out.status.code(), Some(0), "{name}: {text}"),
+            Some(p) => {
+                assert_eq!(out.status.code(), Some(1), "{name}: {text}");
+                assert!(
+                    text.contains("1 violation(s)") && text.contains(p),
+                    "{name}: {text}"
+                );
+            }
+        }
+    }
+}
+
+/// `check A B C` checks every file, one report each, even past one it cannot read: exit
+/// 2 when any is unreadable, else 1 when any breaks a rule.
+#[test]
+fn check_reports_every_file_and_fails_if_any_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "not a pickle").unwrap();
+    let p5 = dir.path().join("protocol5.pickle");
+    python_pickle(&p5, r#"{"segments": [], "device_traces": [[]]}"#, 5);
+    let oom = fixtures()
+        .into_iter()
+        .find(|p| p.ends_with("torch-oom.pickle"))
+        .unwrap();
+    let run = |files: &[&Path]| {
+        let mut args = vec!["check"];
+        args.extend(files.iter().map(|p| p.to_str().unwrap()));
+        let out = memsnap(&args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, text, err) = run(&[&oom, &notes, &p5, &oom]);
+    assert_eq!(code, Some(2), "{text}{err}");
+    assert_eq!(text.matches("torch-oom.pickle: ok").count(), 2, "{text}");
+    assert!(text.contains("protocol5.pickle: 1 violation(s)"), "{text}");
+    assert!(
+        err.contains("notes.txt") && err.lines().count() == 1,
+        "{err}"
+    );
+    let (code, text, _) = run(&[&p5, &oom]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("torch-oom.pickle: ok"), "{text}");
+}
+
+/// One `device_traces` list per device (docs/FORMAT.md, "Producer's rules", rule 2): an
+/// empty snapshot with one or two empty lists has that many devices in `check`,
+/// `summary` and `summary --json` alike (summary said 0).
+#[test]
+fn summary_and_check_count_the_devices_of_an_empty_snapshot_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    for (n, lists) in [(0, "[]"), (1, "[[]]"), (2, "[[], []]")] {
+        let path = dir.path().join(format!("empty{n}.pickle"));
+        python_pickle(
+            &path,
+            &format!(r#"{{"segments": [], "device_traces": {lists}}}"#),
+            4,
+        );
+        let f = path.to_str().unwrap();
+        let check = String::from_utf8_lossy(&memsnap(&["check", f]).stdout).into_owned();
+        assert!(check.contains(&format!("on {n} device(s)")), "{check}");
+        let summary = String::from_utf8_lossy(&memsnap(&["summary", f]).stdout).into_owned();
+        let word = if n == 1 { "device" } else { "devices" };
+        assert!(summary.contains(&format!("{n} {word},")), "{summary}");
+        let json: serde_json::Value =
+            serde_json::from_slice(&memsnap(&["summary", "--json", f]).stdout).unwrap();
+        assert_eq!(json["devices"].as_array().unwrap().len(), n, "{json}");
+    }
+}

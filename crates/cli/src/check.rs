@@ -1,11 +1,16 @@
 //! `memsnap check SNAP...`: does each snapshot follow the rules PyTorch's viewer relies on?
 //!
-//! Cold, no unsafe. Runs the format checker (`memsnap_format::check`: the forward history
-//! ending in the segments (docs/FORMAT.md#forward-history-rule), tiling, sizes, stacks) on
-//! each file; one line per file, then the violations. Exit 1 when any file breaks a rule (2
-//! when one cannot be read at all).
+//! Cold, no unsafe. Checks every file, one line per file then its violations: the file's
+//! encoding as the reader saw it (`memsnap_format::check::check_encoding`: protocol 2–4,
+//! the viewer's opcodes, batches of at most 1000, LONG1 of at most 8 bytes, frames
+//! `{name, filename, line}`) and the model (`memsnap_format::check::check`: the forward
+//! history ending in the segments (docs/FORMAT.md#forward-history-rule), tiling, sizes,
+//! stacks). A file that cannot be read is one error line on stderr, and the next file is
+//! checked. Exit 0 when every file passes, 1 when any breaks a rule, 2 when any cannot be
+//! read at all. docs/FORMAT.md, "Which checker enforces which rule", lists what is not
+//! checked.
 
-use crate::input::{display_name, load};
+use crate::input::{display_name, load_for_check};
 use anyhow::Result;
 use memsnap_format::check;
 use std::io::Write;
@@ -22,10 +27,20 @@ pub struct Args {
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let mut failed = false;
+    let (mut failed, mut unreadable) = (false, false);
     for path in &a.snaps {
-        let snap = load(path)?;
-        let violations = check::check(&snap);
+        let (snap, encoding) = match load_for_check(path) {
+            Ok(x) => x,
+            Err(e) => {
+                // Reported in order with the others' lines.
+                out.flush()?;
+                eprintln!("memsnap: {e:#}");
+                unreadable = true;
+                continue;
+            }
+        };
+        let mut violations = check::check_encoding(&encoding);
+        violations.extend(check::check(&snap));
         let events: usize = snap.device_traces.iter().map(Vec::len).sum();
         if violations.is_empty() {
             writeln!(
@@ -33,7 +48,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
                 "{}: ok ({} segments, {events} events on {} device(s))",
                 display_name(path),
                 snap.segments.len(),
-                snap.device_traces.len()
+                memsnap_engine::device::devices(&snap).len()
             )?;
             continue;
         }
@@ -51,5 +66,9 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             writeln!(out, "  ... and {} more", violations.len() - a.max)?;
         }
     }
-    Ok(if failed { 1 } else { 0 })
+    Ok(match (unreadable, failed) {
+        (true, _) => 2,
+        (false, true) => 1,
+        (false, false) => 0,
+    })
 }

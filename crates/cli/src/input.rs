@@ -25,6 +25,12 @@ pub fn load(path: &Path) -> Result<Snapshot> {
     decode(path, engine::read_whole)
 }
 
+/// Reads and decodes one snapshot whole, with what the model does not keep of the file
+/// (its encoding and malformed frames), for `check`.
+pub fn load_for_check(path: &Path) -> Result<(Snapshot, pickle_read::Encoding)> {
+    decode(path, pickle_read::read_snapshot_encoding_from)
+}
+
 /// Reads a snapshot for `summary`, `ranks`, and the commands asked for a moment (`--at`),
 /// folding each device's entries into its history as they are decoded
 /// ([`engine::read_summarized`]).

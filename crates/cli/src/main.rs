@@ -52,7 +52,9 @@ enum Cmd {
     View(view::Args),
     /// Write a flame graph (SVG) of live bytes by stack at the OOM, else the peak (--at).
     Flamegraph(flamegraph::Args),
-    /// Check snapshots against the format rules PyTorch's viewer relies on (exit 1 if not).
+    /// Check each snapshot against the rules PyTorch's viewer relies on: protocol 2-4, its
+    /// opcodes, batches <= 1000, frames {name, filename, line}, integers, tiling, each
+    /// device's history (exit 1 if any file breaks one, 2 if any cannot be read).
     Check(check::Args),
     /// Run a command with libmemsnap.so preloaded; list the snapshots it wrote.
     Run(Box<run::RunArgs>),

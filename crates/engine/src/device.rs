@@ -124,17 +124,13 @@ pub fn end_reserved(snap: &Snapshot, device: i64) -> i64 {
         .sum()
 }
 
-/// Every device that appears in segments or has trace entries (`events[d]` of them), in
-/// order.
-pub fn devices(snap: &Snapshot, events: impl IntoIterator<Item = usize>) -> Vec<i64> {
+/// Every device of the file, in order: one per `device_traces` list, empty or not (the
+/// lists are the devices: docs/FORMAT.md, "Producer's rules", rule 2, one list per device
+/// index that occurs), and any segment's device that has no list. `summary`, `ranks`,
+/// `view` and `check` count devices this way.
+pub fn devices(snap: &Snapshot) -> Vec<i64> {
     let mut d: Vec<i64> = snap.segments.iter().map(|s| s.device).collect();
-    d.extend(
-        events
-            .into_iter()
-            .zip(0i64..)
-            .filter(|&(n, _)| n > 0)
-            .map(|(_, i)| i),
-    );
+    d.extend((0i64..).take(snap.device_traces.len()));
     d.sort_unstable();
     d.dedup();
     d
@@ -284,7 +280,7 @@ pub struct DeviceMoment {
 
 /// The live set of every device at the moment each history followed.
 pub fn moments(snap: &Snapshot, histories: &[History]) -> Vec<DeviceMoment> {
-    devices(snap, histories.iter().map(|h| h.events))
+    devices(snap)
         .into_iter()
         .map(|d| {
             let hist = history_of(histories, d);

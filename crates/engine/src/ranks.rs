@@ -116,7 +116,7 @@ pub fn row(name: String, loaded: &Summarized, attr: &Attribution) -> Rank {
     let Summarized { snap, histories } = loaded;
     let sites = Sites::new(snap, attr);
     let mut r = empty_row(name, meta_int(snap, "rank"));
-    for d in device::devices(snap, histories.iter().map(|h| h.events)) {
+    for d in device::devices(snap) {
         let hist = device::history_of(histories, d);
         let st = device::device_stats(snap, &sites, d, &hist);
         r.live_bytes += st.live.bytes;

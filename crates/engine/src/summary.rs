@@ -217,7 +217,7 @@ pub fn build(
     attr: &Attribution,
 ) -> Summary {
     let sites = Sites::new(snap, attr);
-    let devices = device::devices(snap, histories.iter().map(|h| h.events))
+    let devices = device::devices(snap)
         .into_iter()
         .map(|d| {
             let hist = device::history_of(histories, d);

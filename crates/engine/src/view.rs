@@ -366,7 +366,7 @@ fn page_at(snap: &Snapshot, device: i64, trace: &[TraceEntry], want: At) -> Page
 pub fn page(snap: &Snapshot, title: &str, top: usize, at: At, attr: &Attribution) -> Page {
     let sites = Sites::new(snap, attr);
     let mut table = Table::default();
-    let devices = device::devices(snap, snap.device_traces.iter().map(Vec::len))
+    let devices = device::devices(snap)
         .into_iter()
         .map(|d| device_page(snap, &sites, &mut table, d, top, at))
         .collect();

@@ -5,7 +5,14 @@
 //! means the viewer's "Allocator State History" can step through every event and the
 //! timelines match the snapshot.
 //!
-//! What it checks:
+//! What it checks, on what the reader recorded of the file ([`check_encoding`]):
+//! - the pickle protocol is 2, 3 or 4, only the viewer's opcodes are used, MARK…APPENDS
+//!   and MARK…SETITEMS batches hold at most 1000 items (docs/FORMAT.md, "Producer's
+//!   rules", rule 3), no LONG1 is longer than 8 bytes (rule 4);
+//! - every frame is `{"name": str, "filename": str, "line": int}` and every `frames` value
+//!   a list (rule 11);
+//!
+//! and on the model ([`check`]):
 //! - every segment's device has a `device_traces` list (docs/FORMAT.md, "Producer's rules",
 //!   rule 2), stack and frame ids exist;
 //! - sizes are non-negative, addresses, sizes and times below 2^53 (Producer's rules, rule 4);
@@ -51,6 +58,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::model::{Action, BlockState, Snapshot, StackId, TraceEntry};
+use super::pickle_read::Encoding;
 
 /// Integers above this lose precision in the viewer's JS numbers (docs/FORMAT.md#integers).
 const JS_SAFE: i64 = 1 << 53;
@@ -100,6 +108,126 @@ pub enum ViolationKind {
     OomWithoutDeviceFree,
     /// The state after the last event differs from `segments`.
     FinalStateMismatch,
+    /// The PROTO header is not 2, 3 or 4 (Producer's rules, rule 3).
+    Protocol,
+    /// An opcode the viewer's unpickler does not handle (rule 3).
+    Opcode,
+    /// A MARK…APPENDS or MARK…SETITEMS batch of more than 1000 items (rule 3).
+    BatchSize,
+    /// A LONG1 integer of more than 8 bytes (rule 4).
+    LongInt,
+    /// A frame that is not `{"name": str, "filename": str, "line": int}`, or a `frames`
+    /// value that is not a list (rule 11).
+    BadFrame,
+}
+
+/// The opcodes the viewer's unpickler handles (docs/FORMAT.md, "Opcodes the viewer
+/// accepts"), with their names.
+const VIEWER_OPCODES: &[(u8, &str)] = &[
+    (0x80, "PROTO"),
+    (b'.', "STOP"),
+    (b'(', "MARK"),
+    (b'}', "EMPTY_DICT"),
+    (b']', "EMPTY_LIST"),
+    (b')', "EMPTY_TUPLE"),
+    (b's', "SETITEM"),
+    (b'u', "SETITEMS"),
+    (b'd', "DICT"),
+    (b'a', "APPEND"),
+    (b'e', "APPENDS"),
+    (b'l', "LIST"),
+    (b't', "TUPLE"),
+    (0x85, "TUPLE1"),
+    (0x86, "TUPLE2"),
+    (0x87, "TUPLE3"),
+    (b'N', "NONE"),
+    (0x88, "NEWTRUE"),
+    (0x89, "NEWFALSE"),
+    (b'K', "BININT1"),
+    (b'M', "BININT2"),
+    (b'J', "BININT"),
+    (0x8a, "LONG1"),
+    (b'G', "BINFLOAT"),
+    (0x8c, "SHORT_BINUNICODE"),
+    (b'X', "BINUNICODE"),
+    (b'q', "BINPUT"),
+    (b'r', "LONG_BINPUT"),
+    (0x94, "MEMOIZE"),
+    (b'h', "BINGET"),
+    (b'j', "LONG_BINGET"),
+    (0x95, "FRAME"),
+];
+
+/// Names of the plain-data opcodes the reader takes but the viewer does not.
+fn opcode_name(op: u8) -> &'static str {
+    match op {
+        b'0' => "POP",
+        b'1' => "POP_MARK",
+        b'2' => "DUP",
+        b'I' => "INT",
+        b'L' => "LONG",
+        b'F' => "FLOAT",
+        0x8b => "LONG4",
+        0x8d => "BINUNICODE8",
+        b'C' | b'U' => "SHORT_BINBYTES/SHORT_BINSTRING",
+        b'B' | b'T' => "BINBYTES/BINSTRING",
+        0x8e => "BINBYTES8",
+        0x96 => "BYTEARRAY8",
+        b'p' => "PUT",
+        b'g' => "GET",
+        _ => "unknown",
+    }
+}
+
+/// Checks what the reader saw of the file itself that the model does not keep
+/// ([`Encoding`]): protocol 2–4, only the viewer's opcodes, batches of at most 1000
+/// (Producer's rules, rule 3), no LONG1 over 8 bytes (rule 4), well-formed frames (rule 11).
+pub fn check_encoding(enc: &Encoding) -> Vec<Violation> {
+    let mut out = Vec::new();
+    if !(2..=4).contains(&enc.protocol) {
+        let msg = format!(
+            "pickle protocol {}: the viewer reads protocols 2 to 4 only (write with protocol=4)",
+            enc.protocol
+        );
+        push(&mut out, None, None, ViolationKind::Protocol, msg);
+    }
+    let foreign: Vec<String> = (0..=255u8)
+        .filter(|&op| enc.uses(op) && !VIEWER_OPCODES.iter().any(|&(v, _)| v == op))
+        .map(|op| format!("{} (0x{op:02x})", opcode_name(op)))
+        .collect();
+    if !foreign.is_empty() {
+        let msg = format!("opcodes the viewer does not handle: {}", foreign.join(", "));
+        push(&mut out, None, None, ViolationKind::Opcode, msg);
+    }
+    if enc.uses(0x94) && (enc.uses(b'q') || enc.uses(b'r')) {
+        let msg = "MEMOIZE mixed with BINPUT/LONG_BINPUT: the viewer numbers MEMOIZE slots                    by its own counter, so its memo indices disagree"
+            .to_string();
+        push(&mut out, None, None, ViolationKind::Opcode, msg);
+    }
+    if enc.large_batches > 0 {
+        let msg = format!(
+            "{} APPENDS/SETITEMS batch(es) of more than 1000 items (the largest {}): the \
+             viewer's stack overflows from about 125,000",
+            enc.large_batches, enc.largest_batch
+        );
+        push(&mut out, None, None, ViolationKind::BatchSize, msg);
+    }
+    if enc.long_ints > 0 {
+        let msg = format!(
+            "{} LONG1 integer(s) of more than 8 bytes: the viewer decodes them as BigInt",
+            enc.long_ints
+        );
+        push(&mut out, None, None, ViolationKind::LongInt, msg);
+    }
+    if enc.bad_frames > 0 {
+        let msg = format!(
+            "{} frame(s) not {{\"name\": str, \"filename\": str, \"line\": int}} in a list, the first {}",
+            enc.bad_frames,
+            enc.first_bad_frame.as_deref().unwrap_or("?")
+        );
+        push(&mut out, None, None, ViolationKind::BadFrame, msg);
+    }
+    out
 }
 
 /// One broken rule.
@@ -1269,6 +1397,83 @@ mod tests {
         assert!(
             text.starts_with("device 0, event 5: alloc [0x7f0000000000, +3145728)"),
             "{text}"
+        );
+    }
+
+    /// What the reader saw of the file: protocol 5, opcodes and batches the viewer does
+    /// not take, a 9-byte LONG1, and frames that are an integer, a list, dicts without
+    /// `filename` or an int `line`, a `frames` that is not a list. memsnap's own file and
+    /// the model's minimal example pass.
+    #[test]
+    fn encoding_rules_protocol_opcodes_batches_and_frames() {
+        use crate::pickle_read::read_snapshot_encoding_from;
+        let kinds = |b: &[u8]| {
+            let (_, e) = read_snapshot_encoding_from(&mut &b[..], &mut |_| {}).unwrap();
+            check_encoding(&e)
+                .into_iter()
+                .map(|v| (v.kind, v.message))
+                .collect::<Vec<_>>()
+        };
+        let good = crate::pickle_write::to_bytes(&generated());
+        assert_eq!(kinds(&good), []);
+        assert_eq!(
+            kinds(&crate::pickle_write::to_bytes(&minimal_example())),
+            []
+        );
+        let mut p5 = good.clone();
+        assert_eq!(p5[..2], [0x80, 4]);
+        p5[1] = 5;
+        let k = kinds(&p5);
+        assert_eq!(k.len(), 1);
+        assert_eq!(k[0].0, K::Protocol);
+        assert!(k[0].1.contains("protocol 5"), "{}", k[0].1);
+
+        let s = |b: &mut Vec<u8>, t: &str| {
+            b.push(0x8c);
+            b.push(t.len() as u8);
+            b.extend_from_slice(t.as_bytes());
+        };
+        let mut b = vec![0x80, 4, b'}', b'('];
+        s(&mut b, "device_traces");
+        b.extend_from_slice(b"](](");
+        // Frames lists: [5], [[]], [{name}], [{name, filename, line: None}], and 7.
+        let frames: [&[u8]; 5] = [
+            b"](K\x05e",
+            b"](]e",
+            b"](}(\x8c\x04name\x8c\x01fue",
+            b"](}(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x01a\x8c\x04lineNue",
+            b"K\x07",
+        ];
+        for i in 0..1001 {
+            b.extend_from_slice(b"}(");
+            s(&mut b, "action");
+            s(&mut b, "alloc");
+            s(&mut b, "size");
+            b.extend_from_slice(b"I4096\n");
+            if i == 0 {
+                s(&mut b, "addr");
+                b.extend_from_slice(&[0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0x80, 0]);
+            }
+            if let Some(f) = frames.get(i) {
+                s(&mut b, "frames");
+                b.extend_from_slice(f);
+            }
+            b.push(b'u');
+        }
+        b.extend_from_slice(b"eeu.");
+        let k = kinds(&b);
+        let got: Vec<K> = k.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            got,
+            [K::Opcode, K::BatchSize, K::LongInt, K::BadFrame],
+            "{k:?}"
+        );
+        assert!(k[0].1.contains("INT (0x49)"), "{}", k[0].1);
+        assert!(k[1].1.contains("the largest 1001"), "{}", k[1].1);
+        assert!(
+            k[3].1.starts_with("5 frame(s)") && k[3].1.contains("an integer (5)"),
+            "{}",
+            k[3].1
         );
     }
 }

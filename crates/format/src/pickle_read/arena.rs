@@ -98,6 +98,14 @@ impl Pickle {
             _ => None,
         }
     }
+    /// Items of a list or tuple stored as values (not a run of converted trace entries):
+    /// borrowed, never expanded.
+    pub fn seq(&self, v: Val) -> Option<&[Val]> {
+        match self.node(v) {
+            Some(Node::List(x)) | Some(Node::Tuple(x)) => Some(x),
+            _ => None,
+        }
+    }
     pub fn dict(&self, v: Val) -> Option<&[(Val, Val)]> {
         match self.node(v) {
             Some(Node::Dict(x)) => Some(x),
@@ -111,5 +119,34 @@ impl Pickle {
             .rev()
             .find(|(k, _)| self.str(*k) == Some(key))
             .map(|(_, v)| *v)
+    }
+}
+
+/// What the reader saw of a file that its [`Snapshot`](crate::model::Snapshot) does not
+/// keep: the encoding (docs/FORMAT.md, "Producer's rules", rule 3) and frames that are not
+/// `{"name": str, "filename": str, "line": int}` (rule 11), which the model turns into
+/// `??`. What `memsnap check` needs beyond the model ([`crate::check::check_encoding`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Encoding {
+    /// From the PROTO header (0 when there is none).
+    pub protocol: u8,
+    /// Every opcode the file uses: bit `op % 64` of word `op / 64`.
+    pub opcodes: [u64; 4],
+    /// MARK…APPENDS and MARK…SETITEMS batches of more than 1000 items, and the largest.
+    pub large_batches: u64,
+    pub largest_batch: usize,
+    /// LONG1 integers of more than 8 bytes (the viewer decodes them as BigInt).
+    pub long_ints: u64,
+    /// Frame objects (each memoized one once) that are not a dict with a str `name`, a str
+    /// `filename` and an int `line`, and `frames` values that are not lists; the first
+    /// one described.
+    pub bad_frames: u64,
+    pub first_bad_frame: Option<String>,
+}
+
+impl Encoding {
+    /// Whether the file uses opcode `op`.
+    pub fn uses(&self, op: u8) -> bool {
+        self.opcodes[(op >> 6) as usize] & (1 << (op & 63)) != 0
     }
 }

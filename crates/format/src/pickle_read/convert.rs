@@ -29,6 +29,10 @@ struct Converter<'p> {
     consumed: usize,
     /// Bytes of metadata expanded so far (against [`Budget::METADATA_BYTES`]).
     metadata_spent: std::cell::Cell<usize>,
+    /// The interner's count of model bytes, once it is handed over to the snapshot.
+    model_bytes: usize,
+    /// The interner's bad frames, likewise.
+    bad_frames: (u64, Option<String>),
 }
 
 /// Stream mode: the number a device's entries were handed out with, once it is sure that
@@ -57,15 +61,14 @@ fn shape(path: impl Into<String>, msg: impl Into<String>) -> ReadError {
 const META_DEPTH: usize = 32;
 
 /// Converts the value `root` of a file the machine read in `mode` (with the `interner` and
-/// the `events` it converted on the way) to a snapshot, with each device's trace list
-/// number in stream mode (empty otherwise).
+/// the `events` it converted on the way) to a snapshot.
 pub(super) fn to_snapshot(
     pickle: &Pickle,
     root: Val,
     mode: Mode,
     interner: Interner,
     events: Vec<TraceEntry>,
-) -> Result<(Snapshot, Vec<u32>)> {
+) -> Result<Converted> {
     let total_events = events.len();
     // Nothing is dropped from here on, so lists may be remembered by identity.
     let mut interner = interner;
@@ -83,12 +86,45 @@ pub(super) fn to_snapshot(
         consumed: 0,
         trace_lists: Vec::new(),
         metadata_spent: std::cell::Cell::new(0),
+        model_bytes: 0,
+        bad_frames: (0, None),
     };
     let snapshot = conv.snapshot(root)?;
-    Ok((snapshot, conv.trace_lists))
+    Ok(Converted {
+        snapshot,
+        trace_lists: conv.trace_lists,
+        model_bytes: conv.model_bytes,
+        bad_frames: conv.bad_frames,
+    })
+}
+
+/// What [`to_snapshot`] makes.
+pub(super) struct Converted {
+    pub(super) snapshot: Snapshot,
+    /// Stream mode: each device's trace list number (empty otherwise).
+    pub(super) trace_lists: Vec<u32>,
+    /// Bytes of model counted against [`Budget::model_limit`] (what the tests measure).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(super) model_bytes: usize,
+    /// Frames that break rule 11: how many, and the first described.
+    pub(super) bad_frames: (u64, Option<String>),
 }
 
 impl Converter<'_> {
+    /// Counts `bytes` of model against its budget ([`Budget::model_limit`]).
+    fn spend_model(&mut self, bytes: usize, what: &'static str) -> Result<()> {
+        self.interner.spend(bytes, what);
+        self.over_budget()
+    }
+
+    /// The budget error once anything (frames interned on the way included) went over.
+    fn over_budget(&self) -> Result<()> {
+        match self.interner.exceeded() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     fn snapshot(&mut self, root: Val) -> Result<Snapshot> {
         let p = self.p;
         let mut snap = Snapshot::default();
@@ -137,6 +173,18 @@ impl Converter<'_> {
                     .items(dt)
                     .ok_or_else(|| shape("device_traces", "not a list"))?;
                 for (d, &l) in lists.iter().enumerate() {
+                    // Every reference to a list is one more device holding all its entries
+                    // (a history each when streaming), however the list is shared.
+                    let len = match p.node(l) {
+                        Some(Node::EventRun { len, .. }) => *len as usize,
+                        Some(Node::List(x)) => x.len(),
+                        _ => 0,
+                    };
+                    self.spend_model(
+                        len.saturating_mul(std::mem::size_of::<TraceEntry>())
+                            .saturating_add(std::mem::size_of::<Vec<TraceEntry>>()),
+                        "trace entries",
+                    )?;
                     if self.mode == Mode::Stream {
                         self.trace_lists.push(streamed_list(p, l, d)?);
                         snap.device_traces.push(Vec::new());
@@ -168,9 +216,11 @@ impl Converter<'_> {
                         (self.cur_device, self.cur_index) = (d as u32, i as u32);
                         let entry = match self.taken_event(e, &snap.device_traces, &out, d) {
                             Some(x) => x,
-                            None => self
-                                .event(e)
-                                .map_err(|m| shape(format!("device_traces[{d}][{i}]"), m))?,
+                            None => {
+                                let entry = self.event(e);
+                                self.over_budget()?;
+                                entry.map_err(|m| shape(format!("device_traces[{d}][{i}]"), m))?
+                            }
                         };
                         out.push(entry);
                     }
@@ -198,6 +248,11 @@ impl Converter<'_> {
             }
         }
         self.events = Vec::new();
+        self.model_bytes = self.interner.model_bytes();
+        self.bad_frames = (
+            self.interner.bad_frames,
+            self.interner.first_bad_frame.take(),
+        );
         (snap.frames, snap.stacks) = std::mem::take(&mut self.interner).into_stacks();
         Ok(snap)
     }
@@ -286,18 +341,32 @@ impl Converter<'_> {
         let total_size = req("total_size")?;
         let pool = p
             .get(s, "segment_pool_id")
-            .and_then(|v| p.items(v))
+            .and_then(|v| p.seq(v))
             .unwrap_or_default();
         let segment_pool_id = (
             int_of(pool.first().copied()).unwrap_or(0),
             int_of(pool.get(1).copied()).unwrap_or(0),
         );
+        let segment_type = p
+            .get(s, "segment_type")
+            .and_then(|v| p.str(v))
+            .unwrap_or("large");
+        self.spend_model(
+            std::mem::size_of::<Segment>() + segment_type.len(),
+            "segments and blocks",
+        )?;
         let stack = self.interner.stack(p, p.get(s, "frames"));
+        self.over_budget()?;
         let mut blocks = Vec::new();
         if let Some(bv) = p.get(s, "blocks") {
             let list = p
                 .items(bv)
                 .ok_or_else(|| shape(format!("{path}.blocks"), "not a list"))?;
+            // A block list shared by many segments is a copy for each.
+            self.spend_model(
+                list.len().saturating_mul(std::mem::size_of::<Block>()),
+                "segments and blocks",
+            )?;
             let mut next = address;
             for (j, &b) in list.iter().enumerate() {
                 let bpath = format!("{path}.blocks[{j}]");
@@ -322,7 +391,7 @@ impl Converter<'_> {
                 if frames.is_none()
                     && let Some(h) = p
                         .get(b, "history")
-                        .and_then(|h| p.items(h))
+                        .and_then(|h| p.seq(h))
                         .and_then(|h| h.last().copied())
                 {
                     frames = p.get(h, "frames");
@@ -337,6 +406,7 @@ impl Converter<'_> {
                     state,
                     stack: self.interner.stack(p, frames),
                 });
+                self.over_budget()?;
             }
         }
         Ok(Segment {
@@ -344,11 +414,7 @@ impl Converter<'_> {
             address,
             total_size,
             stream: int_of(p.get(s, "stream")).unwrap_or(0),
-            segment_type: p
-                .get(s, "segment_type")
-                .and_then(|v| p.str(v))
-                .unwrap_or("large")
-                .to_string(),
+            segment_type: segment_type.to_string(),
             segment_pool_id,
             is_expandable: matches!(p.get(s, "is_expandable"), Some(Val::Bool(true))),
             stack,
@@ -431,6 +497,9 @@ impl Converter<'_> {
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::{FIXTURES, anchor_line, counts, fixture};
+    use super::super::hostile::{
+        shared_block_list, shared_frame_string, shared_metadata_string, shared_trace_list,
+    };
     use super::super::machine::Machine;
     use super::*;
 
@@ -445,9 +514,9 @@ mod tests {
     fn read_whole(bytes: &[u8]) -> Result<Snapshot> {
         let mut m = Machine::new(bytes, Mode::Keep);
         m.run(&mut |_| {})?;
-        let (pickle, interner, events) = m.st.finish();
+        let (pickle, interner, events, _) = m.st.finish();
         let root = pickle.root.expect("the machine stops with a root");
-        to_snapshot(&pickle, root, Mode::Keep, interner, events).map(|(s, _)| s)
+        to_snapshot(&pickle, root, Mode::Keep, interner, events).map(|c| c.snapshot)
     }
 
     fn count(s: &Snapshot, a: &str) -> usize {
@@ -743,5 +812,135 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The bytes of model `bytes` makes when read whole (keep mode).
+    fn model_bytes(bytes: &[u8]) -> usize {
+        let mut m = Machine::new(bytes, Mode::Keep);
+        m.run(&mut |_| {}).unwrap();
+        let (pickle, interner, events, _) = m.st.finish();
+        let root = pickle.root.unwrap();
+        to_snapshot(&pickle, root, Mode::Keep, interner, events)
+            .unwrap()
+            .model_bytes
+    }
+
+    /// PyTorch's files and memsnap's own stay far inside the model budget: a fifth of
+    /// [`Budget::MODEL_PER_BYTE`] or less, floor not counted.
+    #[test]
+    fn real_files_need_a_fraction_of_the_model_budget() {
+        let mut files: Vec<(String, Vec<u8>)> = FIXTURES
+            .iter()
+            .map(|n| (n.to_string(), fixture(n)))
+            .collect();
+        let mut own = crate::model::Snapshot {
+            frames: vec![crate::model::Frame {
+                name: "f".into(),
+                filename: "/app/train.py".into(),
+                line: 1,
+            }],
+            stacks: vec![vec![0]],
+            ..Snapshot::default()
+        };
+        own.device_traces = vec![
+            (0..20_000)
+                .map(|i| TraceEntry {
+                    action: if i % 2 == 0 {
+                        Action::Alloc
+                    } else {
+                        Action::FreeCompleted
+                    },
+                    addr: 0x1000 * (i / 2),
+                    size: 512,
+                    stream: 0,
+                    time_us: i,
+                    stack: Some(0),
+                    device_free: None,
+                    user_metadata: None,
+                })
+                .collect(),
+        ];
+        files.push(("memsnap's own".into(), crate::pickle_write::to_bytes(&own)));
+        for (name, bytes) in files {
+            let per_byte = model_bytes(&bytes) as f64 / bytes.len() as f64;
+            assert!(
+                per_byte * 5.0 <= Budget::MODEL_PER_BYTE as f64,
+                "{name}: {per_byte:.2} bytes of model per byte"
+            );
+        }
+    }
+
+    /// A list of trace entries or of blocks stored once and referenced many times through
+    /// the memo was expanded once per reference: 780 KB of file took 4 GB. The model is
+    /// now counted per reference and the read refused at its budget, whole or streamed;
+    /// a little sharing (a few devices with the same list) still reads.
+    #[test]
+    fn lists_shared_through_the_memo_stop_at_the_model_budget() {
+        let hostile = [
+            (
+                "trace list",
+                shared_trace_list(20_000, 180_000),
+                "trace entries",
+            ),
+            (
+                "block list",
+                shared_block_list(20_000, 25_000),
+                "segments and blocks",
+            ),
+        ];
+        for (what, bytes, expanding) in &hostile {
+            assert!(bytes.len() < 1 << 20, "{what}: {} bytes", bytes.len());
+            let expected = ReadError::Expands {
+                what: expanding,
+                per_byte: Budget::MODEL_PER_BYTE,
+                floor_mib: Budget::MODEL_FLOOR >> 20,
+            };
+            assert_eq!(read_whole(bytes).unwrap_err(), expected, "{what}");
+            let streamed =
+                super::super::stream_snapshot_from(&mut &bytes[..], &mut |_| {}, &mut |_, _| {});
+            assert_eq!(streamed.unwrap_err(), expected, "{what}, streamed");
+            let msg = expected.to_string();
+            assert!(
+                msg.contains("times its size") && !msg.contains('\n'),
+                "{msg}"
+            );
+        }
+        let s = read_whole(&shared_trace_list(1000, 3)).unwrap();
+        assert_eq!(s.device_traces.len(), 4);
+        assert!(s.device_traces.iter().all(|t| t.len() == 1000));
+        assert_eq!(s.device_traces[3][999].addr, 999 << 9);
+        let s = read_whole(&shared_block_list(1000, 3)).unwrap();
+        assert_eq!(s.segments.len(), 4);
+        assert!(s.segments.iter().all(|g| g.blocks.len() == 1000));
+    }
+
+    /// A long string shared through the memo by many distinct frames, or by every pair of
+    /// a `user_metadata` dict, is copied each time: 300 KB of file would be gigabytes of
+    /// frames or of one metadata text. Both stop at the model budget; short ones read.
+    #[test]
+    fn strings_shared_through_the_memo_stop_at_the_model_budget() {
+        for (what, bytes, expanding) in [
+            ("frames", shared_frame_string(64 << 10, 20_000), "frames"),
+            (
+                "user_metadata",
+                shared_metadata_string(64 << 10, 50_000),
+                "user_metadata",
+            ),
+        ] {
+            assert!(bytes.len() < 400 << 10, "{what}: {} bytes", bytes.len());
+            match read_whole(&bytes) {
+                Err(ReadError::Expands { what: w, .. }) => assert_eq!(w, expanding),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        let s = read_whole(&shared_frame_string(10, 5)).unwrap();
+        assert_eq!(s.frames.len(), 5);
+        assert_eq!(s.frames[4].name, "x".repeat(10));
+        assert_eq!(s.stacks[0].len(), 5);
+        let s = read_whole(&shared_metadata_string(3, 2)).unwrap();
+        assert_eq!(
+            s.device_traces[0][0].user_metadata.as_deref(),
+            Some("xxx: xxx, xxx: xxx")
+        );
     }
 }

@@ -47,23 +47,39 @@ pub(super) fn event_from_dict(
             EntryKey::UserMetadata => {
                 e.user_metadata = match p.node(val) {
                     Some(Node::Str(_)) => interner.meta_str(p, val),
-                    Some(Node::Dict(kv)) if !kv.is_empty() => Some(
-                        interner.meta(
-                            &kv.iter()
-                                .map(|(k, v)| {
-                                    format!(
-                                        "{}: {}",
-                                        p.str(*k).unwrap_or("?"),
-                                        p.str(*v)
-                                            .map(str::to_string)
-                                            .or_else(|| int_of(Some(*v)).map(|i| i.to_string()))
-                                            .unwrap_or_else(|| "?".into())
-                                    )
-                                })
-                                .collect::<Vec<_>>()
-                                .join(", "),
-                        ),
-                    ),
+                    // "k: v, ..." of a dict whose keys and values may all be one long
+                    // string shared through the memo: counted before it is built.
+                    Some(Node::Dict(kv))
+                        if !kv.is_empty()
+                            && interner.spend(
+                                kv.iter()
+                                    .map(|(k, v)| {
+                                        p.str(*k).map_or(1, str::len)
+                                            + p.str(*v).map_or(20, str::len)
+                                            + 4
+                                    })
+                                    .sum(),
+                                "user_metadata",
+                            ) =>
+                    {
+                        Some(
+                            interner.meta(
+                                &kv.iter()
+                                    .map(|(k, v)| {
+                                        format!(
+                                            "{}: {}",
+                                            p.str(*k).unwrap_or("?"),
+                                            p.str(*v)
+                                                .map(str::to_string)
+                                                .or_else(|| int_of(Some(*v)).map(|i| i.to_string()))
+                                                .unwrap_or_else(|| "?".into())
+                                        )
+                                    })
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                            ),
+                        )
+                    }
                     _ => None,
                 }
             }

@@ -51,6 +51,18 @@ pub enum ReadError {
         limit: String,
         why: &'static str,
     },
+    /// The model would outgrow [`Budget::model_limit`](super::Budget::model_limit): the
+    /// file refers to the same lists or strings so many times that expanding them takes
+    /// far more memory than any real snapshot of its size.
+    #[error(
+        "refusing the file: it expands to more than {per_byte} times its size (plus {floor_mib} MiB) through shared references ({what})"
+    )]
+    Expands {
+        /// What was being expanded: "trace entries", "segments and blocks", "frames", ...
+        what: &'static str,
+        per_byte: usize,
+        floor_mib: usize,
+    },
     /// Only from [`stream_snapshot_from`](super::stream_snapshot_from): the file needs an
     /// entry it already handed out.
     #[error("cannot stream this snapshot: {why}; read it whole instead")]
@@ -84,6 +96,7 @@ impl ReadError {
             | ReadError::NotPickle { .. }
             | ReadError::Shape { .. }
             | ReadError::Budget { offset: None, .. }
+            | ReadError::Expands { .. }
             | ReadError::NeedsFullRead { .. } => {}
         }
         self

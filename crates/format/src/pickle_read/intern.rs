@@ -1,7 +1,9 @@
 //! Interning while reading: frames and stacks (by node identity, then by value), the keys
 //! and `action` strings of trace-entry dicts, and `user_metadata` strings.
 
+use super::Budget;
 use super::arena::{Node, Pickle, Val};
+use super::error::ReadError;
 use crate::model::{Action, Frame, StackId};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
@@ -76,6 +78,16 @@ pub(super) struct Interner {
     metas: FxHashSet<Arc<str>>,
     /// While parsing: lists just interned, for the machine to collapse into `Node::Stack`.
     pub(super) collapse: Option<Vec<(u32, Option<StackId>)>>,
+    /// Bytes of model made so far, against `model_limit` ([`Budget::model_limit`] of the
+    /// bytes read, kept current by the reader).
+    model_bytes: usize,
+    pub(super) model_limit: usize,
+    /// What went over `model_limit` first; nothing more is expanded from then on.
+    over: Option<&'static str>,
+    /// Frames and `frames` values that break "Producer's rules", rule 11, and the first
+    /// one described ([`Encoding::bad_frames`](super::arena::Encoding::bad_frames)).
+    pub(super) bad_frames: u64,
+    pub(super) first_bad_frame: Option<String>,
 }
 
 impl Interner {
@@ -83,8 +95,44 @@ impl Interner {
     pub(super) fn new(collapse: bool) -> Self {
         Interner {
             collapse: collapse.then(Vec::new),
+            model_limit: Budget::model_limit(0),
             ..Interner::default()
         }
+    }
+
+    /// Counts `bytes` of model for `what`; false once the model is over its limit (the
+    /// caller then expands nothing more, and the reader fails with [`Self::exceeded`]).
+    pub(super) fn spend(&mut self, bytes: usize, what: &'static str) -> bool {
+        if self.over.is_some() {
+            return false;
+        }
+        self.model_bytes = self.model_bytes.saturating_add(bytes);
+        if self.model_bytes > self.model_limit {
+            self.over = Some(what);
+            return false;
+        }
+        true
+    }
+
+    fn bad_frame(&mut self, what: impl FnOnce() -> String) {
+        self.bad_frames += 1;
+        if self.first_bad_frame.is_none() {
+            self.first_bad_frame = Some(what());
+        }
+    }
+
+    /// Bytes of model counted so far.
+    pub(super) fn model_bytes(&self) -> usize {
+        self.model_bytes
+    }
+
+    /// The error once the model went over its limit.
+    pub(super) fn exceeded(&self) -> Option<ReadError> {
+        self.over.map(|what| ReadError::Expands {
+            what,
+            per_byte: Budget::MODEL_PER_BYTE,
+            floor_mib: Budget::MODEL_FLOOR >> 20,
+        })
     }
 
     pub(super) fn meta(&mut self, s: &str) -> Arc<str> {
@@ -199,6 +247,44 @@ impl Interner {
         {
             return f;
         }
+        // The frame's strings are copied (twice: the frame and its by-value key), however
+        // many frame dicts share them through the memo.
+        let strings = match p.node(v) {
+            Some(Node::Dict(_)) => ["name", "filename"]
+                .iter()
+                .map(|k| p.get(v, k).and_then(|x| p.str(x)).map_or(2, str::len))
+                .sum(),
+            Some(Node::Str(s)) => s.len(),
+            _ => 4,
+        };
+        if !self.spend(2 * (std::mem::size_of::<Frame>() + strings), "frames") {
+            return 0;
+        }
+        let str_of = |k| p.get(v, k).and_then(|x| p.str(x));
+        let problem = match (p.node(v), v) {
+            (Some(Node::Dict(_)), _) => {
+                if str_of("name").is_none() {
+                    Some("a frame dict without a str `name`".to_string())
+                } else if str_of("filename").is_none() {
+                    Some("a frame dict without a str `filename`".to_string())
+                } else if !matches!(p.get(v, "line"), Some(Val::Int(_))) {
+                    Some("a frame dict without an int `line`".to_string())
+                } else {
+                    None
+                }
+            }
+            (Some(Node::Str(s)), _) => Some(format!(
+                "a frame that is a string ({:?})",
+                s.chars().take(40).collect::<String>()
+            )),
+            (Some(Node::List(_) | Node::Tuple(_)), _) => Some("a frame that is a list".into()),
+            (_, Val::Int(i)) => Some(format!("a frame that is an integer ({i})")),
+            (_, Val::None) => Some("a frame that is None".into()),
+            _ => Some("a frame that is not a dict".into()),
+        };
+        if let Some(problem) = problem {
+            self.bad_frame(|| problem);
+        }
         let frame = match p.node(v) {
             Some(Node::Dict(_)) => Frame {
                 name: p
@@ -268,6 +354,8 @@ impl Interner {
             None => false,
         };
         let next = (self.stack_start.len() - 1) as StackId;
+        // Kept here and again as the model's own vector.
+        self.spend(8 * self.scratch.len() + 32, "stacks");
         self.stack_frames.extend_from_slice(&self.scratch);
         self.stack_start.push(self.stack_frames.len());
         if taken {
@@ -284,14 +372,24 @@ impl Interner {
         if let Val::Stack(s) = v {
             return s;
         }
-        let Val::Ref(id) = v else { return None };
+        let not_a_list = || "a `frames` value that is not a list".to_string();
+        let Val::Ref(id) = v else {
+            self.bad_frame(not_a_list);
+            return None;
+        };
         if let Some(Node::Stack(s)) = p.node(v) {
             return *s;
         }
         if let Some(&s) = self.stack_by_node.get(&id) {
             return s;
         }
-        let items = p.items(v).unwrap_or_default();
+        let items = match p.seq(v) {
+            Some(items) => items,
+            None => {
+                self.bad_frame(not_a_list);
+                &[]
+            }
+        };
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
         ids.extend(items.iter().map(|&f| self.frame(p, f)));

@@ -4,7 +4,7 @@
 //! the frame lists it used into interned stacks.
 
 use super::Budget;
-use super::arena::{NOT_MEMOIZED, Node, Pickle, SHARED, Val};
+use super::arena::{Encoding, NOT_MEMOIZED, Node, Pickle, SHARED, Val};
 use super::entry::event_from_dict;
 use super::error::{ReadError, Result};
 use super::intern::{EntryKey, Interner};
@@ -65,6 +65,10 @@ pub(super) struct MachineState {
     spare_dicts: Vec<Vec<(Val, Val)>>,
     spare_lists: Vec<Vec<Val>>,
     next_report: usize,
+    /// Bytes of input up to and including STOP, once it is read.
+    read: usize,
+    /// The file's encoding as far as read (frames are the interner's part).
+    pub(super) encoding: Encoding,
 }
 
 impl MachineState {
@@ -86,19 +90,26 @@ impl MachineState {
             spare_dicts: Vec::new(),
             spare_lists: Vec::new(),
             next_report: PROGRESS_STEP,
+            read: 0,
+            encoding: Encoding::default(),
         }
     }
 
     /// What conversion needs once the input is read: the arena, the interner and the
     /// converted entries. The machine's working state (memo, stack, spares) is freed here.
-    pub(super) fn finish(self) -> (Pickle, Interner, Vec<TraceEntry>) {
+    pub(super) fn finish(self) -> (Pickle, Interner, Vec<TraceEntry>, Encoding) {
         let MachineState {
             pickle,
-            interner,
+            mut interner,
             events,
+            read,
+            mut encoding,
             ..
         } = self;
-        (pickle, interner, events)
+        // Conversion may spend what the whole input allows.
+        interner.model_limit = Budget::model_limit(read);
+        encoding.protocol = pickle.protocol;
+        (pickle, interner, events, encoding)
     }
 }
 
@@ -465,6 +476,7 @@ impl<'a> Machine<'a> {
                 return Err(ReadError::NoStop { offset: at });
             };
             self.pos += 1;
+            self.st.encoding.opcodes[(op >> 6) as usize] |= 1 << (op & 63);
             match op {
                 0x80 => {
                     let v = self.u8("PROTO")?;
@@ -482,6 +494,7 @@ impl<'a> Machine<'a> {
                 b'.' => {
                     let v = self.pop(at)?;
                     self.st.pickle.root = Some(v);
+                    self.st.read = self.base + self.pos;
                     progress(self.base + self.input.len());
                     return Ok(());
                 }
@@ -520,6 +533,9 @@ impl<'a> Machine<'a> {
                 0x8a => {
                     let n = self.u8("LONG1")? as u64;
                     let b = self.take(n, "LONG1")?;
+                    if n > 8 {
+                        self.st.encoding.long_ints += 1;
+                    }
                     let v = self.long(b);
                     self.st.stack.push(v);
                 }
@@ -628,6 +644,7 @@ impl<'a> Machine<'a> {
                 }
                 b'e' => {
                     let from = self.marked_items(at)?;
+                    self.batch(self.st.stack.len() - from);
                     self.append(self.st.stack[from - 1], from, at)?;
                 }
                 b's' => {
@@ -639,6 +656,7 @@ impl<'a> Machine<'a> {
                     if !(self.st.stack.len() - from).is_multiple_of(2) {
                         return Err(self.corrupt(at, "SETITEMS with an odd number of items"));
                     }
+                    self.batch((self.st.stack.len() - from) / 2);
                     self.set_items(self.st.stack[from - 1], from, at)?;
                 }
                 b'q' => {
@@ -709,6 +727,16 @@ impl<'a> Machine<'a> {
                 }
             }
         }
+    }
+
+    /// Records a MARK…APPENDS or MARK…SETITEMS batch of `n` items (the viewer's limit is
+    /// 1000: docs/FORMAT.md, "Producer's rules", rule 3).
+    fn batch(&mut self, n: usize) {
+        let e = &mut self.st.encoding;
+        if n > 1000 {
+            e.large_batches += 1;
+        }
+        e.largest_batch = e.largest_batch.max(n);
     }
 
     /// Moves the items `stack[from..]` into `list`.
@@ -815,8 +843,12 @@ impl<'a> Machine<'a> {
         if !is_event {
             return Ok(None);
         }
-        let entry = event_from_dict(&self.st.pickle, &mut self.st.interner, item)
-            .map_err(|msg| self.corrupt(at, format!("trace entry: {msg}")))?;
+        self.st.interner.model_limit = Budget::model_limit(self.base + self.pos);
+        let entry = event_from_dict(&self.st.pickle, &mut self.st.interner, item);
+        if let Some(e) = self.st.interner.exceeded() {
+            return Err(e);
+        }
+        let entry = entry.map_err(|msg| self.corrupt(at, format!("trace entry: {msg}")))?;
         let n = self.st.converted;
         self.st.converted = n
             .checked_add(1)

@@ -3,6 +3,7 @@
 //! [`TraceSink`] instead and fails with [`ReadError::NeedsFullRead`] on a file that refers
 //! back to one it already handed out.
 
+use super::arena::Encoding;
 use super::convert::to_snapshot;
 use super::error::{ReadError, Result};
 use super::machine::{Machine, MachineState, Mode};
@@ -28,7 +29,16 @@ pub fn read_snapshot_from(
     input: &mut dyn std::io::Read,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Snapshot> {
-    read_chunked(input, READ_CHUNK, progress, None).map(|s| s.snapshot)
+    read_chunked(input, READ_CHUNK, progress, None).map(|(s, _)| s.snapshot)
+}
+
+/// Like [`read_snapshot_from`], with what the model does not keep of the file: its
+/// encoding and its malformed frames (for `memsnap check`).
+pub fn read_snapshot_encoding_from(
+    input: &mut dyn std::io::Read,
+    progress: &mut dyn FnMut(usize),
+) -> Result<(Snapshot, Encoding)> {
+    read_chunked(input, READ_CHUNK, progress, None).map(|(s, e)| (s.snapshot, e))
 }
 
 /// A snapshot read by [`stream_snapshot_from`]: everything but the trace entries.
@@ -56,7 +66,7 @@ pub fn stream_snapshot_from(
     progress: &mut dyn FnMut(usize),
     sink: TraceSink<'_>,
 ) -> Result<Streamed> {
-    read_chunked(input, READ_CHUNK, progress, Some(sink))
+    read_chunked(input, READ_CHUNK, progress, Some(sink)).map(|(s, _)| s)
 }
 
 /// Bytes read from the stream at a time (more when one opcode needs more).
@@ -78,7 +88,7 @@ fn read_chunked(
     chunk: usize,
     progress: &mut dyn FnMut(usize),
     mut sink: Option<TraceSink<'_>>,
-) -> Result<Streamed> {
+) -> Result<(Streamed, Encoding)> {
     let chunk = chunk.max(1);
     let mut buf = Vec::new();
     let mut eof = fill(input, &mut buf, chunk.max(16), 0)?;
@@ -144,13 +154,17 @@ fn read_chunked(
     }
     drop(buf);
     // The machine's working state is not needed to convert: free it now, not at the end.
-    let (pickle, interner, events) = state.finish();
+    let (pickle, interner, events, mut encoding) = state.finish();
     let root = pickle.root.ok_or(ReadError::NoStop { offset: base })?;
-    let (snapshot, trace_lists) = to_snapshot(&pickle, root, mode, interner, events)?;
-    Ok(Streamed {
-        snapshot,
-        trace_lists,
-    })
+    let c = to_snapshot(&pickle, root, mode, interner, events)?;
+    (encoding.bad_frames, encoding.first_bad_frame) = c.bad_frames;
+    Ok((
+        Streamed {
+            snapshot: c.snapshot,
+            trace_lists: c.trace_lists,
+        },
+        encoding,
+    ))
 }
 
 #[cfg(test)]
@@ -170,6 +184,7 @@ mod tests {
                 let mut done = 0;
                 let s = read_chunked(&mut &bytes[..], chunk, &mut |d| done = d, None)
                     .unwrap()
+                    .0
                     .snapshot;
                 assert_eq!(s, whole, "{name} in chunks of {chunk}");
                 assert_eq!(done, bytes.len(), "{name}: progress reaches the end");
@@ -268,7 +283,7 @@ mod tests {
     fn streamed(bytes: &[u8], chunk: usize) -> Result<Snapshot> {
         let mut got: Vec<(u32, TraceEntry)> = Vec::new();
         let mut done = 0;
-        let s = read_chunked(
+        let (s, _) = read_chunked(
             &mut &bytes[..],
             chunk,
             &mut |d| done = d,
@@ -405,6 +420,27 @@ mod tests {
         ));
     }
 
+    /// The fuzz target's seeds of both hostile shapes (a trace list, a block list, each
+    /// stored once and referenced thousands of times) are refused at the model budget,
+    /// read whole or streamed, in any chunk size.
+    #[test]
+    fn fuzz_seeds_of_shared_lists_are_refused_at_the_model_budget() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/seeds/read_snapshot"
+        );
+        for name in ["shared-trace-list.pickle", "shared-block-list.pickle"] {
+            let b = std::fs::read(format!("{dir}/{name}")).unwrap();
+            for r in [
+                read_snapshot(&b).map(|_| ()),
+                read_chunked(&mut &b[..], 4096, &mut |_| {}, None).map(|_| ()),
+                streamed(&b, 4096).map(|_| ()),
+            ] {
+                assert!(matches!(r, Err(ReadError::Expands { .. })), "{name}: {r:?}");
+            }
+        }
+    }
+
     /// Random byte mutations of every fixture: Ok or Err, never a panic. Deterministic.
     #[test]
     fn mutated_fixtures_never_panic() {
@@ -446,7 +482,8 @@ mod tests {
             }
             // Streaming in small chunks reaches the same result or the same error.
             if i % 10 == 0 {
-                let chunked = read_chunked(&mut &b[..], 997, &mut |_| {}, None).map(|s| s.snapshot);
+                let chunked =
+                    read_chunked(&mut &b[..], 997, &mut |_| {}, None).map(|(s, _)| s.snapshot);
                 assert_eq!(chunked, whole, "mutation {i}, chunks of 997");
             }
         }
