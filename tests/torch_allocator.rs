@@ -430,6 +430,24 @@ fn unknown_version_falls_back_to_segments() {
     );
 }
 
+/// A CUDA runtime opened with RTLD_LOCAL is not in the global scope, so `RTLD_NEXT` from
+/// memsnap's `cudaMalloc` export cannot find it; the call must still reach it (by soname),
+/// and the program must run exactly as without memsnap.
+#[test]
+fn a_runtime_opened_rtld_local_is_still_reached() {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let run = run_program(
+        "torch_leak.py",
+        &["local"],
+        &[("PYTHONPATH", python.to_str().unwrap())],
+        true,
+    );
+    run.assert_success();
+    assert_eq!(run.results()["steps_marked"], "25", "{}", run.stderr);
+    let snap = snapshot(&run, "exit");
+    assert!(torch_allocator_meta(&snap).starts_with("blocks"));
+}
+
 #[test]
 fn leaking_line_is_named() {
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");

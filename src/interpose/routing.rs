@@ -54,7 +54,12 @@ fn resolve_next(id: HookId) -> *mut c_void {
     let name = CStr::from_bytes_with_nul(row.name.as_bytes()).unwrap_or(c"");
     // RTLD_NEXT from our own code: the definition after libmemsnap, i.e. the real one.
     // SAFETY: RTLD_NEXT is always a valid pseudo-handle.
-    let p = unsafe { real_dlsym(libc::RTLD_NEXT, name) };
+    let mut p = unsafe { real_dlsym(libc::RTLD_NEXT, name) };
+    if p.is_null() {
+        // RTLD_NEXT searches the global scope only: a runtime or driver that its user loaded
+        // with RTLD_LOCAL is not there, though that user's calls still reach our export.
+        p = in_local_library(row.layer, name);
+    }
     if p.is_null() || is_our_hook(p) {
         return null_mut();
     }
@@ -66,6 +71,35 @@ fn resolve_next(id: HookId) -> *mut c_void {
         ensure_driver_table(p);
     }
     slot.load(Acquire)
+}
+
+/// `name` in a CUDA runtime or driver that is loaded but not in the global scope (opened
+/// with `RTLD_LOCAL`), found by its soname; null when none is loaded.
+fn in_local_library(layer: Layer, name: &CStr) -> *mut c_void {
+    let sonames: &[&CStr] = match layer {
+        Layer::Runtime => &[
+            c"libcudart.so.13",
+            c"libcudart.so.12",
+            c"libcudart.so.11.0",
+            c"libcudart.so",
+        ],
+        Layer::Driver => &[c"libcuda.so.1", c"libcuda.so"],
+    };
+    for soname in sonames {
+        // SAFETY: NOLOAD only looks the name up among loaded libraries.
+        let handle = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        if handle.is_null() {
+            continue;
+        }
+        // SAFETY: `handle` is live until the dlclose below.
+        let p = unsafe { real_dlsym(handle, name) };
+        // SAFETY: balances the NOLOAD dlopen; the library stays loaded (its user holds it).
+        unsafe { libc::dlclose(handle) };
+        if !p.is_null() {
+            return p;
+        }
+    }
+    null_mut()
 }
 
 /// Test support: installs a stand-in "real" function behind a hook.

@@ -27,7 +27,7 @@ STANDIN_DIR = os.environ.get("STANDIN_DIR") or os.path.join(HERE, "..")
 # The runtime joins the global scope, as PyTorch's CUDA dependencies do (torch/__init__.py
 # loads them through libtorch_global_deps.so with RTLD_GLOBAL). argv[1] == "local" loads it
 # RTLD_LOCAL instead: then the stand-in's cudaMalloc, bound to a preloaded library's export,
-# has no global "next" definition to reach.
+# has no global "next" definition, and memsnap must find the runtime by its soname.
 CUDART_MODE = ctypes.RTLD_LOCAL if sys.argv[1:2] == ["local"] else ctypes.RTLD_GLOBAL
 CUDART = ctypes.CDLL(os.environ.get("FAKE_CUDART") or "libcudart.so.13", mode=CUDART_MODE)
 CUDART.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
