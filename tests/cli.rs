@@ -850,6 +850,7 @@ impl Recording {
                     ])]),
                 ),
             ],
+            step_marks: vec![],
         }
     }
 }

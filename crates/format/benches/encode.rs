@@ -109,6 +109,7 @@ fn build() -> Snapshot {
         device_traces: vec![events],
         allocator_settings: vec![("PYTORCH_CUDA_ALLOC_CONF".into(), Meta::Str(String::new()))],
         memsnap: Vec::new(),
+        step_marks: Vec::new(),
     }
 }
 

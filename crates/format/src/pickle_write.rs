@@ -292,6 +292,14 @@ impl<'a, 's> Encoder<'a, 's> {
         self.meta_dict(&snap.allocator_settings);
         self.key(Fixed::ExternalAnnotations);
         self.buf.push(op::EMPTY_LIST);
+        for chunk in snap.step_marks.chunks(BATCH) {
+            self.buf.push(op::MARK);
+            for m in chunk {
+                self.step_mark(m);
+            }
+            self.buf.push(op::APPENDS);
+            self.maybe_flush()?;
+        }
         let mut items = 4;
         if !snap.memsnap.is_empty() {
             self.key(Fixed::Memsnap);
@@ -436,6 +444,23 @@ impl<'a, 's> Encoder<'a, 's> {
         self.string(&frame.filename);
         self.key(Fixed::Line);
         self.int(frame.line);
+        self.buf.push(op::SETITEMS);
+    }
+
+    /// `{"name": "memsnap.step", "stage": "START", "step": N, "device": d, "time_us": t}`.
+    fn step_mark(&mut self, m: &super::model::StepMark) {
+        self.buf.push(op::EMPTY_DICT);
+        self.buf.push(op::MARK);
+        self.key(Fixed::Name);
+        self.string(super::model::STEP_MARK_NAME);
+        self.string("stage");
+        self.string("START");
+        self.string("step");
+        self.int(m.step);
+        self.key(Fixed::Device);
+        self.int(m.device);
+        self.key(Fixed::TimeUs);
+        self.int(m.time_us);
         self.buf.push(op::SETITEMS);
     }
 
@@ -729,7 +754,10 @@ print(json.dumps(out))
             .collect();
         let mut top = json!({
             "segments": segments, "device_traces": traces,
-            "allocator_settings": dict(&snap.allocator_settings), "external_annotations": [],
+            "allocator_settings": dict(&snap.allocator_settings),
+            "external_annotations": snap.step_marks.iter().map(|m| json!({
+                "name": "memsnap.step", "stage": "START", "step": m.step,
+                "device": m.device, "time_us": m.time_us})).collect::<Vec<_>>(),
         });
         if !snap.memsnap.is_empty() {
             top["memsnap"] = dict(&snap.memsnap);
@@ -815,6 +843,30 @@ print(json.dumps(out))
         assert!(ev_ids.iter().all(|i| *i == ev_ids[0]));
         assert_eq!(got.ids["segments"][0], ev_ids[0]);
         assert_eq!(got.ids["blocks"][0][0], ev_ids[0]);
+    }
+
+    #[test]
+    fn step_marks_are_external_annotations_and_read_back() {
+        use crate::model::StepMark;
+        let mut snap = minimal_example();
+        snap.step_marks = (1..=3)
+            .map(|step| StepMark {
+                step,
+                device: 0,
+                time_us: 10 * step,
+            })
+            .collect();
+        let bytes = to_bytes(&snap);
+        let back = crate::pickle_read::read_snapshot(&bytes).unwrap();
+        assert_eq!(back.step_marks, snap.step_marks);
+        // Streamed the same.
+        let streamed =
+            crate::pickle_read::stream_snapshot_from(&mut &bytes[..], &mut |_| {}, &mut |_, _| {})
+                .unwrap();
+        assert_eq!(streamed.snapshot.step_marks, snap.step_marks);
+        if let Some(got) = roundtrip(&snap, false) {
+            assert_eq!(got.value, expected(&snap));
+        }
     }
 
     const INTS: [i64; 15] = [

@@ -88,6 +88,27 @@ pub(super) fn to_snapshot(
     Ok((snapshot, conv.trace_lists))
 }
 
+/// The `memsnap.step` entries of `external_annotations` (anything else there, and an
+/// entry without an integer `step`, `device` and `time_us`, is skipped: no viewer relies on
+/// the list, so it is never a reason to refuse a file).
+fn step_marks(p: &Pickle, list: Val) -> Vec<crate::model::StepMark> {
+    let Some(items) = p.items(list) else {
+        return Vec::new();
+    };
+    let int = |d: Val, k: &str| int_of(p.get(d, k));
+    items
+        .iter()
+        .filter(|&&d| p.get(d, "name").and_then(|n| p.str(n)) == Some(crate::model::STEP_MARK_NAME))
+        .filter_map(|&d| {
+            Some(crate::model::StepMark {
+                step: int(d, "step")?,
+                device: int(d, "device")?,
+                time_us: int(d, "time_us")?,
+            })
+        })
+        .collect()
+}
+
 impl Converter<'_> {
     fn snapshot(&mut self, root: Val) -> Result<Snapshot> {
         let p = self.p;
@@ -182,6 +203,9 @@ impl Converter<'_> {
             }
             if let Some(s) = p.get(root, "memsnap") {
                 snap.memsnap = self.meta_dict(s, "memsnap")?;
+            }
+            if let Some(a) = p.get(root, "external_annotations") {
+                snap.step_marks = step_marks(p, a);
             }
         }
         self.events = Vec::new();
