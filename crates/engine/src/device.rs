@@ -356,6 +356,7 @@ mod tests {
             device_traces: vec![events.iter().map(entry).collect()],
             allocator_settings: vec![],
             memsnap: vec![("dropped_events".into(), Meta::Int(0))],
+            step_marks: vec![],
         }
     }
 
