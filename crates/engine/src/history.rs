@@ -331,6 +331,11 @@ impl History {
         self.last_freed_stack
     }
 
+    /// The times of the first and the last entry.
+    pub fn time_range(&self) -> Option<(i64, i64)> {
+        Some((self.first_time_us?, self.last_time_us))
+    }
+
     /// Whether any entry after `event` changed live or reserved bytes: when none did, the
     /// snapshot's own segments and blocks are the state at that event.
     pub fn changed_after(&self, event: usize) -> bool {

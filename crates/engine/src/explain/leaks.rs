@@ -116,7 +116,7 @@ pub fn find(points: &[StepPoint], rank: Option<i64>, name_rank: bool) -> Found {
             // Grew, then stopped: the last step it grew at.
             let last_growth = (1..n).rev().find(|&i| v[i] > v[i - 1]).unwrap_or(0);
             if last_growth < n - 1 {
-                warm.push((v[n - 1] - v[0], site.clone(), steps[last_growth]));
+                warm.push((v[n - 1], site.clone(), steps[last_growth]));
             }
         }
     }
@@ -132,10 +132,10 @@ pub fn find(points: &[StepPoint], rank: Option<i64>, name_rank: bool) -> Found {
         ));
     }
     warm.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    for (grew, site, until) in warm.iter().take(3) {
+    for (reached, site, until) in warm.iter().take(3) {
         found.notes.push(format!(
-            "{who}warm-up, not a leak: {site} grew by {} until step {until}, then stayed",
-            crate::bytes::fmt_bytes(*grew)
+            "{who}warm-up, not a leak: {site} grew to {} by step {until}, then stayed",
+            crate::bytes::fmt_bytes(*reached)
         ));
     }
     let live_growth = points[n - 1].live - points[0].live;
@@ -211,7 +211,7 @@ mod tests {
         assert!(
             found.notes.iter().any(|n| n.contains("warm-up")
                 && n.contains("cache.py:4 (warm)")
-                && n.contains("until step 3")),
+                && n.contains("grew to 12.0 MiB by step 3")),
             "{:?}",
             found.notes
         );
