@@ -86,7 +86,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         if s.devices.iter().any(|d| !d.ooms.is_empty())
             && let Some(line) = memsnap_engine::explain::verdict_line(
                 &loaded,
-                &a.snap.display().to_string(),
+                &crate::input::display_name(&a.snap),
                 &a.attr.rules(),
             )
         {
