@@ -3,8 +3,8 @@
 //! buffers, and `other` where the frames do not say. The rules, in the order they are tried
 //! (the first that matches wins; docs/EXPLAIN.md lists them too):
 //!
-//! 1. *communication*: a frame under `torch/distributed/`, or a frame whose file or function
-//!    names NCCL (`nccl`, `libnccl`).
+//! 1. *communication*: the innermost of PyTorch's Python frames (`torch/...py`) is under
+//!    `torch/distributed/` or is DDP's `torch/nn/parallel/distributed.py`, or a frame's file or function names NCCL (`nccl`, `libnccl`).
 //! 2. *optimizer_state*: a Python frame under `torch/optim/`.
 //! 3. *gradients* / *temporaries*: a backward frame (a function named `backward`,
 //!    `_engine_run_backward`, `run_backward` or `grad` in `torch/autograd/` or
@@ -137,11 +137,16 @@ fn is_backward(f: &Frame) -> bool {
 pub fn of_frames<'f>(frames: impl IntoIterator<Item = &'f Frame>) -> StackRole {
     let frames: Vec<&Frame> = frames.into_iter().collect();
     let any = |p: &dyn Fn(&Frame) -> bool| frames.iter().any(|f| p(f));
-    if any(&|f| {
+    // torch.distributed wraps whole models (FSDP, tensor parallel): only the innermost of
+    // PyTorch's Python frames says whether the block is the library's own buffer.
+    let innermost_torch = frames
+        .iter()
+        .find(|f| f.filename.ends_with(".py") && f.filename.contains("torch/"));
+    if innermost_torch.is_some_and(|f| {
         f.filename.contains("torch/distributed/")
-            || lower_has(&f.filename, "nccl")
-            || lower_has(&f.name, "nccl")
-    }) {
+            || f.filename.ends_with("torch/nn/parallel/distributed.py")
+    }) || any(&|f| lower_has(&f.filename, "nccl") || lower_has(&f.name, "nccl"))
+    {
         return StackRole::Known(Role::Communication);
     }
     if any(&|f| f.filename.contains("torch/optim/")) {
@@ -258,6 +263,19 @@ mod tests {
         assert_eq!(
             role(&[fr("ncclMemAlloc", "/usr/lib/libnccl.so.2")]),
             StackRole::Known(Role::Communication)
+        );
+        // A layer's forward inside an FSDP-wrapped model: activations, not communication.
+        assert_eq!(
+            role(&[
+                fr("forward", &format!("{SP}torch/nn/modules/linear.py")),
+                fr("_call_impl", &module),
+                fr(
+                    "forward",
+                    &format!("{SP}torch/distributed/fsdp/fully_sharded_data_parallel.py")
+                ),
+                fr("main", train)
+            ]),
+            StackRole::Known(Role::Activations)
         );
         // A plain program, and no frames: other.
         assert_eq!(
