@@ -384,7 +384,7 @@ impl Ctx<'_> {
 
     /// Free space inside the caching allocator's segments of `device` in the snapshot
     /// itself: Σ and largest inactive block.
-    fn end_cache_free(&self, device: i64) -> (i64, Option<i64>) {
+    fn end_cache_free(&self, device: i64) -> (i64, i64) {
         let free = self
             .snap
             .segments
@@ -394,7 +394,7 @@ impl Ctx<'_> {
             .filter(|b| b.state == BlockState::Inactive)
             .map(|b| b.size);
         let sizes: Vec<i64> = free.collect();
-        (sizes.iter().sum(), sizes.iter().copied().max())
+        (sizes.iter().sum(), sizes.iter().copied().max().unwrap_or(0))
     }
 }
 
@@ -524,7 +524,7 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         let (cache_free, largest) = match knowledge {
             Knowledge::Blocks if !changed => {
                 let (sum, largest) = ctx.end_cache_free(dev);
-                (Some(sum), largest)
+                (Some(sum), Some(largest))
             }
             // Later events changed the segments: free space from the history's sums.
             Knowledge::Blocks => (Some((reserved - oom_live).max(0)), None),
@@ -1279,6 +1279,64 @@ mod tests {
             x.notes
                 .iter()
                 .any(|n| n.contains("rank 1 (LOCAL_RANK 1) allocates on device 0"))
+        );
+    }
+
+    #[test]
+    fn free_space_stranded_between_live_blocks_is_fragmentation() {
+        use memsnap_format::model::Block;
+        // PyTorch's own file: one 100 MiB segment, live 40 + 20 MiB, free 20 + 20 MiB; then
+        // a 30 MiB request fails with 5 MiB free on the device.
+        let block = |address: i64, mib: i64, state: BlockState| Block {
+            address,
+            size: mib * MIB,
+            requested_size: mib * MIB,
+            state,
+            stack: Some(2),
+        };
+        let mut seg = Segment::one_allocation(0, 0, 100 * MIB, Some(2));
+        seg.blocks = vec![
+            block(0, 40, BlockState::ActiveAllocated),
+            block(40 * MIB, 20, BlockState::Inactive),
+            block(60 * MIB, 20, BlockState::ActiveAllocated),
+            block(80 * MIB, 20, BlockState::Inactive),
+        ];
+        let mut oom = ev(Action::Oom, 0, 30 * MIB, 1, 10);
+        oom.device_free = Some(5 * MIB);
+        let snap = Snapshot {
+            frames: vec![fr("big", 30), fr("ask", 40)],
+            stacks: vec![vec![0], vec![1], vec![0]],
+            segments: vec![seg],
+            device_traces: vec![vec![oom]],
+            ..Snapshot::default()
+        };
+        let d = digest_of("torch-oom.pickle", snap);
+        let o = d.oom.unwrap();
+        assert_eq!(o.verdict, Verdict::Fragmentation);
+        assert_eq!(o.reserved_unallocated_bytes, Some(40 * MIB));
+        assert_eq!(o.largest_free_block_bytes, Some(20 * MIB));
+        assert!(o.advice.unwrap().contains("expandable_segments:True"));
+        assert_eq!(o.owners.get(owners::TORCH_TENSORS), Some(&(60 * MIB)));
+        assert_eq!(o.owners.get(owners::TORCH_CACHE_FREE), Some(&(40 * MIB)));
+    }
+
+    #[test]
+    fn segments_without_blocks_say_they_cannot_tell() {
+        let mut snap = oom_file(0, 100);
+        snap.memsnap.push((
+            "torch_allocator".into(),
+            Meta::Str("segments only: PyTorch 9.9: unknown release".into()),
+        ));
+        let o = digest_of("r0.pickle", snap).oom.unwrap();
+        assert_eq!(o.verdict, Verdict::Live);
+        assert_eq!(
+            (o.reserved_unallocated_bytes, o.largest_free_block_bytes),
+            (None, None)
+        );
+        assert!(
+            o.cannot_tell
+                .unwrap()
+                .contains("segments only: PyTorch 9.9")
         );
     }
 
