@@ -831,7 +831,6 @@ impl Recording {
                 .collect(),
             device_traces: vec![self.trace[dropped..].to_vec()],
             allocator_settings: vec![],
-            external_annotations: vec![],
             memsnap: vec![
                 ("version".into(), Meta::Str("test".into())),
                 int("dropped_events", 0),
@@ -851,6 +850,7 @@ impl Recording {
                     ])]),
                 ),
             ],
+            step_marks: vec![],
         }
     }
 }

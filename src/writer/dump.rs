@@ -7,7 +7,8 @@
 use crate::channel::event::Api;
 use crate::snapshot::live::{DeviceSample, LiveGroup, Sample};
 use crate::snapshot::model::{
-    Action as ModelAction, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, TraceEntry,
+    Action as ModelAction, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, StepMark,
+    TraceEntry,
 };
 use crate::writer::stacks::{RawStackId, StackTable};
 use crate::writer::state::{Action, Device, Live, State};
@@ -110,31 +111,32 @@ pub fn build(
         snap.device_traces.push(trace);
         segments(d as i64, dev, table, interner, &mut snap.segments);
     }
-    snap.external_annotations = step_annotations(state, &snap.device_traces);
+    snap.step_marks = step_marks(state, &snap.device_traces);
     snap.frames = interner.frames.clone();
     snap.stacks = interner.stacks.clone();
     snap
 }
 
-/// Step boundaries inside each device's written history, as PyTorch's
-/// `external_annotations` entries: `{"name": "memsnap.step", "stage": "START", "step": N,
-/// "device": d, "time_us": t}` — the history's entries from `t` on come after N completed
-/// steps (docs/FORMAT.md#step-boundaries).
-fn step_annotations(state: &State, traces: &[Vec<TraceEntry>]) -> Vec<Vec<(String, Meta)>> {
+/// Step boundaries inside each device's written history (written as PyTorch's
+/// `external_annotations` entries `{"name": "memsnap.step", "stage": "START", "step": N,
+/// "device": d, "time_us": t}`: the history's entries from `t` on come after N completed
+/// steps, docs/FORMAT.md#step-boundaries).
+fn step_marks(state: &State, traces: &[Vec<TraceEntry>]) -> Vec<StepMark> {
     let mut out = Vec::new();
     for (d, trace) in traces.iter().enumerate() {
         let Some(first) = trace.first() else {
             continue;
         };
-        let from = u64::try_from(first.time_us).unwrap_or(0);
-        for &(steps, time_us) in state.step_marks.iter().filter(|m| m.1 >= from) {
-            out.push(vec![
-                meta_str("name", "memsnap.step"),
-                meta_str("stage", "START"),
-                meta_int("step", steps),
-                meta_int("device", d as u64),
-                meta_int("time_us", time_us),
-            ]);
+        for &(steps, time_us) in state
+            .step_marks
+            .iter()
+            .filter(|m| int(m.1) >= first.time_us)
+        {
+            out.push(StepMark {
+                step: int(steps),
+                device: d as i64,
+                time_us: int(time_us),
+            });
         }
     }
     out

@@ -44,6 +44,16 @@ pub fn load_summarized(path: &Path, at: At) -> Result<Summarized> {
     }
 }
 
+/// Reads a snapshot for `explain`: histories following `at` and the log of live-byte
+/// changes beside them, in one pass ([`memsnap_engine::explain::read`]).
+pub fn load_explained(path: &Path, at: At) -> Result<memsnap_engine::explain::Read> {
+    use memsnap_engine::explain;
+    match decode(path, |file, progress| explain::read(file, progress, at))? {
+        Some(r) => Ok(r),
+        None => Ok(explain::Read::of_whole(load(path)?, at)),
+    }
+}
+
 /// Reads a snapshot for commands that only need its final state (`diff`, `flamegraph`).
 pub fn load_final_state(path: &Path) -> Result<Snapshot> {
     match decode(path, engine::read_final_state)? {
@@ -158,6 +168,63 @@ pub fn rank_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// The snapshot files of `memsnap explain PATH...`: a file or URL as given; a folder's
+/// `*.pickle` and `*.pkl` files, in it and in its subfolders (a run's rank folders), at
+/// most [`FOLDER_DEPTH`] levels down; an object-store prefix's objects ([`rank_files`]).
+/// Sorted, each once.
+pub fn run_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for p in paths {
+        if crate::remote::is_remote(p) {
+            let url = p.to_string_lossy();
+            if url.ends_with(".pickle") || url.ends_with(".pkl") {
+                files.push(p.clone());
+            } else {
+                let listed = rank_files(p)?;
+                if listed.is_empty() {
+                    anyhow::bail!("{url}: no *.pickle or *.pkl objects under this prefix");
+                }
+                files.extend(listed);
+            }
+            continue;
+        }
+        let local = local_path(p);
+        if !local.is_dir() {
+            files.push(p.clone());
+            continue;
+        }
+        let before = files.len();
+        walk(&local, 0, &mut files).with_context(|| format!("cannot list {}", p.display()))?;
+        if files.len() == before {
+            anyhow::bail!("{}: no *.pickle or *.pkl files", p.display());
+        }
+    }
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
+/// Subfolder levels `explain` looks into.
+pub const FOLDER_DEPTH: usize = 3;
+
+fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        if path.is_dir() {
+            if depth < FOLDER_DEPTH {
+                walk(&path, depth + 1, out)?;
+            }
+        } else if path.is_file()
+            && path
+                .extension()
+                .is_some_and(|e| e == "pickle" || e == "pkl")
+        {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// The file a `file://` URL names (what `MEMSNAP_REMOTE` writes), or `path` itself. Other

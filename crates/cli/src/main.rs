@@ -3,7 +3,8 @@
 //! (`memsnap_engine`) for its model and renders it (text, JSON, HTML, SVG); the launchers
 //! (`run`, `dump`, `top`, `upload-agent`) talk to processes and stores. Cold code.
 //!
-//! Exit status: 0 ok; 1 only for `diff --fail-above` when growth passes the limit;
+//! Exit status: 0 ok; 1 only for `diff --fail-above` when growth passes the limit and
+//! `explain --fail-on-leak` when a leak is found;
 //! 2 for every error (bad arguments, unreadable or invalid files). A closed stdout
 //! (`memsnap summary x | head`) is not an error: exit 0.
 #![forbid(unsafe_code)]
@@ -12,6 +13,7 @@ mod args;
 mod check;
 mod diff;
 mod dump;
+mod explain;
 mod flamegraph;
 mod input;
 mod ranks;
@@ -47,6 +49,9 @@ enum Cmd {
     Diff(diff::Args),
     /// One row per rank file in a folder; marks the ranks that stand out.
     Ranks(ranks::Args),
+    /// Why it ran out of memory, leaks across steps, who owns every byte and what for, the
+    /// ranks side by side: a few short paragraphs over files, folders of a run or prefixes.
+    Explain(explain::Args),
     /// Write one self-contained HTML page: timeline, segments, stacks, search, zoom; it opens
     /// at the OOM, else the peak (--at).
     View(view::Args),
@@ -90,6 +95,7 @@ fn main() -> ExitCode {
         Cmd::Summary(a) => report(|out| summary::run(&a, out)),
         Cmd::Diff(a) => report(|out| diff::run(&a, out)),
         Cmd::Ranks(a) => report(|out| ranks::run(&a, out)),
+        Cmd::Explain(a) => report(|out| explain::run(&a, out)),
         Cmd::View(a) => report(|out| view::run(&a, out)),
         Cmd::Flamegraph(a) => report(|out| flamegraph::run(&a, out)),
         Cmd::Check(a) => report(|out| check::run(&a, out)),

@@ -111,6 +111,14 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         fmt_bytes(r.median_live_bytes),
         fmt_bytes(r.median_peak_bytes)
     )?;
+    if r.ranks.iter().any(|x| x.ooms > 0 || x.outlier) {
+        writeln!(
+            out,
+            "`memsnap explain {}`: which rank ran out of memory first and why, and the sites that \
+             differ from the median rank",
+            a.dir.display()
+        )?;
+    }
     let unreadable = r.ranks.iter().filter(|x| x.error.is_some()).count();
     if unreadable > 0 {
         writeln!(

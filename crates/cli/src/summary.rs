@@ -82,6 +82,17 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         writeln!(out)?;
     } else {
         write_text(&s, &crate::input::display_name(&a.snap), out)?;
+        // An OOM file ends with explain's verdict.
+        if s.devices.iter().any(|d| !d.ooms.is_empty())
+            && let Some(line) = memsnap_engine::explain::verdict_line(
+                &loaded,
+                &crate::input::display_name(&a.snap),
+                &a.attr.rules(),
+            )
+        {
+            writeln!(out)?;
+            writeln!(out, "{line}")?;
+        }
     }
     Ok(0)
 }

@@ -352,7 +352,7 @@ mod tests {
             device_traces: vec![events.iter().map(entry).collect()],
             allocator_settings: vec![],
             memsnap: vec![("dropped_events".into(), Meta::Int(0))],
-            external_annotations: vec![],
+            step_marks: vec![],
         }
     }
 

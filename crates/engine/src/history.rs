@@ -51,6 +51,11 @@ pub struct History {
     last_time_us: i64,
     /// The moment `--at` asks for, followed through the pass.
     mark: Mark,
+    /// The last entry that changed live or reserved bytes (alloc, free, segment).
+    last_change: Option<usize>,
+    /// The allocating stack of the block the latest free released (its own stack when the
+    /// allocation is older than the history).
+    last_freed_stack: Option<StackId>,
 }
 
 /// An allocation of the history: requested bytes, stack, and the entry that made it.
@@ -219,6 +224,7 @@ impl History {
         self.last_time_us = e.time_us;
         match e.action {
             Action::Alloc => {
+                self.last_change = Some(i);
                 self.net_live += e.size;
                 let new = LiveAlloc {
                     size: e.size,
@@ -233,9 +239,12 @@ impl History {
                 }
             }
             Action::FreeCompleted | Action::Free => {
+                self.last_change = Some(i);
                 self.net_live -= e.size;
+                self.last_freed_stack = e.stack;
                 match self.live.remove(&e.addr) {
                     Some(old) => {
+                        self.last_freed_stack = old.stack;
                         if self.mark.holds(old.at) {
                             self.mark.note_free(old.stack, old.size);
                         }
@@ -253,8 +262,14 @@ impl History {
                     }
                 }
             }
-            Action::SegmentAlloc | Action::SegmentMap => self.net_reserved += e.size,
-            Action::SegmentFree | Action::SegmentUnmap => self.net_reserved -= e.size,
+            Action::SegmentAlloc | Action::SegmentMap => {
+                self.last_change = Some(i);
+                self.net_reserved += e.size;
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                self.last_change = Some(i);
+                self.net_reserved -= e.size;
+            }
             Action::Oom => {
                 let mut holders: FxHashMap<Option<StackId>, Tally> = FxHashMap::default();
                 for a in self.live.values() {
@@ -308,6 +323,41 @@ impl History {
             let key = Arc::as_ptr(api) as *const u8 as usize;
             self.apis.entry(key).or_insert_with(|| (api.clone(), 0)).1 += 1;
         }
+    }
+
+    /// The allocating stack of the block the latest `free`/`free_completed` entry released
+    /// (for a caller that follows entries beside this history).
+    pub fn last_freed_stack(&self) -> Option<StackId> {
+        self.last_freed_stack
+    }
+
+    /// The times of the first and the last entry.
+    pub fn time_range(&self) -> Option<(i64, i64)> {
+        Some((self.first_time_us?, self.last_time_us))
+    }
+
+    /// Whether any entry after `event` changed live or reserved bytes: when none did, the
+    /// snapshot's own segments and blocks are the state at that event.
+    pub fn changed_after(&self, event: usize) -> bool {
+        self.last_change.is_some_and(|c| c > event)
+    }
+
+    /// [`History::at_with_end`], and the part of its live set that was freed later within
+    /// the history (by allocating stack); the rest was still live at the end.
+    pub fn at_with_end_split(
+        &self,
+        end: &[EndBlock],
+        end_reserved: i64,
+    ) -> (AtState, FxHashMap<Option<StackId>, Tally>) {
+        let at = self.at_with_end(end, end_reserved);
+        let mut freed = FxHashMap::default();
+        if at.moment.pos != Pos::End && self.mark.pos.is_some() {
+            freed = self.mark.freed_by_stack.clone();
+            for &(stack, size) in &self.mark.freed {
+                freed.entry(stack).or_default().add(size);
+            }
+        }
+        (at, freed)
     }
 
     /// Live bytes before the first entry, given those after the last one.

@@ -8,7 +8,7 @@
 
 use crate::at::At;
 use crate::history::History;
-use memsnap_format::model::Snapshot;
+use memsnap_format::model::{Snapshot, TraceEntry};
 use memsnap_format::pickle_read::{self, ReadError};
 use std::io::Read;
 
@@ -56,23 +56,43 @@ pub fn read_summarized(
     progress: &mut dyn FnMut(usize),
     at: At,
 ) -> Result<Option<Summarized>, ReadError> {
+    Ok(read_summarized_with(file, progress, at, &mut |_, _, _| {})?.map(|(s, _)| s))
+}
+
+/// [`read_summarized`], and each entry also handed to `beside` with its list's number
+/// (in the order the lists were first seen) and its device's [`History`] just after the
+/// entry went in (for [`History::last_freed_stack`]). Returns, with the snapshot, the
+/// device ordinal of each list number (`None`: a list that is no device's).
+#[allow(clippy::type_complexity)]
+pub fn read_summarized_with(
+    file: &mut dyn Read,
+    progress: &mut dyn FnMut(usize),
+    at: At,
+    beside: &mut dyn FnMut(usize, &TraceEntry, &History),
+) -> Result<Option<(Summarized, Vec<Option<usize>>)>, ReadError> {
     let mut by_list: Vec<(u32, History)> = Vec::new();
     let streamed = pickle_read::stream_snapshot_from(file, progress, &mut |list, entry| {
         // A file has one list per device: a short scan beats hashing per entry.
-        let h = match by_list.iter().position(|(l, _)| *l == list) {
-            Some(i) => &mut by_list[i].1,
+        let i = match by_list.iter().position(|(l, _)| *l == list) {
+            Some(i) => i,
             None => {
                 by_list.push((list, History::new(at)));
-                &mut by_list.last_mut().expect("just pushed").1
+                by_list.len() - 1
             }
         };
+        let h = &mut by_list[i].1;
         h.push(&entry);
+        beside(i, &entry, h);
     });
     let streamed = match streamed {
         Ok(s) => s,
         Err(ReadError::NeedsFullRead { .. }) => return Ok(None),
         Err(e) => return Err(e),
     };
+    let device_of_list = by_list
+        .iter()
+        .map(|(l, _)| streamed.trace_lists.iter().position(|x| x == l))
+        .collect();
     let histories = streamed
         .trace_lists
         .iter()
@@ -84,10 +104,13 @@ pub fn read_summarized(
                 .unwrap_or_else(|| History::new(at))
         })
         .collect();
-    Ok(Some(Summarized {
-        snap: streamed.snapshot,
-        histories,
-    }))
+    Ok(Some((
+        Summarized {
+            snap: streamed.snapshot,
+            histories,
+        },
+        device_of_list,
+    )))
 }
 
 /// Reads a snapshot for commands that only need its final state (`diff`, `flamegraph`):

@@ -17,7 +17,8 @@
 //!   moment).
 //! - [`sites`]: allocation sites and owning libraries (`--ignore`, `--callers`).
 //! - [`device`]: per-device figures; the live set of every device at a moment.
-//! - [`summary`], [`diff`], [`ranks`], [`flamegraph`], [`view`]: each command's model.
+//! - [`summary`], [`diff`], [`ranks`], [`flamegraph`], [`view`], [`explain`]: each command's
+//!   model.
 //!
 //! Cold code: nothing here runs inside the recorded process.
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ pub mod at;
 pub mod bytes;
 pub mod device;
 pub mod diff;
+pub mod explain;
 pub mod flamegraph;
 pub mod history;
 pub mod input;

@@ -267,6 +267,11 @@ pub fn site_chain(frames: &[&Frame], attr: &Attribution) -> Option<(Vec<String>,
     Some((chain, kind))
 }
 
+/// The frame a stack's site names (`None` when no frame can be the site).
+pub fn site_frame<'f>(frames: &[&'f Frame], attr: &Attribution) -> Option<&'f Frame> {
+    choose_site(frames, attr).map(|(i, _)| frames[i])
+}
+
 /// The index of the site frame: the innermost user Python frame, else the first native
 /// frame outside the runtime and the allocator; frames `attr` ignores are never chosen.
 fn choose_site(frames: &[&Frame], attr: &Attribution) -> Option<(usize, SiteKind)> {

@@ -109,7 +109,7 @@ fn build() -> Snapshot {
         device_traces: vec![events],
         allocator_settings: vec![("PYTORCH_CUDA_ALLOC_CONF".into(), Meta::Str(String::new()))],
         memsnap: Vec::new(),
-        external_annotations: Vec::new(),
+        step_marks: Vec::new(),
     }
 }
 

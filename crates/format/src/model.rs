@@ -219,11 +219,23 @@ pub struct Snapshot {
     /// memsnap's top-level `memsnap` key: counters, dropped events, routes, trigger.
     /// Viewers ignore unknown top-level keys. Empty for PyTorch's files.
     pub memsnap: Vec<(String, Meta)>,
-    /// `external_annotations`: flat dicts. memsnap writes its step boundaries here
-    /// (docs/FORMAT.md#step-boundaries); PyTorch writes `record_function` marks, which the
-    /// reader leaves out.
-    pub external_annotations: Vec<Vec<(String, Meta)>>,
+    /// Step boundaries: the `external_annotations` entries named `memsnap.step`, in file
+    /// order (other annotations, such as PyTorch's `record_function` marks, are not kept).
+    pub step_marks: Vec<StepMark>,
 }
+
+/// One `{"name": "memsnap.step", "stage": "START", "step": N, "device": d, "time_us": t}`
+/// entry of `external_annotations`: step `step` starts on `device` at `time_us`; the entries
+/// of `device_traces[device]` with `time_us >= t` belong to that step or a later one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepMark {
+    pub step: i64,
+    pub device: i64,
+    pub time_us: i64,
+}
+
+/// The `name` of a step mark in `external_annotations`.
+pub const STEP_MARK_NAME: &str = "memsnap.step";
 
 impl Snapshot {
     /// The frames of a stack, innermost first (empty for `None`).

@@ -292,12 +292,13 @@ impl<'a, 's> Encoder<'a, 's> {
         self.meta_dict(&snap.allocator_settings);
         self.key(Fixed::ExternalAnnotations);
         self.buf.push(op::EMPTY_LIST);
-        for chunk in snap.external_annotations.chunks(BATCH) {
+        for chunk in snap.step_marks.chunks(BATCH) {
             self.buf.push(op::MARK);
-            for entry in chunk {
-                self.meta_dict(entry);
+            for m in chunk {
+                self.step_mark(m);
             }
             self.buf.push(op::APPENDS);
+            self.maybe_flush()?;
         }
         let mut items = 4;
         if !snap.memsnap.is_empty() {
@@ -443,6 +444,23 @@ impl<'a, 's> Encoder<'a, 's> {
         self.string(&frame.filename);
         self.key(Fixed::Line);
         self.int(frame.line);
+        self.buf.push(op::SETITEMS);
+    }
+
+    /// `{"name": "memsnap.step", "stage": "START", "step": N, "device": d, "time_us": t}`.
+    fn step_mark(&mut self, m: &super::model::StepMark) {
+        self.buf.push(op::EMPTY_DICT);
+        self.buf.push(op::MARK);
+        self.key(Fixed::Name);
+        self.string(super::model::STEP_MARK_NAME);
+        self.string("stage");
+        self.string("START");
+        self.string("step");
+        self.int(m.step);
+        self.key(Fixed::Device);
+        self.int(m.device);
+        self.key(Fixed::TimeUs);
+        self.int(m.time_us);
         self.buf.push(op::SETITEMS);
     }
 
@@ -737,7 +755,9 @@ print(json.dumps(out))
         let mut top = json!({
             "segments": segments, "device_traces": traces,
             "allocator_settings": dict(&snap.allocator_settings),
-            "external_annotations": snap.external_annotations.iter().map(|a| dict(a)).collect::<Vec<_>>(),
+            "external_annotations": snap.step_marks.iter().map(|m| json!({
+                "name": "memsnap.step", "stage": "START", "step": m.step,
+                "device": m.device, "time_us": m.time_us})).collect::<Vec<_>>(),
         });
         if !snap.memsnap.is_empty() {
             top["memsnap"] = dict(&snap.memsnap);
@@ -826,28 +846,27 @@ print(json.dumps(out))
     }
 
     #[test]
-    fn step_annotations_round_trip_in_memsnap_files_only() {
-        let mark = |step: i64| {
-            vec![
-                ("name".to_string(), Meta::Str("memsnap.step".into())),
-                ("stage".to_string(), Meta::Str("START".into())),
-                ("step".to_string(), Meta::Int(step)),
-                ("device".to_string(), Meta::Int(0)),
-                (
-                    "time_us".to_string(),
-                    Meta::Int(1_700_000_000_000_000 + step),
-                ),
-            ]
-        };
+    fn step_marks_are_external_annotations_and_read_back() {
+        use crate::model::StepMark;
         let mut snap = minimal_example();
-        snap.external_annotations = (1..=1500).map(mark).collect(); // two batches
-        snap.memsnap = vec![("step".into(), Meta::Int(1500))];
-        let got = crate::pickle_read::read_snapshot(&to_bytes(&snap)).unwrap();
-        assert_eq!(got.external_annotations, snap.external_annotations);
-        // PyTorch's own files (no `memsnap` key): their annotations are not read.
-        snap.memsnap.clear();
-        let got = crate::pickle_read::read_snapshot(&to_bytes(&snap)).unwrap();
-        assert!(got.external_annotations.is_empty());
+        snap.step_marks = (1..=3)
+            .map(|step| StepMark {
+                step,
+                device: 0,
+                time_us: 10 * step,
+            })
+            .collect();
+        let bytes = to_bytes(&snap);
+        let back = crate::pickle_read::read_snapshot(&bytes).unwrap();
+        assert_eq!(back.step_marks, snap.step_marks);
+        // Streamed the same.
+        let streamed =
+            crate::pickle_read::stream_snapshot_from(&mut &bytes[..], &mut |_| {}, &mut |_, _| {})
+                .unwrap();
+        assert_eq!(streamed.snapshot.step_marks, snap.step_marks);
+        if let Some(got) = roundtrip(&snap, false) {
+            assert_eq!(got.value, expected(&snap));
+        }
     }
 
     const INTS: [i64; 15] = [

@@ -206,7 +206,7 @@ impl Watched {
             };
             let more = ooms - self.ooms_seen;
             events.push(format!(
-                "pid {}: OOM: {what}{}",
+                "pid {}: OOM: {what}{}; `memsnap explain` on its oom snapshot says why",
                 self.pid,
                 if more > 1 {
                     format!(" ({more} OOM errors since the last sample)")
@@ -473,7 +473,11 @@ pub mod tests {
         let events = w.update(s.clone());
         assert_eq!(
             events,
-            vec!["pid 1: OOM: device 0 could not allocate 2.0 GiB (1.0 MiB free)".to_string()]
+            vec![
+                "pid 1: OOM: device 0 could not allocate 2.0 GiB (1.0 MiB free); \
+                 `memsnap explain` on its oom snapshot says why"
+                    .to_string()
+            ]
         );
         assert!(w.update(s).is_empty());
     }

@@ -110,6 +110,27 @@ pub(super) struct Converted {
     pub(super) bad_frames: (u64, Option<String>),
 }
 
+/// The `memsnap.step` entries of `external_annotations` (anything else there, and an
+/// entry without an integer `step`, `device` and `time_us`, is skipped: no viewer relies on
+/// the list, so it is never a reason to refuse a file).
+fn step_marks(p: &Pickle, list: Val) -> Vec<crate::model::StepMark> {
+    let Some(items) = p.items(list) else {
+        return Vec::new();
+    };
+    let int = |d: Val, k: &str| int_of(p.get(d, k));
+    items
+        .iter()
+        .filter(|&&d| p.get(d, "name").and_then(|n| p.str(n)) == Some(crate::model::STEP_MARK_NAME))
+        .filter_map(|&d| {
+            Some(crate::model::StepMark {
+                step: int(d, "step")?,
+                device: int(d, "device")?,
+                time_us: int(d, "time_us")?,
+            })
+        })
+        .collect()
+}
+
 impl Converter<'_> {
     /// Counts `bytes` of model against its budget ([`Budget::model_limit`]).
     fn spend_model(&mut self, bytes: usize, what: &'static str) -> Result<()> {
@@ -232,19 +253,9 @@ impl Converter<'_> {
             }
             if let Some(s) = p.get(root, "memsnap") {
                 snap.memsnap = self.meta_dict(s, "memsnap")?;
-                // memsnap's step boundaries. Only in memsnap's files: PyTorch's can hold
-                // many record_function marks, which no command reads.
-                if let Some(a) = p.get(root, "external_annotations")
-                    && let Some(Meta::List(items)) = self.meta(a, 0, "external_annotations")?
-                {
-                    snap.external_annotations = items
-                        .into_iter()
-                        .filter_map(|m| match m {
-                            Meta::Dict(d) => Some(d),
-                            _ => None,
-                        })
-                        .collect();
-                }
+            }
+            if let Some(a) = p.get(root, "external_annotations") {
+                snap.step_marks = step_marks(p, a);
             }
         }
         self.events = Vec::new();

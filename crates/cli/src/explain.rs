@@ -1,0 +1,328 @@
+//! `memsnap explain PATH...`: the arguments, reading every file (several at once, each in
+//! one pass, reduced to the engine's per-file digest on its thread), and the text renderer
+//! of the engine's [`Explanation`] (JSON is its serde form; docs/EXPLAIN.md has the shape):
+//! a few short paragraphs, most important first. Cold code.
+
+use crate::args::Attribution;
+use anyhow::Result;
+use memsnap_engine::at::{self, At};
+use memsnap_engine::bytes::fmt_bytes;
+use memsnap_engine::explain::{self as engine, Explanation, Oom, oom::Verdict, owners};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// The `--json` shape, in short (docs/EXPLAIN.md has every key).
+pub const JSON_SHAPE: &str = "\
+JSON (--json; docs/EXPLAIN.md has every key and its meaning):
+  { oom: null | { rank, file, device, time_us, request_bytes, device_free_bytes,
+                  verdict: \"live\"|\"fragmentation\"|\"outside\", reserved_unallocated_bytes,
+                  largest_free_block_bytes, reserved_bytes, live_bytes, capacity_bytes,
+                  outside_bytes, advice, cannot_tell,
+                  sites: [ {site, bytes, allocations, library, role} ], owners: {owner: bytes},
+                  first_rank, others: [ {rank, live_bytes, peak_bytes} ] },
+    leaks: [ {site, bytes_per_step, steps, first_step, last_step, live_bytes_at_end, ranks} ],
+    owners: {owner: bytes}, roles: null | {parameters, gradients, optimizer_state,
+    activations, temporaries, communication, other},
+    ranks: null | {worst_rank, median_rank, median_peak_bytes, worst_peak_bytes,
+                   differing_sites: [ {site, bytes_worst, bytes_median} ],
+                   foreign_devices: [ {rank, local_rank, devices} ]},
+    notes: [str], at: null | {file, rank, moment}, files, steps_to_oom: int|null }
+Bytes at a moment are requested bytes, as in `summary`'s `at`.";
+
+#[derive(clap::Args, Debug)]
+#[command(after_long_help = JSON_SHAPE)]
+pub struct Args {
+    /// Snapshot files, folders of a run (every rank's and every step's files, subfolders
+    /// too), or s3://, gs://, az:// prefixes.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// The moment owners and roles are told at: peak, oom, end, an event number or a time
+    /// since the first recorded event (250ms, 12.5s). Default: the OOM if any, else the peak.
+    #[arg(long, value_name = "MOMENT", value_parser = at::parse)]
+    pub at: Option<At>,
+    /// Exit with status 1 when a leak is found (the sites are named on stderr).
+    #[arg(long)]
+    pub fail_on_leak: bool,
+    #[command(flatten)]
+    pub attr: Attribution,
+    /// Print JSON instead of text (shape: see --help).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Reads every file and puts the answers together.
+pub fn build(a: &Args) -> Result<Explanation> {
+    let files = crate::input::run_files(&a.paths)?;
+    let at = a.at.unwrap_or(At::Auto);
+    let opts = engine::Options {
+        attr: a.attr.rules(),
+    };
+    let digests = crate::input::map_files(&files, |p| {
+        let name = p.display().to_string();
+        match crate::input::load_explained(p, at) {
+            Ok(read) => engine::digest(name, &read.loaded, &read.logs, &opts),
+            Err(e) => engine::unreadable(name, format!("{e:#}")),
+        }
+    });
+    if let Some(e) = digests.iter().find_map(|d| d.error.as_ref())
+        && digests.iter().all(|d| d.error.is_some())
+    {
+        if digests.len() == 1 {
+            anyhow::bail!("{e}");
+        }
+        anyhow::bail!(
+            "no readable snapshot among {} files; the first: {e}",
+            digests.len()
+        );
+    }
+    Ok(engine::build(digests))
+}
+
+pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
+    let x = build(a)?;
+    if a.json {
+        serde_json::to_writer_pretty(&mut *out, &x)?;
+        writeln!(out)?;
+    } else {
+        write_text(&x, out)?;
+    }
+    if a.fail_on_leak && !x.leaks.is_empty() {
+        out.flush()?;
+        eprintln!("memsnap: leak: {}", x.leaking_sites().join("; "));
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+fn rank(r: Option<i64>) -> String {
+    r.map_or_else(|| "rank ?".to_string(), |r| format!("rank {r}"))
+}
+
+fn opt_bytes(b: Option<i64>) -> String {
+    b.map_or_else(|| "unknown".to_string(), fmt_bytes)
+}
+
+/// The explanation as text.
+pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut first = true;
+    let mut paragraph = |out: &mut dyn Write| -> std::io::Result<()> {
+        if !std::mem::take(&mut first) {
+            writeln!(out)?;
+        }
+        Ok(())
+    };
+    if let Some(o) = &x.oom {
+        paragraph(out)?;
+        write_oom(o, x.files > 1, out)?;
+    }
+    if !x.leaks.is_empty() {
+        paragraph(out)?;
+        writeln!(out, "Leaks across steps (live bytes at step boundaries):")?;
+        for l in &x.leaks {
+            let on = match l.ranks.as_slice() {
+                [] => String::new(),
+                r => format!(
+                    " on rank{} {}",
+                    if r.len() > 1 { "s" } else { "" },
+                    r.iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            writeln!(
+                out,
+                "  +{} per step since step {} ({} steps, {} live at step {}){on}: {}",
+                fmt_bytes(l.bytes_per_step),
+                l.first_step,
+                l.steps,
+                fmt_bytes(l.live_bytes_at_end),
+                l.last_step,
+                l.site
+            )?;
+        }
+    }
+    if let Some(at) = &x.at {
+        paragraph(out)?;
+        let whose = if x.files > 1 {
+            format!(" of {} ({})", at.file, rank(at.rank))
+        } else {
+            String::new()
+        };
+        let total: i64 = x
+            .owners
+            .iter()
+            .filter(|(k, _)| k.as_str() != owners::OUTSIDE)
+            .map(|(_, b)| b)
+            .sum();
+        writeln!(
+            out,
+            "Who holds the memory {}{whose}: {} recorded",
+            at.moment,
+            fmt_bytes(total)
+        )?;
+        for (owner, bytes) in owners::sorted(&x.owners) {
+            writeln!(out, "  {:>10}  {owner}", fmt_bytes(bytes))?;
+        }
+        // The OOM paragraph listed the sites already when it is the same moment.
+        let listed = x.oom.as_ref().is_some_and(|o| o.file == at.file);
+        for s in x.sites.iter().take(if listed { 0 } else { 3 }) {
+            writeln!(
+                out,
+                "  {:>10}  at {} [{}, {}]",
+                fmt_bytes(s.bytes),
+                s.site,
+                s.library.as_str(),
+                s.role.as_str()
+            )?;
+        }
+        match &x.roles {
+            Some(r) => {
+                let rows: Vec<String> = r
+                    .rows()
+                    .iter()
+                    .map(|(role, b)| format!("{} {}", role.as_str(), fmt_bytes(*b)))
+                    .collect();
+                if !rows.is_empty() {
+                    writeln!(
+                        out,
+                        "  what for (from the frames; `other` where they do not say): {}",
+                        rows.join(", ")
+                    )?;
+                }
+            }
+            None => writeln!(
+                out,
+                "  what for: cannot be told (no frames were recorded for the live memory)"
+            )?,
+        }
+    }
+    if let Some(r) = &x.ranks
+        && let (Some(worst), Some(median)) = (r.worst_rank, r.median_rank)
+    {
+        paragraph(out)?;
+        writeln!(
+            out,
+            "Ranks: rank {worst} peaks highest at {}; the median peak is {} (rank {median} is closest)",
+            fmt_bytes(r.worst_peak_bytes),
+            fmt_bytes(r.median_peak_bytes)
+        )?;
+        if !r.differing_sites.is_empty() {
+            writeln!(
+                out,
+                "  {:>10}  {:>10}  sites that differ most (rank {worst}, rank {median})",
+                format!("rank {worst}"),
+                format!("rank {median}")
+            )?;
+            for s in &r.differing_sites {
+                writeln!(
+                    out,
+                    "  {:>10}  {:>10}  {}",
+                    fmt_bytes(s.bytes_worst),
+                    fmt_bytes(s.bytes_median),
+                    s.site
+                )?;
+            }
+        }
+    }
+    if !x.notes.is_empty() {
+        paragraph(out)?;
+        writeln!(out, "Notes:")?;
+        for n in &x.notes {
+            writeln!(out, "  - {n}")?;
+        }
+    }
+    if first {
+        writeln!(
+            out,
+            "nothing to explain: no OOM, no steps, no live memory recorded"
+        )?;
+    }
+    Ok(())
+}
+
+fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()> {
+    let who = if several {
+        format!("{} ran out of memory first", rank(o.rank))
+    } else {
+        "Out of memory".to_string()
+    };
+    writeln!(
+        out,
+        "{who}: asked for {} on device {}, the driver had {} free ({})",
+        fmt_bytes(o.request_bytes),
+        o.device,
+        opt_bytes(o.device_free_bytes),
+        o.file
+    )?;
+    match o.verdict {
+        Verdict::Live => writeln!(
+            out,
+            "  verdict: live: the live allocations hold the memory ({} requested, {} reserved)",
+            fmt_bytes(o.live_bytes),
+            fmt_bytes(o.reserved_bytes)
+        )?,
+        Verdict::Fragmentation => writeln!(
+            out,
+            "  verdict: fragmentation: {} reserved but unallocated inside the caching allocator's \
+             segments, largest free block {}; {}",
+            opt_bytes(o.reserved_unallocated_bytes),
+            opt_bytes(o.largest_free_block_bytes),
+            o.advice.as_deref().unwrap_or_default()
+        )?,
+        Verdict::Outside => writeln!(
+            out,
+            "  verdict: outside: {} of the device's {} is in use but not recorded by memsnap \
+             (CUDA contexts, other processes), more than the {} it recorded",
+            opt_bytes(o.outside_bytes),
+            opt_bytes(o.capacity_bytes),
+            fmt_bytes(o.reserved_bytes)
+        )?,
+    }
+    if o.verdict != Verdict::Outside
+        && let Some(b) = o.outside_bytes.filter(|&b| b > 0)
+    {
+        writeln!(
+            out,
+            "  {} of the device's {} is in use outside memsnap's record",
+            fmt_bytes(b),
+            opt_bytes(o.capacity_bytes)
+        )?;
+    }
+    if let Some(why) = &o.cannot_tell {
+        writeln!(out, "  {why}")?;
+    }
+    if !o.sites.is_empty() {
+        writeln!(
+            out,
+            "  held by (requested bytes, allocations, site [library, role]):"
+        )?;
+        for s in &o.sites {
+            writeln!(
+                out,
+                "    {:>10}  {:>6}  {} [{}, {}]",
+                fmt_bytes(s.bytes),
+                s.allocations,
+                s.site,
+                s.library.as_str(),
+                s.role.as_str()
+            )?;
+        }
+    }
+    if !o.others.is_empty() {
+        let others: Vec<String> = o
+            .others
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} live (peak {})",
+                    rank(r.rank),
+                    opt_bytes(r.live_bytes),
+                    fmt_bytes(r.peak_bytes)
+                )
+            })
+            .collect();
+        writeln!(out, "  the other ranks then: {}", others.join(", "))?;
+    }
+    Ok(())
+}

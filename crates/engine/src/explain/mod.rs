@@ -1,0 +1,1351 @@
+//! `explain`'s model: a few short answers about a run's files, most important first. Why it
+//! ran out of memory ([`oom`]), leaks and creep across steps ([`leaks`]), who owns every
+//! byte ([`owners`]), what the memory is for ([`roles`]), and the ranks side by side.
+//!
+//! Each file is read once ([`read`]: its histories, and beside them a compact log of the
+//! live-byte changes, [`log`]) and reduced on its own thread to a [`Digest`] (a few
+//! kilobytes); [`build`] then puts the digests of every file together. The CLI renders the
+//! [`Explanation`] as text, or serializes it (the JSON shape is docs/EXPLAIN.md's, stable:
+//! keys are only ever added). Cold code.
+
+pub mod leaks;
+pub mod log;
+pub mod oom;
+pub mod owners;
+pub mod roles;
+
+use crate::at::{At, Kind, Resolved};
+use crate::device;
+use crate::history::History;
+use crate::input::{self, Summarized};
+use crate::ranks::rank_from_name;
+use crate::sites::{self, Attribution, Library, Sites};
+use crate::tally::Tally;
+use leaks::{Leak, StepPoint};
+use log::EventLog;
+use memsnap_format::model::{BlockState, Meta, Snapshot, StackId};
+use memsnap_format::pickle_read::ReadError;
+use oom::Verdict;
+use owners::Knowledge;
+use roles::{Role, Roles, StackRole};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Read as IoRead;
+
+/// Sites listed for an OOM.
+pub const OOM_SITES: usize = 5;
+/// Sites listed as differing between ranks.
+pub const DIFFERING_SITES: usize = 5;
+/// Share of the live bytes above which one site is looked at as a possible helper.
+pub const HELPER_SHARE: f64 = 0.5;
+
+/// A file read for `explain`: its summarized snapshot and, per device ordinal, the log of
+/// its live-byte changes.
+pub struct Read {
+    pub loaded: Summarized,
+    pub logs: Vec<EventLog>,
+}
+
+/// Reads one file in one pass: histories following `at`, and the change logs.
+/// `Ok(None)`: the file cannot be streamed (see [`input::read_summarized`]); read it whole
+/// and use [`Read::of_whole`].
+pub fn read(
+    file: &mut dyn IoRead,
+    progress: &mut dyn FnMut(usize),
+    at: At,
+) -> Result<Option<Read>, ReadError> {
+    let mut by_list: Vec<EventLog> = Vec::new();
+    let r = input::read_summarized_with(file, progress, at, &mut |i, e, h| {
+        if by_list.len() <= i {
+            by_list.resize_with(i + 1, EventLog::default);
+        }
+        by_list[i].push(e, h);
+    })?;
+    let Some((loaded, device_of_list)) = r else {
+        return Ok(None);
+    };
+    let mut logs = vec![EventLog::default(); loaded.histories.len()];
+    for (i, log) in by_list.into_iter().enumerate() {
+        if let Some(&Some(d)) = device_of_list.get(i)
+            && d < logs.len()
+        {
+            logs[d] = log;
+        }
+    }
+    Ok(Some(Read { loaded, logs }))
+}
+
+impl Read {
+    /// The same from a snapshot read whole.
+    pub fn of_whole(snap: Snapshot, at: At) -> Self {
+        let logs = snap.device_traces.iter().map(|t| EventLog::of(t)).collect();
+        Read {
+            loaded: Summarized::of_whole(snap, at),
+            logs,
+        }
+    }
+}
+
+/// How sites are named (`--ignore`, `--callers`).
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub attr: Attribution,
+}
+
+/// One allocation site with its owner and role.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SiteRow {
+    pub site: String,
+    pub bytes: i64,
+    pub allocations: i64,
+    pub library: Library,
+    pub role: Role,
+}
+
+/// The OOM of one file (its earliest), judged.
+#[derive(Clone, Debug, Serialize)]
+pub struct Oom {
+    pub rank: Option<i64>,
+    pub file: String,
+    pub device: i64,
+    pub time_us: i64,
+    pub request_bytes: i64,
+    pub device_free_bytes: Option<i64>,
+    pub verdict: Verdict,
+    pub reserved_unallocated_bytes: Option<i64>,
+    pub largest_free_block_bytes: Option<i64>,
+    /// Recorded reserved and live (requested) bytes on the device then.
+    pub reserved_bytes: i64,
+    pub live_bytes: i64,
+    pub capacity_bytes: Option<i64>,
+    pub outside_bytes: Option<i64>,
+    /// The setting or change that would help (fragmentation).
+    pub advice: Option<String>,
+    /// Why the file cannot tell the caching allocator's free space (segments only).
+    pub cannot_tell: Option<String>,
+    pub sites: Vec<SiteRow>,
+    pub owners: BTreeMap<String, i64>,
+    pub first_rank: Option<i64>,
+    pub others: Vec<OtherRank>,
+}
+
+/// Another rank at the moment the first one ran out of memory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OtherRank {
+    pub rank: Option<i64>,
+    /// Live bytes at that moment; `null` when its history cannot tell.
+    pub live_bytes: Option<i64>,
+    pub peak_bytes: i64,
+}
+
+/// The live set at the moment asked for (`--at`), in one file.
+#[derive(Clone, Debug, Default)]
+pub struct Instant {
+    /// `the peak (after event 8, +1.234 s)`, per device where several.
+    pub moment: String,
+    pub oom: bool,
+    pub live: i64,
+    pub owners: BTreeMap<String, i64>,
+    pub roles: Option<Roles>,
+    pub sites: Vec<SiteRow>,
+    /// The helper note, when one site holds most of the bytes through several callers.
+    pub helper: Option<String>,
+}
+
+/// What `explain` keeps of one file once it is read.
+#[derive(Clone, Debug, Default)]
+pub struct Digest {
+    pub file: String,
+    pub rank: Option<i64>,
+    pub local_rank: Option<i64>,
+    pub pid: Option<i64>,
+    pub reason: Option<String>,
+    pub step: Option<i64>,
+    /// Devices with segments or trace entries.
+    pub devices: Vec<i64>,
+    /// Σ over devices of the peak live (requested) bytes.
+    pub peak_bytes: i64,
+    pub live_bytes: i64,
+    /// Device → capacity (`memsnap.devices[i].total_bytes`).
+    pub capacity: BTreeMap<i64, i64>,
+    /// Per device, live bytes over time (`None`: history too long to keep).
+    pub timelines: Option<Vec<Vec<(i64, i64)>>>,
+    pub time_range: Option<(i64, i64)>,
+    pub oom: Option<Oom>,
+    pub instant: Instant,
+    /// The state at the end (a step snapshot's step boundary).
+    pub end_point: StepPoint,
+    /// The states at the file's own step marks.
+    pub marks: Vec<StepPoint>,
+    pub notes: Vec<String>,
+    /// Why the file could not be read.
+    pub error: Option<String>,
+}
+
+/// A digest saying why the file `name` could not be read.
+pub fn unreadable(file: String, error: String) -> Digest {
+    Digest {
+        rank: rank_from_name(&file),
+        file,
+        error: Some(error),
+        ..Digest::default()
+    }
+}
+
+/// An integer of memsnap's metadata, also from a numeric string (`rank` and `local_rank`
+/// are written as strings).
+pub fn meta_number(snap: &Snapshot, key: &str) -> Option<i64> {
+    match snap.meta(key)? {
+        Meta::Int(i) => Some(*i),
+        Meta::Str(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn meta_str(snap: &Snapshot, key: &str) -> Option<String> {
+    match snap.meta(key)? {
+        Meta::Str(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// `memsnap.devices[i].<key>` by device, where present.
+pub fn device_meta(snap: &Snapshot, key: &str) -> BTreeMap<i64, i64> {
+    let Some(Meta::List(devices)) = snap.meta("devices") else {
+        return BTreeMap::new();
+    };
+    devices
+        .iter()
+        .filter_map(|d| {
+            let Meta::Dict(kv) = d else { return None };
+            let get = |k: &str| {
+                kv.iter().find_map(|(name, v)| match v {
+                    Meta::Int(i) if name == k => Some(*i),
+                    _ => None,
+                })
+            };
+            Some((get("device")?, get(key)?))
+        })
+        .collect()
+}
+
+/// Σ of `b` into `a`.
+fn merge(a: &mut FxHashMap<Option<StackId>, Tally>, b: &FxHashMap<Option<StackId>, Tally>) {
+    for (s, t) in b {
+        a.entry(*s).or_default().merge(*t);
+    }
+}
+
+/// Per-file context for turning stacks into sites, owners and roles.
+struct Ctx<'a> {
+    snap: &'a Snapshot,
+    sites: Sites,
+    roles: Vec<StackRole>,
+}
+
+impl Ctx<'_> {
+    /// Site rows of a live set (requested bytes by stack), largest first; `freed`: the
+    /// part freed later (for the backward role).
+    fn site_rows(
+        &self,
+        holders: &FxHashMap<Option<StackId>, Tally>,
+        freed: &FxHashMap<Option<StackId>, Tally>,
+    ) -> Vec<SiteRow> {
+        // Per site: bytes, allocations, and per library and role the bytes.
+        type Acc = (Tally, FxHashMap<Library, i64>, FxHashMap<Role, i64>);
+        let mut by_site: FxHashMap<u32, Acc> = FxHashMap::default();
+        for (stack, t) in holders {
+            let acc = by_site.entry(self.sites.site(*stack)).or_default();
+            acc.0.merge(*t);
+            *acc.1.entry(self.sites.library(*stack)).or_default() += t.bytes;
+            for (role, bytes) in self.roles_of(*stack, t.bytes, freed) {
+                *acc.2.entry(role).or_default() += bytes;
+            }
+        }
+        fn top<K: Ord + Copy>(m: &FxHashMap<K, i64>) -> Option<K> {
+            m.iter()
+                .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+                .map(|(k, _)| *k)
+        }
+        let mut rows: Vec<SiteRow> = by_site
+            .into_iter()
+            .map(|(site, (t, libs, roles))| SiteRow {
+                site: self.sites.text(site).to_string(),
+                bytes: t.bytes,
+                allocations: t.count,
+                library: top(&libs).unwrap_or(Library::Unknown),
+                role: top(&roles).unwrap_or(Role::Other),
+            })
+            .filter(|r| r.allocations > 0)
+            .collect();
+        rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+        rows
+    }
+
+    /// The roles of `bytes` of `stack`: backward blocks split by what was freed later.
+    fn roles_of(
+        &self,
+        stack: Option<StackId>,
+        bytes: i64,
+        freed: &FxHashMap<Option<StackId>, Tally>,
+    ) -> Vec<(Role, i64)> {
+        match roles::of_stack(&self.roles, stack) {
+            StackRole::Known(r) => vec![(r, bytes)],
+            StackRole::Backward => {
+                let f = freed.get(&stack).map_or(0, |t| t.bytes).clamp(0, bytes);
+                vec![(Role::Temporaries, f), (Role::Gradients, bytes - f)]
+            }
+        }
+    }
+
+    fn roles(
+        &self,
+        holders: &FxHashMap<Option<StackId>, Tally>,
+        freed: &FxHashMap<Option<StackId>, Tally>,
+    ) -> Option<Roles> {
+        let framed = holders
+            .keys()
+            .any(|s| self.snap.stack_frames(*s).next().is_some());
+        if !framed {
+            return None;
+        }
+        let mut r = Roles::default();
+        for (stack, t) in holders {
+            for (role, bytes) in self.roles_of(*stack, t.bytes, freed) {
+                r.add(role, bytes);
+            }
+        }
+        Some(r)
+    }
+
+    /// When one site holds most of `holders` through several callers: which caller to look
+    /// at, and the `--ignore` pattern that names the callers.
+    fn helper(
+        &self,
+        holders: &FxHashMap<Option<StackId>, Tally>,
+        attr: &Attribution,
+    ) -> Option<String> {
+        let total: i64 = holders.values().map(|t| t.bytes).sum();
+        let mut by_site: FxHashMap<u32, i64> = FxHashMap::default();
+        for (s, t) in holders {
+            *by_site.entry(self.sites.site(*s)).or_default() += t.bytes;
+        }
+        let (&site, &bytes) = by_site
+            .iter()
+            .max_by_key(|(s, b)| (**b, std::cmp::Reverse(**s)))?;
+        if total <= 0 || (bytes as f64) < HELPER_SHARE * total as f64 {
+            return None;
+        }
+        // The site's frame, from its largest stack.
+        let (stack, _) = holders
+            .iter()
+            .filter(|(s, _)| self.sites.site(**s) == site)
+            .max_by_key(|(s, t)| (t.bytes, std::cmp::Reverse(**s)))?;
+        let frames: Vec<_> = self.snap.stack_frames(*stack).collect();
+        let frame = sites::site_frame(&frames, attr)?;
+        let pattern = if sites::is_python_frame(frame) {
+            frame
+                .filename
+                .rsplit('/')
+                .next()
+                .unwrap_or(&frame.filename)
+                .to_string()
+        } else {
+            sites::simplify_cpp(&frame.name)
+        };
+        if pattern.is_empty() {
+            return None;
+        }
+        let mut ignoring = attr.clone();
+        ignoring.ignore.push(pattern.clone());
+        let callers = Sites::new(self.snap, &ignoring);
+        let mut by_caller: FxHashMap<u32, i64> = FxHashMap::default();
+        for (s, t) in holders.iter().filter(|(s, _)| self.sites.site(**s) == site) {
+            *by_caller.entry(callers.site(*s)).or_default() += t.bytes;
+        }
+        if by_caller.len() < 2 {
+            return None;
+        }
+        let (&caller, &caller_bytes) = by_caller
+            .iter()
+            .max_by_key(|(s, b)| (**b, std::cmp::Reverse(**s)))?;
+        Some(format!(
+            "{} holds {:.0}% of the live bytes, reached from {} callers: an allocation helper? \
+             The largest caller is {} ({}); `--ignore {pattern}` makes the callers the sites, \
+             `--callers 2` shows them beside it",
+            self.sites.text(site),
+            100.0 * bytes as f64 / total as f64,
+            by_caller.len(),
+            callers.text(caller),
+            crate::bytes::fmt_bytes(caller_bytes),
+        ))
+    }
+
+    /// Free space inside the caching allocator's segments of `device` in the snapshot
+    /// itself: Σ and largest inactive block.
+    fn end_cache_free(&self, device: i64) -> (i64, i64) {
+        let free = self
+            .snap
+            .segments
+            .iter()
+            .filter(|s| s.device == device)
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size);
+        let sizes: Vec<i64> = free.collect();
+        (sizes.iter().sum(), sizes.iter().copied().max().unwrap_or(0))
+    }
+}
+
+/// Reduces one file to what `explain` needs. `logs` may be empty (no step marks, no
+/// timelines: what `summary` has).
+pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Options) -> Digest {
+    let Summarized { snap, histories } = loaded;
+    let sites = Sites::new(snap, &opts.attr);
+    let knowledge = owners::knowledge(snap, &sites);
+    let ctx = Ctx {
+        snap,
+        roles: roles::of_stacks(snap),
+        sites,
+    };
+    let devs = device::devices(snap);
+    let capacity = device_meta(snap, "total_bytes");
+    // memsnap writes the pid where the environment names no rank: no rank then.
+    let pid = meta_number(snap, "pid");
+    let not_pid = |r: Option<i64>| r.filter(|r| Some(*r) != pid);
+    let mut d = Digest {
+        rank: match meta_number(snap, "rank") {
+            Some(r) => not_pid(Some(r)),
+            None => rank_from_name(&file),
+        },
+        local_rank: not_pid(meta_number(snap, "local_rank")),
+        pid,
+        reason: meta_str(snap, "reason"),
+        step: meta_number(snap, "step"),
+        devices: devs.clone(),
+        capacity: capacity.clone(),
+        file,
+        ..Digest::default()
+    };
+    let mut holders: FxHashMap<Option<StackId>, Tally> = FxHashMap::default();
+    let mut freed: FxHashMap<Option<StackId>, Tally> = FxHashMap::default();
+    let mut reserved_at = 0;
+    let mut moments: Vec<(i64, Resolved)> = Vec::new();
+    let mut end_by_site: BTreeMap<String, i64> = BTreeMap::new();
+    let mut end_reserved_all = 0;
+    let mut timelines = Some(Vec::new());
+    let mut first_oom = None;
+    for &dev in &devs {
+        let hist = device::history_of(histories, dev);
+        let end = device::end_blocks(snap, dev);
+        let end_reserved = device::end_reserved(snap, dev);
+        end_reserved_all += end_reserved;
+        let end_live: i64 = end.iter().map(|b| b.requested).sum();
+        d.live_bytes += end_live;
+        d.peak_bytes += hist.peak_live(end_live).0;
+        for b in &end {
+            *end_by_site
+                .entry(ctx.sites.text(ctx.sites.site(b.stack)).to_string())
+                .or_default() += b.requested;
+        }
+        let (at, later) = hist.at_with_end_split(&end, end_reserved);
+        merge(&mut holders, &at.holders);
+        merge(&mut freed, &later);
+        reserved_at += at.reserved;
+        moments.push((dev, at.moment));
+        for o in hist.ooms_with_end(&end, end_reserved) {
+            if first_oom
+                .as_ref()
+                .is_none_or(|(_, t, _): &(i64, i64, _)| o.oom.time_us < *t)
+            {
+                let info = (
+                    o.oom.requested,
+                    o.oom.device_free,
+                    o.reserved,
+                    o.holders.clone(),
+                    hist.changed_after(o.oom.event),
+                );
+                first_oom = Some((dev, o.oom.time_us, info));
+            }
+        }
+        let log = usize::try_from(dev).ok().and_then(|i| logs.get(i));
+        match (log.and_then(|l| l.timeline(end_live)), timelines.as_mut()) {
+            (Some(tl), Some(all)) => all.push(tl),
+            _ if log.is_none() => {}
+            _ => timelines = None,
+        }
+        // The file's own step marks on this device.
+        let marks: Vec<i64> = snap
+            .step_marks
+            .iter()
+            .filter(|m| m.device == dev)
+            .map(|m| m.time_us)
+            .collect();
+        if !marks.is_empty() {
+            add_marks(&mut d, &ctx, snap, dev, log, &end, &hist);
+        }
+    }
+    d.timelines = timelines.filter(|t| !t.is_empty());
+    // From the first entry to the last, or to the moment the file was written (memsnap's
+    // `time_us`): the state then is the snapshot's own.
+    let ranges = devs
+        .iter()
+        .filter_map(|&dev| device::history_of(histories, dev).time_range());
+    d.time_range = ranges
+        .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+        .map(|(a, b)| {
+            let written = meta_number(snap, "time_us").filter(|&w| w >= b);
+            (a, written.unwrap_or(b))
+        });
+    d.end_point = StepPoint {
+        step: d.step.unwrap_or(0),
+        live: d.live_bytes,
+        reserved: end_reserved_all,
+        by_site: end_by_site,
+    };
+    // The moment asked for.
+    let live: i64 = holders.values().map(|t| t.bytes).sum();
+    let is_oom = !moments.is_empty()
+        && moments.iter().all(|(_, m)| m.kind != Kind::Peak)
+        && moments.iter().any(|(_, m)| m.kind == Kind::Oom);
+    d.instant = Instant {
+        moment: describe_moments(&moments),
+        oom: is_oom,
+        live,
+        owners: owners::owners(&ctx.sites, knowledge, &holders, reserved_at, None),
+        roles: ctx.roles(&holders, &freed),
+        sites: ctx.site_rows(&holders, &freed),
+        helper: ctx.helper(&holders, &opts.attr),
+    };
+    if let Some((dev, time_us, (request, free, reserved, oom_holders, changed))) = first_oom {
+        let oom_live: i64 = oom_holders.values().map(|t| t.bytes).sum();
+        let mut cannot_tell = None;
+        let (cache_free, largest) = match knowledge {
+            Knowledge::Blocks if !changed => {
+                let (sum, largest) = ctx.end_cache_free(dev);
+                (Some(sum), Some(largest))
+            }
+            // Later events changed the segments: free space from the history's sums.
+            Knowledge::Blocks => (Some((reserved - oom_live).max(0)), None),
+            Knowledge::NoTorch => (Some(0), None),
+            Knowledge::Segments => {
+                let why = owners::torch_allocator_line(snap)
+                    .map(|l| format!("the file says `{l}`"))
+                    .unwrap_or_else(|| {
+                        "the file was recorded without the caching allocator's blocks".into()
+                    });
+                cannot_tell = Some(format!(
+                    "PyTorch's caching-allocator segments are recorded without their blocks \
+                     ({why}): how much of the reserved memory was free inside them, and \
+                     whether fragmentation played a part, cannot be told"
+                ));
+                (None, None)
+            }
+            Knowledge::Tensors => {
+                cannot_tell = Some(
+                    "PyTorch allocates each tensor from CUDA (cudaMallocAsync): the free space \
+                     of CUDA's own memory pool is not recorded"
+                        .into(),
+                );
+                (None, None)
+            }
+        };
+        let cap = capacity.get(&dev).copied();
+        let judged = oom::judge(&oom::Inputs {
+            request,
+            device_free: free,
+            reserved,
+            live: oom_live,
+            capacity: cap,
+            knowledge,
+            cache_free,
+            largest_free_block: largest,
+            expandable: owners::expandable_on(snap),
+        });
+        let no_freed = if is_oom {
+            &freed
+        } else {
+            &FxHashMap::default()
+        };
+        d.oom = Some(Oom {
+            rank: d.rank,
+            file: d.file.clone(),
+            device: dev,
+            time_us,
+            request_bytes: request,
+            device_free_bytes: free,
+            verdict: judged.verdict,
+            reserved_unallocated_bytes: cache_free,
+            largest_free_block_bytes: largest,
+            reserved_bytes: reserved,
+            live_bytes: oom_live,
+            capacity_bytes: cap,
+            outside_bytes: judged.outside,
+            advice: judged.advice,
+            cannot_tell,
+            sites: ctx
+                .site_rows(&oom_holders, no_freed)
+                .into_iter()
+                .take(OOM_SITES)
+                .collect(),
+            owners: owners::owners(
+                &ctx.sites,
+                knowledge,
+                &oom_holders,
+                reserved,
+                judged.outside,
+            ),
+            first_rank: None,
+            others: Vec::new(),
+        });
+    }
+    d
+}
+
+/// The live set by site at each of the file's step marks on `dev` (the state before the
+/// first entry at or after the mark's time).
+fn add_marks(
+    d: &mut Digest,
+    ctx: &Ctx,
+    snap: &Snapshot,
+    dev: i64,
+    log: Option<&EventLog>,
+    end: &[crate::history::EndBlock],
+    hist: &History,
+) {
+    let mut marks: Vec<(i64, i64)> = snap
+        .step_marks
+        .iter()
+        .filter(|m| m.device == dev)
+        .map(|m| (m.time_us, m.step))
+        .collect();
+    marks.sort_unstable();
+    let times: Vec<i64> = marks.iter().map(|m| m.0).collect();
+    let Some(states) = log.and_then(|l| l.by_stack_before(end, &times)) else {
+        if hist.events > 0 {
+            d.notes.push(format!(
+                "{}: device {dev}'s history is too long ({} events) to place its step marks",
+                d.file, hist.events
+            ));
+        }
+        return;
+    };
+    for ((_, step), by_stack) in marks.iter().zip(states) {
+        let i = match d.marks.iter().position(|p| p.step == *step) {
+            Some(i) => i,
+            None => {
+                d.marks.push(StepPoint {
+                    step: *step,
+                    ..StepPoint::default()
+                });
+                d.marks.len() - 1
+            }
+        };
+        let p = &mut d.marks[i];
+        for (stack, bytes) in by_stack {
+            *p.by_site
+                .entry(ctx.sites.text(ctx.sites.site(stack)).to_string())
+                .or_default() += bytes;
+            p.live += bytes;
+        }
+        // Reserved bytes are not followed between marks: live stands in, so no cache
+        // growth is claimed from marks.
+        p.reserved = p.live;
+    }
+    d.marks.sort_by_key(|p| p.step);
+}
+
+fn describe_moments(moments: &[(i64, Resolved)]) -> String {
+    crate::at::describe_devices(moments)
+}
+
+/// The ranks side by side.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ranks {
+    pub worst_rank: Option<i64>,
+    pub median_rank: Option<i64>,
+    pub median_peak_bytes: i64,
+    pub worst_peak_bytes: i64,
+    pub differing_sites: Vec<DifferingSite>,
+    /// Ranks whose files allocate on a device that belongs to another rank.
+    pub foreign_devices: Vec<ForeignDevice>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DifferingSite {
+    pub site: String,
+    pub bytes_worst: i64,
+    pub bytes_median: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ForeignDevice {
+    pub rank: i64,
+    pub local_rank: i64,
+    pub devices: Vec<i64>,
+}
+
+/// Where the owners and roles were taken.
+#[derive(Clone, Debug, Serialize)]
+pub struct AtFile {
+    pub file: String,
+    pub rank: Option<i64>,
+    pub moment: String,
+}
+
+/// Everything `explain` says.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explanation {
+    pub oom: Option<Oom>,
+    pub leaks: Vec<Leak>,
+    /// Live bytes by owner at the moment asked for (default: the OOM, else the peak).
+    pub owners: BTreeMap<String, i64>,
+    pub roles: Option<Roles>,
+    pub ranks: Option<Ranks>,
+    pub notes: Vec<String>,
+    /// The file and moment `owners` and `roles` describe.
+    pub at: Option<AtFile>,
+    pub files: usize,
+    /// Steps until the leaks fill the device, where its capacity is known.
+    pub steps_to_oom: Option<i64>,
+    /// The sites at that moment (text only).
+    #[serde(skip)]
+    pub sites: Vec<SiteRow>,
+}
+
+impl Explanation {
+    /// The leaking sites, for `--fail-on-leak`.
+    pub fn leaking_sites(&self) -> Vec<&str> {
+        self.leaks.iter().map(|l| l.site.as_str()).collect()
+    }
+}
+
+fn median_of(mut v: Vec<i64>) -> i64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[(v.len() - 1) / 2]
+}
+
+/// Live bytes of a file at `time_us` (Σ over devices), from its timelines; `None` when its
+/// history does not cover that moment.
+fn live_at(d: &Digest, time_us: i64) -> Option<i64> {
+    let (first, last) = d.time_range?;
+    if time_us < first || time_us > last {
+        return None;
+    }
+    let tls = d.timelines.as_ref()?;
+    tls.iter().map(|t| log::at_time(t, time_us)).sum()
+}
+
+/// Puts the digests of every file together.
+pub fn build(mut digests: Vec<Digest>) -> Explanation {
+    let files = digests.len();
+    let mut notes: Vec<String> = Vec::new();
+    for d in digests.iter().filter(|d| d.error.is_some()) {
+        notes.push(format!(
+            "{}: unreadable: {}",
+            d.file,
+            d.error.as_deref().unwrap_or_default()
+        ));
+    }
+    digests.retain(|d| d.error.is_none());
+    let several = digests.len() > 1;
+    for d in &digests {
+        notes.extend(d.notes.iter().cloned());
+    }
+    // Peak per rank (over its files).
+    let mut peak_of_rank: BTreeMap<i64, i64> = BTreeMap::new();
+    for d in &digests {
+        if let Some(r) = d.rank {
+            let p = peak_of_rank.entry(r).or_default();
+            *p = (*p).max(d.peak_bytes);
+        }
+    }
+    // 1. The OOM that came first.
+    // Ties (a rank's `oom` and `exit` files hold the same OOM): the `oom` file.
+    let first = digests
+        .iter()
+        .filter_map(|d| d.oom.as_ref().map(|o| (o.time_us, d.rank, d)))
+        .min_by_key(|(t, r, d)| (*t, *r, d.reason.as_deref() != Some("oom"), d.file.clone()))
+        .map(|(_, _, d)| d);
+    let mut oom = first.and_then(|d| d.oom.clone());
+    if let Some(o) = oom.as_mut() {
+        o.first_rank = o.rank;
+        let ranks_oomed: Vec<i64> = digests
+            .iter()
+            .filter(|d| d.oom.is_some())
+            .filter_map(|d| d.rank)
+            .collect();
+        for (&rank, &peak) in &peak_of_rank {
+            if Some(rank) == o.rank {
+                continue;
+            }
+            // The rank's file whose history covers the moment, else its latest.
+            let files: Vec<&Digest> = digests.iter().filter(|d| d.rank == Some(rank)).collect();
+            let covering = files
+                .iter()
+                .find(|d| {
+                    d.time_range
+                        .is_some_and(|(a, b)| a <= o.time_us && o.time_us <= b)
+                })
+                .or_else(|| files.iter().max_by_key(|d| d.time_range.map(|r| r.1)));
+            o.others.push(OtherRank {
+                rank: Some(rank),
+                live_bytes: covering.and_then(|d| live_at(d, o.time_us)),
+                peak_bytes: peak,
+            });
+        }
+        if ranks_oomed.iter().any(|r| Some(*r) != o.rank) {
+            let mut later: Vec<i64> = ranks_oomed
+                .iter()
+                .copied()
+                .filter(|r| Some(*r) != o.rank)
+                .collect();
+            later.sort_unstable();
+            later.dedup();
+            notes.push(format!(
+                "rank{} {} ran out of memory too, later",
+                if later.len() > 1 { "s" } else { "" },
+                later
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    // 2. Leaks: per rank, the longest series of step boundaries.
+    let mut series: BTreeMap<Option<i64>, Vec<StepPoint>> = BTreeMap::new();
+    let mut groups: BTreeMap<(Option<i64>, Option<i64>), Vec<StepPoint>> = BTreeMap::new();
+    for d in &digests {
+        if d.reason.as_deref() == Some("step") && d.step.is_some() {
+            groups
+                .entry((d.rank, d.pid))
+                .or_default()
+                .push(d.end_point.clone());
+        }
+        if d.marks.len() > series.get(&d.rank).map_or(0, Vec::len) {
+            series.insert(d.rank, d.marks.clone());
+        }
+    }
+    for ((rank, _), mut pts) in groups {
+        pts.sort_by_key(|p| p.step);
+        pts.dedup_by_key(|p| p.step);
+        if pts.len() > series.get(&rank).map_or(0, Vec::len) {
+            series.insert(rank, pts);
+        }
+    }
+    let ranks_with_series = series.len();
+    let mut leaks: Vec<Leak> = Vec::new();
+    let mut steps_to_oom: Option<i64> = None;
+    for (rank, pts) in &series {
+        let found = leaks::find(pts, *rank, ranks_with_series > 1);
+        if !found.leaks.is_empty() {
+            let per_step: i64 = found.leaks.iter().map(|l| l.bytes_per_step).sum();
+            let last = pts.last().expect("a series with leaks has points");
+            let cap = digests
+                .iter()
+                .filter(|d| d.rank == *rank)
+                .flat_map(|d| d.capacity.values().copied())
+                .max();
+            let who = rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
+            match cap {
+                Some(cap) if per_step > 0 => {
+                    let used = last.reserved.max(last.live);
+                    let n = ((cap - used).max(0) + per_step - 1) / per_step;
+                    steps_to_oom = Some(steps_to_oom.map_or(n, |s: i64| s.min(n)));
+                    notes.push(format!(
+                        "{who}at +{} per step, out of memory in about {n} steps ({} of {} in use at step {})",
+                        crate::bytes::fmt_bytes(per_step),
+                        crate::bytes::fmt_bytes(used),
+                        crate::bytes::fmt_bytes(cap),
+                        last.step
+                    ));
+                }
+                _ => notes.push(format!(
+                    "{who}the files do not carry the device's capacity \
+                     (memsnap.devices[].total_bytes): when the creep runs out of memory cannot be told"
+                )),
+            }
+        }
+        notes.extend(found.notes);
+        for l in found.leaks {
+            match leaks.iter_mut().find(|x| x.site == l.site) {
+                Some(x) => {
+                    x.ranks.extend(l.ranks);
+                    x.bytes_per_step = x.bytes_per_step.max(l.bytes_per_step);
+                    x.live_bytes_at_end = x.live_bytes_at_end.max(l.live_bytes_at_end);
+                    x.steps = x.steps.max(l.steps);
+                    x.first_step = x.first_step.min(l.first_step);
+                    x.last_step = x.last_step.max(l.last_step);
+                }
+                None => leaks.push(l),
+            }
+        }
+    }
+    leaks.sort_by(|a, b| {
+        b.bytes_per_step
+            .cmp(&a.bytes_per_step)
+            .then(a.site.cmp(&b.site))
+    });
+    // 3, 4. Owners and roles at the moment: the first OOM's file, else the highest peak.
+    let focus = first.or_else(|| {
+        digests
+            .iter()
+            .max_by_key(|d| (d.peak_bytes, std::cmp::Reverse(d.file.clone())))
+    });
+    let (owners, roles, at, sites) = match focus {
+        Some(d) => {
+            if let Some(h) = &d.instant.helper {
+                notes.push(h.clone());
+            }
+            (
+                d.instant.owners.clone(),
+                d.instant.roles,
+                Some(AtFile {
+                    file: d.file.clone(),
+                    rank: d.rank,
+                    moment: d.instant.moment.clone(),
+                }),
+                d.instant.sites.clone(),
+            )
+        }
+        None => (BTreeMap::new(), None, None, Vec::new()),
+    };
+    // 5. Ranks side by side.
+    let ranks = side_by_side(&digests, &peak_of_rank, &mut notes);
+    if several && files > 0 && digests.is_empty() {
+        notes.push("no file could be read".into());
+    }
+    Explanation {
+        oom,
+        leaks,
+        owners,
+        roles,
+        ranks,
+        notes,
+        at,
+        files,
+        steps_to_oom,
+        sites,
+    }
+}
+
+fn side_by_side(
+    digests: &[Digest],
+    peak_of_rank: &BTreeMap<i64, i64>,
+    notes: &mut Vec<String>,
+) -> Option<Ranks> {
+    // Devices that belong to another rank.
+    let mut foreign: Vec<ForeignDevice> = Vec::new();
+    for d in digests {
+        let (Some(rank), Some(local)) = (d.rank, d.local_rank) else {
+            continue;
+        };
+        let used: Vec<i64> = d.devices.clone();
+        if used.is_empty() || used == [local] {
+            continue;
+        }
+        match foreign.iter_mut().find(|f| f.rank == rank) {
+            Some(f) => {
+                f.devices.extend(used);
+                f.devices.sort_unstable();
+                f.devices.dedup();
+            }
+            None => foreign.push(ForeignDevice {
+                rank,
+                local_rank: local,
+                devices: used,
+            }),
+        }
+    }
+    for f in &foreign {
+        let others: Vec<String> = f
+            .devices
+            .iter()
+            .filter(|&&dv| dv != f.local_rank)
+            .map(|dv| format!("device {dv} (local rank {dv}'s)"))
+            .collect();
+        notes.push(format!(
+            "rank {} (LOCAL_RANK {}) allocates on {}: memory on a device that belongs to another \
+             rank (unless CUDA_VISIBLE_DEVICES gives each rank its own device 0)",
+            f.rank,
+            f.local_rank,
+            others.join(", ")
+        ));
+    }
+    if peak_of_rank.len() < 2 {
+        return (!foreign.is_empty()).then(|| Ranks {
+            worst_rank: None,
+            median_rank: None,
+            median_peak_bytes: 0,
+            worst_peak_bytes: 0,
+            differing_sites: Vec::new(),
+            foreign_devices: foreign,
+        });
+    }
+    let (&worst, &worst_peak) = peak_of_rank
+        .iter()
+        .max_by_key(|(r, p)| (**p, std::cmp::Reverse(**r)))?;
+    let median = median_of(peak_of_rank.values().copied().collect());
+    let (&median_rank, _) = peak_of_rank
+        .iter()
+        .filter(|(r, _)| **r != worst)
+        .min_by_key(|(r, p)| ((**p - median).abs(), **r))?;
+    // Sites at each rank's moment (its file with the highest peak).
+    let sites_of = |rank: i64| -> BTreeMap<String, i64> {
+        digests
+            .iter()
+            .filter(|d| d.rank == Some(rank))
+            .max_by_key(|d| d.peak_bytes)
+            .map(|d| {
+                d.instant
+                    .sites
+                    .iter()
+                    .map(|s| (s.site.clone(), s.bytes))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (w, m) = (sites_of(worst), sites_of(median_rank));
+    let mut differing: Vec<DifferingSite> = w
+        .keys()
+        .chain(m.keys())
+        .map(|s| DifferingSite {
+            site: s.clone(),
+            bytes_worst: w.get(s).copied().unwrap_or(0),
+            bytes_median: m.get(s).copied().unwrap_or(0),
+        })
+        .filter(|d| d.bytes_worst != d.bytes_median)
+        .collect();
+    differing.sort_by(|a, b| {
+        (b.bytes_worst - b.bytes_median)
+            .abs()
+            .cmp(&(a.bytes_worst - a.bytes_median).abs())
+            .then(a.site.cmp(&b.site))
+    });
+    differing.dedup_by(|a, b| a.site == b.site);
+    differing.truncate(DIFFERING_SITES);
+    Some(Ranks {
+        worst_rank: Some(worst),
+        median_rank: Some(median_rank),
+        median_peak_bytes: median,
+        worst_peak_bytes: worst_peak,
+        differing_sites: differing,
+        foreign_devices: foreign,
+    })
+}
+
+/// The verdict line `summary` ends an OOM file with, and whether there is one.
+pub fn verdict_line(loaded: &Summarized, name: &str, attr: &Attribution) -> Option<String> {
+    let d = digest(
+        name.to_string(),
+        loaded,
+        &[],
+        &Options { attr: attr.clone() },
+    );
+    let o = d.oom?;
+    let why = match o.verdict {
+        Verdict::Live => format!(
+            "live: the live allocations hold the memory{}",
+            o.sites
+                .first()
+                .map(|s| format!(
+                    ", {} the most ({})",
+                    s.site,
+                    crate::bytes::fmt_bytes(s.bytes)
+                ))
+                .unwrap_or_default()
+        ),
+        Verdict::Fragmentation => format!(
+            "fragmentation: {} reserved but free inside the caching allocator, no free block of {}",
+            crate::bytes::fmt_bytes(o.reserved_unallocated_bytes.unwrap_or(0)),
+            crate::bytes::fmt_bytes(o.request_bytes)
+        ),
+        Verdict::Outside => format!(
+            "outside: {} in use that memsnap did not record (CUDA contexts, other processes)",
+            crate::bytes::fmt_bytes(o.outside_bytes.unwrap_or(0))
+        ),
+    };
+    Some(format!(
+        "verdict: {why}; `memsnap explain {name}` says more"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memsnap_format::model::{Action, Frame, Segment, StepMark, TraceEntry};
+
+    const MIB: i64 = 1 << 20;
+
+    fn fr(name: &str, line: i64) -> Frame {
+        Frame {
+            name: name.into(),
+            filename: "/job/train.py".into(),
+            line,
+        }
+    }
+
+    fn ev(action: Action, addr: i64, size: i64, stack: u32, t: i64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: t,
+            stack: Some(stack),
+            device_free: None,
+            user_metadata: None,
+        }
+    }
+
+    /// A memsnap-style file of `rank` (stacks: 0 `keep` train.py:10, 1 `temp` train.py:20,
+    /// 2 `big` train.py:30) with `trace` on device `device` and `live` at the end.
+    fn file(rank: i64, device: i64, trace: Vec<TraceEntry>, live: &[(i64, i64, u32)]) -> Snapshot {
+        let s = |k: &str, v: &str| (k.to_string(), Meta::Str(v.into()));
+        let mut traces = vec![Vec::new(); device as usize + 1];
+        traces[device as usize] = trace;
+        Snapshot {
+            frames: vec![fr("keep", 10), fr("temp", 20), fr("big", 30)],
+            stacks: vec![vec![0], vec![1], vec![2]],
+            segments: live
+                .iter()
+                .map(|&(a, b, st)| Segment::one_allocation(device, a, b, Some(st)))
+                .collect(),
+            device_traces: traces,
+            memsnap: vec![
+                s("rank", &rank.to_string()),
+                s("local_rank", &rank.to_string()),
+                ("pid".into(), Meta::Int(1000 + rank)),
+                s("reason", "exit"),
+                (
+                    "devices".into(),
+                    Meta::List(vec![Meta::Dict(vec![
+                        ("device".into(), Meta::Int(device)),
+                        ("total_bytes".into(), Meta::Int(512 * MIB)),
+                    ])]),
+                ),
+            ],
+            ..Snapshot::default()
+        }
+    }
+
+    fn digest_of(name: &str, snap: Snapshot) -> Digest {
+        let read = Read::of_whole(snap, At::Auto);
+        digest(name.into(), &read.loaded, &read.logs, &Options::default())
+    }
+
+    /// Rank `rank` holds 3 x 100 MiB of `big` and 1 MiB of `keep`, then asks for 512 MiB
+    /// at `t_oom` with 200 MiB free.
+    fn oom_file(rank: i64, t_oom: i64) -> Snapshot {
+        let mut trace = Vec::new();
+        for i in 0..3 {
+            trace.push(ev(Action::SegmentAlloc, 0x1000 * (i + 1), 100 * MIB, 2, i));
+            trace.push(ev(Action::Alloc, 0x1000 * (i + 1), 100 * MIB, 2, i));
+        }
+        trace.push(ev(Action::SegmentAlloc, 0x9000, MIB, 0, 5));
+        trace.push(ev(Action::Alloc, 0x9000, MIB, 0, 5));
+        let mut oom = ev(Action::Oom, 0, 512 * MIB, 1, t_oom);
+        oom.device_free = Some(200 * MIB);
+        trace.push(oom);
+        let live = [
+            (0x1000, 100 * MIB, 2),
+            (0x2000, 100 * MIB, 2),
+            (0x3000, 100 * MIB, 2),
+            (0x9000, MIB, 0),
+        ];
+        file(rank, 0, trace, &live)
+    }
+
+    #[test]
+    fn an_oom_held_by_one_site_is_live_with_that_site_first() {
+        let d = digest_of("r0.pickle", oom_file(0, 100));
+        let o = d.oom.as_ref().unwrap();
+        assert_eq!(o.verdict, Verdict::Live);
+        assert_eq!(
+            (o.request_bytes, o.device_free_bytes),
+            (512 * MIB, Some(200 * MIB))
+        );
+        assert_eq!(o.sites[0].site, "/job/train.py:30 (big)");
+        assert_eq!((o.sites[0].bytes, o.sites[0].allocations), (300 * MIB, 3));
+        // No caching allocator: nothing reserved-but-free; 512 - 301 - 200 outside.
+        assert_eq!(o.reserved_unallocated_bytes, Some(0));
+        assert_eq!(o.outside_bytes, Some(11 * MIB));
+        assert_eq!(o.owners.get("app"), Some(&(301 * MIB)));
+        let x = build(vec![d]);
+        assert_eq!(x.oom.unwrap().first_rank, Some(0));
+        assert!(x.leaks.is_empty());
+    }
+
+    #[test]
+    fn the_rank_that_ran_out_first_is_named_with_what_the_others_held() {
+        let late = oom_file(1, 900);
+        let x = build(vec![
+            digest_of("r0.pickle", oom_file(0, 500)),
+            digest_of("r1.pickle", late),
+            digest_of("r2.pickle", oom_file(2, 300)),
+        ]);
+        let o = x.oom.unwrap();
+        assert_eq!((o.rank, o.first_rank), (Some(2), Some(2)));
+        let others: Vec<(Option<i64>, Option<i64>)> =
+            o.others.iter().map(|r| (r.rank, r.live_bytes)).collect();
+        // At t=300 ranks 0 and 1 had allocated everything (their allocations end at t=5).
+        assert_eq!(
+            others,
+            [(Some(0), Some(301 * MIB)), (Some(1), Some(301 * MIB))]
+        );
+        assert!(
+            x.notes
+                .iter()
+                .any(|n| n == "ranks 0, 1 ran out of memory too, later")
+        );
+    }
+
+    #[test]
+    fn step_marks_in_one_file_find_the_leak() {
+        // 10 steps of 100 us: `temp` 4 MiB freed within the step, `keep` 1 MiB kept.
+        let mut trace = Vec::new();
+        let mut marks = Vec::new();
+        for step in 0..10i64 {
+            let t = step * 100;
+            marks.push(StepMark {
+                step,
+                device: 0,
+                time_us: t,
+            });
+            trace.push(ev(Action::Alloc, 0x5000, 4 * MIB, 1, t + 1));
+            trace.push(ev(Action::Alloc, 0x100 + step, MIB, 0, t + 2));
+            trace.push(ev(Action::FreeCompleted, 0x5000, 4 * MIB, 1, t + 3));
+        }
+        let live: Vec<(i64, i64, u32)> = (0..10).map(|s| (0x100 + s, MIB, 0)).collect();
+        let mut snap = file(0, 0, trace, &live);
+        snap.step_marks = marks;
+        let x = build(vec![digest_of("r0.pickle", snap)]);
+        assert_eq!(x.leaks.len(), 1, "{:?}", x.notes);
+        let l = &x.leaks[0];
+        assert_eq!(l.site, "/job/train.py:10 (keep)");
+        assert_eq!(l.bytes_per_step, MIB);
+        // Boundaries are step starts: 0 MiB at step 0's start ... 9 MiB at step 9's.
+        assert_eq!((l.first_step, l.last_step), (0, 9));
+        // 512 MiB capacity, 9 MiB in use at the last boundary.
+        assert_eq!(x.steps_to_oom, Some(503));
+    }
+
+    #[test]
+    fn step_files_without_marks_find_the_leak_and_steady_ones_do_not() {
+        let step_file = |step: i64, leak: bool| {
+            let mut live = vec![(0x10, 8 * MIB, 1u32)];
+            if leak {
+                live.extend((0..step).map(|i| (0x1000 + i, MIB, 0u32)));
+            }
+            let mut snap = file(0, 0, Vec::new(), &live);
+            snap.memsnap.retain(|(k, _)| k != "reason");
+            snap.memsnap
+                .push(("reason".into(), Meta::Str("step".into())));
+            snap.memsnap.push(("step".into(), Meta::Int(step)));
+            digest_of(&format!("r0-step{step}.pickle"), snap)
+        };
+        let x = build((1..=8).map(|s| step_file(s, true)).collect());
+        assert_eq!(x.leaking_sites(), ["/job/train.py:10 (keep)"]);
+        assert_eq!(x.leaks[0].bytes_per_step, MIB);
+        let x = build((1..=8).map(|s| step_file(s, false)).collect());
+        assert!(x.leaks.is_empty());
+        assert!(
+            x.notes
+                .iter()
+                .any(|n| n.contains("no leak across 8 step boundaries"))
+        );
+    }
+
+    #[test]
+    fn a_rank_on_another_ranks_device_is_noted() {
+        // Rank 1 (LOCAL_RANK 1) with memory on device 0.
+        let snap = file(1, 0, Vec::new(), &[(0x10, MIB, 0)]);
+        let x = build(vec![digest_of("r1.pickle", snap)]);
+        let r = x.ranks.unwrap();
+        assert_eq!(
+            r.foreign_devices,
+            [ForeignDevice {
+                rank: 1,
+                local_rank: 1,
+                devices: vec![0]
+            }]
+        );
+        assert!(
+            x.notes
+                .iter()
+                .any(|n| n.contains("rank 1 (LOCAL_RANK 1) allocates on device 0"))
+        );
+    }
+
+    #[test]
+    fn free_space_stranded_between_live_blocks_is_fragmentation() {
+        use memsnap_format::model::Block;
+        // PyTorch's own file: one 100 MiB segment, live 40 + 20 MiB, free 20 + 20 MiB; then
+        // a 30 MiB request fails with 5 MiB free on the device.
+        let block = |address: i64, mib: i64, state: BlockState| Block {
+            address,
+            size: mib * MIB,
+            requested_size: mib * MIB,
+            state,
+            stack: Some(2),
+        };
+        let mut seg = Segment::one_allocation(0, 0, 100 * MIB, Some(2));
+        seg.blocks = vec![
+            block(0, 40, BlockState::ActiveAllocated),
+            block(40 * MIB, 20, BlockState::Inactive),
+            block(60 * MIB, 20, BlockState::ActiveAllocated),
+            block(80 * MIB, 20, BlockState::Inactive),
+        ];
+        let mut oom = ev(Action::Oom, 0, 30 * MIB, 1, 10);
+        oom.device_free = Some(5 * MIB);
+        let snap = Snapshot {
+            frames: vec![fr("big", 30), fr("ask", 40)],
+            stacks: vec![vec![0], vec![1], vec![0]],
+            segments: vec![seg],
+            device_traces: vec![vec![oom]],
+            ..Snapshot::default()
+        };
+        let d = digest_of("torch-oom.pickle", snap);
+        let o = d.oom.unwrap();
+        assert_eq!(o.verdict, Verdict::Fragmentation);
+        assert_eq!(o.reserved_unallocated_bytes, Some(40 * MIB));
+        assert_eq!(o.largest_free_block_bytes, Some(20 * MIB));
+        assert!(o.advice.unwrap().contains("expandable_segments:True"));
+        assert_eq!(o.owners.get(owners::TORCH_TENSORS), Some(&(60 * MIB)));
+        assert_eq!(o.owners.get(owners::TORCH_CACHE_FREE), Some(&(40 * MIB)));
+    }
+
+    #[test]
+    fn segments_without_blocks_say_they_cannot_tell() {
+        let mut snap = oom_file(0, 100);
+        snap.memsnap.push((
+            "torch_allocator".into(),
+            Meta::Str("segments only: PyTorch 9.9: unknown release".into()),
+        ));
+        let o = digest_of("r0.pickle", snap).oom.unwrap();
+        assert_eq!(o.verdict, Verdict::Live);
+        assert_eq!(
+            (o.reserved_unallocated_bytes, o.largest_free_block_bytes),
+            (None, None)
+        );
+        assert!(
+            o.cannot_tell
+                .unwrap()
+                .contains("segments only: PyTorch 9.9")
+        );
+    }
+
+    #[test]
+    fn a_pid_is_no_rank() {
+        let mut snap = file(7, 0, Vec::new(), &[(0x10, MIB, 0)]);
+        snap.memsnap.retain(|(k, _)| k != "pid");
+        snap.memsnap.push(("pid".into(), Meta::Int(7)));
+        let d = digest_of("x.pickle", snap);
+        assert_eq!((d.rank, d.local_rank), (None, None));
+    }
+}
