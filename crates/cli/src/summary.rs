@@ -18,7 +18,7 @@ JSON (--json):
     events_without_stack: int|null, metadata: {memsnap's metadata},
     api_calls: [ {api, calls} ] (memsnap's files: calls per CUDA entry point, whole process),
     devices: [ { device, live_bytes, live_blocks, live_requested_bytes, pending_free_bytes,
-                 reserved_bytes, segments,
+                 cached_free_bytes, largest_free_block_bytes, reserved_bytes, segments,
                  history: { events, start_live_requested_bytes, peak_live_requested_bytes,
                             peak_after_event: int|null, start_reserved_bytes, peak_reserved_bytes,
                             dropped_by_cap: int|null, capped: str|null },
@@ -179,6 +179,14 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
             fmt_bytes(d.reserved_bytes),
             plural(d.segments, "segment", "segments")
         )?;
+        if d.cached_free_bytes > 0 {
+            writeln!(
+                out,
+                "  cached    {} free inside the segments (largest free block {}): the allocator's cache",
+                fmt_bytes(d.cached_free_bytes),
+                fmt_bytes(d.largest_free_block_bytes)
+            )?;
+        }
         let h = &d.history;
         if h.events == 0 {
             writeln!(out, "  history   no events recorded")?;

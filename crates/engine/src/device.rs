@@ -37,6 +37,10 @@ pub struct DeviceStats {
     pub live: Tally,
     pub live_requested: i64,
     pub pending_free: Tally,
+    /// Inactive blocks: free space a caching allocator keeps in its segments.
+    pub cached_free: Tally,
+    /// The largest of them.
+    pub largest_free_block: i64,
     pub reserved: Tally,
     pub events: usize,
     pub start_live_requested: i64,
@@ -150,6 +154,8 @@ pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64, hist: &History)
         live: Tally::default(),
         live_requested: 0,
         pending_free: Tally::default(),
+        cached_free: Tally::default(),
+        largest_free_block: 0,
         reserved: Tally::default(),
         events: hist.events,
         start_live_requested: 0,
@@ -184,7 +190,10 @@ pub fn device_stats(snap: &Snapshot, sites: &Sites, device: i64, hist: &History)
                     st.pending_free.add(b.size);
                     active_requested += b.requested_size;
                 }
-                BlockState::Inactive => {}
+                BlockState::Inactive => {
+                    st.cached_free.add(b.size);
+                    st.largest_free_block = st.largest_free_block.max(b.size);
+                }
             }
         }
     }

@@ -121,6 +121,9 @@ pub struct Device {
     pub live_blocks: i64,
     pub live_requested_bytes: i64,
     pub pending_free_bytes: i64,
+    /// Reserved but unallocated: the inactive blocks of caching-allocator segments.
+    pub cached_free_bytes: i64,
+    pub largest_free_block_bytes: i64,
     pub reserved_bytes: i64,
     pub segments: i64,
     pub history: History,
@@ -291,6 +294,8 @@ fn device_summary(
         live_blocks: st.live.count,
         live_requested_bytes: st.live_requested,
         pending_free_bytes: st.pending_free.bytes,
+        cached_free_bytes: st.cached_free.bytes,
+        largest_free_block_bytes: st.largest_free_block,
         reserved_bytes: st.reserved.bytes,
         segments: st.reserved.count,
         history: History {
