@@ -41,6 +41,9 @@ export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDART=$PWD/$OUT/fake-cuda/l
 export STANDIN_LIB=$PWD/$OUT/fake-cuda/torch/lib/libc10_cuda.so
 unset LD_PRELOAD $(env | grep -o '^MEMSNAP_[A-Z_]*' || true)
 PY=${PYTHON:-python3}
+# The interpreter itself, not a launcher script (pyenv's shims): valgrind follows the process
+# it starts, and only that one.
+PY=$("$PY" -c 'import sys; print(sys.executable)')
 ITERATIONS=${ITERATIONS:-3000}
 PY_ITERATIONS=${PY_ITERATIONS:-1000}
 ROUTES=${ROUTES:-c python tracker}
@@ -52,7 +55,7 @@ trap 'rm -rf "$WORK"' EXIT
 # inclusive instructions of the functions named in $2.. in callgrind output $1, summed
 inclusive() {
     local file=$1; shift
-    callgrind_annotate --inclusive=yes "$file" 2>/dev/null | awk -v names="$*" '
+    callgrind_annotate --inclusive=yes --threshold=100 "$file" 2>/dev/null | awk -v names="$*" '
         BEGIN { n = split(names, want, " ") }
         { for (i = 1; i <= n; i++) if ($NF ~ "\\[" && index($0, ":" want[i] " [") ) { v = $1; gsub(",", "", v); sum += v } }
         END { print sum + 0 }'
