@@ -1,7 +1,7 @@
 """PyTorch's default caching allocator on a real GPU: memsnap's blocks against PyTorch's own.
 
     python3 scripts/gpu/torch_blocks.py --lib target/gpu/libmemsnap.so --cli target/gpu/memsnap \
-        --out $OUT [--cases compare,expandable,leak,oom,cost] [--cost-rounds 3]
+        --out $OUT [--cases compare,expandable,leak,oom,cost] [--cost-rounds 3] [--blocks 12]
 
 Each case runs in its own process with libmemsnap.so preloaded (no allocator switch, no code
 change) and writes one JSON record; the driver prints a table and writes results.json:
@@ -23,7 +23,10 @@ change) and writes one JSON record; the driver prints a table and writes results
 - cost: per block event, one process per configuration, recording switched on and off in
   alternating blocks of the same loop inside the process (memsnap_debug_pass_through, in
   builds with the bench-hooks feature), against PyTorch's recorder switched on and off the same
-  way in its own process; cached tensors only (no CUDA call), medians over blocks and processes.
+  way in its own process; cached tensors only (no CUDA call). Each recorded block is paired with
+  the unrecorded block beside it; per process: median, quartiles and every paired difference,
+  and the median on/off ratio; over processes (torch_blocks_cost.json and the printed table):
+  the median and IQR of the per-process medians, and PyTorch's recorder over memsnap per round.
 """
 import argparse
 import ctypes
@@ -252,6 +255,40 @@ def cost_loop(torch, n, sizes):
         live[i % 16] = deep(10, sizes[i % len(sizes)])
 
 
+def quartiles(values):
+    """(first quartile, third quartile) of values (the median of each half)."""
+    v = sorted(values)
+    half = len(v) // 2
+    lo, hi = v[:half] or v, v[len(v) - half:] or v
+    return statistics.median(lo), statistics.median(hi)
+
+
+def cost_summary(results):
+    """Per configuration, over its processes: the median and IQR of the per-process medians,
+    and the per-round ratio of PyTorch's recorder to memsnap (same stacks, same round)."""
+    by = {}
+    for r in results:
+        if r.get("case", "").startswith("cost:") and r.get("per_event_ns_median") is not None:
+            by.setdefault(r["case"][5:], []).append(r)
+    summary = {}
+    for config, runs in by.items():
+        medians = [r["per_event_ns_median"] for r in runs]
+        q1, q3 = quartiles(medians)
+        summary[config] = {"processes": len(runs), "per_event_ns_median": statistics.median(medians),
+                           "per_event_ns_q1": q1, "per_event_ns_q3": q3,
+                           "per_process_medians": [round(m, 1) for m in medians],
+                           "ok": all(r.get("ok") for r in runs)}
+    for stacks in ("python", "all"):
+        ours, theirs = by.get(f"memsnap-{stacks}", []), by.get(f"recorder-{stacks}", [])
+        ratios = [t["per_event_ns_median"] / m["per_event_ns_median"] for m, t in zip(ours, theirs)
+                  if m["per_event_ns_median"] > 0]
+        if ratios:
+            q1, q3 = quartiles(ratios)
+            summary[f"recorder-{stacks}"]["times_memsnap_median"] = statistics.median(ratios)
+            summary[f"recorder-{stacks}"]["times_memsnap_q1_q3"] = [q1, q3]
+    return summary
+
+
 def case_cost(args):
     """One process: alternating blocks of the same loop, recorded and not."""
     import torch
@@ -279,10 +316,16 @@ def case_cost(args):
             elif recorded:
                 torch.cuda.memory._record_memory_history(enabled=None)
             (on_ns if recorded else off_ns).append((t1 - t0) / (2 * n))
+    # Each recorded block is paired with the unrecorded block next to it (same process, same
+    # moment): the difference is the cost per event, the ratio the slowdown.
     diffs = [a - b for a, b in zip(on_ns, off_ns)]
+    q1, q3 = quartiles(diffs)
     out = {"mode": mode, "per_event_ns_median": statistics.median(diffs), "per_event_ns_min": min(diffs),
            "per_event_ns_max": max(diffs), "blocks": len(diffs), "events_per_block": 2 * n,
-           "off_ns_per_event_median": statistics.median(off_ns)}
+           "off_ns_per_event_median": statistics.median(off_ns),
+           "per_event_ns_q1": q1, "per_event_ns_q3": q3, "per_event_ns_iqr": q3 - q1,
+           "per_event_ns_all": [round(d, 1) for d in diffs],
+           "on_off_ratio_median": statistics.median(a / b for a, b in zip(on_ns, off_ns))}
     if mode == "memsnap":
         path = memsnap_dump("cost")
         with open(path, "rb") as f:
@@ -361,6 +404,17 @@ def main():
                 results.append(run_case(args, f"cost:recorder-{stacks}", {"NO_PRELOAD": "1", "TORCH_BLOCKS_COST": "recorder", "TORCH_BLOCKS_STACKS": stacks}, 150))
     with open(os.path.join(args.out, "torch_blocks.json"), "w") as f:
         json.dump(results, f, indent=1)
+    if "cost" in wanted:
+        summary = cost_summary(results)
+        with open(os.path.join(args.out, "torch_blocks_cost.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        print("\ncost per block event, ns over not recording (median over processes of each process's median of paired blocks)")
+        print(f"{'configuration':<18} {'processes':>9} {'median':>8} {'IQR':>17}  recorder / memsnap")
+        for config, c in summary.items():
+            ratio = c.get("times_memsnap_median")
+            print(f"{config:<18} {c['processes']:>9} {c['per_event_ns_median']:>8.1f} "
+                  f"{c['per_event_ns_q1']:>8.1f}-{c['per_event_ns_q3']:<8.1f}  "
+                  f"{'' if ratio is None else f'{ratio:.1f}x'}{'' if c['ok'] else '  NOT OK (lost events: void)'}")
     print("\ncase                     ok   key figures")
     for r in results:
         keys = {k: r.get(k) for k in ("problem_count", "memory_allocated", "memsnap_live_block_bytes", "leak_named_first",

@@ -193,8 +193,235 @@ mod imp {
     /// made; they swap roles each capture).
     struct ThreadUnwind {
         caches: [Cache; RULE_CACHES],
+        /// The rules memsnap executes itself (see [`Rule`]).
+        rules: Rules,
         walks: [Walk; 2],
         current: usize,
+    }
+
+    /// What a step does in the common case, found once per address by asking framehop
+    /// ([`derive_rule`]) and then executed here without framehop: the new stack pointer
+    /// (the CFA) is `sp` or `bp` plus a constant, the return address lies at `CFA - 8`, and
+    /// `bp` is either unchanged or loaded from `sp` or `bp` plus a constant. Every rule
+    /// framehop caches for x86-64 has this form (`UnwindRuleX86_64`), and so do the DWARF
+    /// rules it evaluates each time that are only a CFA on `rbp` (libffi's `rbp + 32`).
+    /// framehop's own cache lookup and rule interpretation cost about 170 instructions a
+    /// step; this costs about 30.
+    ///
+    /// Only the clean case is executed here: every read in bounds, the walk moving up the
+    /// stack, a non-zero return address. Anything else (a failed read, `bp` of 0, a frame
+    /// that does not advance) goes to framehop for that step, so the walk ends or goes on
+    /// exactly as framehop decides.
+    #[derive(Clone, Copy, Default)]
+    struct Rule {
+        /// [`rule_key`] of the address; 0: empty slot.
+        key: u64,
+        /// The module table the rule was found with (rules may differ in another).
+        table: usize,
+        form: Form,
+        cfa_from_bp: bool,
+        cfa_offset: i32,
+        /// 0: `bp` unchanged; 1: loaded from `sp + bp_offset`; 2: from `bp + bp_offset`.
+        bp_from: u8,
+        bp_offset: i32,
+    }
+
+    #[derive(Clone, Copy, Default, PartialEq, Eq)]
+    #[repr(u8)]
+    enum Form {
+        /// Not of the form above: framehop unwinds this address every time.
+        #[default]
+        Framehop = 0,
+        /// The end of the stack (no return address): the walk stops.
+        End,
+        Step,
+    }
+
+    /// Slots of the per-thread rule cache: direct-mapped, 1,024 x 32 bytes.
+    const RULE_SLOTS: usize = 1024;
+
+    struct Rules {
+        slots: [Rule; RULE_SLOTS],
+    }
+
+    /// The cache key of a frame address: the lookup address (a return address minus one),
+    /// with the top bit set for the first frame (its rule may differ: framehop treats the
+    /// first frame apart).
+    #[inline(always)]
+    fn rule_key(address: FrameAddress) -> u64 {
+        let first = u64::from(!address.is_return_address());
+        address.address_for_lookup() | (first << 63)
+    }
+
+    #[inline(always)]
+    fn rule_slot(key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % RULE_SLOTS
+    }
+
+    /// What [`run_rule`] did.
+    enum Ran {
+        Next(u64),
+        End,
+        /// Not handled here: framehop unwinds this step.
+        Framehop,
+    }
+
+    /// Executes `rule` on `regs` in the clean case (see [`Rule`]), recording its reads in
+    /// `cur`; [`Ran::Framehop`] with nothing changed otherwise.
+    #[inline(always)]
+    fn run_rule(rule: &Rule, regs: &mut UnwindRegsX86_64, bounds: Bounds, cur: &mut Walk) -> Ran {
+        match rule.form {
+            Form::Framehop => return Ran::Framehop,
+            Form::End => return Ran::End,
+            Form::Step => {}
+        }
+        let (sp, bp) = (regs.sp(), regs.bp());
+        if rule.cfa_from_bp && bp == 0 {
+            return Ran::Framehop;
+        }
+        let base = if rule.cfa_from_bp { bp } else { sp };
+        let new_sp = base.wrapping_add(rule.cfa_offset as i64 as u64);
+        if new_sp <= sp {
+            return Ran::Framehop;
+        }
+        let bp_at = match rule.bp_from {
+            0 => None,
+            1 => Some(sp.wrapping_add(rule.bp_offset as i64 as u64)),
+            _ => Some(bp.wrapping_add(rule.bp_offset as i64 as u64)),
+        };
+        let new_bp = match bp_at {
+            None => bp,
+            Some(at) => match bounds.read(at) {
+                Ok(v) => v,
+                Err(()) => return Ran::Framehop,
+            },
+        };
+        let ra_at = new_sp - 8;
+        let Ok(ra) = bounds.read(ra_at) else {
+            return Ran::Framehop;
+        };
+        if ra == 0 {
+            return Ran::Framehop;
+        }
+        for (addr, value) in bp_at.map(|a| (a, new_bp)).into_iter().chain([(ra_at, ra)]) {
+            match cur.reads.get_mut(cur.n_reads) {
+                Some(r) => {
+                    *r = Read {
+                        addr,
+                        value,
+                        ok: true,
+                    };
+                    cur.n_reads += 1;
+                }
+                None => cur.reads_overflowed = true,
+            }
+        }
+        regs.set_sp(new_sp);
+        regs.set_bp(new_bp);
+        regs.set_ip(ra);
+        Ran::Next(ra)
+    }
+
+    /// The rule framehop applies at `address`, found by letting it unwind two made-up
+    /// register sets over a made-up stack whose every word tells its own address: where
+    /// the new `sp` and `bp` came from shows in the results. The two sets differ in
+    /// `bp - sp`, so a CFA on `sp` and one on `bp` cannot be mistaken for each other. A
+    /// rule of any other shape (return address elsewhere than `CFA - 8`, a CFA on another
+    /// register, an expression) is [`Form::Framehop`].
+    #[cold]
+    #[inline(never)]
+    fn derive_rule(
+        table: &modules::ModuleTable,
+        cache: &mut Cache,
+        address: FrameAddress,
+        key: u64,
+    ) -> Rule {
+        const PROBES: [(u64, u64); 2] = [
+            (0x0000_1000_0000_0000, 0x0000_1000_0001_0000),
+            (0x0000_2000_0000_0000, 0x0000_2000_0003_0000),
+        ];
+        let marker = |addr: u64| (addr ^ 0x00A5_0000_0000_0000) | 1;
+        let pc = match address {
+            FrameAddress::InstructionPointer(p) => p,
+            FrameAddress::ReturnAddress(ra) => ra.get(),
+        };
+        let mut seen = [(0u64, 0u64, 0u64, [0u64; 8], 0usize); 2];
+        let mut ends = 0;
+        for (i, &(sp, bp)) in PROBES.iter().enumerate() {
+            let mut reads = [0u64; 8];
+            let mut n = 0usize;
+            let mut read = |addr: u64| -> Result<u64, ()> {
+                if let Some(r) = reads.get_mut(n) {
+                    *r = addr;
+                }
+                n += 1;
+                Ok(marker(addr))
+            };
+            let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
+            match table
+                .unwinder
+                .unwind_frame(address, &mut regs, cache, &mut read)
+            {
+                Ok(Some(ra)) => seen[i] = (ra, regs.sp(), regs.bp(), reads, n),
+                Ok(None) if n == 0 => ends += 1,
+                _ => break,
+            }
+        }
+        let mut rule = Rule {
+            key,
+            table: table as *const modules::ModuleTable as usize,
+            ..Rule::default()
+        };
+        if ends == 2 {
+            rule.form = Form::End;
+            return rule;
+        }
+        let (a, b) = (&seen[0], &seen[1]);
+        if a.4 == 0 || b.4 == 0 || a.4 > 8 || b.4 > 8 {
+            return rule;
+        }
+        let (p, q) = (PROBES[0], PROBES[1]);
+        // The same offset from the same register in both probes.
+        let offset = |from_a: u64, from_b: u64, x: u64, y: u64| -> Option<i32> {
+            let d = x.wrapping_sub(from_a);
+            (d == y.wrapping_sub(from_b)).then(|| i32::try_from(d as i64).ok())?
+        };
+        let (cfa_from_bp, cfa_offset) =
+            match (offset(p.0, q.0, a.1, b.1), offset(p.1, q.1, a.1, b.1)) {
+                (Some(o), None) => (false, o),
+                (None, Some(o)) => (true, o),
+                _ => return rule,
+            };
+        // The return address is the word at CFA - 8, read by both probes.
+        let read_at = |s: &(u64, u64, u64, [u64; 8], usize), at: u64| s.3[..s.4].contains(&at);
+        if a.0 != marker(a.1 - 8)
+            || b.0 != marker(b.1 - 8)
+            || !read_at(a, a.1 - 8)
+            || !read_at(b, b.1 - 8)
+        {
+            return rule;
+        }
+        let (bp_from, bp_offset) = if a.2 == p.1 && b.2 == q.1 {
+            (0, 0)
+        } else {
+            let Some(&at_a) = a.3[..a.4].iter().find(|&&r| marker(r) == a.2) else {
+                return rule;
+            };
+            let Some(&at_b) = b.3[..b.4].iter().find(|&&r| marker(r) == b.2) else {
+                return rule;
+            };
+            match (offset(p.0, q.0, at_a, at_b), offset(p.1, q.1, at_a, at_b)) {
+                (Some(o), None) => (1, o),
+                (None, Some(o)) => (2, o),
+                _ => return rule,
+            }
+        };
+        rule.form = Form::Step;
+        rule.cfa_from_bp = cfa_from_bp;
+        rule.cfa_offset = cfa_offset;
+        rule.bp_from = bp_from;
+        rule.bp_offset = bp_offset;
+        rule
     }
 
     thread_local! {
@@ -226,9 +453,9 @@ mod imp {
             // `capture` is not re-entered on one thread (the hooks' nesting guard).
             return Some(unsafe { &mut *p });
         }
-        // About 41 KiB (the caches allocate their own ~300 KiB).
-        // SAFETY: all-zero bytes are valid walks (no walk yet: `table` 0, `End::Stopped`)
-        // and a valid `current`; the caches are written in place below, before any use.
+        // About 73 KiB (the caches allocate their own ~300 KiB).
+        // SAFETY: all-zero bytes are valid walks (no walk yet: `table` 0, `End::Stopped`),
+        // valid rules (empty slots: `table` 0 matches no module table) and a valid `current`; the caches are written in place below, before any use.
         // `free_unwind` frees a `ThreadUnwind`.
         let fresh: *mut ThreadUnwind = unsafe { UNWIND_KEY.alloc_zeroed(free_unwind) };
         if fresh.is_null() {
@@ -346,6 +573,7 @@ mod imp {
         let kept = walk(
             table,
             &mut state.caches,
+            &mut state.rules,
             cur,
             prev,
             Bounds { lo: from.sp, top },
@@ -429,8 +657,18 @@ mod imp {
         let step = &walk.steps[at];
         let reads = &walk.reads[step.reads_from as usize..walk.n_reads];
         if step.tail_reads_ok && step.tail_lowest_read >= bounds.lo {
+            // This step's own reads come first: a changed caller shows in its return address
+            // there, so a check that fails usually ends after one or two reads instead of
+            // reading the whole tail.
+            let (head, rest) = reads.split_at(reads.len().min(2));
+            for r in head {
+                // SAFETY: as below.
+                if unsafe { std::ptr::read_unaligned(r.addr as *const u64) } != r.value {
+                    return false;
+                }
+            }
             let mut differs = 0u64;
-            for r in reads {
+            for r in rest {
                 // SAFETY: `r.addr` is in `[bounds.lo, top - 8]` (see above): this thread's
                 // live stack, mapped and readable while the capture runs.
                 differs |= unsafe { std::ptr::read_unaligned(r.addr as *const u64) } ^ r.value;
@@ -472,6 +710,7 @@ mod imp {
     fn walk(
         table: &modules::ModuleTable,
         caches: &mut [Cache; RULE_CACHES],
+        rules: &mut Rules,
         cur: &mut Walk,
         prev: &mut Walk,
         bounds: Bounds,
@@ -547,6 +786,28 @@ mod imp {
             let at = cur.n_steps;
             cur.steps[at] = step;
             cur.n_steps += 1;
+            let key = rule_key(address);
+            let slot = &mut rules.slots[rule_slot(key)];
+            if slot.key != key || slot.table != table_id {
+                *slot = derive_rule(table, &mut caches[rule_cache_index(address)], address, key);
+            }
+            match run_rule(slot, &mut regs, bounds, cur) {
+                Ran::Next(ra) => match FrameAddress::from_return_address(ra) {
+                    Some(a) => {
+                        address = a;
+                        continue;
+                    }
+                    None => {
+                        cur.end = End::Stopped;
+                        break;
+                    }
+                },
+                Ran::End => {
+                    cur.end = End::Stopped;
+                    break;
+                }
+                Ran::Framehop => {}
+            }
             let mut read_stack = |addr: u64| -> Result<u64, ()> {
                 let result = bounds.read(addr);
                 match cur.reads.get_mut(cur.n_reads) {

@@ -13,7 +13,7 @@
 //!
 //! Per thread: a table of [`SENT_TABLE_SLOTS`] hashes in sets of eight (a stack the table
 //! forgot is simply sent in full again) and a scratch stack the hook captures into before
-//! it knows whether the stack is new: 130 KiB, allocated on the thread's first stack and
+//! it knows whether the stack is new: 258 KiB, allocated on the thread's first stack and
 //! freed when the thread exits. No lock; no allocation or syscall afterwards.
 
 use crate::channel::event::{Event, StackRef, StackSlot};
@@ -21,13 +21,15 @@ use crate::channel::queue::Recorder;
 use crate::thread_state::ExitKey;
 use std::cell::Cell;
 
-/// Hashes a thread's table holds (128 KiB).
-pub const SENT_TABLE_SLOTS: usize = 16384;
+/// Hashes a thread's table holds (256 KiB).
+pub const SENT_TABLE_SLOTS: usize = 32768;
 /// Entries per set: one cache line of hashes. A direct-mapped table of 4,096 entries sent
 /// 11% of the events of a loop over 2,000 distinct stacks in full again, because stacks
 /// evicted each other from shared entries; with sets of eight, none but the first sends.
 /// Over 20,000 distinct stacks, 8,192 entries sent 29% in full and 16,384 sent 9%
-/// (`cargo bench --bench writer`, docs/BENCHMARKS.md).
+/// (`cargo bench --bench writer`, docs/BENCHMARKS.md); each of those costs the hook a slot
+/// and a copy, and the writer a read of the whole stack from another core and a compare.
+/// 32,768 entries hold them all.
 const WAYS: usize = 8;
 const SETS: usize = SENT_TABLE_SLOTS / WAYS;
 

@@ -1,0 +1,58 @@
+"""The writer's drain rate of two or more builds, compared on a loaded machine: each round
+runs every library once per configuration, each in its own process, interleaved, so that a
+burst of load elsewhere hits all of them; prints the median and the spread over rounds.
+
+    python3 scripts/bench/writer_rate.py [--rounds 5] [--events 4000000] LIB.so [LIB.so ...]
+
+A LIB is a libmemsnap.so built with `--features bench-hooks` (its memsnap_debug_bench_writer
+entry point is what `cargo bench --bench writer` calls: src/writer/drain_bench.rs).
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+
+CONFIGS = [(45, 2000), (45, 20000), (57, 20000)]
+
+
+def one(lib, events, depth, distinct):
+    so = ctypes.CDLL(lib)
+    f = so.memsnap_debug_bench_writer
+    f.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]
+    f.restype = ctypes.c_uint64
+    out = (ctypes.c_uint64 * 3)()
+    ns = f(events, distinct, depth, out)
+    print(json.dumps({"per_s": events / (ns / 1e9), "interned": out[0], "rss": out[1], "in_full": out[2]}))
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        one(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--events", type=int, default=4_000_000)
+    ap.add_argument("libs", nargs="+")
+    a = ap.parse_args()
+    runs = {}
+    for _ in range(a.rounds):
+        for depth, distinct in CONFIGS:
+            for lib in a.libs:
+                p = subprocess.run([sys.executable, __file__, "--one", lib, str(a.events), str(depth), str(distinct)],
+                                   capture_output=True, text=True, check=True)
+                runs.setdefault((lib, depth, distinct), []).append(json.loads(p.stdout))
+    print(f"| library | frames | distinct stacks | events/s applied: median (min-max of {a.rounds}) | stacks sent in full | resident memory growth, MiB per 1M events |")
+    print("|---|---|---|---|---|---|")
+    for depth, distinct in CONFIGS:
+        for lib in a.libs:
+            r = runs[(lib, depth, distinct)]
+            rates = [x["per_s"] / 1e6 for x in r]
+            mib = statistics.median(x["rss"] for x in r) / (1 << 20) / (a.events / 1e6)
+            print(f"| {lib} | {depth} | {distinct} | {statistics.median(rates):.2f}M ({min(rates):.2f}-{max(rates):.2f}) "
+                  f"| {r[0]['in_full']} | {mib:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
