@@ -168,7 +168,7 @@ fn every_inside_a_window_keeps_the_full_history_and_is_not_written_twice() {
 }
 
 #[test]
-fn step_boundaries_are_in_the_history_and_the_device_capacity_in_the_metadata() {
+fn step_boundaries_are_in_the_history_and_the_device_memory_in_the_metadata() {
     let run = run_program(
         "steps",
         &["5"],
@@ -212,6 +212,10 @@ fn step_boundaries_are_in_the_history_and_the_device_capacity_in_the_metadata() 
     }
     let devices = snap["memsnap"]["devices"].as_array().unwrap();
     assert_eq!(devices[0]["total_bytes"], 8u64 << 30);
+    // The driver's free memory when the file was written: the capacity less what the
+    // program holds at exit (the fake driver's own count after the last step).
+    let held = num(&run.results(), "step5_driver_live_bytes");
+    assert_eq!(devices[0]["free_bytes"].as_u64(), Some((8u64 << 30) - held));
 }
 
 #[test]

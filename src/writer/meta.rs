@@ -5,6 +5,7 @@
 //! Cold (writer thread).
 
 use super::Writer;
+use super::device_memory;
 use super::dump::{meta_int, meta_str};
 use super::files::Reason;
 use crate::channel::handshake::{self, ROUTED, SIGNAL_DUMPS};
@@ -58,7 +59,7 @@ impl Writer {
             .iter()
             .enumerate()
             .map(|(d, dev)| {
-                Meta::Dict(vec![
+                let mut fields = vec![
                     meta_int("device", d as u64),
                     meta_int("live_bytes", dev.live_bytes),
                     meta_int(
@@ -76,7 +77,15 @@ impl Writer {
                     meta_int("events", dev.events),
                     meta_int("ooms", dev.ooms),
                     meta_int("history_dropped", dev.trace_overflow),
-                ])
+                ];
+                // The driver's free memory now, on devices the program allocated on (with
+                // the capacity: what memsnap did not record). Absent when it cannot say.
+                if dev.events > 0
+                    && let Some(free) = device_memory::free_bytes(d as i32)
+                {
+                    fields.push(meta_int("free_bytes", free));
+                }
+                Meta::Dict(fields)
             })
             .collect();
         let torch_allocator =

@@ -17,6 +17,7 @@
 
 pub mod ack;
 pub mod cache;
+pub mod device_memory;
 #[cfg(feature = "bench-hooks")]
 pub mod drain_bench;
 pub mod dump;

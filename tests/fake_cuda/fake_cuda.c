@@ -40,6 +40,7 @@
     X(cuDeviceGet)                                                                               \
     X(cuDeviceGetCount)                                                                          \
     X(cuDevicePrimaryCtxRetain)                                                                  \
+    X(cuDevicePrimaryCtxGetState)                                                                \
     X(cuDevicePrimaryCtxRelease)                                                                 \
     X(cuDevicePrimaryCtxRelease_v2)                                                              \
     X(cuCtxSetCurrent)                                                                           \
@@ -287,6 +288,17 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
     *pctx = (CUcontext)(uintptr_t)(dev + 1);
+    return CUDA_SUCCESS;
+}
+
+/* Every device's primary context counts as active once the driver is initialized. */
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    COUNT(cuDevicePrimaryCtxGetState);
+    ensure_init();
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *flags = 0;
+    *active = 1;
     return CUDA_SUCCESS;
 }
 

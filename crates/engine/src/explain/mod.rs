@@ -411,6 +411,10 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
     };
     let devs = device::devices(snap);
     let capacity = device_meta(snap, "total_bytes");
+    // The driver's free bytes when the file was written (memsnap's files, devices whose
+    // context was active): with the capacity, what memsnap did not record at the end.
+    let free_at_end = device_meta(snap, "free_bytes");
+    let mut outside_at_end: Option<i64> = None;
     // memsnap writes the pid where the environment names no rank: no rank then.
     let pid = meta_number(snap, "pid");
     let not_pid = |r: Option<i64>| r.filter(|r| Some(*r) != pid);
@@ -453,6 +457,13 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         merge(&mut holders, &at.holders);
         merge(&mut freed, &later);
         reserved_at += at.reserved;
+        if at.moment.kind == Kind::End
+            && let (Some(total), Some(free)) = (capacity.get(&dev), free_at_end.get(&dev))
+            && *total > 0
+        {
+            let outside = (total - free - end_reserved).max(0);
+            *outside_at_end.get_or_insert(0) += outside;
+        }
         moments.push((dev, at.moment));
         for o in hist.ooms_with_end(&end, end_reserved) {
             if first_oom
@@ -513,7 +524,7 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         moment: describe_moments(&moments),
         oom: is_oom,
         live,
-        owners: owners::owners(&ctx.sites, knowledge, &holders, reserved_at, None),
+        owners: owners::owners(&ctx.sites, knowledge, &holders, reserved_at, outside_at_end),
         roles: ctx.roles(&holders, &freed),
         sites: ctx.site_rows(&holders, &freed),
         helper: ctx.helper(&holders, &opts.attr),

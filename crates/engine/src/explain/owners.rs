@@ -14,7 +14,8 @@
 //!   [`crate::sites`]).
 //! - `outside memsnap`: device memory in use that memsnap did not record (CUDA contexts,
 //!   other processes): capacity − recorded reserved − free, where the file has the
-//!   capacity and the driver's free bytes (at an OOM).
+//!   capacity and the driver's free bytes (at an OOM; at the end, from `devices[i].free_bytes`,
+//!   the driver's answer when the file was written).
 //!
 //! Cold code.
 
