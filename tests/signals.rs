@@ -274,3 +274,114 @@ fn at_crash_off_leaves_the_crash_signals_alone() {
     assert_eq!(run.status.signal(), Some(libc::SIGSEGV));
     assert!(files_with_reason(run.dir.path(), "crash").is_empty());
 }
+
+/// A second signal that ends the job while the first one's snapshot is being written (two
+/// threads faulting together, SIGTERM twice) is held until the snapshot is on disk; the
+/// process then ends with the first signal, as it would have without memsnap.
+#[test]
+fn a_second_ending_signal_waits_for_the_first_ones_snapshot() {
+    let cases = [
+        ("double-term", libc::SIGTERM, "term", "SIGTERM"),
+        ("two-faults", libc::SIGSEGV, "crash", "SIGSEGV"),
+    ];
+    for (mode, signal, reason, name) in cases {
+        // Several tries: without the hold, most of them lose the snapshot.
+        for attempt in 0..3 {
+            let (_, run) = crash(mode, &[]);
+            assert_eq!(run.status.signal(), Some(signal), "{mode} #{attempt}");
+            let files = files_with_reason(run.dir.path(), reason);
+            assert_eq!(
+                files.len(),
+                1,
+                "{mode} #{attempt}: {:?}\n{}",
+                snapshot_files(run.dir.path()),
+                run.stderr
+            );
+            let snap = python_load_json(&files[0]);
+            assert_eq!(snap["memsnap"]["signal"]["name"], name, "{mode} #{attempt}");
+        }
+    }
+}
+
+/// The pids `fork_signal` forked.
+fn child_pids(run: &common::Run) -> Vec<String> {
+    run.results()["child_pids"]
+        .split(',')
+        .map(str::to_string)
+        .collect()
+}
+
+/// The files in the run's folder written by process `pid`.
+fn files_of(run: &common::Run, pid: &str) -> Vec<PathBuf> {
+    snapshot_files(run.dir.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(&format!("-p{pid}-")))
+        .collect()
+}
+
+/// A child forked from a recording process (a DataLoader worker, a multiprocessing.Pool
+/// worker) that never allocated has no writer: a signal that ends it must not wait for one
+/// (`MEMSNAP_CRASH_WAIT`, 5 s), and it ends exactly as it would without memsnap.
+#[test]
+fn a_forked_child_that_never_recorded_dies_at_once_as_without_memsnap() {
+    for mode in ["term", "segv", "abort"] {
+        // Four children at once, as Pool(4).terminate() stops them.
+        let plain = run_program("fork_signal", &[mode, "4"], &[], false);
+        let with = run_program("fork_signal", &[mode, "4"], &[], true);
+        with.assert_success();
+        assert_eq!(
+            with.results()["child_signal"],
+            plain.results()["child_signal"],
+            "{mode}"
+        );
+        let died_ms: f64 = with.results()["died_ms"].parse().unwrap();
+        assert!(
+            died_ms < 1000.0,
+            "{mode}: the children took {died_ms} ms to die\n{}",
+            with.stderr
+        );
+        for pid in child_pids(&with) {
+            assert!(
+                files_of(&with, &pid).is_empty(),
+                "{mode}: child {pid} wrote"
+            );
+        }
+    }
+}
+
+/// A forked child that allocates records on its own (its own writer), and a signal that
+/// ends it leaves its own snapshot with what the child holds.
+#[test]
+fn a_forked_child_that_records_gets_its_own_crash_snapshot() {
+    let cases = [
+        ("record-term", libc::SIGTERM, "term", "SIGTERM"),
+        ("record-segv", libc::SIGSEGV, "crash", "SIGSEGV"),
+    ];
+    for (mode, signal, reason, name) in cases {
+        let run = run_program("fork_signal", &[mode], &[], true);
+        run.assert_success();
+        assert_eq!(run.results()["child_signal"], signal.to_string(), "{mode}");
+        let child = &child_pids(&run)[0];
+        let files: Vec<PathBuf> = files_of(&run, child)
+            .into_iter()
+            .filter(|p| label_of(p).as_deref() == Some(reason))
+            .collect();
+        assert_eq!(
+            files.len(),
+            1,
+            "{mode}: {:?}\n{}",
+            snapshot_files(run.dir.path()),
+            run.stderr
+        );
+        let snap = python_load_json(&files[0]);
+        assert_eq!(snap["memsnap"]["signal"]["name"], name, "{mode}");
+        assert_eq!(snap["memsnap"]["pid"].as_u64().unwrap().to_string(), *child);
+        let live: u64 = snap["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["allocated_size"].as_u64().unwrap())
+            .sum();
+        assert_eq!(live, 2 << 20, "{mode}: the child's own 2 MiB");
+    }
+}

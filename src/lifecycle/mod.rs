@@ -6,7 +6,9 @@
 //! which the hooks read; it implements that room's [`Start`] for the first hook to call. No
 //! other room imports this one.
 
-use crate::channel::handshake::{EXIT_DONE, EXIT_REQUESTED};
+use crate::channel::handshake::{
+    API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, SIGNAL_DUMPS,
+};
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::config::Config;
 use crate::guard;
@@ -84,8 +86,12 @@ fn start() {
             signals::borrow(sig, Role::Crash);
         }
     }
-    // SAFETY: registering a plain extern "C" fn with no captured state.
-    unsafe { libc::atexit(at_exit) };
+    // Once per process image: a forked child that starts recording of its own inherits
+    // the parent's registration.
+    if !AT_EXIT_REGISTERED.swap(true, AcqRel) {
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        unsafe { libc::atexit(at_exit) };
+    }
     recording::activate();
 }
 
@@ -109,6 +115,8 @@ pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(60);
 /// Set when the writer thread ended before the program's exit (an internal error it
 /// caught): the exit handler then reports what went unrecorded.
 static WRITER_ENDED_EARLY: AtomicBool = AtomicBool::new(false);
+/// `at_exit` is registered (inherited by a forked child, which must not register it twice).
+static AT_EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn at_exit() {
     let Some(rec) = recording::recorder_if_started() else {
@@ -120,16 +128,25 @@ extern "C" fn at_exit() {
         rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT);
         recording::turn_off();
     } else if !WRITER_ENDED_EARLY.load(Acquire) {
-        return; // never started, or a forked child of a recording parent
+        return; // never started
     }
     report_losses(rec);
 }
 
 extern "C" fn in_forked_child() {
-    // The writer thread does not exist in the child. A child of a recording parent stays
-    // silent (CUDA is unusable after fork anyway, and DataLoader workers must leave no
-    // files); a child forked before any CUDA call may start its own recording later.
-    recording::off_in_forked_child();
+    // The parent's writer thread does not exist in the child (DataLoader workers,
+    // multiprocessing.Pool): nothing may wait for it. The child starts as a process that
+    // never recorded: one that never allocates stays silent and dies exactly as it would
+    // without memsnap; one that allocates gets a writer (and crash snapshots) of its own.
+    // Atomic stores only: this runs in the child of a possibly multi-threaded fork.
+    recording::forget_in_forked_child();
+    signals::forget_in_forked_child();
+    for requests in [&CRASH.dumps, &SIGNAL_DUMPS, &API_DUMPS, &OOM_DUMPS] {
+        requests.forget_pending();
+    }
+    EXIT_REQUESTED.store(false, Relaxed);
+    EXIT_DONE.store(false, Relaxed);
+    WRITER_ENDED_EARLY.store(false, Relaxed);
 }
 
 /// Runs when the library is loaded: only cheap, silent set-up (no thread, no output).
