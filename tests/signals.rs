@@ -385,3 +385,147 @@ fn a_forked_child_that_records_gets_its_own_crash_snapshot() {
         assert_eq!(live, 2 << 20, "{mode}: the child's own 2 MiB");
     }
 }
+
+/// The per-user folder of the live sockets and acknowledgement files.
+fn private_folder() -> PathBuf {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/tmp/memsnap-{uid}"))
+}
+
+/// `wait` with the preload, once it said it is ready (its stdin piped: closing it ends it).
+fn spawn_wait(folder: &std::path::Path, env: &[(&str, &str)]) -> std::process::Child {
+    use std::io::{BufRead, BufReader};
+    let mut cmd = std::process::Command::new(common::program_path("wait"));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("MEMSNAP_") || key.starts_with("FAKE_CUDA") || key == "LD_PRELOAD" {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    let mut child = cmd
+        .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+        .env("LD_PRELOAD", common::preload_lib())
+        .env("MEMSNAP_FOLDER", folder)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "result ready=1");
+    std::thread::spawn(move || for _ in out.lines() {});
+    child
+}
+
+fn send(pid: u32, signal: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+fn eventually(done: impl Fn() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while !done() && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    done()
+}
+
+/// A process ended by SIGTERM (or any ending signal's default action) takes its live socket
+/// and acknowledgement file with it.
+#[test]
+fn a_job_ended_by_a_signal_leaves_no_socket_or_acknowledgement() {
+    let dir = tempfile::tempdir().unwrap();
+    for signal in ["TERM", "SEGV", "ABRT"] {
+        let mut child = spawn_wait(dir.path(), &[]);
+        let pid = child.id();
+        let socket = private_folder().join(format!("{pid}.sock"));
+        let ack = private_folder().join(format!("{pid}.ack"));
+        assert!(eventually(|| socket.exists()), "{signal}: no socket");
+        send(pid, "USR1");
+        assert!(eventually(|| ack.exists()), "{signal}: no acknowledgement");
+        send(pid, signal);
+        let status = child.wait().unwrap();
+        assert!(status.signal().is_some(), "{signal}: {status}");
+        assert!(!socket.exists(), "{signal}: {} left", socket.display());
+        assert!(!ack.exists(), "{signal}: {} left", ack.display());
+    }
+}
+
+/// A pid that no process has now (one that just ran and was reaped).
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// What processes killed outright left (sockets and acknowledgements in the private
+/// folder, hidden temporaries in the snapshot folder) is removed by the next process that
+/// records: the private folder's entries when it starts, a folder's temporaries when it
+/// first writes there. Those of live processes stay.
+#[test]
+fn what_dead_processes_left_is_removed_by_the_next_one() {
+    use std::os::unix::fs::DirBuilderExt;
+    let dead = dead_pid();
+    let _ = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(private_folder());
+    let left: Vec<PathBuf> = ["sock", "ack", "ack.tmp"]
+        .iter()
+        .map(|kind| private_folder().join(format!("{dead}.{kind}")))
+        .collect();
+    for path in &left {
+        std::fs::write(path, "left behind").unwrap();
+    }
+    let folder = tempfile::tempdir().unwrap();
+    let stale = [
+        folder.path().join(format!(".a.pickle.tmp.{dead}")),
+        folder
+            .path()
+            .join(format!(".b.pickle.tmp.{dead}.0123456789abcdef")),
+    ];
+    let alive = folder
+        .path()
+        .join(format!(".c.pickle.tmp.{}", std::process::id()));
+    for path in stale.iter().chain([&alive]) {
+        std::fs::write(path, "partial").unwrap();
+    }
+    let folder_value = folder.path().to_str().unwrap();
+    let run = run_program("demo", &[], &[("MEMSNAP_FOLDER", folder_value)], true);
+    run.assert_success();
+    for path in left.iter().chain(&stale) {
+        assert!(!path.exists(), "{} is still there", path.display());
+    }
+    assert!(alive.exists(), "a live process's temporary was removed");
+}
+
+/// The temporary a snapshot is written through has no name anyone can predict: a file or
+/// folder someone put at the old name (`.NAME.tmp.PID`) blocks nothing.
+#[test]
+fn a_predictable_temporary_cannot_block_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = spawn_wait(dir.path(), &[("MEMSNAP_FILENAME", "snap.pickle")]);
+    let blocker = dir.path().join(format!(".snap.pickle.tmp.{}", child.id()));
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("x"), "in the way").unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert!(
+        dir.path().join("snap.pickle").is_file(),
+        "{:?}",
+        snapshot_files(dir.path())
+    );
+    assert!(
+        blocker.join("x").exists(),
+        "someone else's entry is left alone"
+    );
+}
