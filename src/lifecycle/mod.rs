@@ -20,7 +20,7 @@ pub mod api;
 #[cfg(feature = "bench-hooks")]
 pub mod debug;
 
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 impl Start for Switch {
@@ -56,6 +56,9 @@ fn start() {
     recording::publish(rec);
     let signal = cfg.signal;
     let (at_crash, crash_wait) = (cfg.at_crash, cfg.crash_wait);
+    if cfg.remote.is_some() {
+        UPLOAD_WAIT_MS.store(cfg.remote_wait.as_millis() as u64, Relaxed);
+    }
     let spawned = std::thread::Builder::new()
         .name("memsnap-writer".to_string())
         .spawn(move || {
@@ -111,6 +114,10 @@ fn block_signals() {
 // Exit and fork.
 
 pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(60);
+/// `MEMSNAP_REMOTE_WAIT` when `MEMSNAP_REMOTE` is set: the writer waits that long for
+/// uploads at exit, inside the exit wait, which is lengthened by as much so that the exit
+/// report (the exit line, the files that never left the node) is always printed.
+static UPLOAD_WAIT_MS: AtomicU64 = AtomicU64::new(0);
 
 /// Set when the writer thread ended before the program's exit (an internal error it
 /// caught): the exit handler then reports what went unrecorded.
@@ -125,7 +132,8 @@ extern "C" fn at_exit() {
     if recording::is_active() {
         EXIT_REQUESTED.store(true, Release);
         rec.wake_writer();
-        rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT);
+        let uploads = Duration::from_millis(UPLOAD_WAIT_MS.load(Relaxed));
+        rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT + uploads);
         recording::turn_off();
     } else if !WRITER_ENDED_EARLY.load(Acquire) {
         return; // never started
