@@ -796,6 +796,95 @@ fn run_lists_the_new_snapshots_and_the_next_command() {
     assert!(!err.contains("demo-old-0"), "{err}");
 }
 
+/// `memsnap run DEMO` in `dir` with `options` before `--`.
+fn run_demo(dir: &Path, options: &[&str]) -> Output {
+    let demo = common::program_path("demo");
+    let mut args = vec!["run"];
+    args.extend_from_slice(options);
+    args.extend(["--", demo.to_str().unwrap()]);
+    memsnap(
+        &args,
+        &[("LD_LIBRARY_PATH", common::fake_lib_dir().to_str().unwrap())],
+        dir,
+    )
+}
+
+/// The stats file goes where it was asked, its folder created as a snapshot folder is,
+/// and `memsnap run` names only a stats file that is there.
+#[test]
+fn run_writes_the_stats_file_in_a_folder_that_did_not_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_demo(
+        dir.path(),
+        &["--folder", "snaps", "--stats", "snaps/mem-r{rank}.csv"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Without a launcher's rank variable the rank is the pid.
+    let stats: Vec<String> = names(&dir.path().join("snaps"))
+        .into_iter()
+        .filter(|n| n.starts_with("mem-r") && n.ends_with(".csv"))
+        .collect();
+    assert_eq!(stats.len(), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("per-step figures: snaps/{}", stats[0])),
+        "{}",
+        stderr(&o)
+    );
+
+    // A stats path that cannot be a file: not announced as written.
+    std::fs::write(dir.path().join("blocked"), "a file").unwrap();
+    let o = run_demo(dir.path(), &["--stats", "blocked/mem.csv"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(!err.contains("per-step figures: blocked"), "{err}");
+    assert!(
+        err.contains("no per-step figures were written to blocked/mem.csv"),
+        "{err}"
+    );
+}
+
+/// A run without a snapshot says why: snapshots turned off, recording disabled, a folder
+/// that cannot be one; not always "the first CUDA allocation".
+#[test]
+fn run_says_the_real_reason_a_run_wrote_no_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let off = run_demo(dir.path(), &["--folder", "a", "--no-at-exit"]);
+    assert!(off.status.success());
+    assert!(
+        stderr(&off).contains("snapshots at exit were turned off (MEMSNAP_AT_EXIT=0"),
+        "{}",
+        stderr(&off)
+    );
+
+    let demo = common::program_path("demo");
+    let lib_dir = common::fake_lib_dir();
+    let disabled = memsnap(
+        &["run", "--folder", "b", "--", demo.to_str().unwrap()],
+        &[
+            ("LD_LIBRARY_PATH", lib_dir.to_str().unwrap()),
+            ("MEMSNAP_DISABLE", "1"),
+        ],
+        dir.path(),
+    );
+    assert!(
+        stderr(&disabled).contains("no snapshot in b: recording was disabled (MEMSNAP_DISABLE=1)"),
+        "{}",
+        stderr(&disabled)
+    );
+
+    std::fs::write(dir.path().join("c"), "a file").unwrap();
+    let blocked = run_demo(dir.path(), &["--folder", "c"]);
+    let err = stderr(&blocked);
+    assert!(err.contains("c is not a folder"), "{err}");
+    for o in [&off, &disabled, &blocked] {
+        assert!(
+            !stderr(o).contains("memsnap records from the first CUDA allocation)"),
+            "{}",
+            stderr(o)
+        );
+    }
+}
+
 // ------------------------------------------------------------------------------------
 // memsnap dump
 
