@@ -460,17 +460,22 @@ fn python_module_steps_and_dumps_with_the_preload() {
 fn framework_callbacks_mark_one_step_per_batch() {
     let stats_dir = tempfile::tempdir().unwrap();
     let stats = stats_dir.path().join("stats.csv");
+    // The program's own temporary folder, to see that it leaves nothing there.
+    let tmp = tempfile::tempdir().unwrap();
     let run = run_program(
         "py_callbacks.py",
         &[],
         &[
             ("PYTHONPATH", python_dir().to_str().unwrap()),
             ("MEMSNAP_STATS", stats.to_str().unwrap()),
+            ("TMPDIR", tmp.path().to_str().unwrap()),
         ],
         true,
     );
     run.assert_success();
     assert_callback_results(&run.results());
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
     let steps: Vec<u64> = csv(&stats).iter().map(|row| num(row, "step")).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5, 6, 6]);
 }
