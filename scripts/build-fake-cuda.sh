@@ -29,11 +29,13 @@ TORCH=$ROOT/tests/fake_torch
 mkdir -p "$1"
 OUT=$(cd "$1" && pwd)
 
-STATIC_RT_PROGRAMS="static_rt oom threads fork signal sigchain crash demo steps wait load top explain_steps explain_oom"
+STATIC_RT_PROGRAMS="static_rt oom threads fork fork_signal signal sigchain crash demo steps wait load top explain_steps explain_oom"
 SHARED_RT_PROGRAMS="shared_rt multi_device expandable torch_standin"
 DRIVER_PROGRAMS="driver_direct"
 DLOPEN_PROGRAMS="jax_dlsym driver_checks"
 PLAIN_PROGRAMS="nocuda"
+# Built with -rdynamic: their own symbols are what dlsym(RTLD_DEFAULT) finds.
+RDYNAMIC_PROGRAMS="old_python"
 PY_PROGRAMS="py_alloc.py py_steps.py py_signals.py py_callbacks.py torch_leak.py"
 
 exec 9>"$OUT/.build.lock"
@@ -55,7 +57,7 @@ up_to_date() {
         [ -e "$OUT/$f" ] || return 1
     done
     for p in $STATIC_RT_PROGRAMS $SHARED_RT_PROGRAMS $DRIVER_PROGRAMS $DLOPEN_PROGRAMS \
-        $PLAIN_PROGRAMS $PY_PROGRAMS; do
+        $PLAIN_PROGRAMS $RDYNAMIC_PROGRAMS $PY_PROGRAMS; do
         [ -e "$OUT/bin/$p" ] || return 1
     done
 }
@@ -130,6 +132,9 @@ for p in $STATIC_RT_PROGRAMS; do
         echo "build-fake-cuda: $p exports or imports cudaMalloc: the runtime is not internal" >&2
         exit 1
     fi
+done
+for p in $RDYNAMIC_PROGRAMS; do
+    "$CC" $CFLAGS -rdynamic -o "$TMP/bin/$p" "$PROGS/$p.c" "$TMP/obj/fake_cudart_static.o" -ldl -lpthread
 done
 for p in $SHARED_RT_PROGRAMS; do
     "$CC" $CFLAGS -o "$TMP/bin/$p" "$PROGS/$p.c" -L"$TMP/lib" -lcudart -ldl -lpthread

@@ -142,6 +142,41 @@ fn remote_only_removes_the_local_file_after_the_copy() {
         "{:?}",
         snapshot_files(run.dir.path())
     );
+    // The exit line names where the file is now, not the local path just removed.
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("memsnap: wrote"))
+        .unwrap_or_else(|| panic!("no exit line: {}", run.stderr));
+    let copy = format!("file://{}/r1/exit-1.pickle", remote.path().display());
+    assert!(line.contains(&copy), "{line}");
+    assert!(
+        !line.contains(&run.dir.path().display().to_string()),
+        "{line}"
+    );
+}
+
+/// A file:// copy that cannot be written names its destination, not the local source.
+#[test]
+fn a_failed_file_copy_names_its_destination() {
+    let run = run_program(
+        "steps",
+        &["1"],
+        &[("MEMSNAP_REMOTE", "file:///proc/self/{reason}-{seq}.pickle")],
+        true,
+    );
+    run.assert_success();
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("could not upload"))
+        .unwrap_or_else(|| panic!("no failure line: {}", run.stderr));
+    let reason = line.split(": ").skip(2).collect::<Vec<_>>().join(": ");
+    assert!(
+        reason.contains("writing /proc/self/exit-1.pickle"),
+        "{line}"
+    );
+    assert!(!reason.contains("copying"), "{line}");
 }
 
 #[test]
@@ -668,4 +703,175 @@ fn azure_missing_container_or_bad_key_is_one_line_and_a_stopped_server_leaves_th
         &["403", "AuthorizationFailure", "Forbidden"],
     );
     a_stopped_server_leaves_the_program_and_files_alone(&mut azurite);
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat[stat.rfind(')').unwrap() + 1..]
+                    .split_whitespace()
+                    .nth(1)
+                    == Some(&pid.to_string())
+            })
+        })
+        .collect()
+}
+
+/// A field of /proc/PID/status (`SigBlk`, `State`, ...), trimmed.
+fn status_field(pid: u32, key: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().to_string())
+}
+
+/// `wait` with the preload and `env`, stderr into `stderr`; once it said it is ready.
+fn spawn_wait_with(folder: &Path, env: &[(&str, String)], stderr: &Path) -> Child {
+    use std::io::{BufRead, BufReader};
+    let mut cmd = Command::new(common::program_path("wait"));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("MEMSNAP_") || key.starts_with("FAKE_CUDA") || key == "LD_PRELOAD" {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    let mut child = cmd
+        .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+        .env("LD_PRELOAD", common::preload_lib())
+        .env("MEMSNAP_FOLDER", folder)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "result ready=1");
+    std::thread::spawn(move || for _ in out.lines() {});
+    child
+}
+
+/// Asks `pid` for a snapshot (through its socket) and returns the file.
+fn dump(pid: u32) -> String {
+    memsnap(&["dump", &pid.to_string()]).trim().to_string()
+}
+
+/// The upload helper of `pid`, once started.
+fn upload_agent(pid: u32) -> u32 {
+    let start = Instant::now();
+    loop {
+        if let Some(&agent) = children_of(pid).first() {
+            return agent;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no upload helper"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kill(pid: u32, signal: &str) {
+    assert!(
+        Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// The helper does not inherit the writer thread's all-blocked signal mask: SIGTERM stops
+/// it, and it says which files it was handed and did not upload.
+#[test]
+fn the_upload_helper_stops_on_sigterm_and_names_what_it_did_not_upload() {
+    // A server that accepts and never answers: every upload hangs.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in server.incoming() {
+            held.push(conn);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let account = gcs_service_account(dir.path(), &format!("http://127.0.0.1:{port}"));
+    let stderr = dir.path().join("stderr");
+    let mut child = spawn_wait_with(
+        dir.path(),
+        &[
+            (
+                "MEMSNAP_REMOTE",
+                "gs://snaps/{reason}-{seq}.pickle".to_string(),
+            ),
+            ("GOOGLE_SERVICE_ACCOUNT", account),
+            ("MEMSNAP_REMOTE_WAIT", "1s".to_string()),
+        ],
+        &stderr,
+    );
+    let first = dump(child.id());
+    let second = dump(child.id());
+    let agent = upload_agent(child.id());
+    assert_eq!(
+        status_field(agent, "SigBlk").as_deref(),
+        Some("0000000000000000"),
+        "the helper starts with signals blocked"
+    );
+    // Both lines reached the helper before it is stopped.
+    std::thread::sleep(Duration::from_millis(500));
+    kill(agent, "TERM");
+    let start = Instant::now();
+    while status_field(agent, "State").is_some_and(|s| !s.starts_with('Z')) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the helper ignored SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    let line = said
+        .lines()
+        .find(|l| l.contains("stopped by signal 15"))
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(line.contains(&first) && line.contains(&second), "{said}");
+}
+
+/// `MEMSNAP_REMOTE_WAIT` (here its largest, 60 s) nests inside the library's exit wait: the
+/// uploads are waited for, and the exit report (the exit line, the files that never left)
+/// is printed after it. Takes a minute.
+#[test]
+fn the_longest_remote_wait_still_ends_with_the_exit_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = tempfile::tempdir().unwrap();
+    let stderr = dir.path().join("stderr");
+    let mut child = spawn_wait_with(
+        dir.path(),
+        &[
+            ("MEMSNAP_REMOTE", remote_url(remote.path())),
+            ("MEMSNAP_REMOTE_WAIT", "60s".to_string()),
+        ],
+        &stderr,
+    );
+    dump(child.id());
+    let agent = upload_agent(child.id());
+    // A helper that makes no progress: the exit snapshot's upload never finishes.
+    kill(agent, "STOP");
+    drop(child.stdin.take());
+    let status = child.wait().unwrap();
+    kill(agent, "KILL");
+    assert!(status.success());
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert!(said.contains("did not finish within 60s"), "{said}");
+    assert!(said.contains("memsnap: wrote 2 snapshots"), "{said}");
 }

@@ -286,3 +286,33 @@ fn unknown_placeholders_in_the_folder_and_stats_paths_are_refused() {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }
+
+/// A newline (or any control character) in a path setting would split the exit line and
+/// forge lines for whoever reads it: refused, in one message naming the variable.
+#[test]
+fn control_characters_in_paths_are_refused() {
+    for (name, value) in [
+        ("MEMSNAP_FILENAME", "snap\nforged: a line of its own.pickle"),
+        ("MEMSNAP_FOLDER", "/tmp/a\rb"),
+        ("MEMSNAP_STATS", "/tmp/stats\t.csv"),
+        ("MEMSNAP_REMOTE", "file:///tmp/r/\u{1b}[2J{seq}.pickle"),
+    ] {
+        let run = run_program("demo", &[], &[(name, value)], true);
+        run.assert_success();
+        let line = one_refusal(&run.stderr, name);
+        assert!(line.contains("without control characters"), "{line}");
+        // The exit line is one line, in the run's own folder; nothing forged a line.
+        let wrote: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("memsnap: wrote"))
+            .collect();
+        assert_eq!(wrote.len(), 1, "{}", run.stderr);
+        assert!(!wrote[0].contains('\r'), "{}", run.stderr);
+        assert!(
+            !run.stderr.lines().any(|l| l.starts_with("forged")),
+            "{}",
+            run.stderr
+        );
+    }
+}

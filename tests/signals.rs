@@ -274,3 +274,258 @@ fn at_crash_off_leaves_the_crash_signals_alone() {
     assert_eq!(run.status.signal(), Some(libc::SIGSEGV));
     assert!(files_with_reason(run.dir.path(), "crash").is_empty());
 }
+
+/// A second signal that ends the job while the first one's snapshot is being written (two
+/// threads faulting together, SIGTERM twice) is held until the snapshot is on disk; the
+/// process then ends with the first signal, as it would have without memsnap.
+#[test]
+fn a_second_ending_signal_waits_for_the_first_ones_snapshot() {
+    let cases = [
+        ("double-term", libc::SIGTERM, "term", "SIGTERM"),
+        ("two-faults", libc::SIGSEGV, "crash", "SIGSEGV"),
+    ];
+    for (mode, signal, reason, name) in cases {
+        // Several tries: without the hold, most of them lose the snapshot.
+        for attempt in 0..3 {
+            let (_, run) = crash(mode, &[]);
+            assert_eq!(run.status.signal(), Some(signal), "{mode} #{attempt}");
+            let files = files_with_reason(run.dir.path(), reason);
+            assert_eq!(
+                files.len(),
+                1,
+                "{mode} #{attempt}: {:?}\n{}",
+                snapshot_files(run.dir.path()),
+                run.stderr
+            );
+            let snap = python_load_json(&files[0]);
+            assert_eq!(snap["memsnap"]["signal"]["name"], name, "{mode} #{attempt}");
+        }
+    }
+}
+
+/// The pids `fork_signal` forked.
+fn child_pids(run: &common::Run) -> Vec<String> {
+    run.results()["child_pids"]
+        .split(',')
+        .map(str::to_string)
+        .collect()
+}
+
+/// The files in the run's folder written by process `pid`.
+fn files_of(run: &common::Run, pid: &str) -> Vec<PathBuf> {
+    snapshot_files(run.dir.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(&format!("-p{pid}-")))
+        .collect()
+}
+
+/// A child forked from a recording process (a DataLoader worker, a multiprocessing.Pool
+/// worker) that never allocated has no writer: a signal that ends it must not wait for one
+/// (`MEMSNAP_CRASH_WAIT`, 5 s), and it ends exactly as it would without memsnap.
+#[test]
+fn a_forked_child_that_never_recorded_dies_at_once_as_without_memsnap() {
+    for mode in ["term", "segv", "abort"] {
+        // Four children at once, as Pool(4).terminate() stops them.
+        let plain = run_program("fork_signal", &[mode, "4"], &[], false);
+        let with = run_program("fork_signal", &[mode, "4"], &[], true);
+        with.assert_success();
+        assert_eq!(
+            with.results()["child_signal"],
+            plain.results()["child_signal"],
+            "{mode}"
+        );
+        let died_ms: f64 = with.results()["died_ms"].parse().unwrap();
+        assert!(
+            died_ms < 1000.0,
+            "{mode}: the children took {died_ms} ms to die\n{}",
+            with.stderr
+        );
+        for pid in child_pids(&with) {
+            assert!(
+                files_of(&with, &pid).is_empty(),
+                "{mode}: child {pid} wrote"
+            );
+        }
+    }
+}
+
+/// A forked child that allocates records on its own (its own writer), and a signal that
+/// ends it leaves its own snapshot with what the child holds.
+#[test]
+fn a_forked_child_that_records_gets_its_own_crash_snapshot() {
+    let cases = [
+        ("record-term", libc::SIGTERM, "term", "SIGTERM"),
+        ("record-segv", libc::SIGSEGV, "crash", "SIGSEGV"),
+    ];
+    for (mode, signal, reason, name) in cases {
+        let run = run_program("fork_signal", &[mode], &[], true);
+        run.assert_success();
+        assert_eq!(run.results()["child_signal"], signal.to_string(), "{mode}");
+        let child = &child_pids(&run)[0];
+        let files: Vec<PathBuf> = files_of(&run, child)
+            .into_iter()
+            .filter(|p| label_of(p).as_deref() == Some(reason))
+            .collect();
+        assert_eq!(
+            files.len(),
+            1,
+            "{mode}: {:?}\n{}",
+            snapshot_files(run.dir.path()),
+            run.stderr
+        );
+        let snap = python_load_json(&files[0]);
+        assert_eq!(snap["memsnap"]["signal"]["name"], name, "{mode}");
+        assert_eq!(snap["memsnap"]["pid"].as_u64().unwrap().to_string(), *child);
+        let live: u64 = snap["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["allocated_size"].as_u64().unwrap())
+            .sum();
+        assert_eq!(live, 2 << 20, "{mode}: the child's own 2 MiB");
+    }
+}
+
+/// The per-user folder of the live sockets and acknowledgement files.
+fn private_folder() -> PathBuf {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/tmp/memsnap-{uid}"))
+}
+
+/// `wait` with the preload, once it said it is ready (its stdin piped: closing it ends it).
+fn spawn_wait(folder: &std::path::Path, env: &[(&str, &str)]) -> std::process::Child {
+    use std::io::{BufRead, BufReader};
+    let mut cmd = std::process::Command::new(common::program_path("wait"));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("MEMSNAP_") || key.starts_with("FAKE_CUDA") || key == "LD_PRELOAD" {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    let mut child = cmd
+        .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+        .env("LD_PRELOAD", common::preload_lib())
+        .env("MEMSNAP_FOLDER", folder)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "result ready=1");
+    std::thread::spawn(move || for _ in out.lines() {});
+    child
+}
+
+fn send(pid: u32, signal: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+fn eventually(done: impl Fn() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while !done() && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    done()
+}
+
+/// A process ended by SIGTERM (or any ending signal's default action) takes its live socket
+/// and acknowledgement file with it.
+#[test]
+fn a_job_ended_by_a_signal_leaves_no_socket_or_acknowledgement() {
+    let dir = tempfile::tempdir().unwrap();
+    for signal in ["TERM", "SEGV", "ABRT"] {
+        let mut child = spawn_wait(dir.path(), &[]);
+        let pid = child.id();
+        let socket = private_folder().join(format!("{pid}.sock"));
+        let ack = private_folder().join(format!("{pid}.ack"));
+        assert!(eventually(|| socket.exists()), "{signal}: no socket");
+        send(pid, "USR1");
+        assert!(eventually(|| ack.exists()), "{signal}: no acknowledgement");
+        send(pid, signal);
+        let status = child.wait().unwrap();
+        assert!(status.signal().is_some(), "{signal}: {status}");
+        assert!(!socket.exists(), "{signal}: {} left", socket.display());
+        assert!(!ack.exists(), "{signal}: {} left", ack.display());
+    }
+}
+
+/// A pid that no process has now (one that just ran and was reaped).
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// What processes killed outright left (sockets and acknowledgements in the private
+/// folder, hidden temporaries in the snapshot folder) is removed by the next process that
+/// records: the private folder's entries when it starts, a folder's temporaries when it
+/// first writes there. Those of live processes stay.
+#[test]
+fn what_dead_processes_left_is_removed_by_the_next_one() {
+    use std::os::unix::fs::DirBuilderExt;
+    let dead = dead_pid();
+    let _ = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(private_folder());
+    let left: Vec<PathBuf> = ["sock", "ack", "ack.tmp"]
+        .iter()
+        .map(|kind| private_folder().join(format!("{dead}.{kind}")))
+        .collect();
+    for path in &left {
+        std::fs::write(path, "left behind").unwrap();
+    }
+    let folder = tempfile::tempdir().unwrap();
+    let stale = [
+        folder.path().join(format!(".a.pickle.tmp.{dead}")),
+        folder
+            .path()
+            .join(format!(".b.pickle.tmp.{dead}.0123456789abcdef")),
+    ];
+    let alive = folder
+        .path()
+        .join(format!(".c.pickle.tmp.{}", std::process::id()));
+    for path in stale.iter().chain([&alive]) {
+        std::fs::write(path, "partial").unwrap();
+    }
+    let folder_value = folder.path().to_str().unwrap();
+    let run = run_program("demo", &[], &[("MEMSNAP_FOLDER", folder_value)], true);
+    run.assert_success();
+    for path in left.iter().chain(&stale) {
+        assert!(!path.exists(), "{} is still there", path.display());
+    }
+    assert!(alive.exists(), "a live process's temporary was removed");
+}
+
+/// The temporary a snapshot is written through has no name anyone can predict: a file or
+/// folder someone put at the old name (`.NAME.tmp.PID`) blocks nothing.
+#[test]
+fn a_predictable_temporary_cannot_block_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = spawn_wait(dir.path(), &[("MEMSNAP_FILENAME", "snap.pickle")]);
+    let blocker = dir.path().join(format!(".snap.pickle.tmp.{}", child.id()));
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("x"), "in the way").unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert!(
+        dir.path().join("snap.pickle").is_file(),
+        "{:?}",
+        snapshot_files(dir.path())
+    );
+    assert!(
+        blocker.join("x").exists(),
+        "someone else's entry is left alone"
+    );
+}

@@ -427,3 +427,22 @@ fn deep_recursion_is_cut_at_max_frames() {
         "{n:?}"
     );
 }
+
+/// An embedded Python memsnap has no layout for is said once, with one `memsnap: ` prefix.
+#[test]
+fn an_unsupported_python_is_said_once_with_one_prefix() {
+    let run = common::run_program("old_python", &[], &[], true);
+    run.assert_success();
+    let said: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("is not supported"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", run.stderr);
+    assert!(
+        said[0].starts_with("memsnap: Python 3.8 is not supported"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("memsnap: memsnap:"), "{}", run.stderr);
+}

@@ -10,8 +10,10 @@ use common::{
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 fn names(dir: &Path) -> Vec<String> {
@@ -509,17 +511,22 @@ fn python_module_steps_and_dumps_with_the_preload() {
 fn framework_callbacks_mark_one_step_per_batch() {
     let stats_dir = tempfile::tempdir().unwrap();
     let stats = stats_dir.path().join("stats.csv");
+    // The program's own temporary folder, to see that it leaves nothing there.
+    let tmp = tempfile::tempdir().unwrap();
     let run = run_program(
         "py_callbacks.py",
         &[],
         &[
             ("PYTHONPATH", python_dir().to_str().unwrap()),
             ("MEMSNAP_STATS", stats.to_str().unwrap()),
+            ("TMPDIR", tmp.path().to_str().unwrap()),
         ],
         true,
     );
     run.assert_success();
     assert_callback_results(&run.results());
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
     let steps: Vec<u64> = csv(&stats).iter().map(|row| num(row, "step")).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5, 6, 6]);
 }
@@ -845,6 +852,95 @@ fn run_lists_the_new_snapshots_and_the_next_command() {
     assert!(!err.contains("demo-old-0"), "{err}");
 }
 
+/// `memsnap run DEMO` in `dir` with `options` before `--`.
+fn run_demo(dir: &Path, options: &[&str]) -> Output {
+    let demo = common::program_path("demo");
+    let mut args = vec!["run"];
+    args.extend_from_slice(options);
+    args.extend(["--", demo.to_str().unwrap()]);
+    memsnap(
+        &args,
+        &[("LD_LIBRARY_PATH", common::fake_lib_dir().to_str().unwrap())],
+        dir,
+    )
+}
+
+/// The stats file goes where it was asked, its folder created as a snapshot folder is,
+/// and `memsnap run` names only a stats file that is there.
+#[test]
+fn run_writes_the_stats_file_in_a_folder_that_did_not_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_demo(
+        dir.path(),
+        &["--folder", "snaps", "--stats", "snaps/mem-r{rank}.csv"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Without a launcher's rank variable the rank is the pid.
+    let stats: Vec<String> = names(&dir.path().join("snaps"))
+        .into_iter()
+        .filter(|n| n.starts_with("mem-r") && n.ends_with(".csv"))
+        .collect();
+    assert_eq!(stats.len(), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("per-step figures: snaps/{}", stats[0])),
+        "{}",
+        stderr(&o)
+    );
+
+    // A stats path that cannot be a file: not announced as written.
+    std::fs::write(dir.path().join("blocked"), "a file").unwrap();
+    let o = run_demo(dir.path(), &["--stats", "blocked/mem.csv"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(!err.contains("per-step figures: blocked"), "{err}");
+    assert!(
+        err.contains("no per-step figures were written to blocked/mem.csv"),
+        "{err}"
+    );
+}
+
+/// A run without a snapshot says why: snapshots turned off, recording disabled, a folder
+/// that cannot be one; not always "the first CUDA allocation".
+#[test]
+fn run_says_the_real_reason_a_run_wrote_no_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let off = run_demo(dir.path(), &["--folder", "a", "--no-at-exit"]);
+    assert!(off.status.success());
+    assert!(
+        stderr(&off).contains("snapshots at exit were turned off (MEMSNAP_AT_EXIT=0"),
+        "{}",
+        stderr(&off)
+    );
+
+    let demo = common::program_path("demo");
+    let lib_dir = common::fake_lib_dir();
+    let disabled = memsnap(
+        &["run", "--folder", "b", "--", demo.to_str().unwrap()],
+        &[
+            ("LD_LIBRARY_PATH", lib_dir.to_str().unwrap()),
+            ("MEMSNAP_DISABLE", "1"),
+        ],
+        dir.path(),
+    );
+    assert!(
+        stderr(&disabled).contains("no snapshot in b: recording was disabled (MEMSNAP_DISABLE=1)"),
+        "{}",
+        stderr(&disabled)
+    );
+
+    std::fs::write(dir.path().join("c"), "a file").unwrap();
+    let blocked = run_demo(dir.path(), &["--folder", "c"]);
+    let err = stderr(&blocked);
+    assert!(err.contains("c is not a folder"), "{err}");
+    for o in [&off, &disabled, &blocked] {
+        assert!(
+            !stderr(o).contains("memsnap records from the first CUDA allocation)"),
+            "{}",
+            stderr(o)
+        );
+    }
+}
+
 // ------------------------------------------------------------------------------------
 // memsnap dump
 
@@ -920,6 +1016,8 @@ fn dump_follows_the_processes_own_acknowledgement() {
     ];
     let child = spawn_waiting(&[], &env, dir.path(), true);
     let pid = child.id().to_string();
+    // Without its live socket the process is asked with the signal.
+    without_socket(child.id());
     for round in 1..=2 {
         let o = memsnap(&["dump", &pid], &[], dir.path());
         assert!(o.status.success(), "round {round}: {}", stderr(&o));
@@ -941,6 +1039,7 @@ fn dump_follows_the_processes_own_acknowledgement() {
     std::fs::write(&blocked, "a file").unwrap();
     let child = spawn_waiting(&[], &[], &blocked, true);
     let pid = child.id().to_string();
+    without_socket(child.id());
     let o = memsnap(&["dump", &pid, "--timeout", "60"], &[], dir.path());
     assert!(finish(child).success());
     assert_eq!(o.status.code(), Some(1));
@@ -965,13 +1064,14 @@ fn dump_refuses_processes_it_cannot_or_must_not_signal() {
     let status = finish(idle);
     assert!(status.success(), "the idle process was hurt: {status}");
 
-    // Signals off.
+    // Signals off and no socket.
     let quiet = spawn_waiting(&[], &[("MEMSNAP_SIGNAL", "none")], dir.path(), true);
+    without_socket(quiet.id());
     let o = memsnap(&["dump", &quiet.id().to_string()], &[], dir.path());
     assert!(finish(quiet).success());
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains(&"signals are off for pid".to_string()),
+        stderr(&o).contains("signals are off for pid") && stderr(&o).contains("no live socket"),
         "{}",
         stderr(&o)
     );
@@ -1091,7 +1191,7 @@ fn dump_all_stays_in_the_callers_session_unless_user_widens_it() {
     assert!(out.contains(&format!("-r0-p{mine_pid}-signal-")), "{out}");
     assert!(
         session_only.contains(&format!(
-            "signalling 1 process in this session ({}): pid {mine_pid} (wait)\n",
+            "dumping 1 process in this session ({}): pid {mine_pid} (wait)\n",
             session_of_this_process()
         )),
         "{session_only}"
@@ -1117,7 +1217,7 @@ fn dump_all_stays_in_the_callers_session_unless_user_widens_it() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(all.lines().count(), 2, "{all}\n{}", stderr(&o));
     assert!(
-        stderr(&o).contains("signalling 2 processes of yours on this host: "),
+        stderr(&o).contains("dumping 2 processes of yours on this host: "),
         "{}",
         stderr(&o)
     );
@@ -1139,6 +1239,124 @@ fn session_of_this_process() -> String {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
     let rest = &stat[stat.rfind(')').unwrap() + 1..];
     rest.split_whitespace().nth(3).unwrap().to_string()
+}
+
+/// Removes the live socket of `pid` (it keeps running): `memsnap dump` then has only the
+/// signal to ask with, as for a process whose socket could not be made.
+fn without_socket(pid: u32) {
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let socket = memsnap_format::live::socket_path(uid, pid);
+    assert!(
+        wait_for(|| socket.exists()),
+        "no socket at {}",
+        socket.display()
+    );
+    std::fs::remove_file(&socket).unwrap();
+}
+
+/// `wait sleep N` with the preload: its stdout, line by line, once it said it is ready.
+fn spawn_sleeping(seconds: &str, env: &[(&str, &str)], folder: &Path) -> (Child, Receiver<String>) {
+    let mut cmd = Command::new(common::program_path("wait"));
+    clean_env(&mut cmd);
+    let mut child = cmd
+        .args(["sleep", seconds])
+        .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+        .env("MEMSNAP_FOLDER", folder)
+        .env("LD_PRELOAD", common::preload_lib())
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let ready = lines.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert_eq!(ready, "result ready=1");
+    (child, lines)
+}
+
+/// `memsnap dump` asks through the live socket when there is one: no signal, so a program
+/// in `sleep()` sleeps on, and the file is reported.
+#[test]
+fn dump_asks_through_the_socket_and_interrupts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, lines) = spawn_sleeping("3", &[], dir.path());
+    let o = memsnap(&["dump", &child.id().to_string()], &[], dir.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = PathBuf::from(stdout(&o).trim());
+    assert!(path.is_file(), "{}", stdout(&o));
+    assert!(path.to_string_lossy().contains("-signal-"), "{path:?}");
+    assert!(child.wait().unwrap().success());
+    let rest: Vec<String> = lines.iter().collect();
+    assert!(
+        rest.contains(&"result slept_full=1".to_string()),
+        "the sleep was cut short: {rest:?}"
+    );
+}
+
+/// A process asked with the signal that exits before it could acknowledge (its `sleep()`
+/// was cut short), with the file written: reported as dumped, never as a failure.
+#[test]
+fn dump_reports_the_file_of_a_process_that_exited_before_acknowledging() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, _lines) = spawn_sleeping("3", &[("MEMSNAP_AT_EXIT", "0")], dir.path());
+    without_socket(child.id());
+    let o = memsnap(&["dump", &child.id().to_string()], &[], dir.path());
+    assert!(child.wait().unwrap().success());
+    let written: Vec<String> = names(dir.path())
+        .into_iter()
+        .filter(|n| n.contains("-signal-"))
+        .collect();
+    assert_eq!(written.len(), 1, "{:?}", names(dir.path()));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        PathBuf::from(stdout(&o).trim()),
+        dir.path().join(&written[0])
+    );
+}
+
+/// `memsnap dump` given the pid of `memsnap run` itself (what `pgrep -f train.py` finds
+/// first) dumps the recording process it started, and says so.
+#[test]
+fn dump_of_the_launchers_pid_dumps_its_recording_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(common::memsnap_bin());
+    clean_env(&mut cmd);
+    let mut launcher = cmd
+        .args(["run", "--folder"])
+        .arg(dir.path())
+        .arg("--")
+        .arg(common::program_path("wait"))
+        .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(launcher.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "result ready=1");
+    std::thread::spawn(move || for _ in out.lines() {});
+    let o = memsnap(&["dump", &launcher.id().to_string()], &[], dir.path());
+    drop(launcher.stdin.take());
+    assert!(launcher.wait().unwrap().success());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "pid {} has no memsnap loaded (a launcher); dumping 1 process it started: pid ",
+            launcher.id()
+        )) && err.contains("(wait)"),
+        "{err}"
+    );
+    assert!(Path::new(stdout(&o).trim()).is_file(), "{}", stdout(&o));
 }
 
 #[test]

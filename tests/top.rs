@@ -315,6 +315,51 @@ fn garbage_stalled_and_flooding_clients_leave_the_program_intact() {
     );
 }
 
+/// Dump requests that arrive together (or while a snapshot is being written) share one
+/// snapshot, as dump signals do: 48 requests at once never make 48 files.
+#[test]
+fn dump_requests_that_arrive_together_share_one_snapshot() {
+    const ASKERS: usize = 48;
+    let p = Program::start("top", &[]);
+    p.results_until_ready();
+    let path = p.socket();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(ASKERS));
+    let askers: Vec<_> = (0..ASKERS)
+        .map(|_| {
+            let (path, barrier) = (path.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let mut conn = UnixStream::connect(&path).unwrap();
+                conn.write_all(&live::encode(&Request::Dump)).unwrap();
+                live::read_message::<Answer>(&mut conn, live::MAX_ANSWER).unwrap()
+            })
+        })
+        .collect();
+    let mut paths = std::collections::BTreeSet::new();
+    for asker in askers {
+        match asker.join().unwrap() {
+            Answer::Dumped { path } => {
+                assert!(Path::new(&path).is_file(), "{path}");
+                paths.insert(path);
+            }
+            other => panic!("not dumped: {other:?}"),
+        }
+    }
+    let (status, folder) = p.finish();
+    assert!(status.success());
+    let signal_files = std::fs::read_dir(folder.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("-signal-"))
+        .count();
+    assert_eq!(signal_files, paths.len(), "each file answers some requests");
+    assert!(
+        paths.len() <= ASKERS / 4,
+        "{} snapshots for {ASKERS} requests",
+        paths.len()
+    );
+}
+
 #[test]
 fn all_finds_the_program_and_a_process_without_cuda_has_no_socket() {
     let p = Program::start("top", &[]);

@@ -60,6 +60,10 @@ impl DumpRequests {
     pub fn is_done(&self, ticket: u64) -> bool {
         self.done.load(Acquire) >= ticket
     }
+    /// In a forked child: the parent's tickets are not the child's to serve.
+    pub fn forget_pending(&self) {
+        self.done.store(self.asked.load(Relaxed), Relaxed);
+    }
     /// Writer side: the tickets asked for and not done yet, oldest first.
     pub fn pending(&self) -> std::ops::RangeInclusive<u64> {
         self.done.load(Acquire) + 1..=self.asked.load(Acquire)

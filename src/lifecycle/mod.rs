@@ -6,7 +6,9 @@
 //! which the hooks read; it implements that room's [`Start`] for the first hook to call. No
 //! other room imports this one.
 
-use crate::channel::handshake::{EXIT_DONE, EXIT_REQUESTED};
+use crate::channel::handshake::{
+    API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, SIGNAL_DUMPS,
+};
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::config::Config;
 use crate::guard;
@@ -18,7 +20,7 @@ pub mod api;
 #[cfg(feature = "bench-hooks")]
 pub mod debug;
 
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 impl Start for Switch {
@@ -54,6 +56,9 @@ fn start() {
     recording::publish(rec);
     let signal = cfg.signal;
     let (at_crash, crash_wait) = (cfg.at_crash, cfg.crash_wait);
+    if cfg.remote.is_some() {
+        UPLOAD_WAIT_MS.store(cfg.remote_wait.as_millis() as u64, Relaxed);
+    }
     let spawned = std::thread::Builder::new()
         .name("memsnap-writer".to_string())
         .spawn(move || {
@@ -84,8 +89,12 @@ fn start() {
             signals::borrow(sig, Role::Crash);
         }
     }
-    // SAFETY: registering a plain extern "C" fn with no captured state.
-    unsafe { libc::atexit(at_exit) };
+    // Once per process image: a forked child that starts recording of its own inherits
+    // the parent's registration.
+    if !AT_EXIT_REGISTERED.swap(true, AcqRel) {
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        unsafe { libc::atexit(at_exit) };
+    }
     recording::activate();
 }
 
@@ -105,10 +114,16 @@ fn block_signals() {
 // Exit and fork.
 
 pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(60);
+/// `MEMSNAP_REMOTE_WAIT` when `MEMSNAP_REMOTE` is set: the writer waits that long for
+/// uploads at exit, inside the exit wait, which is lengthened by as much so that the exit
+/// report (the exit line, the files that never left the node) is always printed.
+static UPLOAD_WAIT_MS: AtomicU64 = AtomicU64::new(0);
 
 /// Set when the writer thread ended before the program's exit (an internal error it
 /// caught): the exit handler then reports what went unrecorded.
 static WRITER_ENDED_EARLY: AtomicBool = AtomicBool::new(false);
+/// `at_exit` is registered (inherited by a forked child, which must not register it twice).
+static AT_EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn at_exit() {
     let Some(rec) = recording::recorder_if_started() else {
@@ -117,19 +132,29 @@ extern "C" fn at_exit() {
     if recording::is_active() {
         EXIT_REQUESTED.store(true, Release);
         rec.wake_writer();
-        rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT);
+        let uploads = Duration::from_millis(UPLOAD_WAIT_MS.load(Relaxed));
+        rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT + uploads);
         recording::turn_off();
     } else if !WRITER_ENDED_EARLY.load(Acquire) {
-        return; // never started, or a forked child of a recording parent
+        return; // never started
     }
     report_losses(rec);
 }
 
 extern "C" fn in_forked_child() {
-    // The writer thread does not exist in the child. A child of a recording parent stays
-    // silent (CUDA is unusable after fork anyway, and DataLoader workers must leave no
-    // files); a child forked before any CUDA call may start its own recording later.
-    recording::off_in_forked_child();
+    // The parent's writer thread does not exist in the child (DataLoader workers,
+    // multiprocessing.Pool): nothing may wait for it. The child starts as a process that
+    // never recorded: one that never allocates stays silent and dies exactly as it would
+    // without memsnap; one that allocates gets a writer (and crash snapshots) of its own.
+    // Atomic stores only: this runs in the child of a possibly multi-threaded fork.
+    recording::forget_in_forked_child();
+    signals::forget_in_forked_child();
+    for requests in [&CRASH.dumps, &SIGNAL_DUMPS, &API_DUMPS, &OOM_DUMPS] {
+        requests.forget_pending();
+    }
+    EXIT_REQUESTED.store(false, Relaxed);
+    EXIT_DONE.store(false, Relaxed);
+    WRITER_ENDED_EARLY.store(false, Relaxed);
 }
 
 /// Runs when the library is loaded: only cheap, silent set-up (no thread, no output).

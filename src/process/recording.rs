@@ -2,9 +2,10 @@
 //!
 //! Process-wide state. Hot: [`recorder`] is one atomic load and one pointer load once
 //! recording is on. State machine: `UNINIT` → (first allocation hook) `STARTING` →
-//! `ACTIVE`, or `OFF` (disabled, failed to start, forked child of a recording parent, or
-//! after exit). A process that never makes an allocation call never leaves `UNINIT`: no
-//! thread, no file, no output (JAX starts such children).
+//! `ACTIVE`, or `OFF` (disabled, failed to start, or after exit). A process that never
+//! makes an allocation call never leaves `UNINIT`: no thread, no file, no output (JAX
+//! starts such children). A forked child goes back to `UNINIT` with no recorder: the
+//! parent's writer thread does not exist there.
 //!
 //! Starting is the composition root's job (`lifecycle`: settings, the channel, the writer
 //! thread, the signals, the exit hook). This room never names it: `lifecycle` implements
@@ -99,10 +100,12 @@ pub fn turn_off() {
     STATE.store(OFF, Release);
 }
 
-/// In a forked child (the parent's writer thread does not exist there): off, unless the
-/// parent never started (the child may then start its own recording later).
-pub fn off_in_forked_child() {
-    if STATE.load(Relaxed) != UNINIT {
-        STATE.store(OFF, Relaxed);
-    }
+/// In a forked child (the parent's writer thread does not exist there): back to a process
+/// that never recorded, with no recorder, so a child that never allocates is left exactly
+/// as it would be without memsnap (its signal handlers find nothing to wait for) and one
+/// that allocates starts recording of its own (its own writer, files and socket).
+/// Async-signal-safe: atomic stores only.
+pub fn forget_in_forked_child() {
+    RECORDER.store(std::ptr::null_mut(), Relaxed);
+    STATE.store(UNINIT, Relaxed);
 }

@@ -4,7 +4,12 @@
 //! for a fault; then the program's own action is carried out with the semantics it asked for.
 //!
 //! Cold: once per signal. Async-signal-safe: atomics, an eventfd write, clock reads,
-//! `nanosleep`, `sigaction`/`pthread_sigmask`/`tgkill`; no allocation, no lock.
+//! `nanosleep`, `sigaction`/`pthread_sigmask`/`tgkill`, `unlink`; no allocation, no lock.
+//!
+//! One crash snapshot per process, and while it is being written every further signal that
+//! ends the job (another thread faulting, a second SIGTERM) is held in its handler until
+//! the snapshot is on disk or the wait expired: the first signal then ends the process,
+//! with the status it would have had without memsnap.
 
 use super::table::{
     Borrowed, ProgramAction, Role, borrowed, empty_set, real_sigaction, set_from_words,
@@ -16,14 +21,37 @@ use crate::channel::queue::Recorder;
 use crate::process::recording;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 /// How long a crash handler waits for its snapshot, in milliseconds.
 static CRASH_WAIT_MS: AtomicU64 = AtomicU64::new(5_000);
-/// Set by the first crash signal: a later one (a nested fault, another thread, a fault
-/// inside the snapshot itself) never tries again, it goes straight on.
-static CRASH_SEEN: AtomicBool = AtomicBool::new(false);
+/// Where the process's one crash snapshot stands: [`NO_CRASH`] until the first crash
+/// signal, then [`CAPTURING`] (its handler takes the stack), [`WRITING`] (the writer has
+/// the request), [`ENDED`] (on disk, or given up on). A later crash signal never asks again:
+/// it waits for [`ENDED`] (see [`hold_while_the_first_ends_the_job`]).
+static CRASH_PHASE: AtomicU8 = AtomicU8::new(NO_CRASH);
+const NO_CRASH: u8 = 0;
+const CAPTURING: u8 = 1;
+const WRITING: u8 = 2;
+const ENDED: u8 = 3;
+/// The thread whose signal asked for the crash snapshot: a signal nested on that same
+/// thread while it captures (a fault inside the capture) must not wait for itself.
+static CRASH_TID: AtomicI32 = AtomicI32::new(0);
+/// Set once the first crash signal's handler returned from the program's action (the
+/// program handled it and lives on): a held signal then goes on with its own action.
+static FIRST_RETURNED: AtomicBool = AtomicBool::new(false);
+/// How long a held signal waits, once the snapshot ended, for the first signal to end the
+/// process before it carries out its own action.
+const FIRST_ENDS_WITHIN: Duration = Duration::from_millis(200);
+
+/// In a forked child: the parent's crash snapshot (if one was under way) is not the
+/// child's; a crash signal in the child starts afresh. Async-signal-safe (atomic stores).
+pub fn forget_in_forked_child() {
+    CRASH_PHASE.store(NO_CRASH, Relaxed);
+    CRASH_TID.store(0, Relaxed);
+    FIRST_RETURNED.store(false, Relaxed);
+}
 
 /// Puts memsnap's handler in the kernel for `b`, with the program's mask and the flags a
 /// chained call cannot emulate (restart, alternate stack, no-defer).
@@ -75,6 +103,8 @@ fn handle(b: &Borrowed, sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
         install(b);
     }
     let role = b.role();
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
     match role {
         Role::Dump => ask_for_signal_dump(),
         // SIGTERM and SIGABRT always end the job (abort() kills after its handler
@@ -109,6 +139,11 @@ fn handle(b: &Borrowed, sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
             let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(handler) };
             f(sig);
         }
+    }
+    if role == Role::Crash && CRASH_TID.load(Acquire) == tid {
+        // The program's action returned: the job goes on, signals held behind this one
+        // carry out their own actions.
+        FIRST_RETURNED.store(true, Release);
     }
 }
 
@@ -150,11 +185,24 @@ fn is_fault(sig: c_int) -> bool {
 /// The first crash signal asks for a snapshot with the signal and, for a synchronous
 /// signal (a fault, `abort`), the signalled thread's stack, and waits for it, bounded by
 /// `MEMSNAP_CRASH_WAIT`. SIGTERM is sent to the process and lands on whichever thread the
-/// kernel picks, so its stack would say nothing: it has none.
+/// kernel picks, so its stack would say nothing: it has none. A later one is held (see
+/// [`hold_while_the_first_ends_the_job`]).
 fn crash_snapshot(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    if CRASH_SEEN.swap(true, AcqRel) {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    if CRASH_PHASE
+        .compare_exchange(NO_CRASH, CAPTURING, AcqRel, Acquire)
+        .is_err()
+    {
+        hold_while_the_first_ends_the_job(tid);
         return;
     }
+    CRASH_TID.store(tid, Release);
+    write_crash_snapshot(sig, info, ctx, tid);
+    CRASH_PHASE.store(ENDED, Release);
+}
+
+fn write_crash_snapshot(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void, tid: i32) {
     let Some(rec) = recorder() else { return };
     if !rec.writer_alive.load(Acquire) {
         return;
@@ -173,16 +221,111 @@ fn crash_snapshot(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
         && !crate::guard::inside_hook_or_internal()
         && let Some(regs) = interrupted_registers(ctx)
     {
-        // SAFETY: CRASH_SEEN lets exactly one handler get here.
+        // SAFETY: CRASH_PHASE lets exactly one handler get here.
         let slot = unsafe { rec.crash_slot_to_fill() };
         capture::capture_interrupted(slot, rec.settings.stacks, rec.settings.max_frames, regs);
         with_stack = true;
     }
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u32;
-    let ticket = CRASH.ask(sig, code, sender, tid, with_stack);
+    let ticket = CRASH.ask(sig, code, sender, tid as u32, with_stack);
+    CRASH_PHASE.store(WRITING, Release);
     rec.wake_writer();
     rec.wait_for(|| CRASH.dumps.is_done(ticket), crash_wait());
+}
+
+/// A crash signal while the first one's snapshot is being written (two threads faulting
+/// within milliseconds, SIGTERM twice): carrying out its action now would end the process
+/// before the snapshot is on disk. It waits until the snapshot ended (or the crash wait
+/// expired), then a moment for the first signal to end the process with its own status;
+/// only if the first one's handler returned (the program lives on) does it go on with its
+/// own action. A signal nested on the first one's own thread cannot let the first go on
+/// before it returns: it waits for the snapshot only, and not at all while that thread
+/// still captures its stack (a fault inside the capture would wait for itself).
+fn hold_while_the_first_ends_the_job(tid: i32) {
+    let same_thread = CRASH_TID.load(Acquire) == tid;
+    if same_thread && CRASH_PHASE.load(Acquire) == CAPTURING {
+        return;
+    }
+    let start = std::time::Instant::now();
+    let limit = crash_wait() + Duration::from_millis(100);
+    while CRASH_PHASE.load(Acquire) != ENDED && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if same_thread {
+        return;
+    }
+    let ended = std::time::Instant::now();
+    while !FIRST_RETURNED.load(Acquire) && ended.elapsed() < FIRST_ENDS_WITHIN {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The process is about to end by a signal: its live socket and acknowledgement file go
+/// with it (the exit path removes them otherwise). Paths built on the stack, no allocation.
+fn forget_own_files() {
+    if recorder().is_none() {
+        return; // never recorded: nothing of ours to remove
+    }
+    // SAFETY: getuid and getpid have no preconditions.
+    let (uid, pid) = unsafe { (libc::getuid(), libc::getpid()) };
+    for suffix in [&b".sock"[..], b".ack", b".ack.tmp"] {
+        let mut path = PathBuf64::new();
+        path.push(b"/tmp/memsnap-");
+        path.push_number(u64::from(uid));
+        path.push(b"/");
+        path.push_number(pid as u64);
+        path.push(suffix);
+        if let Some(c) = path.as_c_str() {
+            // SAFETY: a NUL-terminated path in a local buffer.
+            unsafe { libc::unlink(c) };
+        }
+    }
+}
+
+/// A short path built without allocation (async-signal-safe).
+struct PathBuf64 {
+    bytes: [u8; 64],
+    len: usize,
+    overflow: bool,
+}
+
+impl PathBuf64 {
+    fn new() -> PathBuf64 {
+        PathBuf64 {
+            bytes: [0; 64],
+            len: 0,
+            overflow: false,
+        }
+    }
+
+    fn push(&mut self, part: &[u8]) {
+        for &b in part {
+            // One byte kept for the terminating NUL.
+            if self.len + 1 >= self.bytes.len() {
+                self.overflow = true;
+                return;
+            }
+            self.bytes[self.len] = b;
+            self.len += 1;
+        }
+    }
+
+    fn push_number(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[at..]);
+    }
+
+    fn as_c_str(&self) -> Option<*const libc::c_char> {
+        (!self.overflow).then_some(self.bytes.as_ptr().cast())
+    }
 }
 
 /// The instruction, stack and frame pointers of the interrupted code, from the kernel's
@@ -208,6 +351,7 @@ fn interrupted_registers(_ctx: *mut c_void) -> Option<capture::native::StartRegs
 /// Does what the kernel's default action for `sig` would have done (terminate, with a
 /// core where it dumps one), so the exit status is the one the program would have had.
 fn default_action(b: &Borrowed, sig: c_int, info: *mut libc::siginfo_t) {
+    forget_own_files();
     let mut dfl = zeroed_sigaction();
     dfl.sa_sigaction = libc::SIG_DFL;
     // SAFETY: a valid default action.

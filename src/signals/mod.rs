@@ -14,7 +14,7 @@ pub mod handler;
 pub mod hooks;
 pub mod table;
 
-pub use handler::set_crash_wait;
+pub use handler::{forget_in_forked_child, set_crash_wait};
 pub use table::{CRASH_SIGNALS, Role};
 
 use crate::channel::handshake::SIGNAL_DUMPS;

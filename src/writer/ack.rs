@@ -3,7 +3,10 @@
 //!
 //! Cold, writer thread only. Created on the first dump signal, in a folder only this user
 //! can use (made 0700; refused when it is a link, someone else's, or open to others).
-//! Failures are silent: `memsnap dump` then says the signal was not acknowledged.
+//! Failures are silent: `memsnap dump` then says the signal was not acknowledged. Removed at
+//! exit, and by the signal handler before a signal's default action ends the process;
+//! what a process killed outright leaves is removed by the next one that starts
+//! ([`forget_dead_processes`]).
 
 use crate::snapshot::ack::{self, Ack, Outcome};
 use std::fs;
@@ -74,6 +77,31 @@ impl AckFile {
             .and_then(|mut f| f.write_all(self.state.to_text().as_bytes()));
         if written.is_ok() {
             let _ = fs::rename(&tmp, &*path);
+        }
+    }
+}
+
+/// When recording starts: removes the sockets and acknowledgement files (`PID.sock`,
+/// `PID.ack`, `PID.ack.tmp`) that processes of this user which no longer exist left in the
+/// private folder (killed outright, or ended by a handler of their own that exited).
+pub fn forget_dead_processes(uid: u32) {
+    let Some(dir) = private_folder(uid) else {
+        return;
+    };
+    let Ok(entries) = fs::read_dir(&dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let Some((pid, kind)) = name.split_once('.') else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if matches!(kind, "sock" | "ack" | "ack.tmp") && !super::files::process_exists(pid) {
+            let _ = fs::remove_file(entry.path());
         }
     }
 }

@@ -9,6 +9,15 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
 
 impl Writer {
+    /// The written files the upload helper moved away (`MEMSNAP_REMOTE_ONLY=1`).
+    fn moved_files<'a>(&'a self, files: &'a [PathBuf]) -> impl Iterator<Item = &'a PathBuf> {
+        files.iter().filter(|p| {
+            self.uploader
+                .as_ref()
+                .is_some_and(|u| u.moved_to(p).is_some())
+        })
+    }
+
     /// The one line a user sees at exit: which files, and what to run next.
     pub(super) fn report_at_exit(&self) {
         if self.cfg.quiet {
@@ -21,6 +30,34 @@ impl Writer {
                     err,
                     "memsnap: recorded {} events; no snapshot was written",
                     self.rec.counters.pushed.load(Relaxed)
+                );
+            }
+            files if self.moved_files(files).next().is_some() => {
+                // MEMSNAP_REMOTE_ONLY=1: the files the helper confirmed are no longer
+                // here; they are named where they are now.
+                let shown: Vec<String> = files
+                    .iter()
+                    .map(
+                        |p| match self.uploader.as_ref().and_then(|u| u.moved_to(p)) {
+                            Some(url) => url.to_string(),
+                            None => absolute(p).display().to_string(),
+                        },
+                    )
+                    .collect();
+                let moved = self.moved_files(files).count();
+                let last = shown.last().cloned().unwrap_or_default();
+                let listed = &shown[shown.len().saturating_sub(5)..];
+                let more = if shown.len() > 5 {
+                    format!(" (and {} more)", shown.len() - 5)
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    err,
+                    "memsnap: wrote {} snapshot{} ({moved} uploaded to MEMSNAP_REMOTE and removed here): {}{more}. Look at it with: memsnap summary {last}",
+                    files.len(),
+                    if files.len() == 1 { "" } else { "s" },
+                    listed.join(", "),
                 );
             }
             files => {

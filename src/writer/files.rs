@@ -2,14 +2,24 @@
 //!
 //! Cold (writer thread). Names come from `MEMSNAP_FOLDER` + `MEMSNAP_FILENAME` templates;
 //! the default never collides across ranks, hosts, processes or repeated dumps. A file is
-//! written to a hidden temporary next to its final name (`O_CREAT|O_EXCL|O_NOFOLLOW`,
-//! mode 0600), then published with `link` (fails if the name exists: nothing is ever
-//! overwritten) or `rename` when `MEMSNAP_OVERWRITE=1`. Readers never see a partial file.
+//! written to an anonymous temporary in its folder (`O_TMPFILE`, mode 0600: it has no name,
+//! so nobody can pre-create or block it, and a process killed mid-write leaves nothing),
+//! then published with `linkat` (fails if the name exists: nothing is ever overwritten), or
+//! linked to an unpredictable hidden name and renamed over the target when
+//! `MEMSNAP_OVERWRITE=1`. Where the filesystem has no `O_TMPFILE` the temporary is a hidden
+//! file with an unpredictable name (`.NAME.tmp.PID.RANDOM`, `O_CREAT|O_EXCL|O_NOFOLLOW`).
+//! Readers never see a partial file. The first write into a folder removes the hidden
+//! temporaries that processes of this user which no longer exist left there.
 
 use crate::config::Config;
-use std::fs::{self, OpenOptions};
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a snapshot was written: `{reason}` in file names.
@@ -215,27 +225,120 @@ fn not_a_directory(dir: &Path) -> Option<String> {
 /// Writes `bytes` to `dir/name` atomically. Without `overwrite`, an existing file is kept
 /// and the new one gets a `-N` suffix before its extension. Returns the final path.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let mut file = OpenOptions::new()
+    forget_stale_temporaries(dir);
+    if let Some(published) = write_anonymous(dir, name, bytes, overwrite) {
+        return published;
+    }
+    write_named(dir, name, bytes, overwrite)
+}
+
+/// Through an `O_TMPFILE` temporary; `None` when the folder's filesystem (or a missing
+/// `/proc`) does not allow it, so that a named temporary is used instead.
+fn write_anonymous(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    overwrite: bool,
+) -> Option<io::Result<PathBuf>> {
+    let mut file = match OpenOptions::new()
         .write(true)
-        .create_new(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .or_else(|e| {
-            // A temporary left by a crashed earlier run of this pid: replace it.
-            if e.kind() == io::ErrorKind::AlreadyExists {
-                fs::remove_file(&tmp)?;
-                OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(&tmp)
-            } else {
-                Err(e)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .open(dir)
+    {
+        Ok(file) => file,
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) =>
+        {
+            return None;
+        }
+        Err(e) => return Some(Err(e)),
+    };
+    if let Err(e) = file.write_all(bytes).and_then(|()| file.flush()) {
+        return Some(Err(e));
+    }
+    if overwrite {
+        // A name is needed to rename over the target: an unpredictable one, linked only
+        // once the bytes are all there.
+        let tmp = loop {
+            let tmp = dir.join(temporary_name(name));
+            match link_open_file(&file, &tmp) {
+                Ok(()) => break tmp,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !proc_fd_usable() => {
+                    return None;
+                }
+                Err(e) => return Some(Err(e)),
             }
-        })?;
+        };
+        let renamed = fs::rename(&tmp, dir.join(name));
+        if renamed.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        return Some(renamed.map(|()| dir.join(name)));
+    }
+    let mut candidates = numbered(dir, name);
+    loop {
+        let Some(candidate) = candidates.next() else {
+            return Some(Err(all_taken(dir, name)));
+        };
+        match link_open_file(&file, &candidate) {
+            Ok(()) => return Some(Ok(candidate)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            // No /proc to link through: a named temporary will do.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !proc_fd_usable() => return None,
+            Err(e) => return Some(Err(e)),
+        }
+    }
+}
+
+/// Gives the open anonymous `file` the name `path` (`linkat` through `/proc/self/fd`, which
+/// needs no privilege, unlike `AT_EMPTY_PATH`). Fails with `AlreadyExists` if `path` exists.
+fn link_open_file(file: &File, path: &Path) -> io::Result<()> {
+    let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    let to = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: two NUL-terminated paths that live across the call.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn proc_fd_usable() -> bool {
+    Path::new("/proc/self/fd").is_dir()
+}
+
+/// Through a hidden temporary with an unpredictable name, created exclusively.
+fn write_named(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
+    let mut tries = 0;
+    let (tmp, mut file) = loop {
+        let tmp = dir.join(temporary_name(name));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+        {
+            Ok(file) => break (tmp, file),
+            // Someone else's file under that name: another name, never theirs.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    };
     let written = file.write_all(bytes).and_then(|()| file.flush());
     drop(file);
     if let Err(e) = written {
@@ -247,22 +350,101 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io
     result
 }
 
+/// `.NAME.tmp.PID.RANDOM`: hidden, this process's (so a later run can tell it was left by
+/// a process that no longer exists), and not guessable in advance.
+fn temporary_name(name: &str) -> String {
+    format!(".{name}.tmp.{}.{:016x}", std::process::id(), random_u64())
+}
+
+fn random_u64() -> u64 {
+    let mut value = 0u64;
+    // SAFETY: getrandom fills at most 8 bytes of a local u64.
+    let got = unsafe { libc::getrandom((&mut value as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    if got != 8 {
+        // No entropy source answered: the clock's nanoseconds, mixed, still change per call.
+        value = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    value
+}
+
+/// `name`, then `stem-1.ext`, `stem-2.ext`, ... up to 9999.
+fn numbered<'a>(dir: &'a Path, name: &'a str) -> impl Iterator<Item = PathBuf> + 'a {
+    let (stem, ext) = match name.rfind('.') {
+        Some(i) if i > 0 => (&name[..i], &name[i..]),
+        _ => (name, ""),
+    };
+    (0..10_000u32).map(move |n| {
+        if n == 0 {
+            dir.join(name)
+        } else {
+            dir.join(format!("{stem}-{n}{ext}"))
+        }
+    })
+}
+
+fn all_taken(dir: &Path, name: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{} and 9999 numbered variants exist",
+            dir.join(name).display()
+        ),
+    )
+}
+
+/// Once per folder and process: removes the hidden temporaries (`.NAME.tmp.PID` and
+/// `.NAME.tmp.PID.RANDOM`) of this user whose process no longer exists (killed while it
+/// wrote). Another user's files, and those of live processes, are left alone.
+fn forget_stale_temporaries(dir: &Path) {
+    thread_local! {
+        static CLEARED: RefCell<HashSet<PathBuf>> = RefCell::new(HashSet::new());
+    }
+    if !CLEARED.with(|c| c.borrow_mut().insert(dir.to_path_buf())) {
+        return;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = temporary_owner(&file_name.to_string_lossy()) else {
+            continue;
+        };
+        let ours = entry
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.uid() == uid);
+        if ours && pid != std::process::id() && !process_exists(pid) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The pid in a temporary's name (`.NAME.tmp.PID` or `.NAME.tmp.PID.RANDOM`).
+fn temporary_owner(file_name: &str) -> Option<u32> {
+    let (_, after) = file_name.strip_prefix('.')?.rsplit_once(".tmp.")?;
+    after.split('.').next()?.parse().ok()
+}
+
+/// Whether a process with this pid exists (or /proc cannot tell: then assume it does).
+pub(super) fn process_exists(pid: u32) -> bool {
+    if !Path::new("/proc/self").exists() {
+        return true;
+    }
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 fn publish(tmp: &Path, dir: &Path, name: &str, overwrite: bool) -> io::Result<PathBuf> {
     let target = dir.join(name);
     if overwrite {
         fs::rename(tmp, &target)?;
         return Ok(target);
     }
-    let (stem, ext) = match name.rfind('.') {
-        Some(i) if i > 0 => (&name[..i], &name[i..]),
-        _ => (name, ""),
-    };
-    for n in 0..10_000u32 {
-        let candidate = if n == 0 {
-            target.clone()
-        } else {
-            dir.join(format!("{stem}-{n}{ext}"))
-        };
+    for candidate in numbered(dir, name) {
         match fs::hard_link(tmp, &candidate) {
             Ok(()) => return Ok(candidate),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -276,10 +458,7 @@ fn publish(tmp: &Path, dir: &Path, name: &str, overwrite: bool) -> io::Result<Pa
             }
         }
     }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        format!("{} and 9999 numbered variants exist", target.display()),
-    ))
+    Err(all_taken(dir, name))
 }
 
 #[cfg(test)]
@@ -294,6 +473,19 @@ mod tests {
             host: "node/7".into(),
             exe: "train".into(),
         }
+    }
+
+    #[test]
+    fn a_temporarys_name_says_its_process() {
+        assert_eq!(temporary_owner(".a.pickle.tmp.42"), Some(42));
+        assert_eq!(
+            temporary_owner(".a.pickle.tmp.42.00ff00ff00ff00ff"),
+            Some(42)
+        );
+        assert_eq!(temporary_owner(".tmp.x.pickle.tmp.7.1"), Some(7));
+        assert_eq!(temporary_owner("a.pickle.tmp.42"), None);
+        assert_eq!(temporary_owner(".a.pickle"), None);
+        assert_ne!(temporary_name("a"), temporary_name("a"));
     }
 
     #[test]

@@ -70,6 +70,12 @@ pub struct LiveServer {
 }
 
 impl LiveServer {
+    /// This process's uid, whose private folder holds the socket.
+    pub fn own_uid() -> u32 {
+        // SAFETY: getuid has no preconditions and cannot fail.
+        unsafe { libc::getuid() }
+    }
+
     /// Opens `{pid}.sock` in the per-user folder. A failure is one warning line: the
     /// process records as before, only `memsnap top` cannot reach it.
     pub fn open(pid: u32) -> LiveServer {

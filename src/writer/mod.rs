@@ -126,6 +126,7 @@ impl Writer {
         let id = Identity::current();
         let id_pid = id.pid;
         let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
+        ack::forget_dead_processes(live::LiveServer::own_uid());
         Writer {
             rec,
             state: State::new(cfg.max_entries),

@@ -108,8 +108,11 @@ impl Writer {
         let _ = self.dump(reason, "");
     }
 
-    /// `memsnap top`: answers the requests that arrived in full, from the state after every
-    /// event queued so far. Never waits on a client (docs/LIVE.md).
+    /// `memsnap top` and `memsnap dump`: answers the requests that arrived in full, from
+    /// the state after every event queued so far. Never waits on a client (docs/LIVE.md).
+    /// Every dump request read in this pass (those that arrived while the last snapshot
+    /// was being written, say) and every dump signal not yet served share one snapshot, as
+    /// signals always have: a flood of requests costs a few snapshots, not one each.
     pub(super) fn serve_live(&mut self) {
         let asked = self.live.poll();
         if asked.is_empty() {
@@ -118,20 +121,36 @@ impl Writer {
         // Everything the program did before it was asked is in the answer; `apply` never
         // ends the loop, so the flow is always `Continue` here.
         let _ = self.apply_queued();
+        let mut dumped: Option<Answer> = None;
         for a in asked {
             let answer = match a.request {
                 Request::Sample {
                     known_frames,
                     known_stacks,
                 } => Answer::Sample(self.sample(known_frames, known_stacks)),
-                Request::Dump => match self.dump(Reason::Signal, "") {
-                    Ok(path) => Answer::Dumped {
-                        path: absolute(&path).display().to_string(),
-                    },
-                    Err(reason) => Answer::Failed { reason },
-                },
+                Request::Dump => dumped.get_or_insert_with(|| self.merged_dump()).clone(),
             };
             self.live.answer(a.client, live_protocol::encode(&answer));
+        }
+    }
+
+    /// One `signal` snapshot for the socket's dump requests of this pass, serving the dump
+    /// signals that are waiting too.
+    fn merged_dump(&mut self) -> Answer {
+        let signals = SIGNAL_DUMPS.pending();
+        if !signals.is_empty() {
+            self.ack.received(*signals.end());
+        }
+        let written = self.dump(Reason::Signal, "");
+        if !signals.is_empty() {
+            self.ack.served(*signals.end(), &written);
+            SIGNAL_DUMPS.complete(*signals.end());
+        }
+        match written {
+            Ok(path) => Answer::Dumped {
+                path: absolute(&path).display().to_string(),
+            },
+            Err(reason) => Answer::Failed { reason },
         }
     }
 

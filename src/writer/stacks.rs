@@ -221,8 +221,9 @@ impl StackTable {
             } else {
                 ""
             };
+            // Printed with the `memsnap: ` prefix by whoever takes the warnings.
             self.warnings.push(format!(
-                "memsnap: Python {major}.{minor}{build} is not supported for Python frames \
+                "Python {major}.{minor}{build} is not supported for Python frames \
                  (supported: 3.10 to 3.13 with the GIL); Python frames are off"
             ));
         }

@@ -99,6 +99,18 @@ impl Stats {
 /// the last component, never blocks on a FIFO, and refuses anything but a regular file, each
 /// with a message saying what the path is.
 fn open_private(path: &Path) -> io::Result<File> {
+    // Its folder is created (with its parents, private) as a snapshot folder is:
+    // `--folder snaps --stats snaps/mem.csv` before `snaps` exists.
+    if let Some(parent) = path.parent()
+        && !parent.as_os_str().is_empty()
+        && !parent.is_dir()
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)?;
+    }
     let opened = OpenOptions::new()
         .append(true)
         .create(true)

@@ -7,12 +7,16 @@
 //! The writer never waits for an answer except at exit, and then at most
 //! `MEMSNAP_REMOTE_WAIT`; what did not finish is named with its local path. The agent gets
 //! no `LD_PRELOAD` (it must not record itself) and ends when its input closes, which also
-//! happens when this process dies: it finishes the lines it already has, then exits.
+//! happens when this process dies: it finishes the lines it already has, then exits. It
+//! starts with no signal blocked (not the writer's mask), so SIGTERM stops it; it then
+//! names the files it did not upload. With `MEMSNAP_REMOTE_ONLY=1` the files it confirmed
+//! are gone locally, and the exit line names their URLs instead ([`Uploader::moved_to`]).
 
 use std::ffi::CStr;
 use std::io::{ErrorKind, Read};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,6 +33,9 @@ pub struct Uploader {
     partial: Vec<u8>,
     uploaded: u64,
     failed: u64,
+    /// With `remove_local`: files the agent confirmed (and then removed locally), with their
+    /// URLs.
+    moved: Vec<(PathBuf, String)>,
 }
 
 enum Agent {
@@ -50,6 +57,7 @@ impl Uploader {
             partial: Vec::new(),
             uploaded: 0,
             failed: 0,
+            moved: Vec::new(),
         }
     }
 
@@ -122,6 +130,15 @@ impl Uploader {
         }
     }
 
+    /// Where `local` went when the agent copied it and removed the local file
+    /// (`MEMSNAP_REMOTE_ONLY=1`): its URL.
+    pub fn moved_to(&self, local: &Path) -> Option<&str> {
+        self.moved
+            .iter()
+            .find(|(p, _)| p == local)
+            .map(|(_, url)| url.as_str())
+    }
+
     /// Reads the agent's answers, waiting at most `wait` for the pending ones.
     fn collect(&mut self, wait: Duration) {
         let deadline = Instant::now() + wait;
@@ -176,6 +193,9 @@ impl Uploader {
             let (path, url) = self.pending.remove(at);
             if status == Some("ok") {
                 self.uploaded += 1;
+                if self.remove_local {
+                    self.moved.push((path, url));
+                }
             } else {
                 self.fail(&path, &url, reason.unwrap_or("no reason given"));
             }
@@ -250,6 +270,18 @@ fn start_agent(remove_local: bool) -> Result<(Child, UnixStream), String> {
         .try_clone()
         .map_err(|e| format!("no socket pair: {e}"))?;
     let mut cmd = Command::new(&cli);
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (sigemptyset, pthread_sigmask) on a local set.
+    unsafe {
+        cmd.pre_exec(|| {
+            // This thread (the writer) blocks every signal, and a child inherits its mask:
+            // unblocked, the helper can be stopped (SIGTERM) like any process.
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        });
+    }
     cmd.arg("upload-agent")
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::from(theirs))

@@ -10,9 +10,13 @@
  *   segv-handler   a SIGSEGV handler that says so, restores the default and returns (the
  *                  write faults again and kills), as faulthandler does
  *   bus            SIGBUS sent to itself in crash_here()
+ *   double-term    5,000 more blocks kept live (a snapshot that takes a while), four idle
+ *                  threads, then SIGTERM sent twice, 10 ms apart: dies of SIGTERM
+ *   two-faults     as double-term, but two threads fault (null writes) at the same moment
  * Prints `result KEY=VALUE` lines; the handler writes `result handler=N`. */
 #include "prog_common.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -42,6 +46,30 @@ static void segv_handler(int sig) {
 }
 
 static volatile int *volatile nowhere;
+static pthread_barrier_t both_ready;
+
+static void *idle_thread(void *arg) {
+    (void)arg;
+    for (;;) pause();
+    return NULL;
+}
+
+static void *faulting_thread(void *arg) {
+    (void)arg;
+    pthread_barrier_wait(&both_ready);
+    *nowhere = 2;
+    for (;;) pause();
+    return NULL;
+}
+
+/* Many live blocks: the snapshot then takes long enough for a second signal to land while
+ * it is being written. */
+static void many_blocks(void) {
+    for (int i = 0; i < 5000; i++) {
+        void *p = NULL;
+        CHECK_RT(cudaMalloc(&p, 4096));
+    }
+}
 
 NOINLINE void crash_here(const char *mode) {
     if (!strncmp(mode, "abort", 5)) abort();
@@ -60,8 +88,29 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "term-handler")) signal(SIGTERM, term_handler);
     if (!strcmp(mode, "abort-handler")) signal(SIGABRT, abort_handler);
     if (!strcmp(mode, "segv-handler")) signal(SIGSEGV, segv_handler);
+    int twice = !strcmp(mode, "double-term"), two_faults = !strcmp(mode, "two-faults");
+    if (twice || two_faults) {
+        many_blocks();
+        pthread_t t;
+        for (int i = 0; i < 4; i++) pthread_create(&t, NULL, idle_thread, NULL);
+        pthread_barrier_init(&both_ready, NULL, 2);
+        if (two_faults)
+            for (int i = 0; i < 2; i++) pthread_create(&t, NULL, faulting_thread, NULL);
+    }
     printf("result ready=1\n");
     fflush(stdout);
+    if (twice) {
+        /* Blocked here, so both land on the idle threads; the second once the first one's
+         * handler runs (two signals still pending at once would merge into one). */
+        sigset_t term;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        pthread_sigmask(SIG_BLOCK, &term, NULL);
+        kill(getpid(), SIGTERM);
+        struct timespec ten_ms = {0, 10 * 1000 * 1000};
+        nanosleep(&ten_ms, NULL);
+        kill(getpid(), SIGTERM);
+    }
     crash_here(mode);
     sleep(5);
     printf("result survived=1\n");

@@ -6,6 +6,8 @@
  *   snapshot before the call returns); prints result oom_rc= and oom_ms=.
  * - exit: prints result exit_at_ms= (CLOCK_BOOTTIME, the clock of /proc/uptime) and calls
  *   exit() while the threads still allocate; the test compares it with when the process ended.
+ * - wait: prints result ready=1 and waits (the threads allocating) until a signal ends it
+ *   (scripts/validate-host.sh sends the signals); an alarm ends it after 120 s.
  * The allocating threads keep 8 buffers each, freeing the oldest, sizes from 4 KiB to 1 MiB. */
 #include "prog_common.h"
 
@@ -13,6 +15,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
+#include <unistd.h>
 
 #define NOINLINE __attribute__((noinline))
 #define MAX_THREADS 64
@@ -57,6 +60,12 @@ int main(int argc, char **argv) {
         if (pthread_create(&tids[t], NULL, worker, (void *)(uintptr_t)(t + 1)) != 0) return 1;
     /* Let the threads reach full speed. */
     while (atomic_load(&ops) < 20000) sched_yield();
+    if (strcmp(mode, "wait") == 0) {
+        alarm(120);
+        printf("result ready=1\n");
+        fflush(stdout);
+        for (;;) pause();
+    }
     if (strcmp(mode, "exit") == 0) {
         printf("result exit_at_ms=%.3f\n", now_ms());
         fflush(stdout);

@@ -85,7 +85,12 @@ def child(case):
 
 
 def main():
-    stubs = tempfile.mkdtemp(prefix="memsnap-stubs-")
+    # Removed when done: a test run must leave nothing in /tmp.
+    with tempfile.TemporaryDirectory(prefix="memsnap-stubs-") as stubs:
+        run_cases(stubs)
+
+
+def run_cases(stubs):
     for rel, text in STUBS.items():
         path = os.path.join(stubs, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -5,13 +5,22 @@
 //! such as torchrun may start their workers in sessions of their own), or the same
 //! `SLURM_JOB_ID`; `--user` widens it to every process of the user on the host (under a
 //! shared account that includes other people's jobs). The list is printed before anything
-//! is signalled. For each process: checks that it exists, is the user's, has
-//! `libmemsnap.so` mapped and is recording (its `memsnap-writer` thread exists and it
-//! catches the dump signal: sending SIGUSR1 to a process that does not would kill it),
-//! reads where it writes from `/proc/PID/environ` with the library's own parser (for
-//! `--folder`), sends the signal, and follows the process's acknowledgement file
-//! (`memsnap_format::ack`): the process says at once that the signal arrived, then which
-//! file it wrote or why it could not.
+//! is asked. For each process: checks that it exists, is the user's, has `libmemsnap.so`
+//! mapped and is recording (its `memsnap-writer` thread exists), reads where it writes from
+//! `/proc/PID/environ` with the library's own parser (for `--folder`), then asks:
+//!
+//! - through its live socket (`memsnap_format::live`, the one `memsnap top` uses) when it
+//!   has one: no signal, so nothing in the program is interrupted (a `sleep()` is not cut
+//!   short), and the answer is the file's path;
+//! - else with the dump signal, only when it catches it (sending SIGUSR1 to a process that
+//!   does not would kill it), following its acknowledgement file (`memsnap_format::ack`):
+//!   the process says at once that the signal arrived, then which file it wrote or why it
+//!   could not. A process that exits before saying so, with the file written, still counts
+//!   as dumped: the file is looked for in its folder.
+//!
+//! A pid without memsnap whose descendants record (the `memsnap run` launcher, which is
+//! what `pgrep -f train.py` finds first) stands for those descendants: they are dumped
+//! instead, and named.
 //!
 //! Signals are sent with the `kill` program: the CLI has no unsafe code, and `libc::kill`
 //! is an unsafe FFI call.
@@ -19,11 +28,12 @@
 use anyhow::{Result, bail};
 use memsnap_format::ack::{self, Ack, Outcome};
 use memsnap_format::config::{self, Config, var};
+use memsnap_format::live::{self, Answer, Request};
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -95,6 +105,13 @@ const ACK_WAIT: Duration = Duration::from_secs(3);
 /// A process about to be dumped.
 struct Target {
     pid: u32,
+    /// Asked through its live socket (no signal).
+    via_socket: bool,
+    /// Where it writes, and its file-name template: a file written by a process that
+    /// exited before acknowledging is looked for there.
+    folder: PathBuf,
+    filename: String,
+    asked_at: SystemTime,
     signal: i32,
     /// Its acknowledgement file, and what it said before the signal.
     ack_path: PathBuf,
@@ -126,7 +143,7 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
                 // Launchers (torchrun's agent) and helpers that never touch CUDA load the
                 // library too: skipping them is not a failure.
                 Err(Prepare::NotRecording(msg)) => eprintln!("memsnap: skipping: {msg}"),
-                Err(Prepare::Failed(msg)) => {
+                Err(Prepare::Failed(msg) | Prepare::NoMemsnap(msg)) => {
                     eprintln!("memsnap: {msg}");
                     failed += 1;
                 }
@@ -142,7 +159,7 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
         }
         if !chosen.is_empty() {
             eprintln!(
-                "memsnap: signalling {} {}: {}",
+                "memsnap: dumping {} {}: {}",
                 plural(chosen.len(), "process", "processes"),
                 if args.scope.user {
                     "of yours on this host".to_string()
@@ -165,6 +182,34 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
             match prepare(pid, uid, None) {
                 Ok(t) => targets.push(t),
                 Err(Prepare::Excluded) => {}
+                Err(Prepare::NoMemsnap(msg)) => {
+                    // A launcher (`memsnap run`, torchrun's agent) stands for the processes
+                    // it started that record.
+                    let children = recording_descendants(uid, pid);
+                    if children.is_empty() {
+                        eprintln!("memsnap: {msg}");
+                        failed += 1;
+                        continue;
+                    }
+                    eprintln!(
+                        "memsnap: pid {pid} has no memsnap loaded (a launcher); dumping {} it started: {}",
+                        plural(children.len(), "process", "processes"),
+                        describe_pids(&children)
+                    );
+                    for child in children {
+                        match prepare(child, uid, None) {
+                            Ok(t) => targets.push(t),
+                            Err(Prepare::Excluded | Prepare::Gone(_)) => {}
+                            Err(Prepare::NotRecording(msg)) => {
+                                eprintln!("memsnap: skipping: {msg}")
+                            }
+                            Err(Prepare::NoMemsnap(msg) | Prepare::Failed(msg)) => {
+                                eprintln!("memsnap: {msg}");
+                                failed += 1;
+                            }
+                        }
+                    }
+                }
                 Err(Prepare::NotRecording(msg) | Prepare::Failed(msg) | Prepare::Gone(msg)) => {
                     eprintln!("memsnap: {msg}");
                     failed += 1;
@@ -173,8 +218,19 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
         }
     }
 
+    // `--timeout inf` (or any value past what a Duration holds) waits as long as it takes.
+    let timeout = Duration::try_from_secs_f64(args.timeout.max(0.0)).unwrap_or(Duration::MAX);
+    let (by_socket, by_signal): (Vec<Target>, Vec<Target>) =
+        targets.into_iter().partition(|t| t.via_socket);
+    // Each socket request on a thread of its own: the processes write at once.
+    let asked: Vec<_> = by_socket
+        .into_iter()
+        .map(|t| std::thread::spawn(move || ask_through_socket(uid, &t, timeout)))
+        .collect();
+
     let mut waiting = Vec::new();
-    for t in targets {
+    for mut t in by_signal {
+        t.asked_at = SystemTime::now();
         match send_signal(t.pid, t.signal) {
             Ok(()) => waiting.push(t),
             Err(e) => {
@@ -184,8 +240,6 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
         }
     }
 
-    // `--timeout inf` (or any value past what a Duration holds) waits as long as it takes.
-    let timeout = Duration::try_from_secs_f64(args.timeout.max(0.0)).unwrap_or(Duration::MAX);
     let start = Instant::now();
     while !waiting.is_empty() {
         waiting.retain_mut(|t| match poll(t, start.elapsed()) {
@@ -215,6 +269,16 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+    for handle in asked {
+        match handle.join() {
+            Ok(Ok(path)) => println!("{}", path.display()),
+            Ok(Err(msg)) => {
+                eprintln!("memsnap: {msg}");
+                failed += 1;
+            }
+            Err(_) => failed += 1,
+        }
     }
     Ok(if failed == 0 {
         ExitCode::SUCCESS
@@ -333,11 +397,10 @@ fn poll(t: &mut Target, elapsed: Duration) -> Poll {
                 t.received = Some(a.received);
                 eprintln!("memsnap: pid {} received the signal; writing", t.pid);
             }
-            _ if !proc.exists() => {
-                return Poll::Done(Err(format!(
-                    "pid {} exited before acknowledging the signal",
-                    t.pid
-                )));
+            _ if !alive(&proc) => {
+                return Poll::Done(written_since(t).ok_or_else(|| {
+                    format!("pid {} exited before acknowledging the signal", t.pid)
+                }));
             }
             _ if elapsed > ACK_WAIT => return Poll::Done(Err(not_acknowledged(t, &proc))),
             _ => return Poll::Waiting,
@@ -356,10 +419,10 @@ fn poll(t: &mut Target, elapsed: Duration) -> Poll {
                 t.pid
             ))),
         },
-        _ if !proc.exists() => Poll::Done(Err(format!(
-            "pid {} exited before its snapshot was written",
-            t.pid
-        ))),
+        _ if !alive(&proc) => Poll::Done(
+            written_since(t)
+                .ok_or_else(|| format!("pid {} exited before its snapshot was written", t.pid)),
+        ),
         _ => Poll::Waiting,
     }
 }
@@ -391,7 +454,92 @@ fn not_acknowledged(t: &Target, proc: &Path) -> String {
     )
 }
 
+/// Whether the process is there and not a zombie (one that exited and that its parent has
+/// not reaped yet still has a /proc entry).
+fn alive(proc: &Path) -> bool {
+    std::fs::read_to_string(proc.join("stat")).is_ok_and(|stat| {
+        let state = stat
+            .rfind(')')
+            .and_then(|at| stat[at + 1..].split_whitespace().next());
+        !matches!(state, Some("Z" | "X") | None)
+    })
+}
+
+/// Asks `t` for a snapshot through its live socket; the file's path once written.
+fn ask_through_socket(uid: u32, t: &Target, timeout: Duration) -> Result<PathBuf, String> {
+    let pid = t.pid;
+    match crate::top::ask(uid, pid, &Request::Dump, timeout) {
+        Ok(Answer::Dumped { path }) => Ok(PathBuf::from(path)),
+        Ok(Answer::Failed { reason }) => {
+            Err(format!("pid {pid} could not write its snapshot: {reason}"))
+        }
+        Ok(Answer::Sample(_)) => Err(format!("pid {pid} answered a dump request with a sample")),
+        // It may have written the file and exited before answering.
+        Err(e) => written_since(t).ok_or_else(|| format!("{e:#}")),
+    }
+}
+
+/// A `signal` snapshot of `t` written since it was asked (the newest), for a process that
+/// exited before it could say so: a file that was written is never reported as a failure.
+fn written_since(t: &Target) -> Option<PathBuf> {
+    let pid = t.pid.to_string();
+    let names_pid = t.filename.contains("{pid}");
+    std::fs::read_dir(&t.folder)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let meta = e.metadata().ok()?;
+            let modified = meta.modified().ok()?;
+            let ours = !name.starts_with('.')
+                && name.contains("signal")
+                && (!names_pid || has_number(&name, &pid));
+            (meta.is_file() && ours && modified >= t.asked_at).then(|| (modified, e.path()))
+        })
+        .max()
+        .map(|(_, path)| path)
+}
+
+/// Whether `number` appears in `name` as a whole number (not inside a longer one).
+fn has_number(name: &str, number: &str) -> bool {
+    name.match_indices(number).any(|(at, _)| {
+        let before = name[..at].chars().next_back();
+        let after = name[at + number.len()..].chars().next();
+        !before.is_some_and(|c| c.is_ascii_digit()) && !after.is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
+/// The processes descending from `pid` that have memsnap loaded and are recording.
+fn recording_descendants(uid: u32, pid: u32) -> Vec<u32> {
+    memsnap_processes(uid, std::process::id())
+        .into_iter()
+        .filter(|&p| descends_from(p, pid))
+        .filter(|&p| has_writer_thread(&PathBuf::from(format!("/proc/{p}"))))
+        .collect()
+}
+
+/// Whether `ancestor` is `pid`'s parent, grandparent, ...
+fn descends_from(pid: u32, ancestor: u32) -> bool {
+    let mut at = pid;
+    for _ in 0..MAX_ANCESTORS {
+        let Some(f) = stat_fields(&PathBuf::from(format!("/proc/{at}"))) else {
+            return false;
+        };
+        if f.ppid == ancestor {
+            return true;
+        }
+        if f.ppid <= 1 {
+            return false;
+        }
+        at = f.ppid;
+    }
+    false
+}
+
 enum Prepare {
+    /// The process exists but has no memsnap loaded: it may be a launcher whose children
+    /// record.
+    NoMemsnap(String),
     /// memsnap is loaded but not recording (no CUDA allocation yet, a forked child, or
     /// signals off): nothing would answer the signal.
     NotRecording(String),
@@ -432,7 +580,7 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
         }
     })?;
     if !has_memsnap(&maps) {
-        return Err(Prepare::Failed(format!(
+        return Err(Prepare::NoMemsnap(format!(
             "pid {pid} does not have memsnap loaded (start it with `memsnap run -- ...` or LD_PRELOAD=libmemsnap.so)"
         )));
     }
@@ -466,12 +614,6 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
     {
         return Err(Prepare::Excluded);
     }
-    let Some(signal) = cfg.signal else {
-        return Err(Prepare::NotRecording(format!(
-            "signals are off for pid {pid} ({}=none)",
-            var::SIGNAL
-        )));
-    };
     // The writer names itself a moment after it starts: give a process that has just
     // started recording a second to show it.
     let start = Instant::now();
@@ -480,32 +622,57 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
     }
     if !has_writer_thread(&proc) {
         return Err(Prepare::NotRecording(format!(
-            "pid {pid} has memsnap loaded but is not recording (no CUDA allocation yet, a forked \
-             child of a recording process, or already exiting); not signalling it"
+            "pid {pid} has memsnap loaded but is not recording (no CUDA allocation yet, or \
+             already exiting); not signalling it"
         )));
     }
+    let mut target = Target {
+        pid,
+        via_socket: false,
+        folder,
+        filename: cfg.filename.clone(),
+        asked_at: SystemTime::now(),
+        signal: 0,
+        ack_path: ack::path(uid, pid),
+        started: 0,
+        received_before: 0,
+        received: None,
+    };
+    if has_socket(uid, pid) {
+        target.via_socket = true;
+        return Ok(target);
+    }
+    let Some(signal) = cfg.signal else {
+        return Err(Prepare::NotRecording(format!(
+            "signals are off for pid {pid} ({}=none) and it has no live socket",
+            var::SIGNAL
+        )));
+    };
     if !catches(&proc, signal) {
         return Err(Prepare::NotRecording(format!(
             "pid {pid} does not catch signal {signal} yet; sending it could kill the process"
         )));
     }
 
-    let ack_path = ack::path(uid, pid);
-    let started = std::fs::read_to_string(proc.join("stat"))
+    target.signal = signal;
+    target.started = std::fs::read_to_string(proc.join("stat"))
         .ok()
         .and_then(|s| ack::start_time(&s))
         .unwrap_or(0);
-    let received_before = Ack::read(&ack_path)
-        .filter(|a| a.pid == pid && a.started == started)
+    target.received_before = Ack::read(&target.ack_path)
+        .filter(|a| a.pid == pid && a.started == target.started)
         .map_or(0, |a| a.received);
-    Ok(Target {
-        pid,
-        signal,
-        ack_path,
-        started,
-        received_before,
-        received: None,
-    })
+    Ok(target)
+}
+
+/// Whether `pid` serves a live socket in this user's private folder (what `memsnap top`
+/// connects to): only this user can have made it there.
+fn has_socket(uid: u32, pid: u32) -> bool {
+    let private = std::fs::symlink_metadata(ack::folder(uid))
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0);
+    private
+        && std::fs::symlink_metadata(live::socket_path(uid, pid))
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
 }
 
 pub fn has_memsnap(maps: &str) -> bool {

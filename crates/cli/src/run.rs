@@ -214,7 +214,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot run {}", args.command[0].to_string_lossy()))?;
 
     let written = new_snapshots(&folder, &before, &cfg.filename, started);
-    report(&written, &cfg);
+    report(&written, &cfg, started);
 
     if let Some(code) = status.code() {
         return Ok(ExitCode::from(code.clamp(0, 255) as u8));
@@ -479,14 +479,25 @@ fn new_snapshots(
     found.into_iter().map(|(_, p)| p).collect()
 }
 
-fn report(written: &[PathBuf], cfg: &Config) {
+fn report(written: &[PathBuf], cfg: &Config, started: SystemTime) {
     if let Some(stats) = &cfg.stats {
-        eprintln!("memsnap: per-step figures: {stats}");
+        // Only a file that is there: a stats file that could not be made is not announced
+        // (the library said why).
+        let rows = stats_files(stats, started);
+        if rows.is_empty() {
+            eprintln!(
+                "memsnap: no per-step figures were written to {stats} (memsnap's warning above says why, if it started recording)"
+            );
+        } else {
+            let rows: Vec<String> = rows.iter().map(|p| p.display().to_string()).collect();
+            eprintln!("memsnap: per-step figures: {}", rows.join(", "));
+        }
     }
     let Some(newest) = written.last() else {
         eprintln!(
-            "memsnap: the run wrote no snapshot in {} (memsnap records from the first CUDA allocation)",
-            cfg.folder
+            "memsnap: the run wrote no snapshot in {}: {}",
+            cfg.folder,
+            why_no_snapshot(cfg)
         );
         return;
     };
@@ -499,6 +510,57 @@ fn report(written: &[PathBuf], cfg: &Config) {
         eprintln!("  {}", p.display());
     }
     eprintln!("memsnap: next: memsnap summary {}", newest.display());
+}
+
+/// The likeliest reason a run left no snapshot, from the settings and the folder.
+fn why_no_snapshot(cfg: &Config) -> String {
+    if cfg.disabled {
+        return format!("recording was disabled ({}=1)", var::DISABLE);
+    }
+    let folder = SnapshotFolder::new(&cfg.folder);
+    if let Some(blocker) = folder
+        .root
+        .ancestors()
+        .find(|p| !p.as_os_str().is_empty() && p.symlink_metadata().is_ok())
+        && !blocker.is_dir()
+    {
+        return format!(
+            "{} is not a folder, so no snapshot could be written there (memsnap's warning above says more)",
+            blocker.display()
+        );
+    }
+    let other_triggers = cfg.every > 0 || cfg.interval > 0 || cfg.period.is_some();
+    if !cfg.at_exit && !other_triggers {
+        return format!(
+            "snapshots at exit were turned off ({}=0, --no-at-exit) and nothing else asked for one (no --every, --interval, --period, dump or out-of-memory error)",
+            var::AT_EXIT
+        );
+    }
+    "the program made no CUDA allocation (memsnap records from the first one), or writing failed (memsnap's warning above says why)".to_string()
+}
+
+/// The stats files `template` names that the run wrote (its placeholders, fixed per
+/// process, match any value).
+fn stats_files(template: &str, started: SystemTime) -> Vec<PathBuf> {
+    let path = Path::new(template);
+    let (dir, name) = match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => (dir.to_string_lossy().into_owned(), name.to_string_lossy()),
+        _ => return Vec::new(),
+    };
+    let dir = if dir.is_empty() { ".".to_string() } else { dir };
+    SnapshotFolder::new(&dir)
+        .list()
+        .into_iter()
+        .filter(|(p, mtime)| {
+            *mtime
+                >= started
+                    .checked_sub(std::time::Duration::from_secs(1))
+                    .unwrap_or(started)
+                && p.file_name()
+                    .is_some_and(|n| template_matches(&name, &[], &n.to_string_lossy()))
+        })
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// Whether `name` is what `template` expands to, with the placeholders in `fixed` replaced

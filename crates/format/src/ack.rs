@@ -77,9 +77,24 @@ impl Ack {
         (pid && started && received && served).then_some(ack)
     }
 
-    /// Reads `path`; `None` when absent or not an acknowledgement.
+    /// Reads `path`; `None` when absent, not a regular file or not an acknowledgement.
+    /// Opened without blocking and checked once open: a FIFO (or any other special file)
+    /// put in its place is refused, never waited on.
     pub fn read(path: &Path) -> Option<Ack> {
-        Ack::parse(&std::fs::read_to_string(path).ok()?)
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .ok()?;
+        if !file.metadata().ok()?.is_file() {
+            return None;
+        }
+        let mut text = String::new();
+        // An acknowledgement is a few lines: more is not one.
+        (&mut file).take(64 << 10).read_to_string(&mut text).ok()?;
+        Ack::parse(&text)
     }
 }
 
@@ -117,6 +132,21 @@ mod tests {
         assert_eq!(Ack::parse(&written.to_text()).unwrap(), written);
         assert_eq!(Ack::parse("pid 42\nstarted 1\n"), None);
         assert_eq!(Ack::parse("pid x\nstarted 1\nreceived 1\nserved 1\n"), None);
+    }
+
+    #[test]
+    fn a_fifo_or_a_folder_in_its_place_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("1.ack");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            // Would block forever in a plain open for reading.
+            assert_eq!(Ack::read(&fifo), None);
+        }
+        assert_eq!(Ack::read(dir.path()), None);
+        let good = dir.path().join("2.ack");
+        std::fs::write(&good, "pid 2\nstarted 1\nreceived 1\nserved 0\n").unwrap();
+        assert_eq!(Ack::read(&good).map(|a| a.pid), Some(2));
     }
 
     #[test]

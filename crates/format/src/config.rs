@@ -457,6 +457,7 @@ pub const STATS_KEYS: &[&str] = &["rank", "local_rank", "pid", "host", "exe"];
 /// values never start with `.` ([`sanitize`]), so a template that does not start with one
 /// cannot expand to `.`, `..` or a hidden name.
 pub fn validate_filename(t: &str) -> Result<(), String> {
+    no_control_characters(t, "a file name")?;
     check_placeholders(t, TEMPLATE_KEYS)?;
     if t.contains('/') {
         return Err("a file name without '/' (put directories in MEMSNAP_FOLDER)".to_string());
@@ -473,12 +474,26 @@ pub fn validate_filename(t: &str) -> Result<(), String> {
 /// Checks `MEMSNAP_FOLDER`: known placeholders. Its values are sanitized when expanded, so
 /// none can add a `/`, `.` or `..` component.
 pub fn validate_folder(t: &str) -> Result<(), String> {
+    no_control_characters(t, "a folder")?;
     check_placeholders(t, TEMPLATE_KEYS)
+}
+
+/// Paths and URLs are printed one per line (the exit line, `memsnap dump`, the upload
+/// helper's protocol): a newline, tab or other control character in one would split or
+/// forge a line.
+fn no_control_characters(t: &str, what: &str) -> Result<(), String> {
+    if t.chars().any(char::is_control) {
+        return Err(format!(
+            "{what} without control characters (newline, tab, escape, ...)"
+        ));
+    }
+    Ok(())
 }
 
 /// Checks `MEMSNAP_STATS`: placeholders fixed for a process ([`STATS_KEYS`]), and a path
 /// that ends in a visible file name.
 pub fn validate_stats_path(t: &str) -> Result<(), String> {
+    no_control_characters(t, "a file path")?;
     check_placeholders(t, STATS_KEYS)?;
     let name = t.rsplit('/').next().unwrap_or(t);
     if name.is_empty() || name.starts_with('.') {
@@ -506,6 +521,7 @@ pub fn validate_remote(t: &str) -> Result<(), String> {
     if !REMOTE_SCHEMES.contains(&scheme) {
         return Err(accepted.to_string());
     }
+    no_control_characters(t, "a URL template")?;
     check_placeholders(rest, TEMPLATE_KEYS)?;
     let components: Vec<&str> = rest.split('/').collect();
     let name = components.last().copied().unwrap_or("");
