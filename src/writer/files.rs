@@ -257,7 +257,7 @@ fn write_anonymous(
         }
         Err(e) => return Some(Err(e)),
     };
-    if let Err(e) = file.write_all(bytes).and_then(|()| file.flush()) {
+    if let Err(e) = written(&mut file, bytes) {
         return Some(Err(e));
     }
     if overwrite {
@@ -321,6 +321,15 @@ fn proc_fd_usable() -> bool {
     Path::new("/proc/self/fd").is_dir()
 }
 
+/// Writes the snapshot's bytes and stamps the file with the precise time: the kernel's own
+/// modification times are coarse (milliseconds), and readers (`memsnap run`'s list of new
+/// snapshots) order a run's files by them.
+fn written(file: &mut fs::File, bytes: &[u8]) -> io::Result<()> {
+    file.write_all(bytes)?;
+    file.flush()?;
+    file.set_modified(std::time::SystemTime::now())
+}
+
 /// Through a hidden temporary with an unpredictable name, created exclusively.
 fn write_named(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
     let mut tries = 0;
@@ -339,9 +348,9 @@ fn write_named(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Res
             Err(e) => return Err(e),
         }
     };
-    let written = file.write_all(bytes).and_then(|()| file.flush());
+    let result = written(&mut file, bytes);
     drop(file);
-    if let Err(e) = written {
+    if let Err(e) = result {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
