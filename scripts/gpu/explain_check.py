@@ -72,9 +72,9 @@ def child_ddp():
     import torch
     import torch.distributed as dist
     import memsnap
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)  # before init_process_group: no context on another rank's GPU
     dist.init_process_group("nccl")
-    rank = dist.get_rank()
-    torch.cuda.set_device(rank)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(2048, 8192), torch.nn.GELU(), torch.nn.Linear(8192, 2048)).cuda(),
         device_ids=[rank])
@@ -86,7 +86,9 @@ def child_ddp():
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     path = memsnap.dump(f"end{rank}")
-    print("RESULT", json.dumps({"rank": rank, "free": free, "total": total, "path": path}))
+    record = {"rank": rank, "free": free, "total": total, "path": path}
+    with open(os.path.join(os.environ["MEMSNAP_FOLDER"], f"result-{rank}.json"), "w") as f:
+        json.dump(record, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -144,7 +146,7 @@ def case_ddp(args):
     folder = tempfile.mkdtemp(prefix="explain-ddp-")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
     p = run_child(args, "ddp", folder, launcher=launcher)
-    results = [json.loads(l[7:]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    results = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(folder, "result-*.json")))]
     ranks = []
     for r in sorted(results, key=lambda r: r["rank"]):
         e = explain(args.cli, [r["path"]], "--at", "end")
@@ -159,7 +161,8 @@ def case_ddp(args):
                       "unknown_share": unknown / in_use if in_use else None})
     ok = len(ranks) == 2 and all(r["owners_share"] is not None and r["owners_share"] >= 0.99
                                  and r["unknown_share"] <= 0.01 for r in ranks)
-    return {"ok": ok, "ranks": ranks, "rc": p.returncode, "stderr": p.stderr[-1500:] if not ok else ""}
+    return {"ok": ok, "ranks": ranks, "rc": p.returncode, "stdout": p.stdout[-800:] if not ok else "",
+            "stderr": p.stderr[-1500:] if not ok else ""}
 
 
 def main():

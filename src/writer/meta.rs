@@ -130,6 +130,11 @@ impl Writer {
             meta_int("managed_live_bytes", self.state.managed_bytes()),
             meta_int("managed_live_allocations", self.state.managed.len() as u64),
             meta_int("host_mapped_bytes", self.state.host_mappings.values().sum()),
+            // Other processes' memory mapped here (NCCL's peer buffers): theirs to record.
+            meta_int(
+                "imported_mapped_bytes",
+                self.state.imported_mappings.values().sum(),
+            ),
             meta_int("reserved_va_bytes", self.state.reservations.values().sum()),
             meta_str("stacks", &format!("{:?}", self.cfg.stacks).to_lowercase()),
             (

@@ -112,6 +112,8 @@ pub struct State {
     handles: FxHashMap<u64, Handle>,
     pub managed: FxHashMap<u64, Live>,
     pub host_mappings: BTreeMap<u64, u64>,
+    /// Mappings of handles created elsewhere (imported from another process): start → size.
+    pub imported_mappings: BTreeMap<u64, u64>,
     pub reservations: BTreeMap<u64, u64>,
     pub anomalies: Anomalies,
     /// The check of PyTorch's allocator route (`writer/cache.rs`).
@@ -129,6 +131,7 @@ impl State {
             handles: FxHashMap::default(),
             managed: FxHashMap::default(),
             host_mappings: BTreeMap::new(),
+            imported_mappings: BTreeMap::new(),
             reservations: BTreeMap::new(),
             anomalies: Anomalies::default(),
             cache_check: CacheCheck::Pending,
@@ -358,7 +361,14 @@ impl State {
                 h.mapped += 1;
                 h.device
             }
-            None => 0, // mapped a handle created before memsnap started: assume device 0
+            // A handle memsnap never saw created: imported from another process
+            // (cuMemImportFromShareableHandle: NCCL maps its peers' buffers so), memory that
+            // process owns and records. Kept apart, never counted as this process's device
+            // memory.
+            None => {
+                self.imported_mappings.insert(addr, size);
+                return;
+            }
         };
         if device < 0 {
             self.host_mappings.insert(addr, size);
@@ -431,8 +441,16 @@ impl State {
         for a in &host {
             self.host_mappings.remove(a);
         }
+        let imported: Vec<u64> = self
+            .imported_mappings
+            .range(addr..end)
+            .map(|(&a, _)| a)
+            .collect();
+        for a in &imported {
+            self.imported_mappings.remove(a);
+        }
         let found = found | self.unmap_cache_segments(addr, end, time_us, stack);
-        if !found && host.is_empty() {
+        if !found && host.is_empty() && imported.is_empty() {
             self.anomalies.unknown_unmaps += 1;
         }
     }
@@ -592,6 +610,26 @@ mod tests {
         assert_eq!(s.devices[0].trace.len(), 4);
         assert_eq!(s.devices[0].trace_overflow, 2);
         assert_eq!(s.devices[0].trace.front().map(|r| r.addr), Some(0x2000));
+    }
+
+    #[test]
+    fn a_mapped_handle_from_another_process_is_not_this_process_memory() {
+        let mut s = State::new(100);
+        let imported = Live {
+            handle: 42, // never created here: imported from a peer
+            api: Api::CuMemMap,
+            ..live(2 << 20)
+        };
+        s.map(0x10_0000_0000, 2 << 20, imported);
+        assert!(
+            s.devices
+                .iter()
+                .all(|d| d.mappings.is_empty() && d.live_bytes == 0)
+        );
+        assert_eq!(s.imported_mappings.values().sum::<u64>(), 2 << 20);
+        s.unmap(0x10_0000_0000, 2 << 20, 5, None);
+        assert!(s.imported_mappings.is_empty());
+        assert_eq!(s.anomalies.unknown_unmaps, 0);
     }
 
     #[test]
