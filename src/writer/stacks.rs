@@ -223,7 +223,7 @@ impl StackTable {
             };
             self.warnings.push(format!(
                 "memsnap: Python {major}.{minor}{build} is not supported for Python frames \
-                 (supported: 3.10 to 3.13 with the GIL); Python frames are off"
+                 (supported: 3.10 to 3.14 with the GIL); Python frames are off"
             ));
         }
     }
