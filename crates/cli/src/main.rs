@@ -1,7 +1,8 @@
 //! The `memsnap` command line: a thin dispatcher over one module per command. Each reading
 //! command parses its arguments (clap), opens its files ([`input`]), asks the engine
 //! (`memsnap_engine`) for its model and renders it (text, JSON, HTML, SVG); the launchers
-//! (`run`, `dump`, `top`, `upload-agent`) talk to processes and stores. Cold code.
+//! (`run`, `dump`, `top`, `upload-agent`) talk to processes and stores; `mcp` serves the
+//! reading commands to an agent. Cold code.
 //!
 //! Exit status: 0 ok; 1 only for `diff --fail-above` when growth passes the limit;
 //! 2 for every error (bad arguments, unreadable or invalid files). A closed stdout
@@ -14,6 +15,7 @@ mod diff;
 mod dump;
 mod flamegraph;
 mod input;
+mod mcp;
 mod ranks;
 mod remote;
 mod run;
@@ -63,6 +65,9 @@ enum Cmd {
     UploadAgent(upload_agent::Args),
     /// Watch running processes' GPU memory by allocation site, live (no file written).
     Top(top::TopArgs),
+    /// Serve summary, diff and ranks to an agent: a Model Context Protocol server on
+    /// stdin/stdout whose tools return the commands' --json output (docs/MCP.md).
+    Mcp(mcp::Args),
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -96,6 +101,7 @@ fn main() -> ExitCode {
         Cmd::Dump(a) => launch(dump::dump(a)),
         Cmd::UploadAgent(a) => launch(upload_agent::run(&a)),
         Cmd::Top(a) => launch(top::top(a)),
+        Cmd::Mcp(a) => launch(mcp::serve(&a)),
     }
 }
 
