@@ -44,8 +44,9 @@ class BuildRust(build_rust):
             with open("/dev/tty", "w") as tty:
                 tty.write(
                     "memsnap: cargo builds libmemsnap.so and the memsnap command (release): "
-                    "about 4 minutes on 2 cores the first time, seconds when target/ has "
-                    "them; `pip install -v .` shows cargo's progress\n"
+                    "4 to 8 minutes on 2 cores the first time, about 2 after a cargo build "
+                    "of the clone, seconds when pip built them before; `pip install -v .` "
+                    "shows cargo's progress\n"
                 )
         except OSError:
             pass

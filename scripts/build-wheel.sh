@@ -27,7 +27,7 @@ RAW=target/python-build/wheel
 rm -rf "$RAW" target/wheels
 mkdir -p "$RAW" target/wheels
 echo "== pip wheel (setuptools-rust: cargo build --release of the library and the CLI;" \
-    "a first build takes about 4 minutes on 2 cores; cargo's lines follow)"
+    "a first build takes 4 to 8 minutes on 2 cores; cargo's lines follow)"
 # pip shows a build backend's output only with -v: its log goes to a file, cargo's lines
 # (Compiling, Finished) to the screen as they come, the whole log's end on a failure.
 LOG_PIP=target/python-build/pip-wheel.log

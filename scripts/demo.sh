@@ -11,8 +11,8 @@ OUT=${MEMSNAP_DEMO_DIR:-$PWD/memsnap-demo}
 if [ -x target/release/memsnap ] && [ -f target/release/libmemsnap.so ]; then
     echo "== building memsnap (cargo build --release --workspace: seconds when up to date)"
 else
-    echo "== building memsnap (cargo build --release --workspace: a first build takes about" \
-        "4 minutes on 2 cores; cargo's progress follows)"
+    echo "== building memsnap (cargo build --release --workspace: a first build takes 4 to" \
+        "8 minutes on 2 cores; cargo's progress follows)"
 fi
 cargo build --release --workspace
 echo "== building the simulated CUDA driver and the demo program"

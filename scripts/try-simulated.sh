@@ -30,7 +30,7 @@ OUT=$(cd "$OUT" && pwd)
 if [ -x target/release/memsnap ] && [ -f target/release/libmemsnap.so ]; then
     echo "== cargo build --release --workspace (up to date in seconds unless sources changed)"
 else
-    echo "== cargo build --release --workspace (a first build: about 4 minutes on 2 cores)"
+    echo "== cargo build --release --workspace (a first build: 4 to 8 minutes on 2 cores)"
 fi
 cargo build --release --workspace
 echo "== building the simulated CUDA driver and runtime into $OUT/fake-cuda"
