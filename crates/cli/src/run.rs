@@ -276,7 +276,7 @@ fn signal_name(sig: i32) -> Option<&'static str> {
 }
 
 /// `libmemsnap.so`, absolute (so children that change directory still find it): the first
-/// of `--lib`;
+/// of `--lib` (or, without it, [`PACKAGE_LIB_VAR`]);
 /// beside the `memsnap` binary; `../lib/` (a `prefix/bin` + `prefix/lib` install); the
 /// `memsnap` Python package of the environment the binary was installed into by pip
 /// (`../lib/pythonX.Y/site-packages/memsnap/`, also `lib64` and `dist-packages`; the newest
