@@ -26,9 +26,22 @@ fi
 RAW=target/python-build/wheel
 rm -rf "$RAW" target/wheels
 mkdir -p "$RAW" target/wheels
-echo "== pip wheel (setuptools-rust: cargo build --release of the library and the CLI)"
-"$TOOLS/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation \
-    --no-deps --wheel-dir "$RAW" .
+echo "== pip wheel (setuptools-rust: cargo build --release of the library and the CLI;" \
+    "a first build takes 4 to 8 minutes on 2 cores; cargo's lines follow)"
+# pip shows a build backend's output only with -v: its log goes to a file, cargo's lines
+# (Compiling, Finished) to the screen as they come, the whole log's end on a failure.
+LOG_PIP=target/python-build/pip-wheel.log
+set +e
+"$TOOLS/bin/python" -m pip wheel -v --disable-pip-version-check --no-build-isolation \
+    --no-deps --wheel-dir "$RAW" . 2>&1 | tee "$LOG_PIP" |
+    grep --line-buffered -E '^ *(Compiling|Finished) '
+pip_status=${PIPESTATUS[0]}
+set -e
+if [ "$pip_status" -ne 0 ]; then
+    tail -n 40 "$LOG_PIP" >&2
+    echo "scripts/build-wheel.sh: pip wheel failed (status $pip_status); whole log: $LOG_PIP" >&2
+    exit 1
+fi
 
 echo "== auditwheel: symbol versions and libraries of the wheel's ELF files"
 # auditwheel repair finds nothing to graft (the wheel links only libc, libm, libgcc_s and

@@ -115,6 +115,21 @@ FIELDS = {
         "code.version": "offsetof(PyCodeObject, co_version)",
         **CODE_311,
     },
+    # 3.14: the same members as 3.13; `f_executable` is a `_PyStackRef` now (a tagged
+    # pointer: the tag bits are checked below as STACKREF_TAG_BITS_314) and the frame
+    # structure lives in pycore_interpframe_structs.h (included by pycore_frame.h).
+    (3, 14): {
+        "thread.frame": "offsetof(PyThreadState, current_frame)",
+        "thread.cframe_current": UNUSED,
+        "frame.code": "offsetof(_PyInterpreterFrame, f_executable)",
+        "frame.back": "offsetof(_PyInterpreterFrame, previous)",
+        "frame.instr": "offsetof(_PyInterpreterFrame, instr_ptr)",
+        "frame.owner": "offsetof(_PyInterpreterFrame, owner)",
+        "frame.is_entry": UNUSED,
+        **CODE_COMMON,
+        "code.version": "offsetof(PyCodeObject, co_version)",
+        **CODE_311,
+    },
 }
 for table in FIELDS.values():
     table.update(STR_COMMON)
@@ -125,12 +140,23 @@ HEADERS = {
     (3, 10): ["frameobject.h"],
 }
 INTERNAL_HEADERS = ["internal/pycore_frame.h"]  # 3.11 and later: required
-# Included too where the interpreter has it (3.14 moved `_PyInterpreterFrame` out of
-# pycore_frame.h into its own headers).
-OPTIONAL_INTERNAL_HEADERS = ["internal/pycore_interpframe.h"]
+# Included too where the interpreter has them (3.14 moved `_PyInterpreterFrame` out of
+# pycore_frame.h into pycore_interpframe_structs.h; `_PyStackRef`'s tags are in
+# pycore_stackref.h).
+OPTIONAL_INTERNAL_HEADERS = ["internal/pycore_interpframe.h", "internal/pycore_stackref.h"]
 
-# Constants checked besides the tables: (Rust name, C expression, first version it exists in).
-CONSTANTS = [("FRAME_OWNED_BY_CSTACK", "FRAME_OWNED_BY_CSTACK", (3, 12))]
+# Constants checked besides the tables: (Rust name, C expression, first and last version it
+# applies to; None: every later version too).
+CONSTANTS = [
+    ("FRAME_OWNED_BY_CSTACK", "FRAME_OWNED_BY_CSTACK", (3, 12), (3, 13)),
+    ("FRAME_OWNED_BY_INTERPRETER_314", "FRAME_OWNED_BY_INTERPRETER", (3, 14), (3, 14)),
+    ("FRAME_OWNED_BY_CSTACK_314", "FRAME_OWNED_BY_CSTACK", (3, 14), (3, 14)),
+    ("STACKREF_TAG_BITS_314", "Py_TAG_BITS", (3, 14), (3, 14)),
+]
+
+
+def applies(version, since, until):
+    return version >= since and (until is None or version <= until)
 
 
 # ---- the Rust side -----------------------------------------------------------------------
@@ -272,8 +298,8 @@ def c_program(version, include_dir, fields, constants):
             body.append(f'    printf("{path} %u\\n", state_bit_{member}());')
         else:
             body.append(f'    printf("{path} %lu\\n", (unsigned long)({expr}));')
-    for name, expr, since in constants:
-        if version >= since:
+    for name, expr, since, until in constants:
+        if applies(version, since, until):
             body.append(f'    printf("const.{name} %lu\\n", (unsigned long)({expr}));')
     bits = []
     for member in ("kind", "compact", "ascii"):
@@ -300,6 +326,9 @@ def measure(info, fields, constants, cc, work):
     incs = ["-I" + info["include"]]
     if info["platinclude"] != info["include"]:
         incs.append("-I" + info["platinclude"])
+    # Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h> from the folder
+    # above: searched last, so that headers unpacked from a .deb outside /usr work too.
+    incs.append("-idirafter" + str(Path(info["include"]).parent))
     r = subprocess.run([cc, "-std=c11", "-w", *incs, "-o", str(exe), str(src)],
                        capture_output=True, text=True)
     if r.returncode != 0:
@@ -379,8 +408,8 @@ def main(argv):
                 elif got.get(path) != want:
                     bad.append(f"{path} = {expr}: headers say {got.get(path)}, "
                                f"src/process/cpython.rs says {want}")
-            for cname, _, since in CONSTANTS:
-                if v >= since and got.get(f"const.{cname}") != rust_consts.get(cname):
+            for cname, _, since, until in CONSTANTS:
+                if applies(v, since, until) and got.get(f"const.{cname}") != rust_consts.get(cname):
                     bad.append(f"{cname}: headers say {got.get('const.' + cname)}, "
                                f"src/process/cpython.rs says {rust_consts.get(cname)}")
             note = " (debug build)" if info["debug"] else ""

@@ -12,8 +12,11 @@
 # and says so when it has not. Likewise the wheel's tests
 # (tests/wheel.rs): this script builds the wheel (scripts/build-wheel.sh: a release build,
 # and pip installs the build tools from PyPI into target/wheel-tools) and runs them when
-# python3 can make a virtual environment. It ends with the number of tests that passed,
-# failed and were ignored.
+# python3 can make a virtual environment; and scripts/try-simulated.sh's test
+# (tests/scripts.rs), which needs the release build. It ends with every test counted once
+# (scripts/test-tally.py): an #[ignore]d test this script ran later counts by its result;
+# the tests that did not run are listed with why; the last line is "N passed, N failed,
+# N skipped" alone, for CI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 for tool in cargo cc python3 node; do
@@ -21,18 +24,6 @@ for tool in cargo cc python3 node; do
 done
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/memsnap-test.XXXXXX")
 trap 'rm -rf "$LOG"' EXIT
-
-# Sums the "test result:" lines of a cargo test log: "P passed, F failed, I ignored".
-tally() {
-    awk '/^test result:/ {
-            for (i = 1; i < NF; i++) {
-                if ($(i + 1) ~ /^passed/) p += $i
-                if ($(i + 1) ~ /^failed/) f += $i
-                if ($(i + 1) ~ /^ignored/) g += $i
-            }
-        }
-        END { printf "%d passed, %d failed, %d ignored", p, f, g }' "$1"
-}
 
 echo "== cargo fmt --check"
 cargo fmt --check
@@ -44,6 +35,7 @@ echo "== snapshot checker self-test (the viewer's crash conditions)"
 python3 tests/python/check_snapshot.py --self-test
 echo "== cargo test"
 status=0
+why=() # --why PREFIX=REASON for scripts/test-tally.py: tests left out for a missing tool
 cargo test --workspace --no-fail-fast 2>&1 | tee "$LOG/test.log" || status=1
 
 chrome=""
@@ -53,10 +45,9 @@ done
 if [ -n "$chrome" ]; then
     echo "== viewer tests in headless Chromium ($chrome; ignored by plain cargo test)"
     cargo test --test cli -- --ignored chromium_ 2>&1 | tee "$LOG/chromium.log" || status=1
-    viewer="headless Chromium: $(tally "$LOG/chromium.log")"
 else
     echo "chromium missing: viewer tests ignored"
-    viewer="chromium missing: viewer tests ignored"
+    why+=(--why "chromium_=chromium missing")
 fi
 # The wheel: built (a release build, checked by auditwheel), installed into a fresh virtual
 # environment and used from outside the clone (tests/wheel.rs, ignored by plain cargo test).
@@ -64,15 +55,18 @@ if python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     echo "== wheel: scripts/build-wheel.sh, then tests/wheel.rs on it in a fresh venv"
     if bash scripts/build-wheel.sh; then
         cargo test --test wheel -- --ignored 2>&1 | tee "$LOG/wheel.log" || status=1
-        wheel="wheel: $(tally "$LOG/wheel.log")"
     else
         status=1
-        wheel="wheel: scripts/build-wheel.sh FAILED"
+        why+=(--why "wheel::=scripts/build-wheel.sh failed")
     fi
 else
     echo "python3 venv (with ensurepip) missing: wheel tests ignored"
-    wheel="python3 venv missing: wheel tests ignored"
+    why+=(--why "wheel::=python3 venv (with ensurepip) missing")
 fi
+# scripts/try-simulated.sh on a C and a Python file (tests/scripts.rs, ignored by plain
+# cargo test: it builds the release profile, which the wheel's build above has made).
+echo "== scripts/try-simulated.sh (tests/scripts.rs; ignored by plain cargo test)"
+cargo test --test scripts -- --ignored try_simulated 2>&1 | tee "$LOG/try-simulated.log" || status=1
 # The object-store tests (tests/remote.rs) upload to local servers installed once under
 # target/tmp; ignored by plain cargo test. S3: moto (PyPI). Azure: Azurite (npm), and
 # azure-storage-blob (PyPI) to make its container and read objects back. No GCS emulator
@@ -101,18 +95,17 @@ remote_tests() {
     for tool in "$@"; do
         if [ ! -x "$tool" ]; then
             echo "$name missing ($tool): $filter tests ignored"
-            remote="$remote; $name missing: $filter tests ignored"
+            why+=(--why "$filter=$name missing ($tool)")
             return
         fi
     done
     echo "== $filter tests against $name on 127.0.0.1 (ignored by plain cargo test)"
     cargo test --test remote -- --ignored "$filter" 2>&1 | tee "$LOG/$filter.log" || status=1
-    remote="$remote; $name: $(tally "$LOG/$filter.log")"
 }
-remote=""
 remote_tests "moto (S3)" s3_ "$MOTO_VENV/bin/moto_server"
 remote_tests "Azurite (Azure)" azure_ "$AZURITE/node_modules/.bin/azurite-blob" "$AZURE_VENV/bin/python"
-echo "== tests: cargo test: $(tally "$LOG/test.log"); $viewer; $wheel$remote"
+echo "== tests, each counted once (an #[ignore]d test run later counts by its result)"
+python3 scripts/test-tally.py ${why[@]+"${why[@]}"} "$LOG"/*.log
 if [ "$status" -ne 0 ]; then
     echo "scripts/test.sh: FAILED (see above)" >&2
 fi

@@ -1,4 +1,8 @@
-//! Python frames captured without the GIL, checked under every installed CPython 3.10–3.13.
+//! Python frames captured without the GIL, checked under every installed CPython 3.10–3.14.
+//!
+//! Interpreters: pyenv's newest 3.10, 3.11, 3.12, 3.13 and 3.14, plus every path in
+//! `MEMSNAP_TEST_PYTHONS` (separated by `:`; an interpreter pyenv does not manage, such as a
+//! distribution's binary: docs/CPYTHON.md says how 3.14 was tested that way).
 //!
 //! Runs `tests/stacks/capture_check.py` (nested functions, exact file:line, placement among
 //! native frames, deep recursion past the frame limit, non-ASCII names, threads) with the
@@ -51,11 +55,12 @@ fn pyenv_root() -> PathBuf {
         })
 }
 
-/// CPython interpreters to test: pyenv's 3.10–3.13 here, else `python3` if it is one of them.
+/// CPython interpreters to test: pyenv's 3.10–3.14 and `MEMSNAP_TEST_PYTHONS`, else
+/// `python3` if it is one of the supported versions.
 fn interpreters() -> Vec<(String, PathBuf)> {
     let mut found = Vec::new();
     let root = pyenv_root();
-    for minor in ["3.10", "3.11", "3.12", "3.13"] {
+    for minor in ["3.10", "3.11", "3.12", "3.13", "3.14"] {
         let Ok(entries) = std::fs::read_dir(root.join("versions")) else {
             break;
         };
@@ -75,6 +80,11 @@ fn interpreters() -> Vec<(String, PathBuf)> {
             if py.is_file() {
                 found.push((minor.to_string(), py));
             }
+        }
+    }
+    if let Some(extra) = std::env::var_os("MEMSNAP_TEST_PYTHONS") {
+        for py in std::env::split_paths(&extra).filter(|p| !p.as_os_str().is_empty()) {
+            found.push((py.display().to_string(), py));
         }
     }
     if found.is_empty() {

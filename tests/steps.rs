@@ -594,6 +594,7 @@ fn run_reports_a_deadly_signal_like_a_shell() {
 #[test]
 fn run_sets_the_preload_the_variables_and_the_python_path() {
     let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
     let o = memsnap(
         &[
             "run",
@@ -625,7 +626,11 @@ fn run_sets_the_preload_the_variables_and_the_python_path() {
             "--",
             "env",
         ],
-        &[("LD_PRELOAD", "/other/libfoo.so"), ("PYTHONPATH", "/mine")],
+        &[
+            ("LD_PRELOAD", "/other/libfoo.so"),
+            ("PYTHONPATH", "/mine"),
+            ("XDG_CACHE_HOME", cache.path().to_str().unwrap()),
+        ],
         dir.path(),
     );
     assert!(o.status.success(), "{}", stderr(&o));
@@ -635,10 +640,10 @@ fn run_sets_the_preload_the_variables_and_the_python_path() {
         env["LD_PRELOAD"],
         format!("{}:/other/libfoo.so", lib.display())
     );
-    assert_eq!(
-        env["PYTHONPATH"],
-        format!("{}:/mine", python_dir().canonicalize().unwrap().display())
-    );
+    let (entry, rest) = env["PYTHONPATH"].split_once(':').unwrap();
+    assert_eq!(rest, "/mine");
+    assert!(entry.starts_with(cache.path().to_str().unwrap()), "{entry}");
+    assert_package_entry(entry, &python_dir().canonicalize().unwrap().join("memsnap"));
     for (k, v) in [
         ("MEMSNAP_FOLDER", "snaps"),
         ("MEMSNAP_SKIP", "2"),
@@ -659,6 +664,73 @@ fn run_sets_the_preload_the_variables_and_the_python_path() {
     }
     // Without --tensors, no framework setting is touched.
     assert!(!env.contains_key("TF_GPU_ALLOCATOR"));
+}
+
+#[test]
+fn python_m_memsnap_run_passes_its_library_without_a_visible_option() {
+    // No command: the usage shows what was typed, no `--lib` the user never wrote.
+    let o = Command::new("python3")
+        .args(["-m", "memsnap", "run"])
+        .env("PYTHONPATH", python_dir())
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3 -m memsnap");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("Usage: memsnap run"), "{err}");
+    assert!(!err.contains("--lib"), "{err}");
+
+    // The library travels in MEMSNAP_RUN_LIB, which the command does not inherit.
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().canonicalize().unwrap().join("libmemsnap.so");
+    std::fs::copy(common::preload_lib(), &lib).unwrap();
+    let o = memsnap(
+        &["run", "--", "env"],
+        &[("MEMSNAP_RUN_LIB", lib.to_str().unwrap())],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let env = env_lines(&o.stdout);
+    assert_eq!(Path::new(&env["LD_PRELOAD"]), lib);
+    assert!(!env.contains_key("MEMSNAP_RUN_LIB"), "{env:?}");
+    // --lib, typed, wins over it.
+    let o = memsnap(
+        &[
+            "run",
+            "--lib",
+            common::preload_lib().to_str().unwrap(),
+            "--",
+            "env",
+        ],
+        &[("MEMSNAP_RUN_LIB", "/nonexistent/libmemsnap.so")],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = memsnap(
+        &["run", "--", "env"],
+        &[("MEMSNAP_RUN_LIB", "/nonexistent/libmemsnap.so")],
+        dir.path(),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("MEMSNAP_RUN_LIB=/nonexistent/libmemsnap.so: no such file"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// `entry`, the `PYTHONPATH` entry `memsnap run` adds, holds one thing: `memsnap`, a link
+/// to `package` (never the folder above it: for a pip installation, a whole site-packages).
+fn assert_package_entry(entry: &str, package: &Path) {
+    let names: Vec<_> = std::fs::read_dir(entry)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["memsnap"], "{entry}");
+    assert_eq!(
+        std::fs::read_link(Path::new(entry).join("memsnap")).unwrap(),
+        package
+    );
 }
 
 /// A copy of this build's `memsnap` binary at `prefix/bin/memsnap`, where pip puts it.
@@ -685,17 +757,34 @@ fn run_finds_the_library_pip_installed_with_it() {
     let package = prefix.join("lib/python3.12/site-packages/memsnap");
     std::fs::create_dir_all(&package).unwrap();
     std::fs::copy(common::preload_lib(), package.join("libmemsnap.so")).unwrap();
+    std::fs::write(package.join("__init__.py"), "").unwrap();
+    std::fs::write(package.join("../numpy.py"), "").unwrap();
+    let cache = tempfile::tempdir().unwrap();
     let o = memsnap_at(
         &exe,
         &["run", "--", "env"],
-        &[("PYTHONPATH", "/mine")],
+        &[
+            ("PYTHONPATH", "/mine"),
+            ("XDG_CACHE_HOME", cache.path().to_str().unwrap()),
+        ],
         &prefix,
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let env = env_lines(&o.stdout);
     assert_eq!(Path::new(&env["LD_PRELOAD"]), package.join("libmemsnap.so"));
-    // The package is in that environment already: PYTHONPATH stays the user's.
-    assert_eq!(env["PYTHONPATH"], "/mine");
+    // As for a cargo build: the package (and only it: not the rest of site-packages) goes
+    // on PYTHONPATH, so another Python than the environment's imports it too.
+    let (entry, rest) = env["PYTHONPATH"].split_once(':').unwrap();
+    assert_eq!(rest, "/mine");
+    assert_package_entry(entry, &package);
+    // A second run reuses the entry.
+    let again = memsnap_at(
+        &exe,
+        &["run", "--", "env"],
+        &[("XDG_CACHE_HOME", cache.path().to_str().unwrap())],
+        &prefix,
+    );
+    assert_eq!(env_lines(&again.stdout)["PYTHONPATH"], entry);
 }
 
 #[test]

@@ -226,6 +226,19 @@ fn once_json_reports_exactly_what_the_program_holds_by_site() {
         text.contains(&format!("pid {pid} step 1 device 0: live 13.0 MiB")),
         "{text}"
     );
+    // The site rows come under a column header (one sample: no growth column).
+    let header = text
+        .lines()
+        .position(|l| {
+            l.split_whitespace().collect::<Vec<_>>() == ["live", "allocs", "allocation", "site"]
+        })
+        .unwrap_or_else(|| panic!("no column header: {text}"));
+    assert!(
+        text.lines()
+            .nth(header + 1)
+            .is_some_and(|l| l.contains("x  ")),
+        "a site row follows the header: {text}"
+    );
 
     let (status, folder) = p.finish();
     assert!(status.success(), "{status}");

@@ -236,14 +236,44 @@ fn installed_memsnap_run_records_the_demo() {
     let memsnap = installed().bin("memsnap");
     let dir = record_the_demo(&[memsnap.to_str().unwrap()]);
 
-    // The library it preloads is the installed package's; PYTHONPATH is left alone.
+    // The library it preloads is the installed package's; the package goes on PYTHONPATH
+    // as a cargo build's does (a folder holding only it), so that a Python other than the
+    // environment's imports it too.
     let o = run_in(dir.path(), &memsnap, &["run", "--", "env"], &[]);
     let env = env_lines(&o.stdout);
-    assert_eq!(
-        Path::new(&env["LD_PRELOAD"]),
-        installed().package_dir().join("libmemsnap.so")
+    let package = installed().package_dir();
+    assert_eq!(Path::new(&env["LD_PRELOAD"]), package.join("libmemsnap.so"));
+    let entry = Path::new(&env["PYTHONPATH"]);
+    assert_eq!(std::fs::read_link(entry.join("memsnap")).unwrap(), package);
+    let o = run_in(
+        dir.path(),
+        &memsnap,
+        &[
+            "run",
+            "--no-at-exit",
+            "--",
+            "python3",
+            "-c",
+            "import memsnap, sys; print(sys.executable); print(memsnap.library_path())",
+        ],
+        &[],
     );
-    assert!(!env.contains_key("PYTHONPATH"), "{env:?}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut lines = stdout.lines();
+    let python = lines.next().unwrap_or_default();
+    assert!(
+        !Path::new(python).starts_with(&installed().venv),
+        "not the venv's: {python}"
+    );
+    assert_eq!(
+        lines.next().map(PathBuf::from),
+        Some(package.join("libmemsnap.so"))
+    );
 }
 
 #[test]
@@ -293,7 +323,11 @@ fn the_installed_python_api_steps_dumps_and_names_its_library() {
         &["--folder", "snaps", "--filename", "{tag}-{seq}.pickle"],
         "py_steps.py",
     );
-    assert_eq!(Path::new(&r["module"]), package.join("__init__.py"));
+    // Imported through the PYTHONPATH entry `memsnap run` adds: a link to that package.
+    assert_eq!(
+        Path::new(&r["module"]).canonicalize().unwrap(),
+        package.join("__init__.py")
+    );
     assert_eq!(r["frameworks"], "");
     assert_eq!(r["step_returns"], "True,True,True");
     assert_eq!(r["active"], "True");

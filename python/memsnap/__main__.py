@@ -1,7 +1,9 @@
 """``python -m memsnap ...``: the memsnap command that came with this package.
 
 ``python -m memsnap run -- python train.py`` is ``memsnap run -- python train.py`` with the
-library that came with this package preloaded (``--lib``, unless given); every other
+library that came with this package preloaded (unless ``--lib`` is given: the library's path
+travels in ``MEMSNAP_RUN_LIB``, which ``memsnap run`` reads and does not pass on, so its usage
+and errors show only what was typed); every other
 subcommand (``summary``, ``diff``, ``dump``, ``view``, ...) goes to the CLI unchanged. Useful
 where the environment's scripts folder is not on PATH (``python -m`` always finds it).
 """
@@ -12,21 +14,11 @@ import sys
 from ._locate import cli_path, library_path
 
 
-def _has_lib_option(args):
-    """Whether the options of ``run`` (those before ``--``) already name a library."""
-    for arg in args:
-        if arg == "--":
-            return False
-        if arg == "--lib" or arg.startswith("--lib="):
-            return True
-    return False
-
-
 def main(argv):
     try:
         cli = cli_path()
-        if argv[:1] == ["run"] and not _has_lib_option(argv[1:]):
-            argv = ["run", "--lib", library_path()] + argv[1:]
+        if argv[:1] == ["run"]:
+            os.environ["MEMSNAP_RUN_LIB"] = library_path()
     except FileNotFoundError as e:
         print("python -m memsnap: %s" % e, file=sys.stderr)
         return 2

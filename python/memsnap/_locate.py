@@ -8,7 +8,7 @@ Three ways to get them, each looked at in this order:
 - ``pip install -e .`` from a clone: the library is built into this package's folder in the
   clone, the CLI into the environment's scripts folder;
 - a cargo build of a clone, with this package imported from the clone's ``python/`` folder
-  (``memsnap run`` puts it on PYTHONPATH): ``target/release/`` then ``target/debug/``
+  (``memsnap run`` puts it on PYTHONPATH, as it does a pip-installed package): ``target/release/`` then ``target/debug/``
   (first in ``$CARGO_TARGET_DIR`` when that is an absolute path).
 
 Standard library only; nothing here runs at ``import memsnap`` beyond defining functions.

@@ -1,7 +1,7 @@
 //! The calling thread's Python frames, read without the GIL (docs/DESIGN.md, decision 2).
 //!
 //! Hot. The thread sits in our hook, so its own frame chain cannot change under us; we read
-//! it with the frame layout of the running CPython (3.10–3.13; the offsets are in
+//! it with the frame layout of the running CPython (3.10–3.14; the offsets are in
 //! [`crate::process::cpython`]), which `process::python` chose once from the interpreter's
 //! version. Each frame becomes a [`PyFrameRaw`]: the code object's address, the raw
 //! instruction position (3.10: `f_lasti`; 3.11+: the instruction pointer) and a check value
@@ -12,7 +12,10 @@
 //! lookup of the interpreter is `process::python`'s.
 
 use crate::channel::event::{PyFrameRaw, StackSlot, python_term};
-use crate::process::cpython::{FLAG_ENTRY, FRAME_OWNED_BY_CSTACK, Layout, check_value, fold};
+use crate::process::cpython::{
+    FLAG_ENTRY, FRAME_OWNED_BY_CSTACK, FRAME_OWNED_BY_INTERPRETER_314, Layout,
+    STACKREF_TAG_BITS_314, check_value, fold,
+};
 use crate::process::python;
 
 /// Reads a `T` at `addr`. Returns `None` for null.
@@ -72,6 +75,7 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) -> u64 {
             Layout::Py311 => walk(Layout::Py311, tstate, out),
             Layout::Py312 => walk(Layout::Py312, tstate, out),
             Layout::Py313 => walk(Layout::Py313, tstate, out),
+            Layout::Py314 => walk(Layout::Py314, tstate, out),
         }
     };
     slot.n_python = n as u16;
@@ -104,7 +108,9 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
     // at an offset of this version's layout (caller's contract).
     unsafe {
         let mut frame: u64 = match layout {
-            Layout::Py310 | Layout::Py313 => rd(tstate.wrapping_add(o.thread.frame)).unwrap_or(0),
+            Layout::Py310 | Layout::Py313 | Layout::Py314 => {
+                rd(tstate.wrapping_add(o.thread.frame)).unwrap_or(0)
+            }
             Layout::Py311 | Layout::Py312 => {
                 let cframe: u64 = rd(tstate.wrapping_add(o.thread.frame)).unwrap_or(0);
                 rd(cframe.wrapping_add(o.thread.cframe_current))
@@ -122,7 +128,14 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 Layout::Py310 => 0,
                 _ => rd(frame.wrapping_add(o.frame.owner)).unwrap_or(0),
             };
-            if matches!(layout, Layout::Py312 | Layout::Py313) && owner == FRAME_OWNED_BY_CSTACK {
+            // 3.14 renumbered the shim (`FRAME_OWNED_BY_INTERPRETER`) and added another
+            // frame that is no Python function (`FRAME_OWNED_BY_CSTACK`, one above).
+            let shim = match layout {
+                Layout::Py312 | Layout::Py313 => owner == FRAME_OWNED_BY_CSTACK,
+                Layout::Py314 => owner >= FRAME_OWNED_BY_INTERPRETER_314,
+                _ => false,
+            };
+            if shim {
                 // The frame written just before is the first one that eval call ran.
                 if let Some(i) = n.checked_sub(1)
                     && let Some(prev) = out.get_mut(i)
@@ -132,7 +145,10 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 frame = back;
                 continue;
             }
-            let code: u64 = rd(frame.wrapping_add(o.frame.code)).unwrap_or(0);
+            let mut code: u64 = rd(frame.wrapping_add(o.frame.code)).unwrap_or(0);
+            if layout == Layout::Py314 {
+                code &= !STACKREF_TAG_BITS_314; // a `_PyStackRef`: a tagged pointer
+            }
             if code == 0 {
                 frame = back;
                 continue;

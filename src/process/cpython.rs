@@ -3,7 +3,7 @@
 //!
 //! Owns every offset into CPython's structures (thread state, frames, code objects, `str`
 //! and `bytes` objects) and the few CPython constants read alongside them, one `const`
-//! table per supported version (3.10–3.13; 64-bit, not free-threaded), measured from that
+//! table per supported version (3.10–3.14; 64-bit, not free-threaded), measured from that
 //! version's headers, and the check value that ties a frame record to its code object
 //! ([`check_value`]). Process-wide, read by both sides: the hook (`capture::python`) walks
 //! the frame chain with it; the writer (`writer::stacks::pyframes`) reads code objects and
@@ -24,6 +24,7 @@ pub enum Layout {
     Py311 = 2,
     Py312 = 3,
     Py313 = 4,
+    Py314 = 5,
 }
 
 impl Layout {
@@ -33,6 +34,7 @@ impl Layout {
             (3, 11) => Some(Layout::Py311),
             (3, 12) => Some(Layout::Py312),
             (3, 13) => Some(Layout::Py313),
+            (3, 14) => Some(Layout::Py314),
             _ => None,
         }
     }
@@ -44,6 +46,7 @@ impl Layout {
             2 => Some(Layout::Py311),
             3 => Some(Layout::Py312),
             4 => Some(Layout::Py313),
+            5 => Some(Layout::Py314),
             _ => None,
         }
     }
@@ -56,6 +59,7 @@ impl Layout {
             Layout::Py311 => &PY311,
             Layout::Py312 => &PY312,
             Layout::Py313 => &PY313,
+            Layout::Py314 => &PY314,
         }
     }
 }
@@ -75,10 +79,11 @@ pub struct CpythonLayout {
 #[derive(Debug)]
 pub struct ThreadLayout {
     /// Where the frame chain starts: 3.10 `PyThreadState.frame` (`PyFrameObject *`);
-    /// 3.11/3.12 `PyThreadState.cframe` (`_PyCFrame *`); 3.13
+    /// 3.11/3.12 `PyThreadState.cframe` (`_PyCFrame *`); 3.13/3.14
     /// `PyThreadState.current_frame` (`_PyInterpreterFrame *`).
     pub frame: u64,
-    /// `_PyCFrame.current_frame` (3.11/3.12); 0 on 3.10/3.13 (no `_PyCFrame`; never read).
+    /// `_PyCFrame.current_frame` (3.11/3.12); 0 on 3.10/3.13/3.14 (no `_PyCFrame`; never
+    /// read).
     /// Note 3.12's is a real 0: the member is first there.
     pub cframe_current: u64,
 }
@@ -87,12 +92,13 @@ pub struct ThreadLayout {
 #[derive(Debug)]
 pub struct FrameLayout {
     /// 3.10 `PyFrameObject.f_code`; 3.11/3.12 `_PyInterpreterFrame.f_code`; 3.13
-    /// `_PyInterpreterFrame.f_executable`.
+    /// `_PyInterpreterFrame.f_executable` (a `PyObject *`); 3.14
+    /// `_PyInterpreterFrame.f_executable` (a `_PyStackRef`: clear [`STACKREF_TAG_BITS_314`]).
     pub code: u64,
     /// 3.10 `PyFrameObject.f_back`; 3.11+ `_PyInterpreterFrame.previous`.
     pub back: u64,
     /// 3.10 `PyFrameObject.f_lasti` (an `int`); 3.11/3.12 `_PyInterpreterFrame.prev_instr`;
-    /// 3.13 `_PyInterpreterFrame.instr_ptr` (pointers into `co_code_adaptive`).
+    /// 3.13/3.14 `_PyInterpreterFrame.instr_ptr` (pointers into `co_code_adaptive`).
     pub instr: u64,
     /// 3.11+ `_PyInterpreterFrame.owner` (a `char`); 0 on 3.10 (never read).
     pub owner: u64,
@@ -157,9 +163,23 @@ pub struct BytesLayout {
     pub sval: u64,
 }
 
-/// `FRAME_OWNED_BY_CSTACK` (3.12+ `enum _frameowner`): the `owner` of the shim frame an eval
-/// call pushes below its first frame.
+/// `FRAME_OWNED_BY_CSTACK` (3.12/3.13 `enum _frameowner`): the `owner` of the shim frame an
+/// eval call pushes below its first frame.
 pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
+
+/// 3.14 `enum _frameowner`: `FRAME_OWNED_BY_INTERPRETER`, the `owner` of the shim frame an
+/// eval call pushes below its first frame (3.13's `FRAME_OWNED_BY_CSTACK`, renumbered).
+pub const FRAME_OWNED_BY_INTERPRETER_314: u8 = 3;
+
+/// 3.14 `enum _frameowner`: `FRAME_OWNED_BY_CSTACK`, a frame CPython keeps on the C stack
+/// that is no Python function either. The 3.14 walk skips every frame whose `owner` is
+/// [`FRAME_OWNED_BY_INTERPRETER_314`] or more, as CPython's own `_PyFrame_IsIncomplete` does.
+pub const FRAME_OWNED_BY_CSTACK_314: u8 = 4;
+
+/// 3.14 (with the GIL) `Py_TAG_BITS`: the low bits of a `_PyStackRef` that are a tag, not
+/// part of the object's address (`Py_TAG_REFCNT` marks a borrowed or immortal reference).
+/// Cleared from `_PyInterpreterFrame.f_executable` before it is used as an address.
+pub const STACKREF_TAG_BITS_314: u64 = 3;
 
 /// `PyFrameRaw::flags` bit: the first frame its `_PyEval_EvalFrameDefault` call ran.
 pub const FLAG_ENTRY: u32 = 1;
@@ -198,7 +218,7 @@ const STR_310_311: StrLayout = StrLayout {
 };
 
 /// 3.12+ strings: `wstr` and `wstr_length` are gone.
-const STR_312_313: StrLayout = StrLayout {
+const STR_312_314: StrLayout = StrLayout {
     length: 16,
     hash: 24,
     state: 32,
@@ -283,7 +303,7 @@ const PY312: CpythonLayout = CpythonLayout {
         code_adaptive: 192,
     },
     object: OBJECT,
-    str_: STR_312_313,
+    str_: STR_312_314,
     bytes: BYTES,
 };
 
@@ -309,6 +329,32 @@ const PY313: CpythonLayout = CpythonLayout {
         code_adaptive: 200,
     },
     object: OBJECT,
-    str_: STR_312_313,
+    str_: STR_312_314,
+    bytes: BYTES,
+};
+
+const PY314: CpythonLayout = CpythonLayout {
+    thread: ThreadLayout {
+        frame: 72,
+        cframe_current: 0,
+    },
+    frame: FrameLayout {
+        code: 0,
+        back: 8,
+        instr: 56,
+        owner: 74,
+        is_entry: 0,
+    },
+    code: CodeLayout {
+        firstlineno: 68,
+        filename: 112,
+        name: 120,
+        linetable: 136,
+        version: 92,
+        firsttraceable: 192,
+        code_adaptive: 208,
+    },
+    object: OBJECT,
+    str_: STR_312_314,
     bytes: BYTES,
 };

@@ -224,7 +224,7 @@ impl StackTable {
             // Printed with the `memsnap: ` prefix by whoever takes the warnings.
             self.warnings.push(format!(
                 "Python {major}.{minor}{build} is not supported for Python frames \
-                 (supported: 3.10 to 3.13 with the GIL); Python frames are off"
+                 (supported: 3.10 to 3.14 with the GIL); Python frames are off"
             ));
         }
     }

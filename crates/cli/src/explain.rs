@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 /// The `--json` shape, in short (docs/EXPLAIN.md has every key).
 pub const JSON_SHAPE: &str = "\
-JSON (--json; docs/EXPLAIN.md has every key and its meaning):
+JSON (--json); docs/EXPLAIN.md has every key and its meaning:
   { oom: null | { rank, file, device, time_us, request_bytes, device_free_bytes,
                   verdict: \"live\"|\"fragmentation\"|\"outside\", reserved_unallocated_bytes,
                   largest_free_block_bytes, reserved_bytes, live_bytes, capacity_bytes,

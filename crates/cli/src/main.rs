@@ -1,7 +1,8 @@
 //! The `memsnap` command line: a thin dispatcher over one module per command. Each reading
 //! command parses its arguments (clap), opens its files ([`input`]), asks the engine
 //! (`memsnap_engine`) for its model and renders it (text, JSON, HTML, SVG); the launchers
-//! (`run`, `dump`, `top`, `upload-agent`) talk to processes and stores. Cold code.
+//! (`run`, `dump`, `top`, `upload-agent`) talk to processes and stores; `mcp` serves the
+//! reading commands to an agent. Cold code.
 //!
 //! Exit status: 0 ok; 1 only for `diff --fail-above` when growth passes the limit and
 //! `explain --fail-on-leak` when a leak is found;
@@ -16,6 +17,7 @@ mod dump;
 mod explain;
 mod flamegraph;
 mod input;
+mod mcp;
 mod ranks;
 mod remote;
 mod run;
@@ -70,6 +72,9 @@ enum Cmd {
     UploadAgent(upload_agent::Args),
     /// Watch running processes' GPU memory by allocation site, live (no file written).
     Top(top::TopArgs),
+    /// Serve summary, diff and ranks to an agent: a Model Context Protocol server on
+    /// stdin/stdout whose tools return the commands' --json output (docs/MCP.md).
+    Mcp(mcp::Args),
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -104,6 +109,7 @@ fn main() -> ExitCode {
         Cmd::Dump(a) => launch(dump::dump(a)),
         Cmd::UploadAgent(a) => launch(upload_agent::run(&a)),
         Cmd::Top(a) => launch(top::top(a)),
+        Cmd::Mcp(a) => launch(mcp::serve(&a)),
     }
 }
 

@@ -103,8 +103,20 @@ pub const TENSOR_SETTINGS: &[(&str, &str)] = &[
     ("TF_GPU_ALLOCATOR", "cuda_malloc_async"),
 ];
 
+/// Set by `python -m memsnap run` (python/memsnap/__main__.py): the library of the package
+/// that started this command, used when `--lib` is not given. Not passed on to the command.
+pub const PACKAGE_LIB_VAR: &str = "MEMSNAP_RUN_LIB";
+
 pub fn run(args: RunArgs) -> Result<ExitCode> {
-    let lib = find_library(args.lib.as_deref())?;
+    let from_package = std::env::var_os(PACKAGE_LIB_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    if let (None, Some(p)) = (&args.lib, &from_package)
+        && !p.is_file()
+    {
+        bail!("{PACKAGE_LIB_VAR}={}: no such file", p.display());
+    }
+    let lib = find_library(args.lib.as_deref().or(from_package.as_deref()))?;
 
     // The variables the options set, in option order.
     let mut set: Vec<(&'static str, String, &'static str)> = Vec::new();
@@ -185,11 +197,24 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         "LD_PRELOAD",
         prepend_preload(&lib, std::env::var_os("LD_PRELOAD")),
     );
-    if let Some(dir) = find_python_package() {
-        cmd.env(
-            "PYTHONPATH",
-            prepend_path(&dir, std::env::var_os("PYTHONPATH")),
-        );
+    cmd.env_remove(PACKAGE_LIB_VAR);
+    // The `memsnap` Python package that came with the library, for `import memsnap` in the
+    // command (steps, dumps, callbacks) whichever Python it runs: the same for a cargo build
+    // and a pip installation (docs/launcher.md).
+    if let Some(package) = python_package(&lib) {
+        match package_path_entry(&package) {
+            Ok(dir) => {
+                cmd.env(
+                    "PYTHONPATH",
+                    prepend_path(&dir, std::env::var_os("PYTHONPATH")),
+                );
+            }
+            Err(e) => eprintln!(
+                "memsnap: the Python package {} is not put on PYTHONPATH ({e:#}); \
+                 `import memsnap` works only in the Python that installed it",
+                package.display()
+            ),
+        }
     }
     if args.tensors {
         for (name, value) in TENSOR_SETTINGS {
@@ -251,7 +276,7 @@ fn signal_name(sig: i32) -> Option<&'static str> {
 }
 
 /// `libmemsnap.so`, absolute (so children that change directory still find it): the first
-/// of `--lib`;
+/// of `--lib` (or, without it, [`PACKAGE_LIB_VAR`]);
 /// beside the `memsnap` binary; `../lib/` (a `prefix/bin` + `prefix/lib` install); the
 /// `memsnap` Python package of the environment the binary was installed into by pip
 /// (`../lib/pythonX.Y/site-packages/memsnap/`, also `lib64` and `dist-packages`; the newest
@@ -366,15 +391,56 @@ fn ask_python(python: &Path) -> std::result::Result<PathBuf, String> {
     }
 }
 
-/// The folder holding the `memsnap` Python package when this binary is a cargo build of a
-/// clone: the clone's `python/` (`target/<profile>/../../python`; cargo marks `target/`
-/// with a CACHEDIR.TAG). A pip installation has the package in its environment already.
-fn find_python_package() -> Option<PathBuf> {
+/// The `memsnap` Python package folder that goes with `lib`: the folder holding `lib` when
+/// it is that package (a wheel installed by pip, `pip install -e`), else, for a cargo build
+/// of a clone, the clone's `python/memsnap` (`target/<profile>/../../python`; cargo marks
+/// `target/` with a CACHEDIR.TAG).
+fn python_package(lib: &Path) -> Option<PathBuf> {
+    let beside = lib.parent()?;
+    if beside.file_name() == Some(OsStr::new("memsnap")) && beside.join("__init__.py").is_file() {
+        return Some(beside.to_path_buf());
+    }
     let exe = std::env::current_exe().ok()?;
     let profile = exe.parent()?;
-    let dir = profile.join("../../python");
-    (profile.join("../CACHEDIR.TAG").is_file() && dir.join("memsnap/__init__.py").is_file())
+    let dir = profile.join("../../python/memsnap");
+    (profile.join("../CACHEDIR.TAG").is_file() && dir.join("__init__.py").is_file())
         .then(|| dir.canonicalize().unwrap_or(dir))
+}
+
+/// A `PYTHONPATH` entry that holds `package` (a folder named `memsnap`) and nothing else:
+/// a folder in the user's cache (`$XDG_CACHE_HOME`, else `~/.cache`:
+/// `memsnap/pythonpath-HASH/`) with one link, `memsnap`, to it, made once per package
+/// folder and reused. Not the folder above the package: for a pip installation that is a
+/// whole `site-packages`, whose compiled modules another Python must not import.
+fn package_path_entry(package: &Path) -> Result<PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| Path::new(v).is_absolute())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .context("neither XDG_CACHE_HOME nor HOME is set")?;
+    // FNV-1a of the package's path: one stable folder per installation.
+    let hash = package
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let dir = cache
+        .join("memsnap")
+        .join(format!("pythonpath-{hash:016x}"));
+    let link = dir.join("memsnap");
+    if std::fs::read_link(&link).is_ok_and(|target| target == package) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // Made beside and renamed into place: runs starting at once (ranks) never see a half.
+    let tmp = dir.join(format!(".memsnap.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(package, &tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    std::fs::rename(&tmp, &link).with_context(|| format!("cannot create {}", link.display()))?;
+    Ok(dir)
 }
 
 /// `lib` first, then the existing entries (space- or colon-separated), without other

@@ -190,7 +190,7 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
                 writeln!(out)?;
             }
         } else {
-            for line in model::plain_lines(&watched, args.top) {
+            for line in model::plain_lines(&watched, args.top, false) {
                 writeln!(out, "{line}")?;
             }
         }
@@ -200,7 +200,7 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
         // One sample per refresh as plain lines, until every process is gone.
         loop {
             let mut out = stdout.lock();
-            for line in model::plain_lines(&watched, args.top) {
+            for line in model::plain_lines(&watched, args.top, true) {
                 writeln!(out, "{line}")?;
             }
             out.flush()?;

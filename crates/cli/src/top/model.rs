@@ -336,9 +336,11 @@ pub fn process_json(w: &Watched) -> ProcessJson {
     }
 }
 
-/// The plain-text lines of one refresh (stdout is not a terminal): one per device, then
-/// the largest sites.
-pub fn plain_lines(watched: &[Watched], top: usize) -> Vec<String> {
+/// The plain-text lines of one refresh (stdout is not a terminal, or `--once`): one per
+/// device, then the largest sites under a column header. `growth`: with the growth since
+/// `top` started (a refresh); `--once` has a single sample, where growth is always 0, and
+/// leaves the column out.
+pub fn plain_lines(watched: &[Watched], top: usize, growth: bool) -> Vec<String> {
     let mut lines = Vec::new();
     for w in watched.iter().filter(|w| w.gone.is_none()) {
         let rate = w
@@ -363,17 +365,30 @@ pub fn plain_lines(watched: &[Watched], top: usize) -> Vec<String> {
             ));
         }
     }
-    for r in site_rows(watched, SortBy::Live, Baseline::Start)
-        .iter()
-        .take(top)
-    {
-        lines.push(format!(
-            "  {:>10} {:>6}x {:>11}  {}",
-            fmt_bytes(r.bytes as i64),
-            r.count,
-            signed_bytes(r.growth),
-            r.site
-        ));
+    let rows = site_rows(watched, SortBy::Live, Baseline::Start);
+    let rows = &rows[..rows.len().min(top)];
+    if !rows.is_empty() {
+        lines.push(if growth {
+            format!(
+                "  {:>10} {:>7} {:>11}  {}",
+                "live", "allocs", "growth", "allocation site (growth: since top started)"
+            )
+        } else {
+            format!("  {:>10} {:>7}  {}", "live", "allocs", "allocation site")
+        });
+    }
+    for r in rows {
+        let count = format!("{}x", r.count);
+        lines.push(if growth {
+            format!(
+                "  {:>10} {count:>7} {:>11}  {}",
+                fmt_bytes(r.bytes as i64),
+                signed_bytes(r.growth),
+                r.site
+            )
+        } else {
+            format!("  {:>10} {count:>7}  {}", fmt_bytes(r.bytes as i64), r.site)
+        });
     }
     lines
 }
@@ -457,6 +472,30 @@ pub mod tests {
         assert!(since_step.iter().all(|r| r.growth == 0));
         assert_eq!(w.steps_per_s(), Some(2.0));
         assert_eq!(w.devices()[0].history, vec![1500, 5500]);
+    }
+
+    #[test]
+    fn plain_lines_have_a_column_header() {
+        let mut w = Watched::new(sample(7, 0, 0, 1000, 500), Attribution::default());
+        let once = plain_lines(std::slice::from_ref(&w), 10, false);
+        assert_eq!(
+            once[0],
+            "pid 7 step 0 device 0: live 1.5 KiB reserved 1.5 KiB peak 1.5 KiB in 3 allocations"
+        );
+        assert_eq!(once[1], "        live  allocs  allocation site");
+        assert_eq!(once[2], "      1000 B      2x  proj/train.py:12 (build)");
+        assert_eq!(once.len(), 4);
+        w.update(sample(7, 1, 1, 1000, 2548));
+        let refresh = plain_lines(std::slice::from_ref(&w), 1, true);
+        assert_eq!(
+            refresh[1],
+            "        live  allocs      growth  allocation site (growth: since top started)"
+        );
+        assert_eq!(
+            refresh[2],
+            "     2.5 KiB      1x    +2.0 KiB  kv_cache_alloc (cache.cc:40)"
+        );
+        assert_eq!(refresh.len(), 3, "--top 1: one row");
     }
 
     #[test]

@@ -1,0 +1,295 @@
+//! `memsnap mcp`: a Model Context Protocol server on stdin/stdout (docs/MCP.md), so that an
+//! agent can ask what holds the memory in a snapshot without parsing text.
+//!
+//! Each tool is one reading command with `--json`: its arguments become the command's own
+//! arguments (parsed by the command's clap definition, so `at` takes exactly what `--at`
+//! takes), the command runs unchanged, and its JSON output is the tool's structured result.
+//! A tool's result therefore equals `memsnap <command> --json` with the same arguments. A
+//! command that fails (a missing file, an `at` no device reached) is a tool error result
+//! with the command's message, never a protocol error or a crash. The protocol itself is
+//! rmcp's (the official Rust SDK); nothing here touches stdout but rmcp. Cold code.
+
+use crate::{diff, explain, ranks, summary};
+use clap::Parser;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, ErrorData, Implementation, ServerCapabilities, ServerConfig,
+};
+use rmcp::{ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+/// The reading commands a tool runs, parsed from the argument vector a tool call builds.
+#[derive(Parser, Debug)]
+#[command(name = "memsnap", no_binary_name = true)]
+enum Reading {
+    Summary(summary::Args),
+    Diff(diff::Args),
+    Ranks(ranks::Args),
+    Explain(explain::Args),
+}
+
+/// How to choose the allocation site: the `--ignore` and `--callers` of every command.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+pub struct Attribution {
+    /// Skip frames whose file or function contains one of these patterns when choosing the
+    /// allocation site (`--ignore`, repeatable).
+    #[serde(default)]
+    pub ignore: Vec<String>,
+    /// Show this many callers above each allocation site; sites are then grouped by the
+    /// whole chain (`--callers`).
+    pub callers: Option<u32>,
+}
+
+/// `summary`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SummaryParams {
+    /// The snapshot file: memsnap's or PyTorch's `_dump_snapshot` pickle (a path on the
+    /// server's machine, or an object-store URL the CLI reads).
+    pub path: String,
+    /// The moment to show what was live at (`--at`): "peak", "oom", "end", an event number
+    /// ("1234") or a time since the first recorded event ("250ms", "12.5s", "3m"). Default:
+    /// the first OOM when the device has one, else the peak.
+    pub at: Option<String>,
+    /// How many allocation sites to list (`--top`, default 10).
+    pub top: Option<u32>,
+    #[serde(flatten)]
+    pub attribution: Attribution,
+}
+
+/// `diff`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct DiffParams {
+    /// The earlier snapshot.
+    pub before: String,
+    /// The later snapshot.
+    pub after: String,
+    /// Compare both files at this moment (`--at`; default "end"), as in `summary`.
+    pub at: Option<String>,
+    /// The moment of `before` only (`--at-before`; overrides `at` for it).
+    pub at_before: Option<String>,
+    /// The moment of `after` only (`--at-after`; overrides `at` for it).
+    pub at_after: Option<String>,
+    /// How many growing sites to list (`--top`, default 10; shrinking: a quarter of it).
+    pub top: Option<u32>,
+    #[serde(flatten)]
+    pub attribution: Attribution,
+}
+
+/// `ranks`' arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct RanksParams {
+    /// A folder holding one snapshot per rank (*.pickle, *.pkl).
+    pub dir: String,
+    #[serde(flatten)]
+    pub attribution: Attribution,
+}
+
+/// `explain`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ExplainParams {
+    /// Snapshot files, folders of a run, or s3://, gs://, az:// prefixes.
+    pub paths: Vec<String>,
+    /// The moment owners and roles are told at (`--at`: peak, oom, end, an event number or
+    /// a time); default: the OOM if any, else the peak.
+    pub at: Option<String>,
+    #[serde(flatten)]
+    pub attribution: Attribution,
+}
+
+/// A tool's description: what it answers, then the JSON shape its command documents.
+fn describe(what: &str, shape: &str) -> String {
+    format!("{what}\n\nThe result is the JSON of the command's --json output:\n{shape}")
+}
+
+/// The server: one tool per reading command.
+#[derive(Clone)]
+pub struct Server {
+    tool_router: ToolRouter<Self>,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            tool_router: Self::tool_router(),
+        }
+    }
+}
+
+#[tool_router]
+impl Server {
+    #[tool(
+        name = "summary",
+        description = describe(
+            "What held GPU memory in one snapshot, per device: at the moment that matters \
+             (the first OOM, else the peak, or `at`) beside the end: allocation sites, \
+             libraries, OOMs, API calls. Same as `memsnap summary PATH --json`.",
+            summary::JSON_SHAPE,
+        )
+    )]
+    async fn summary(
+        &self,
+        Parameters(p): Parameters<SummaryParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut argv = args(["summary", "--json"]);
+        argv.push(p.path.into());
+        option(&mut argv, "--at", p.at);
+        option(&mut argv, "--top", p.top);
+        attribution(&mut argv, p.attribution);
+        Ok(call(argv).await)
+    }
+
+    #[tool(
+        name = "diff",
+        description = describe(
+            "What grew between two snapshots, by allocation site, at their ends or at the \
+             moments `at`, `at_before`, `at_after` name. Same as `memsnap diff BEFORE AFTER \
+             --json`.",
+            diff::JSON_SHAPE,
+        )
+    )]
+    async fn diff(
+        &self,
+        Parameters(p): Parameters<DiffParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut argv = args(["diff", "--json"]);
+        argv.push(p.before.into());
+        argv.push(p.after.into());
+        option(&mut argv, "--at", p.at);
+        option(&mut argv, "--at-before", p.at_before);
+        option(&mut argv, "--at-after", p.at_after);
+        option(&mut argv, "--top", p.top);
+        attribution(&mut argv, p.attribution);
+        Ok(call(argv).await)
+    }
+
+    #[tool(
+        name = "ranks",
+        description = describe(
+            "One row per rank file in a folder (live, reserved and peak bytes, OOMs, the top \
+             site) and the ranks that stand out. Same as `memsnap ranks DIR --json`.",
+            ranks::JSON_SHAPE,
+        )
+    )]
+    async fn ranks(
+        &self,
+        Parameters(p): Parameters<RanksParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut argv = args(["ranks", "--json"]);
+        argv.push(p.dir.into());
+        attribution(&mut argv, p.attribution);
+        Ok(call(argv).await)
+    }
+
+    #[tool(
+        name = "explain",
+        description = describe(
+            "The answers: why a job ran out of memory (the verdict: live, fragmentation or \
+             outside, with the sites and owners), what leaks across steps, who owns every \
+             byte, which rank is worst. `paths`: files, run folders or prefixes, as `ranks` \
+             takes. Same as `memsnap explain PATH... --json`.",
+            explain::JSON_SHAPE,
+        )
+    )]
+    async fn explain(
+        &self,
+        Parameters(p): Parameters<ExplainParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut argv = args(["explain", "--json"]);
+        argv.extend(p.paths.into_iter().map(OsString::from));
+        option(&mut argv, "--at", p.at);
+        attribution(&mut argv, p.attribution);
+        Ok(call(argv).await)
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("memsnap", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Reads GPU memory snapshots (memsnap's and PyTorch's memory_viz pickles) and \
+                 answers what holds the memory: `summary` for one file, `diff` for two, \
+                 `ranks` for a folder of per-rank files, `explain` for the answers (why it \
+                 ran out of memory, leaks, owners). Paths are on the server's machine. \
+                 Each result is the JSON of the matching `memsnap <command> --json`.",
+            )
+    }
+}
+
+fn args<const N: usize>(words: [&str; N]) -> Vec<OsString> {
+    words.iter().map(OsString::from).collect()
+}
+
+fn option(argv: &mut Vec<OsString>, flag: &str, value: Option<impl ToString>) {
+    if let Some(v) = value {
+        argv.push(flag.into());
+        argv.push(v.to_string().into());
+    }
+}
+
+fn attribution(argv: &mut Vec<OsString>, a: Attribution) {
+    for pattern in a.ignore {
+        argv.push("--ignore".into());
+        argv.push(pattern.into());
+    }
+    option(argv, "--callers", a.callers);
+}
+
+/// Runs one reading command with `argv` (on a blocking thread: commands read files and may
+/// start their own runtime for object stores) and turns its output into a tool result.
+async fn call(argv: Vec<OsString>) -> CallToolResult {
+    let ran = tokio::task::spawn_blocking(move || run(argv)).await;
+    match ran {
+        Ok(Ok(json)) => CallToolResult::structured(json),
+        Ok(Err(message)) => CallToolResult::error(vec![ContentBlock::text(message)]),
+        Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
+            "memsnap: the command stopped: {e}"
+        ))]),
+    }
+}
+
+/// The command's JSON, or its error message as the CLI would print it.
+fn run(argv: Vec<OsString>) -> Result<serde_json::Value, String> {
+    let command = Reading::try_parse_from(argv).map_err(|e| {
+        // clap's first line says what is wrong; the rest points at --help.
+        let text = e.render().to_string();
+        let first = text.lines().next().unwrap_or_default();
+        format!("memsnap: {}", first.trim_start_matches("error: "))
+    })?;
+    let mut out = Vec::new();
+    let ran = match &command {
+        Reading::Summary(a) => summary::run(a, &mut out),
+        Reading::Diff(a) => diff::run(a, &mut out),
+        Reading::Ranks(a) => ranks::run(a, &mut out),
+        // Its status 1 (a leak under --fail-on-leak) is not asked for here either.
+        Reading::Explain(a) => explain::run(a, &mut out),
+    };
+    // A status other than 0 (`diff --fail-above`) is not asked for here: the JSON stands.
+    ran.map_err(|e| format!("memsnap: {e:#}"))?;
+    serde_json::from_slice(&out).map_err(|e| format!("memsnap: the command's JSON: {e}"))
+}
+
+/// `memsnap mcp`: serves until the client closes stdin.
+pub fn serve(_: &Args) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let service = Server::default()
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| anyhow::anyhow!("MCP: {e}"))?;
+        service
+            .waiting()
+            .await
+            .map_err(|e| anyhow::anyhow!("MCP: {e}"))?;
+        anyhow::Ok(ExitCode::SUCCESS)
+    })
+}

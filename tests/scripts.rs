@@ -1,0 +1,125 @@
+//! The newcomer's scripts: `scripts/test-tally.py` (the closing lines of scripts/test.sh)
+//! and `scripts/try-simulated.sh` (your own C or Python file on the simulated driver).
+//!
+//! The try-simulated test builds the release profile (what the script does), so plain
+//! `cargo test` ignores it; scripts/test.sh runs it after the wheel's release build.
+
+use std::path::Path;
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn test_tally_counts_each_test_once_and_says_what_did_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("test.log");
+    std::fs::write(
+        &main,
+        "     Running tests/cli.rs (target/debug/deps/cli-0123456789abcdef)\n\
+         test chromium_page_loads ... ignored, needs chromium\n\
+         test summary_json ... ok\n\
+         \x20    Running unittests src/main.rs (target/debug/deps/memsnap-0123456789abcdef)\n\
+         test top::model::tests::header ... ok\n\
+         test top::model::tests::broken ... FAILED\n\
+         \x20    Running tests/remote.rs (target/debug/deps/remote-0123456789abcdef)\n\
+         test azure_upload ... ignored, needs Azurite\n\
+         test s3_upload ... ignored, needs moto\n\
+         \x20  Doc-tests memsnap_format\n\
+         test crates/format/src/lib.rs - x (line 3) ... ok\n\
+         test result: FAILED. 3 passed; 1 failed; 3 ignored\n",
+    )
+    .unwrap();
+    // The ignored tests the script ran afterwards, with their tools.
+    let later = dir.path().join("s3_.log");
+    std::fs::write(
+        &later,
+        "     Running tests/remote.rs (target/debug/deps/remote-fedcba9876543210)\n\
+         test s3_upload ... ok\n\
+         \x20    Running tests/cli.rs (target/debug/deps/cli-fedcba9876543210)\n\
+         test chromium_page_loads ... ok\n",
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(root().join("scripts/test-tally.py"))
+        .args(["--why", "azure_=Azurite missing"])
+        .arg(&main)
+        .arg(&later)
+        .output()
+        .expect("python3 scripts/test-tally.py");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text,
+        "FAILED: memsnap: top::model::tests::broken\n\
+         not run: 1 (Azurite missing): remote::azure_upload\n\
+         5 passed, 1 failed, 1 skipped\n"
+    );
+}
+
+#[test]
+#[ignore = "builds the release profile: scripts/test.sh runs it after the wheel's release build"]
+fn try_simulated_runs_a_c_and_a_python_file_and_says_where_the_snapshots_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("mine.c");
+    std::fs::write(
+        &c,
+        "#define _GNU_SOURCE\n#include <cuda_runtime.h>\n#include <dlfcn.h>\n#include \"memsnap.h\"\n\
+         static void *grab(size_t n) { void *p = 0; cudaMalloc(&p, n); return p; }\n\
+         int main(void) {\n\
+         \x20   void *a = grab(1 << 20), *b = grab(3 << 20);\n\
+         \x20   int (*step)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, \"memsnap_step\");\n\
+         \x20   if (step) step();\n\
+         \x20   cudaFree(a);\n\
+         \x20   return b ? 0 : 1;\n\
+         }\n",
+    )
+    .unwrap();
+    let py = dir.path().join("mine.py");
+    std::fs::write(
+        &py,
+        "import ctypes, sys\nimport memsnap\n\
+         rt = ctypes.CDLL('libcudart.so.13')\np = ctypes.c_void_p()\n\
+         def grab(n):\n    rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(n))\n\
+         grab(1 << 20)\nprint('argv', sys.argv[1:])\nprint('dumped', memsnap.dump('mine'))\n",
+    )
+    .unwrap();
+    // One folder for both: the simulated driver is built once.
+    let out_dir = dir.path().join("try");
+    for (file, args, files) in [(&c, &[][..], 1), (&py, &["x", "y"][..], 2)] {
+        let out = Command::new("bash")
+            .arg(root().join("scripts/try-simulated.sh"))
+            .arg(file)
+            .args(args)
+            .env("MEMSNAP_TRY_DIR", &out_dir)
+            .env_remove("LD_PRELOAD")
+            .output()
+            .expect("bash scripts/try-simulated.sh");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let snaps = out_dir.join("snapshots");
+        let written: Vec<_> = std::fs::read_dir(&snaps)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "pickle"))
+            .collect();
+        assert_eq!(written.len(), files, "{written:?}\n{stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("Snapshots in {}/", snaps.display())),
+            "{stdout}"
+        );
+        if file == &py {
+            assert!(stdout.contains("argv ['x', 'y']"), "{stdout}");
+        }
+    }
+    // Not a .c or .py file: the usage, status 2.
+    let out = Command::new("bash")
+        .arg(root().join("scripts/try-simulated.sh"))
+        .arg("notes.txt")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FILE.c"));
+}
