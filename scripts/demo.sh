@@ -36,6 +36,9 @@ target/release/memsnap summary "$newest"
 echo
 echo "== memsnap diff (what grew between the step-2 snapshot and exit: the leak)"
 target/release/memsnap diff "$first" "$newest"
+echo
+echo "== memsnap explain (the answers: what leaks across the run's step snapshots, who holds the memory)"
+target/release/memsnap explain "$OUT/snapshots"
 target/release/memsnap view "$newest" -o "$OUT/demo.html" >/dev/null
 echo
 echo "Offline viewer: $OUT/demo.html"
