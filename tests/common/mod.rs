@@ -122,7 +122,7 @@ impl Run {
 
 /// Runs `OUTDIR/bin/<program>` (`*.py` programs with `python3`) with
 /// `LD_LIBRARY_PATH=OUTDIR/lib`, `FAKE_CUDART=OUTDIR/lib/libcudart.so.13`, a fresh temporary
-/// `MEMSNAP_FOLDER` and, when `preload`, `LD_PRELOAD=libmemsnap.so`. Inherited `MEMSNAP_*`,
+/// `MEMSNAP_FOLDER` (also its working directory) and, when `preload`, `LD_PRELOAD=libmemsnap.so`. Inherited `MEMSNAP_*`,
 /// `FAKE_CUDA_*` and `LD_PRELOAD` variables are removed first; `env` is applied last and wins.
 /// Kills the program and panics after [`PROGRAM_TIMEOUT`].
 pub fn run_program(program: &str, args: &[&str], env: &[(&str, &str)], preload: bool) -> Run {
@@ -156,6 +156,9 @@ pub fn run_program(program: &str, args: &[&str], env: &[(&str, &str)], preload: 
     for (key, value) in env {
         cmd.env(key, value);
     }
+    // The run's folder is also its working directory: a setting memsnap refuses falls back
+    // to `.`, which must never be the repository.
+    cmd.current_dir(dir.path());
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
