@@ -32,6 +32,9 @@ pub struct Allocator {
     pub attach: usize,
     /// The library's file.
     pub path: PathBuf,
+    /// PyTorch's version (`version.py` beside the library), read once with the symbols:
+    /// the probe repeats until the allocator is initialized and must not read files again.
+    pub version: String,
 }
 
 // SAFETY: plain addresses into a library that is never unloaded while PyTorch runs.
@@ -104,6 +107,7 @@ pub fn find() -> Result<Allocator, Missing> {
         vtable_len: (symbols.vtable_size as usize / 8).saturating_sub(2),
         initialized: base + symbols.initialized as usize,
         attach: base + symbols.attach as usize,
+        version: torch_version(&path).unwrap_or_else(|| "(unknown)".into()),
         path,
     };
     Ok(allocator)

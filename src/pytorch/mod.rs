@@ -105,7 +105,7 @@ fn try_attach() -> Option<AllocatorRoute> {
     }
     // SAFETY: a live C++ object with virtual methods starts with its virtual-table pointer.
     let vptr = unsafe { *(object as *const usize) };
-    let version = library::torch_version(&allocator.path).unwrap_or_else(|| "(unknown)".into());
+    let version = allocator.version.clone();
     if vptr != allocator.native_vptr {
         return Some(AllocatorRoute::NotCaching { version });
     }
