@@ -43,6 +43,29 @@ unsafe extern "C" fn fake_oom(_: *mut CuDevicePtr, _: usize) -> CuResult {
     CUDA_ERROR_OUT_OF_MEMORY
 }
 
+/// The writer's count of events applied, once it has taken every queued event (it counts
+/// an event when it takes it off the queue).
+fn applied_when_drained(rec: &crate::channel::queue::Recorder) -> u64 {
+    let start = std::time::Instant::now();
+    while rec.queued() > 0 && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    rec.counters.applied.load(Relaxed)
+}
+
+/// Events the writer applied since `before`, once it has applied `expected` of them (or
+/// after 10 s, to fail with the count): the hooks count nothing per event, the writer does.
+fn applied_since(rec: &crate::channel::queue::Recorder, before: u64, expected: u64) -> u64 {
+    let start = std::time::Instant::now();
+    loop {
+        let n = rec.counters.applied.load(Relaxed) - before + rec.counters.lost_total();
+        if n >= expected || start.elapsed() > std::time::Duration::from_secs(10) {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn hooks_do_not_allocate_in_steady_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -80,7 +103,7 @@ fn hooks_do_not_allocate_in_steady_state() {
     };
     round(); // first event: starts the writer (allowed to allocate once)
     let rec = crate::process::recording::recorder().expect("recording started");
-    let pushed_before = rec.counters.pushed.load(Relaxed);
+    let applied_before = applied_when_drained(rec);
     let by_reference_before = crate::channel::sent::this_thread().map_or(0, |t| t.by_reference);
     let reused_before = crate::capture::native::WALKS_REUSED.load(Relaxed);
     let before = allocations_on_this_thread();
@@ -102,8 +125,7 @@ fn hooks_do_not_allocate_in_steady_state() {
         "walks reused their previous one's outer frames"
     );
     // Exactly once per allocation and free, whichever route (cudaMalloc nests cuMemAlloc).
-    let pushed = rec.counters.pushed.load(Relaxed) - pushed_before;
-    assert_eq!(pushed + rec.counters.lost_total(), 6000);
+    assert_eq!(applied_since(rec, applied_before, 6000), 6000);
 
     // PyTorch's caching-allocator tracker: a block handed out, freed and completed, as
     // PyTorch calls it (an entry of its 2.11 layout on the stack), with stacks.
@@ -128,7 +150,7 @@ fn hooks_do_not_allocate_in_steady_state() {
     track(&alloc); // the first stack goes in full
     track(&free_requested);
     track(&free_completed);
-    let pushed_before = rec.counters.pushed.load(Relaxed);
+    let applied_before = applied_when_drained(rec);
     let before = allocations_on_this_thread();
     for _ in 0..1000 {
         track(&alloc);
@@ -140,9 +162,8 @@ fn hooks_do_not_allocate_in_steady_state() {
         0,
         "the tracker allocated"
     );
-    let pushed = rec.counters.pushed.load(Relaxed) - pushed_before;
     assert_eq!(
-        pushed + rec.counters.lost_total(),
+        applied_since(rec, applied_before, 3000),
         3000,
         "one event per entry"
     );

@@ -29,7 +29,7 @@ impl Writer {
                 let _ = writeln!(
                     err,
                     "memsnap: recorded {} events; no snapshot was written",
-                    self.rec.counters.pushed.load(Relaxed)
+                    self.rec.counters.applied.load(Relaxed)
                 );
             }
             files if self.moved_files(files).next().is_some() => {

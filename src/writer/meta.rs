@@ -105,7 +105,7 @@ impl Writer {
             meta_int("seq", self.seq),
             meta_int("step", self.step),
             meta_int("time_us", handshake::now_us()),
-            meta_int("events_recorded", c.pushed.load(Relaxed)),
+            meta_int("events_recorded", c.applied.load(Relaxed)),
             // Lost only while the writer is gone; a snapshot written then has none to report,
             // so these are 0 in every file and exist for readers that check.
             meta_int("dropped_events", c.lost_total()),

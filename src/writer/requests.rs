@@ -168,7 +168,7 @@ impl Writer {
         sample.pid = self.id.pid;
         sample.time_us = handshake::now_us();
         sample.step = self.step;
-        sample.events_recorded = c.pushed.load(Relaxed);
+        sample.events_recorded = c.applied.load(Relaxed);
         sample.dropped_events = c.lost_total();
         sample.events_without_stack = self.events_without_stack();
         sample.last_oom = self.last_oom.clone();
