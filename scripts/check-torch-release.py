@@ -10,7 +10,9 @@ with NativeCachingAllocator's virtual table, initialized() and attachAllocatorTr
 exports CUDACachingAllocator::allocator; where attachAllocatorTraceTracker sits in the virtual
 table (read from the relocations; memsnap finds it at run time, this is for the record); and
 whether TraceEntry's members up to size_ are in the order memsnap reads them
-(src/pytorch/layout.rs): action_, device_, addr_, context_ (a shared_ptr), stream_, size_.
+(src/pytorch/layout.rs): action_, device_, addr_, context_ (a shared_ptr), stream_, size_,
+mempool_ (a MempoolId_t: two 64-bit ids), time_; and whether record_trace reads the time-stamp
+counter (rdtsc) for time_, which memsnap then takes as the entry's time.
 Exits 1 if any release does not fit. Needs binutils (nm, readelf). docs/PYTORCH.md,
 "Adding a PyTorch release", says what to do with a release that does not fit.
 """
@@ -28,7 +30,7 @@ SYMBOLS = {
     "attach": f"_Z{NATIVE}27attachAllocatorTraceTracker",
 }
 ALLOCATOR = "_ZN3c104cuda20CUDACachingAllocator9allocatorE"
-LAYOUT = ["action_", "device_", "addr_", "context_", "stream_", "size_"]
+LAYOUT = ["action_", "device_", "addr_", "context_", "stream_", "size_", "mempool_", "time_"]
 HEADERS = ["c10/core/CachingDeviceAllocator.h", "c10/cuda/CUDACachingAllocator.h"]
 
 
@@ -89,6 +91,19 @@ def members(torch_dir):
     return None
 
 
+def record_trace_reads_counter(lib):
+    """Whether DeviceCachingAllocator::record_trace executes rdtsc (PyTorch's approximate clock
+    on x86-64, the value it stores in TraceEntry::time_)."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", lib], capture_output=True, text=True).stdout
+    function = ""
+    for line in out.splitlines():
+        if line.endswith(">:"):
+            function = line
+        elif "\trdtsc" in line and "DeviceCachingAllocator::record_trace(" in function:
+            return True
+    return False
+
+
 def version(torch_dir):
     try:
         text = open(os.path.join(torch_dir, "version.py"), encoding="utf-8").read()
@@ -110,11 +125,13 @@ def check(path):
         slot = vtable_slot(lib, table)
         order = members(torch_dir)
         layout_ok = order is not None and order[: len(LAYOUT)] == LAYOUT
-        ok = all(found.values()) and exported and layout_ok
+        counter = record_trace_reads_counter(lib)
+        ok = all(found.values()) and exported and layout_ok and counter
         missing = [k for k, v in found.items() if not v] + ([] if exported else ["allocator export"])
         line = (f"{version(torch_dir):<16} symbols {'ok' if not missing else 'MISSING ' + ','.join(missing)}"
                 f"  attach entry {slot if slot is not None else '?'}"
-                f"  layout {'ok' if layout_ok else 'DIFFERS: ' + str(order)}")
+                f"  layout {'ok' if layout_ok else 'DIFFERS: ' + str(order)}"
+                f"  time {'rdtsc' if counter else 'NOT the time-stamp counter'}")
         return ok, line
 
 
@@ -123,7 +140,7 @@ def main():
         print(__doc__.strip().splitlines()[0])
         print("usage: check-torch-release.py WHEEL_OR_TORCH_DIR...")
         return 2
-    for tool in ("nm", "readelf"):
+    for tool in ("nm", "readelf", "objdump"):
         if subprocess.run(["which", tool], capture_output=True).returncode != 0:
             print(f"check-torch-release: {tool} is needed (binutils)")
             return 2

@@ -1,18 +1,38 @@
-//! Thread-local nesting guard: one allocation is one record, whichever route it took.
+//! The calling thread's hook state, in one thread-local: the nesting guard (one allocation
+//! is one record, whichever route it took), the thread's kernel id, and where its stack
+//! state lives.
 //!
 //! Hot. `cudaMalloc` reaches `cuMemAlloc_v2` through a pointer we also hooked; only the
-//! outermost hooked call records. A `const` thread-local `Cell` has no destructor, so it
-//! stays usable during thread teardown, allocates nothing, and can never fail.
+//! outermost hooked call records. A `const` thread-local without destructor stays usable
+//! during thread teardown, allocates nothing, and can never fail. One thread-local for all
+//! of it: in a shared library each lookup is a call to `__tls_get_addr` (about 11
+//! instructions), and a hook makes one, in [`Scope::enter`]; the scope keeps the address.
 
+use crate::channel::sent::ThreadStacks;
 use std::cell::Cell;
 
+/// One thread's hook state.
+pub struct HookThread {
+    /// The nesting depth.
+    depth: Cell<u32>,
+    /// Set by [`set_pass_through`]: the depth holds one extra level.
+    passing_through: Cell<bool>,
+    /// The kernel thread id, asked once (0: not yet).
+    tid: Cell<u32>,
+    /// This thread's stack state (`channel::sent`): null until its first stack, then the
+    /// state, or `sent`'s "gone" mark once the thread-exit destructor freed it.
+    pub(crate) stacks: Cell<*mut ThreadStacks>,
+}
+
 thread_local! {
-    /// The nesting depth. [`Scope`] keeps its address, so that leaving a hooked call costs
-    /// no second thread-local lookup (in a shared library each lookup is a call to
-    /// `__tls_get_addr`, about 11 instructions).
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-    /// Set by [`set_pass_through`]: this thread's depth holds one extra level.
-    static PASSING_THROUGH: Cell<bool> = const { Cell::new(false) };
+    static THREAD: HookThread = const {
+        HookThread {
+            depth: Cell::new(0),
+            passing_through: Cell::new(false),
+            tid: Cell::new(0),
+            stacks: Cell::new(std::ptr::null_mut()),
+        }
+    };
 }
 
 /// Depth that marks a thread as memsnap's own (the writer): it never records.
@@ -20,22 +40,22 @@ const INTERNAL: u32 = 1 << 30;
 
 /// Held for the duration of a hooked call.
 pub struct Scope {
-    /// This thread's [`DEPTH`]: a `const` thread-local without destructor, valid for the
-    /// whole life of the thread, which outlives the scope.
-    depth: *const Cell<u32>,
+    /// This thread's [`HookThread`]: a `const` thread-local without destructor, valid for
+    /// the whole life of the thread, which outlives the scope.
+    thread: *const HookThread,
     outermost: bool,
 }
 
 impl Scope {
     #[inline(always)]
     pub fn enter() -> Scope {
-        let depth = DEPTH.with(|d| d as *const Cell<u32>);
-        // SAFETY: this thread's own thread-local (see the field), read on this thread.
-        let v = unsafe { (*depth).get() };
-        // SAFETY: as above.
-        unsafe { (*depth).set(v.wrapping_add(1)) };
+        let thread = THREAD.with(|t| t as *const HookThread);
+        // SAFETY: this thread's own thread-local (see the field), used on this thread.
+        let depth = unsafe { &(*thread).depth };
+        let v = depth.get();
+        depth.set(v.wrapping_add(1));
         Scope {
-            depth,
+            thread,
             outermost: v == 0,
         }
     }
@@ -45,22 +65,55 @@ impl Scope {
     pub fn outermost(&self) -> bool {
         self.outermost
     }
+
+    /// The calling thread's hook state.
+    #[inline(always)]
+    pub fn thread(&self) -> &HookThread {
+        // SAFETY: `Scope` is not `Send` (it holds a raw pointer): this is the thread whose
+        // thread-local `thread` points to, alive for at least as long as the scope.
+        unsafe { &*self.thread }
+    }
+}
+
+impl HookThread {
+    /// Kernel thread id, asked once per thread.
+    #[inline(always)]
+    pub fn tid(&self) -> u32 {
+        let v = self.tid.get();
+        if v != 0 {
+            return v;
+        }
+        self.tid_first()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn tid_first(&self) -> u32 {
+        // SAFETY: gettid has no preconditions.
+        let v = unsafe { libc::gettid() } as u32;
+        self.tid.set(v);
+        v
+    }
 }
 
 impl Drop for Scope {
     #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: `Scope` is not `Send` (it holds a raw pointer), so this runs on the thread
-        // whose thread-local `depth` points to, which is still alive.
-        let d = unsafe { &*self.depth };
+        let d = &self.thread().depth;
         d.set(d.get().wrapping_sub(1));
     }
+}
+
+/// Runs `f` with the calling thread's hook state, outside any hooked call (its stack
+/// state's first use and thread-exit destructor, tests).
+pub fn with_thread<R>(f: impl FnOnce(&HookThread) -> R) -> R {
+    THREAD.with(f)
 }
 
 /// Whether this thread is inside a hooked call or is memsnap's own: a signal handler then
 /// must not capture a stack (it may have interrupted a capture).
 pub fn inside_hook_or_internal() -> bool {
-    DEPTH.with(|d| d.get() != 0)
+    THREAD.with(|t| t.depth.get() != 0)
 }
 
 /// Benchmarks only: while on, the calling thread's hooked calls pass straight through
@@ -68,12 +121,12 @@ pub fn inside_hook_or_internal() -> bool {
 /// time the same loop recorded and not recorded in one process. Costs the hooks nothing:
 /// they check the depth anyway.
 pub fn set_pass_through(on: bool) {
-    if PASSING_THROUGH.with(|p| p.replace(on)) == on {
-        return;
-    }
-    DEPTH.with(|d| {
-        let v = d.get();
-        d.set(if on {
+    THREAD.with(|t| {
+        if t.passing_through.replace(on) == on {
+            return;
+        }
+        let v = t.depth.get();
+        t.depth.set(if on {
             v.wrapping_add(1)
         } else {
             v.wrapping_sub(1)
@@ -83,7 +136,7 @@ pub fn set_pass_through(on: bool) {
 
 /// Marks the current thread as internal for its whole life (the writer thread).
 pub fn mark_thread_internal() {
-    DEPTH.with(|d| d.set(INTERNAL));
+    THREAD.with(|t| t.depth.set(INTERNAL));
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ use crate::channel::handshake::{self, OOM_DUMPS};
 use crate::channel::queue::Recorder;
 use crate::channel::sent;
 use crate::config::{Context, Stacks};
-use std::cell::Cell;
+use crate::guard::HookThread;
+use crate::process::clock::{Stamp, now};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 
@@ -34,35 +35,37 @@ pub enum Outcome {
     Failed,
 }
 
-thread_local! {
-    static TID: Cell<u32> = const { Cell::new(0) };
+/// Who sends: the recorder and the calling thread's hook state (from its nesting guard,
+/// so that the hook looks its thread-local up once).
+#[derive(Clone, Copy)]
+pub struct Sender<'a> {
+    pub rec: &'static Recorder,
+    pub thread: &'a HookThread,
 }
 
-/// Kernel thread id, asked once per thread.
-#[inline]
-fn tid() -> u32 {
-    TID.with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
-        }
-        // SAFETY: gettid has no preconditions.
-        let v = unsafe { libc::gettid() } as u32;
-        t.set(v);
-        v
-    })
-}
-
-#[inline]
-fn event(kind: Kind, api: Api, device: i32, addr: u64, size: u64, payload: Payload) -> Event {
-    let mut ev = Event::new(kind, api);
-    ev.device = device;
-    ev.tid = tid();
-    ev.addr = addr;
-    ev.size = size;
-    ev.payload = payload;
-    ev.time_us = handshake::now_us();
-    ev
+impl Sender<'_> {
+    /// An event of the calling thread at `time`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn event(
+        &self,
+        time: Stamp,
+        kind: Kind,
+        api: Api,
+        device: i32,
+        addr: u64,
+        size: u64,
+        payload: Payload,
+    ) -> Event {
+        let mut ev = Event::new(kind, api);
+        ev.device = device;
+        ev.tid = self.thread.tid();
+        ev.addr = addr;
+        ev.size = size;
+        ev.payload = payload;
+        ev.time = time;
+        ev
+    }
 }
 
 /// Captures the caller's stack if configured, then sends the event with it (by hash when
@@ -72,10 +75,11 @@ fn event(kind: Kind, api: Api, device: i32, addr: u64, size: u64, payload: Paylo
 /// where [`capture::capture`] is inlined, and each out-of-line function between the hook
 /// and that point would be one more unwinder step on every event.
 #[inline(always)]
-fn send(rec: &Recorder, ev: Event, with_stack: bool) {
+fn send(by: Sender, ev: Event, with_stack: bool) {
+    let rec = by.rec;
     let settings = rec.settings;
     if with_stack && settings.stacks != Stacks::None {
-        let Some(thread) = sent::this_thread() else {
+        let Some(thread) = sent::of(by.thread) else {
             // A thread past its exit destructors, or no memory for its state: the event
             // goes without its stack, counted.
             rec.counters.lost_stacks.fetch_add(1, Relaxed);
@@ -113,7 +117,7 @@ fn note_device_total_slow(devices: &impl Devices, slot: &AtomicU64) {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn allocation(
-    rec: &Recorder,
+    by: Sender,
     devices: &impl Devices,
     outcome: Outcome,
     kind: Kind,
@@ -129,44 +133,42 @@ pub fn allocation(
             }
             let device = devices.current();
             note_device_total(devices, device);
-            let ev = event(kind, api, device, addr, size, Payload::Stream(stream));
-            send(rec, ev, true);
+            let payload = Payload::Stream(stream);
+            let ev = by.event(now(), kind, api, device, addr, size, payload);
+            send(by, ev, true);
         }
-        Outcome::OutOfMemory => out_of_memory(rec, devices, api, size, stream),
+        Outcome::OutOfMemory => out_of_memory(by, devices, api, size, stream),
         Outcome::Failed => {}
     }
 }
 
 /// A free, recorded before the real call releases the address.
 #[inline(always)]
-pub fn release(rec: &Recorder, kind: Kind, api: Api, addr: u64, size: u64, stream: u64) {
-    let with_stack = rec.settings.context == Context::All;
-    let ev = event(kind, api, -1, addr, size, Payload::Stream(stream));
-    send(rec, ev, with_stack);
+pub fn release(by: Sender, kind: Kind, api: Api, addr: u64, size: u64, stream: u64) {
+    let with_stack = by.rec.settings.context == Context::All;
+    let payload = Payload::Stream(stream);
+    let ev = by.event(now(), kind, api, -1, addr, size, payload);
+    send(by, ev, with_stack);
 }
 
 /// Virtual-memory bookkeeping (create/release/reserve/free): no stack needed.
 #[inline]
-pub fn vmm(rec: &Recorder, kind: Kind, api: Api, device: i32, addr: u64, size: u64, handle: u64) {
-    send(
-        rec,
-        event(kind, api, device, addr, size, Payload::Handle(handle)),
-        false,
-    );
+pub fn vmm(by: Sender, kind: Kind, api: Api, device: i32, addr: u64, size: u64, handle: u64) {
+    let payload = Payload::Handle(handle);
+    let ev = by.event(now(), kind, api, device, addr, size, payload);
+    send(by, ev, false);
 }
 
 /// `cuMemMap` (after success) and `cuMemUnmap` (before the call).
 #[inline]
-pub fn mapping(rec: &Recorder, kind: Kind, addr: u64, size: u64, handle: u64) {
+pub fn mapping(by: Sender, kind: Kind, addr: u64, size: u64, handle: u64) {
     let (api, with_stack) = match kind {
         Kind::Map => (Api::CuMemMap, true),
-        _ => (Api::CuMemUnmap, rec.settings.context == Context::All),
+        _ => (Api::CuMemUnmap, by.rec.settings.context == Context::All),
     };
-    send(
-        rec,
-        event(kind, api, -1, addr, size, Payload::Handle(handle)),
-        with_stack,
-    );
+    let payload = Payload::Handle(handle);
+    let ev = by.event(now(), kind, api, -1, addr, size, payload);
+    send(by, ev, with_stack);
 }
 
 /// PyTorch frees its cache and retries after an OOM: the retry's failure within this
@@ -203,29 +205,24 @@ fn oom_dump_ticket(rec: &Recorder) -> u64 {
 /// starts a new episode, wait until the writer has written the snapshot.
 #[cold]
 #[inline(never)]
-fn out_of_memory(rec: &Recorder, devices: &impl Devices, api: Api, size: u64, stream: u64) {
+fn out_of_memory(by: Sender, devices: &impl Devices, api: Api, size: u64, stream: u64) {
     let device = devices.current();
     let free_bytes = devices.memory().map(|(free, _)| free);
-    oom_episode(rec, api, device, free_bytes, size, stream);
+    oom_episode(by, api, device, free_bytes, size, stream);
 }
 
 /// The OOM event, and the wait for its snapshot when it opens an episode.
 #[inline(always)]
-fn oom_episode(
-    rec: &Recorder,
-    api: Api,
-    device: i32,
-    free_bytes: Option<u64>,
-    size: u64,
-    stream: u64,
-) {
+fn oom_episode(by: Sender, api: Api, device: i32, free_bytes: Option<u64>, size: u64, stream: u64) {
+    let rec = by.rec;
     let dump_ticket = oom_dump_ticket(rec);
     let payload = Payload::Oom {
         free_bytes,
         stream,
         dump_ticket,
     };
-    send(rec, event(Kind::Oom, api, device, 0, size, payload), true);
+    let ev = by.event(now(), Kind::Oom, api, device, 0, size, payload);
+    send(by, ev, true);
     if dump_ticket != 0 {
         rec.wake_writer();
         rec.wait_for(|| OOM_DUMPS.is_done(dump_ticket), OOM_WAIT);
@@ -237,32 +234,34 @@ fn oom_episode(
 /// A trace entry of PyTorch's caching allocator (`pytorch::on_trace_entry`): a block
 /// handed out (with the stack that asked for it), a free requested (with its stack under
 /// `MEMSNAP_CONTEXT=all`), a free completed, or a segment the allocator took as its own.
-/// `device` comes with the entry: no driver query.
+/// `device` and `time` come with the entry: no driver query, no clock read.
 #[inline(always)]
-pub fn block(rec: &Recorder, kind: Kind, device: i32, addr: u64, size: u64, stream: u64) {
+pub fn block(by: Sender, kind: Kind, device: i32, addr: u64, size: u64, stream: u64, time: Stamp) {
     let with_stack = match kind {
         Kind::BlockAlloc => true,
-        Kind::BlockFreeRequested => rec.settings.context == Context::All,
+        Kind::BlockFreeRequested => by.rec.settings.context == Context::All,
         _ => false,
     };
-    let ev = event(
+    let payload = Payload::Stream(stream);
+    let ev = by.event(
+        time,
         kind,
         Api::CachingAllocator,
         device,
         addr,
         size,
-        Payload::Stream(stream),
+        payload,
     );
-    send(rec, ev, with_stack);
+    send(by, ev, with_stack);
 }
 
 /// PyTorch's caching allocator gave up on a request of `size` bytes (after freeing its
 /// cache and retrying, or at its own memory limit); `free_bytes` is what CUDA reported.
 #[cold]
 #[inline(never)]
-pub fn allocator_oom(rec: &Recorder, device: i32, size: u64, free_bytes: u64, stream: u64) {
+pub fn allocator_oom(by: Sender, device: i32, size: u64, free_bytes: u64, stream: u64) {
     oom_episode(
-        rec,
+        by,
         Api::CachingAllocator,
         device,
         Some(free_bytes),

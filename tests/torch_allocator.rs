@@ -345,9 +345,38 @@ fn standin_runs_without_memsnap() {
 
 // ---------------------------------------------------------------- with memsnap
 
+/// Microseconds since the Unix epoch, now.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Every trace entry's time lies within `[from, to]` (wall clock, microseconds): block events
+/// carry the allocator's own time-stamp counter reading, CUDA calls memsnap's, and the writer
+/// turns both into the wall clock.
+fn assert_times_within(snap: &Value, from: u64, to: u64, what: &str) {
+    let mut n = 0;
+    for trace in snap["device_traces"].as_array().expect("device_traces") {
+        for e in trace.as_array().expect("a device's trace") {
+            let t = u(e, "time_us");
+            assert!(
+                from <= t && t <= to,
+                "{what}: {} at {t} outside the run [{from}, {to}]",
+                e["action"]
+            );
+            n += 1;
+        }
+    }
+    assert!(n > 0, "{what}: no trace entries");
+}
+
 #[test]
 fn blocks_equal_the_allocators_own_state() {
+    let started = wall_us();
     let (run, truth) = run_standin("mixed", &[], true);
+    let ended = wall_us();
     let r = run.results();
     assert_eq!(r["dump_rc"], "0", "{}", run.stderr);
     assert_eq!(r["attach_calls"], "1", "memsnap attaches one tracker");
@@ -360,6 +389,7 @@ fn blocks_equal_the_allocators_own_state() {
         );
         assert_blocks_equal(&snap, &truth, label);
         assert_allocs_have_frames(&snap, &truth);
+        assert_times_within(&snap, started, ended, label);
     }
 }
 

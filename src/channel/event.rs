@@ -6,6 +6,7 @@
 //! by its [`StackSlot::identity_hash`] afterwards (see [`sent`](super::sent)).
 
 use crate::config::FRAME_CAPACITY;
+use crate::process::clock::Stamp;
 
 /// What happened. `#[repr(u8)]` and `Copy`: written by hooks, read by the writer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,8 +201,9 @@ pub struct Event {
     pub addr: u64,
     pub size: u64,
     pub payload: Payload,
-    /// Microseconds since the Unix epoch (vDSO clock read, no syscall).
-    pub time_us: u64,
+    /// When it happened, on the event clock (the writer converts it to microseconds since
+    /// the Unix epoch).
+    pub time: Stamp,
 }
 
 impl Event {
@@ -215,7 +217,7 @@ impl Event {
             addr: 0,
             size: 0,
             payload: Payload::None,
-            time_us: 0,
+            time: Stamp(0),
         }
     }
 }

@@ -20,15 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*
 /// Microseconds since the Unix epoch (clock_gettime through the vDSO: no syscall).
 #[inline]
 pub fn now_us() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_REALTIME always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000)
-        .wrapping_add(ts.tv_nsec as u64 / 1000)
+    crate::process::clock::wall_micros()
 }
 
 /// A request that a writer completes: the asking side takes a ticket, the writer raises

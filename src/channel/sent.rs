@@ -18,8 +18,8 @@
 
 use crate::channel::event::{Event, StackRef, StackSlot};
 use crate::channel::queue::Recorder;
+use crate::guard::{self, HookThread};
 use crate::thread_state::ExitKey;
-use std::cell::Cell;
 
 /// Hashes a thread's table holds (256 KiB).
 pub const SENT_TABLE_SLOTS: usize = 32768;
@@ -50,14 +50,10 @@ pub struct ThreadStacks {
     pub by_reference: u64,
 }
 
-thread_local! {
-    static STATE: Cell<*mut ThreadStacks> = const { Cell::new(std::ptr::null_mut()) };
-}
-
 static STATE_KEY: ExitKey = ExitKey::new();
 
 unsafe extern "C" fn free_state(p: *mut libc::c_void) {
-    STATE.with(|c| c.set(STATE_GONE));
+    guard::with_thread(|t| t.stacks.set(STATE_GONE));
     if !p.is_null() {
         // SAFETY: `p` is the state allocated for this thread; the thread is exiting and
         // its TLS says "gone", so no later hook on it uses the pointer.
@@ -65,14 +61,15 @@ unsafe extern "C" fn free_state(p: *mut libc::c_void) {
     }
 }
 
-/// The calling thread's state, created on its first stack; `None` once the thread is
-/// exiting or if the allocation failed (then the event goes without a stack, counted).
+/// The state of the thread whose hook state is `thread`, created on its first stack;
+/// `None` once the thread is exiting or if the allocation failed (then the event goes
+/// without a stack, counted).
 ///
 /// The caller must not hold an earlier reference: hooks do not nest on one thread (the
 /// nesting guard), and nothing else calls this.
 #[inline]
-pub fn this_thread() -> Option<&'static mut ThreadStacks> {
-    let p = STATE.with(|c| c.get());
+pub fn of(thread: &HookThread) -> Option<&'static mut ThreadStacks> {
+    let p = thread.stacks.get();
     if p == STATE_GONE {
         return None;
     }
@@ -81,19 +78,24 @@ pub fn this_thread() -> Option<&'static mut ThreadStacks> {
         // (see above).
         return Some(unsafe { &mut *p });
     }
-    first_use()
+    first_use(thread)
+}
+
+/// [`of`] the calling thread, looking its hook state up (benchmarks and tests).
+pub fn this_thread() -> Option<&'static mut ThreadStacks> {
+    guard::with_thread(of)
 }
 
 #[cold]
 #[inline(never)]
-fn first_use() -> Option<&'static mut ThreadStacks> {
+fn first_use(thread: &HookThread) -> Option<&'static mut ThreadStacks> {
     // SAFETY: all-zero bytes are a valid `ThreadStacks` (no channel, an empty table, an
     // empty scratch stack); `free_state` frees a `ThreadStacks`.
     let fresh: *mut ThreadStacks = unsafe { STATE_KEY.alloc_zeroed(free_state) };
     if fresh.is_null() {
         return None;
     }
-    STATE.with(|c| c.set(fresh));
+    thread.stacks.set(fresh);
     // SAFETY: just allocated, owned by this thread.
     Some(unsafe { &mut *fresh })
 }

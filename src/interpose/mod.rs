@@ -25,10 +25,9 @@ pub mod symbols;
 
 use crate::channel::event::{Api, Kind};
 use crate::channel::handshake::ROUTED;
-use crate::channel::queue::Recorder;
 use crate::guard::Scope;
 use crate::process::recording;
-use crate::record::{self, Outcome};
+use crate::record::{self, Outcome, Sender};
 use device::DRIVER;
 use ffi::*;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
@@ -110,14 +109,15 @@ macro_rules! hook_table {
 #[inline(always)]
 fn record_after(
     real: impl FnOnce() -> CuResult,
-    record: impl FnOnce(&'static Recorder, CuResult),
+    record: impl FnOnce(Sender, CuResult),
 ) -> CuResult {
     let scope = Scope::enter();
     let r = real();
     if scope.outermost()
         && let Some(rec) = recording::recorder()
     {
-        record(rec, r);
+        let thread = scope.thread();
+        record(Sender { rec, thread }, r);
     }
     r
 }
@@ -125,15 +125,13 @@ fn record_after(
 /// Records through `record` in the outermost hooked call, then calls the real function
 /// (frees: the address is still ours while the event is sent).
 #[inline(always)]
-fn record_before(
-    real: impl FnOnce() -> CuResult,
-    record: impl FnOnce(&'static Recorder),
-) -> CuResult {
+fn record_before(real: impl FnOnce() -> CuResult, record: impl FnOnce(Sender)) -> CuResult {
     let scope = Scope::enter();
     if scope.outermost()
         && let Some(rec) = recording::recorder()
     {
-        record(rec);
+        let thread = scope.thread();
+        record(Sender { rec, thread });
     }
     real()
 }
@@ -147,9 +145,9 @@ fn allocating(
     api: Api,
     describe: impl FnOnce(CuResult) -> (u64, u64, u64),
 ) -> CuResult {
-    record_after(real, |rec, r| {
+    record_after(real, |by, r| {
         let (addr, size, stream) = describe(r);
-        record::allocation(rec, &DRIVER, outcome(r), kind, api, addr, size, stream);
+        record::allocation(by, &DRIVER, outcome(r), kind, api, addr, size, stream);
     })
 }
 
@@ -159,8 +157,8 @@ fn freeing(real: impl FnOnce() -> CuResult, api: Api, addr: u64, stream: u64) ->
     if addr == 0 {
         return real();
     }
-    record_before(real, |rec| {
-        record::release(rec, Kind::Free, api, addr, 0, stream)
+    record_before(real, |by| {
+        record::release(by, Kind::Free, api, addr, 0, stream)
     })
 }
 
@@ -309,7 +307,7 @@ hook_table! {
         flags: c_ulonglong
     ) |real| {
         crate::pytorch::before_segment_allocation();
-        record_after(real, |rec, r| {
+        record_after(real, |by, r| {
             if r == CUDA_SUCCESS && !handle.is_null() {
                 // Host (NUMA) locations are not device memory: NCCL allocates those this
                 // way (docs/CUDA.md#never-change-what-the-driver-says), so classify by the
@@ -323,44 +321,44 @@ hook_table! {
                     };
                     (device, *handle)
                 };
-                record::vmm(rec, Kind::MemCreate, Api::CuMemCreate, device, 0, size as u64, h);
+                record::vmm(by, Kind::MemCreate, Api::CuMemCreate, device, 0, size as u64, h);
             } else if r == CUDA_ERROR_OUT_OF_MEMORY {
                 let o = Outcome::OutOfMemory;
-                record::allocation(rec, &DRIVER, o, Kind::MemCreate, Api::CuMemCreate, 0, size as u64, 0);
+                record::allocation(by, &DRIVER, o, Kind::MemCreate, Api::CuMemCreate, 0, size as u64, 0);
             }
         })
     }
     Driver fn cuMemRelease(handle: CuMemHandle) |real| {
-        record_before(real, |rec| record::vmm(rec, Kind::MemRelease, Api::CuMemRelease, -1, 0, 0, handle))
+        record_before(real, |by| record::vmm(by, Kind::MemRelease, Api::CuMemRelease, -1, 0, 0, handle))
     }
     Driver fn cuMemAddressReserve(
         ptr: *mut CuDevicePtr, size: usize, alignment: usize, addr: CuDevicePtr,
         flags: c_ulonglong
     ) |real| {
         crate::pytorch::before_segment_allocation();
-        record_after(real, |rec, r| {
+        record_after(real, |by, r| {
             if r == CUDA_SUCCESS {
                 let at = out_ptr(r, ptr);
-                record::vmm(rec, Kind::Reserve, Api::CuMemAddressReserve, -1, at, size as u64, 0);
+                record::vmm(by, Kind::Reserve, Api::CuMemAddressReserve, -1, at, size as u64, 0);
             }
         })
     }
     Driver fn cuMemAddressFree(ptr: CuDevicePtr, size: usize) |real| {
-        record_before(real, |rec| {
-            record::vmm(rec, Kind::ReserveFree, Api::CuMemAddressFree, -1, ptr, size as u64, 0)
+        record_before(real, |by| {
+            record::vmm(by, Kind::ReserveFree, Api::CuMemAddressFree, -1, ptr, size as u64, 0)
         })
     }
     Driver fn cuMemMap(
         ptr: CuDevicePtr, size: usize, offset: usize, handle: CuMemHandle, flags: c_ulonglong
     ) |real| {
-        record_after(real, |rec, r| {
+        record_after(real, |by, r| {
             if r == CUDA_SUCCESS {
-                record::mapping(rec, Kind::Map, ptr, size as u64, handle);
+                record::mapping(by, Kind::Map, ptr, size as u64, handle);
             }
         })
     }
     Driver fn cuMemUnmap(ptr: CuDevicePtr, size: usize) |real| {
-        record_before(real, |rec| record::mapping(rec, Kind::Unmap, ptr, size as u64, 0))
+        record_before(real, |by| record::mapping(by, Kind::Unmap, ptr, size as u64, 0))
     }
 
     // Runtime twins: reached through their exported symbols (programs linked against the

@@ -7,9 +7,9 @@
 
 use super::EXIT_WAIT;
 use crate::channel::event::{Api, Event, Kind};
-use crate::channel::handshake::{self, API_DUMP_LOG, API_DUMPS, ApiDump};
+use crate::channel::handshake::{API_DUMP_LOG, API_DUMPS, ApiDump};
 use crate::guard::Scope;
-use crate::process::recording;
+use crate::process::{clock, recording};
 use std::ffi::{CStr, c_char, c_int};
 
 /// `memsnap_step()`: marks the end of a training step. Cheap: one event on the queue.
@@ -24,7 +24,7 @@ pub fn step() -> c_int {
         return -1;
     };
     let mut ev = Event::new(Kind::Step, Api::Memsnap);
-    ev.time_us = handshake::now_us();
+    ev.time = clock::now();
     rec.push(ev);
     0
 }

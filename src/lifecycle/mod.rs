@@ -12,6 +12,7 @@ use crate::channel::handshake::{
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::config::Config;
 use crate::guard;
+use crate::process::clock;
 use crate::process::recording::{self, Start, Switch};
 use crate::signals::{self, CRASH_SIGNALS, Role};
 use crate::writer;
@@ -53,6 +54,8 @@ fn start() {
         settings,
         wake_fd,
     )));
+    // Before the first event is stamped: the writer converts with the same source.
+    clock::choose_source();
     recording::publish(rec);
     let signal = cfg.signal;
     let (at_crash, crash_wait) = (cfg.at_crash, cfg.crash_wait);

@@ -12,10 +12,13 @@
 //!   writer when a hook met an unknown address.
 //! - [`cpython`]: CPython's structure layouts and the code-object check value.
 //! - [`python`]: the running interpreter: found once, then read by the walker and the writer.
+//! - [`clock`]: the event clock (the time-stamp counter or the wall clock, chosen once) and
+//!   the writer's conversion of its readings.
 //! - [`allocator_route`]: how PyTorch's caching allocator is seen (decided once by the hook
 //!   side, read by the writer for each snapshot), and the switch that sets its events aside.
 
 pub mod allocator_route;
+pub mod clock;
 pub mod cpython;
 pub mod dlsym;
 pub mod modules;

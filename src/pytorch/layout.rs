@@ -49,6 +49,11 @@ pub struct TraceEntryLayout {
     /// `size_t size_`: the requested size for block events, the segment's for segment
     /// events.
     pub size: usize,
+    /// `trace_time_ time_`: when PyTorch made the entry, on its approximate clock, which on
+    /// x86-64 is the time-stamp counter (`rdtsc` in `record_trace` of every release from
+    /// 2.8 to 2.15, read from the wheels' `libc10_cuda.so`): the event clock's own reading
+    /// when that is the counter too (`process::clock`), so the tracker reads no clock.
+    pub time: usize,
 }
 
 impl TraceEntryLayout {
@@ -58,14 +63,16 @@ impl TraceEntryLayout {
     }
 }
 
-/// `action_, device_, addr_, context_ (shared_ptr, 16 bytes), stream_, size_`: the order
-/// of every release from 2.8 to 2.15 (checked from each release's headers).
+/// `action_, device_, addr_, context_ (shared_ptr, 16 bytes), stream_, size_, mempool_ (two
+/// 64-bit ids), time_`: the order of every release from 2.8 to 2.15 (checked from each
+/// release's headers by scripts/check-torch-release.py).
 const FROM_2_8: TraceEntryLayout = TraceEntryLayout {
     action: 0,
     device: 4,
     addr: 8,
     stream: 32,
     size: 40,
+    time: 64,
 };
 
 /// A range of releases, `(major, minor)` to `(major, minor)` inclusive, with one layout.

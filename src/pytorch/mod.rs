@@ -19,6 +19,7 @@ pub mod std_function;
 use crate::channel::event::Kind;
 use crate::guard::{self, Scope};
 use crate::process::allocator_route::{self, AllocatorRoute};
+use crate::process::clock;
 use crate::process::dlsym::real_dlsym;
 use crate::process::recording;
 use crate::record;
@@ -188,30 +189,39 @@ pub(crate) unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: 
     let Some(rec) = recording::recorder() else {
         return;
     };
+    let by = record::Sender {
+        rec,
+        thread: scope.thread(),
+    };
     // SAFETY: the offsets are this PyTorch release's (`layout`), inside the live entry.
-    let (code, device, addr, stream, size) = unsafe {
+    let (code, device, addr, stream, size, counter) = unsafe {
         (
             (entry.add(layout.action) as *const u32).read_unaligned(),
             *(entry.add(layout.device) as *const i8),
             (entry.add(layout.addr) as *const u64).read_unaligned(),
             (entry.add(layout.stream) as *const u64).read_unaligned(),
             (entry.add(layout.size) as *const u64).read_unaligned(),
+            (entry.add(layout.time) as *const u64).read_unaligned(),
         )
     };
     let device = i32::from(device);
-    match layout.action(code) {
-        Action::Alloc => record::block(rec, Kind::BlockAlloc, device, addr, size, stream),
-        Action::FreeRequested => {
-            record::block(rec, Kind::BlockFreeRequested, device, addr, size, stream)
-        }
-        Action::FreeCompleted => {
-            record::block(rec, Kind::BlockFreeCompleted, device, addr, size, stream)
-        }
-        Action::SegmentAlloc => record::block(rec, Kind::CacheSegment, device, addr, size, stream),
-        Action::SegmentMap => record::block(rec, Kind::CacheSegmentMap, device, addr, size, stream),
+    // PyTorch read the time-stamp counter for this entry: the event clock's own reading
+    // when the event clock is that counter.
+    let time = match clock::source() {
+        clock::Source::TimeStampCounter => clock::Stamp(counter),
+        clock::Source::WallMicros => clock::now(),
+    };
+    let kind = match layout.action(code) {
+        Action::Alloc => Kind::BlockAlloc,
+        Action::FreeRequested => Kind::BlockFreeRequested,
+        Action::FreeCompleted => Kind::BlockFreeCompleted,
+        Action::SegmentAlloc => Kind::CacheSegment,
+        Action::SegmentMap => Kind::CacheSegmentMap,
         // `addr` is the device's free memory as CUDA reported it.
-        Action::Oom => record::allocator_oom(rec, device, size, addr, stream),
+        Action::Oom => return record::allocator_oom(by, device, size, addr, stream),
         // Segment frees and unmaps are recorded from the CUDA calls that follow them.
-        Action::SegmentFree | Action::SegmentUnmap | Action::Snapshot | Action::Other => {}
-    }
+        Action::SegmentFree | Action::SegmentUnmap | Action::Snapshot | Action::Other => return,
+    };
+    // One call site: the stack capture it inlines is in the binary once.
+    record::block(by, kind, device, addr, size, stream, time);
 }

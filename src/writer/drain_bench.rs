@@ -85,7 +85,7 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
             ev.addr = addr;
             ev.size = 512 << (next(&mut rng) % 256 / 16);
             ev.payload = Payload::Stream(0);
-            ev.time_us = i;
+            ev.time = crate::process::clock::now();
             // Hot stacks: a quarter of the stacks take three quarters of the events.
             let r = next(&mut rng);
             let id = if !r.is_multiple_of(4) {
@@ -164,7 +164,7 @@ pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u3
         ev.addr = 0x7f00_0000_0000 + i * 0x1000;
         ev.size = 512 << (next(&mut rng) % 8);
         ev.payload = Payload::Stream(0);
-        ev.time_us = i;
+        ev.time = crate::process::clock::now();
         let id = next(&mut rng) % u64::from(distinct_stacks.max(1));
         let thread = sent::this_thread().expect("per-thread state");
         let slot = &mut thread.scratch;

@@ -37,6 +37,7 @@ use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
 use crate::channel::handshake::{EXIT_DONE, OOM_DUMPS};
 use crate::channel::queue::Recorder;
 use crate::config::Config;
+use crate::process::clock::StampConverter;
 use crate::snapshot::live::OomSample;
 use dump::FrameInterner;
 use files::{Identity, Reason};
@@ -100,6 +101,8 @@ struct Writer {
     live: live::LiveServer,
     /// The most recent out-of-memory error, for `memsnap top`.
     last_oom: Option<OomSample>,
+    /// Turns the events' clock readings into microseconds since the epoch.
+    clock: StampConverter,
 }
 
 /// `path` made absolute against the working directory (left as is if that fails).
@@ -150,6 +153,7 @@ impl Writer {
                 .map(|_| upload::Uploader::new(cfg.remote_only)),
             live: live::LiveServer::open(id_pid),
             last_oom: None,
+            clock: StampConverter::new(),
             stats,
             cfg,
         }
@@ -161,6 +165,7 @@ impl Writer {
             self.window_from = Some(self.history_marks());
         }
         loop {
+            self.clock.refresh();
             let mut applied = 0;
             while applied < BATCH {
                 let Some(ev) = self.rec.pop() else { break };
@@ -257,6 +262,7 @@ impl Writer {
 
     fn apply(&mut self, ev: Event) -> Flow {
         let stack = self.take_stack(&ev);
+        let time_us = self.clock.micros(ev.time);
         if let Some(c) = self.api_counts.get_mut(ev.api as usize) {
             *c += 1;
         }
@@ -265,7 +271,7 @@ impl Writer {
             stream: ev.payload.stream(),
             api: ev.api,
             stack,
-            time_us: ev.time_us,
+            time_us,
             handle: 0,
         };
         match ev.kind {
@@ -273,7 +279,7 @@ impl Writer {
             Kind::AllocManaged => self.state.managed_alloc(ev.addr, live),
             Kind::Free => {
                 let stream = ev.payload.stream();
-                self.state.free(ev.addr, ev.api, stream, ev.time_us, stack)
+                self.state.free(ev.addr, ev.api, stream, time_us, stack)
             }
             Kind::MemCreate => self
                 .state
@@ -288,7 +294,7 @@ impl Writer {
                     ..live
                 },
             ),
-            Kind::Unmap => self.state.unmap(ev.addr, ev.size, ev.time_us, stack),
+            Kind::Unmap => self.state.unmap(ev.addr, ev.size, time_us, stack),
             Kind::Reserve => self.state.reserve(ev.addr, ev.size),
             Kind::ReserveFree => self.state.reserve_free(ev.addr),
             Kind::Oom => {
@@ -299,7 +305,7 @@ impl Writer {
                 } = ev.payload
                 {
                     let free = free_bytes.map_or(-1, |b| b as i64);
-                    let (device, size, time) = (ev.device, ev.size, ev.time_us);
+                    let (device, size, time) = (ev.device, ev.size, time_us);
                     self.state
                         .oom(device, size, free, stream, time, ev.api, stack);
                     self.last_oom = Some(OomSample {
@@ -315,18 +321,18 @@ impl Writer {
                 }
             }
             Kind::BlockAlloc => {
-                let (stream, time) = (ev.payload.stream(), ev.time_us);
+                let (stream, time) = (ev.payload.stream(), time_us);
                 self.state
                     .cache_block_alloc(ev.device, ev.addr, ev.size, stream, time, stack)
             }
             Kind::BlockFreeRequested => {
-                let (stream, time) = (ev.payload.stream(), ev.time_us);
+                let (stream, time) = (ev.payload.stream(), time_us);
                 self.state
                     .cache_block_free_requested(ev.device, ev.addr, stream, time, stack)
             }
             Kind::BlockFreeCompleted => self
                 .state
-                .cache_block_free_completed(ev.device, ev.addr, ev.time_us, stack),
+                .cache_block_free_completed(ev.device, ev.addr, time_us, stack),
             Kind::CacheSegment => {
                 let matched = self.state.cache_segment(ev.device, ev.addr, ev.size);
                 self.state.check_first_cache_segment(matched);
@@ -338,7 +344,7 @@ impl Writer {
             Kind::Step => {
                 // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so that
                 // file has its closing boundary too.
-                self.state.mark_step(self.step + 1, ev.time_us);
+                self.state.mark_step(self.step + 1, time_us);
                 self.on_step()
             }
         }
@@ -347,6 +353,7 @@ impl Writer {
 
     /// Applies the events in the queue now (not those pushed while this runs).
     fn apply_queued(&mut self) -> Flow {
+        self.clock.refresh();
         for _ in 0..self.rec.queued() {
             let Some(ev) = self.rec.pop() else { break };
             if let Flow::Exit = self.apply(ev) {
