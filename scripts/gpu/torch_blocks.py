@@ -131,8 +131,19 @@ def case_compare(args):
     frames_on_blocks = sum(1 for s in msnap["segments"] for b in s["blocks"]
                            if b["state"] != "inactive" and b.get("frames"))
     live_blocks = sum(1 for s in msnap["segments"] for b in s["blocks"] if b["state"] != "inactive")
+    # Every entry's time lies within this process's life: block events carry PyTorch's own
+    # time-stamp counter reading (TraceEntry::time_), CUDA calls memsnap's; the writer turns
+    # both into the wall clock.
+    now_us = int(time.time() * 1e6)
+    times = [e["time_us"] for trace in msnap.get("device_traces", []) for e in trace]
+    outside = sum(1 for t in times if not PROCESS_START_US <= t <= now_us)
     side.synchronize()
     return {
+        "trace_entries": len(times),
+        "times_outside_run": outside,
+        "block_entry_times": [e["time_us"] for trace in msnap.get("device_traces", []) for e in trace
+                              if e.get("action") == "alloc"][:3],
+        "run_us": [PROCESS_START_US, now_us],
         "torch_allocator": meta.get("torch_allocator"),
         "segments_torch": len(tsnap["segments"]),
         "segments_memsnap": len(msnap["segments"]),
@@ -153,11 +164,13 @@ def case_compare(args):
         "cache_mismatches": meta.get("cache_mismatches"),
         "ok": (not problems and str(meta.get("torch_allocator", "")).startswith("blocks")
                and allocated == live_block_bytes and dev0.get("cache_allocated_bytes") == allocated
-               and dev0.get("cache_reserved_bytes") == reserved and frames_on_blocks == live_blocks),
+               and dev0.get("cache_reserved_bytes") == reserved and frames_on_blocks == live_blocks
+               and times and outside == 0),
     }
 
 
 LEAK_LINE = None
+PROCESS_START_US = int(time.time() * 1e6)
 
 
 def case_leak(args):

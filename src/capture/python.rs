@@ -31,6 +31,17 @@ unsafe fn rd<T: Copy>(addr: u64) -> Option<T> {
     Some(unsafe { std::ptr::read_unaligned(addr as *const T) })
 }
 
+/// Reads the `T` at `base + offset`, for a field of a structure known to be there (`base`
+/// is not null): no null test, unlike [`rd`] (callgrind: ten instructions a frame less).
+///
+/// # Safety
+/// `base + offset` must point to readable memory holding a `T`.
+#[inline(always)]
+unsafe fn field<T: Copy>(base: u64, offset: u64) -> T {
+    // SAFETY: caller's contract.
+    unsafe { std::ptr::read_unaligned(base.wrapping_add(offset) as *const T) }
+}
+
 /// Upper bound on frames visited (shim frames included): bounded work on any chain.
 const MAX_VISITS: usize = 1024;
 
@@ -123,10 +134,10 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
         let mut visits = 0usize;
         while frame != 0 && visits < MAX_VISITS {
             visits += 1;
-            let back: u64 = rd(frame.wrapping_add(o.frame.back)).unwrap_or(0);
+            let back: u64 = field(frame, o.frame.back);
             let owner: u8 = match layout {
                 Layout::Py310 => 0,
-                _ => rd(frame.wrapping_add(o.frame.owner)).unwrap_or(0),
+                _ => field(frame, o.frame.owner),
             };
             // 3.14 renumbered the shim (`FRAME_OWNED_BY_INTERPRETER`) and added another
             // frame that is no Python function (`FRAME_OWNED_BY_CSTACK`, one above).
@@ -145,7 +156,7 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 frame = back;
                 continue;
             }
-            let mut code: u64 = rd(frame.wrapping_add(o.frame.code)).unwrap_or(0);
+            let mut code: u64 = field(frame, o.frame.code);
             if layout == Layout::Py314 {
                 code &= !STACKREF_TAG_BITS_314; // a `_PyStackRef`: a tagged pointer
             }
@@ -157,25 +168,23 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
                 return (n, true, sum);
             }
             let instr: u64 = match layout {
-                Layout::Py310 => {
-                    rd::<i32>(frame.wrapping_add(o.frame.instr)).unwrap_or(-1) as i64 as u64
-                }
-                _ => rd(frame.wrapping_add(o.frame.instr)).unwrap_or(0),
+                Layout::Py310 => field::<i32>(frame, o.frame.instr) as i64 as u64,
+                _ => field(frame, o.frame.instr),
             };
             let entry = match layout {
                 Layout::Py310 => true,
-                Layout::Py311 => rd::<u8>(frame.wrapping_add(o.frame.is_entry)).unwrap_or(0) != 0,
+                Layout::Py311 => field::<u8>(frame, o.frame.is_entry) != 0,
                 _ => false,
             };
-            let firstlineno: i32 = rd(code.wrapping_add(o.code.firstlineno)).unwrap_or(0);
-            let filename: u64 = rd(code.wrapping_add(o.code.filename)).unwrap_or(0);
-            let name: u64 = rd(code.wrapping_add(o.code.name)).unwrap_or(0);
+            let firstlineno: i32 = field(code, o.code.firstlineno);
+            let filename: u64 = field(code, o.code.filename);
+            let name: u64 = field(code, o.code.name);
             let serial: u32 = match o.code.version {
                 // 3.10/3.11 have no serial: use the cached hash of the name string
                 // (`PyASCIIObject.hash`), which differs for different names even when
                 // a freed name's address is recycled.
                 0 => fold(rd::<u64>(name.wrapping_add(o.str_.hash)).unwrap_or(0)),
-                off => rd(code.wrapping_add(off)).unwrap_or(0),
+                off => field(code, off),
             };
             if let Some(slot) = out.get_mut(n) {
                 *slot = PyFrameRaw {
