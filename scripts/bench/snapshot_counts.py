@@ -29,8 +29,8 @@ import sys
 
 
 def read_counts(folder):
-    """{"recorded", "dropped", "stackless", "file"} from the newest *.pickle in folder, or
-    None when there is none (or it carries no memsnap metadata)."""
+    """{"recorded", "dropped", "stackless", "file", "torch_allocator"} from the newest
+    *.pickle in folder, or None when there is none (or it carries no memsnap metadata)."""
     files = glob.glob(os.path.join(folder, "*.pickle"))
     if not files:
         return None
@@ -53,6 +53,8 @@ def read_counts(folder):
         "dropped": int(meta.get("dropped_events", 0)),
         "stackless": stackless,
         "file": newest,
+        # How PyTorch's allocator was seen ("blocks: ...", "tensors: ...", "segments only: ...").
+        "torch_allocator": str(meta.get("torch_allocator", "")),
     }
 
 
