@@ -157,7 +157,7 @@ fn segments(
         state: BlockState::ActiveAllocated,
         stack: interner.stack(live.stack, table),
     };
-    for (&addr, live) in &dev.allocs {
+    for (&addr, live) in dev.allocs.iter() {
         let b = block(addr, live);
         segs.push(Segment {
             device,
@@ -174,7 +174,7 @@ fn segments(
     // Contiguous mappings form one mapped range (as the viewer merges `segment_map`s),
     // one block per mapping.
     let mut current: Option<(Segment, u64)> = None;
-    for (&addr, live) in &dev.mappings {
+    for (&addr, live) in dev.mappings.iter() {
         let b = block(addr, live);
         match &mut current {
             Some((seg, end)) if *end == addr => {

@@ -12,6 +12,7 @@
 //! and counted, so the history stays valid and the live set stays right.
 
 use crate::channel::event::Api;
+use crate::writer::blocks::BlockMap;
 use crate::writer::cache::{Cache, CacheCheck};
 use crate::writer::stacks::RawStackId;
 use rustc_hash::FxHashMap;
@@ -64,8 +65,8 @@ pub struct Live {
 
 #[derive(Default)]
 pub struct Device {
-    pub allocs: BTreeMap<u64, Live>,
-    pub mappings: BTreeMap<u64, Live>,
+    pub allocs: BlockMap<Live>,
+    pub mappings: BlockMap<Live>,
     pub trace: VecDeque<TraceRec>,
     /// Oldest events dropped from `trace` to respect `max_entries`.
     pub trace_overflow: u64,
@@ -202,20 +203,19 @@ impl State {
         time_us: u64,
         stack: Option<RawStackId>,
     ) {
+        // The first device that holds it (one search each, the removal itself).
         let found = self
             .devices
-            .iter()
-            .position(|d| d.allocs.contains_key(&addr));
-        let Some(d) = found else {
+            .iter_mut()
+            .enumerate()
+            .find_map(|(d, dev)| Some((d, dev.allocs.remove(&addr)?)));
+        let Some((d, live)) = found else {
             if self.free_cache_segment(addr, api, stream, time_us, stack) {
                 return;
             }
             if self.managed.remove(&addr).is_none() {
                 self.anomalies.unknown_frees += 1;
             }
-            return;
-        };
-        let Some(live) = self.devices[d].allocs.remove(&addr) else {
             return;
         };
         self.emit_free(
@@ -267,7 +267,7 @@ impl State {
         loop {
             let dev = self.device(device);
             let map = if mappings { &dev.mappings } else { &dev.allocs };
-            let Some((&start, &live)) = map.range(..end).next_back() else {
+            let Some((start, &live)) = map.last_below(end) else {
                 break;
             };
             if start.saturating_add(live.size) <= addr {
