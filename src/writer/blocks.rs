@@ -22,6 +22,9 @@ pub struct BlockMap<V> {
     /// below every key of the next.
     runs: Vec<Vec<(u64, V)>>,
     len: usize,
+    /// The last run that emptied, kept for the next split: blocks freed in allocation
+    /// order empty runs at one end as splits make them at the other.
+    spare: Option<Vec<(u64, V)>>,
 }
 
 impl<V> Default for BlockMap<V> {
@@ -29,6 +32,7 @@ impl<V> Default for BlockMap<V> {
         BlockMap {
             runs: Vec::new(),
             len: 0,
+            spare: None,
         }
     }
 }
@@ -70,22 +74,70 @@ impl<V> BlockMap<V> {
         self.get(key).is_some()
     }
 
+    /// An empty run with room for [`RUN`] entries.
+    fn new_run(&mut self) -> Vec<(u64, V)> {
+        self.spare.take().unwrap_or_else(|| Vec::with_capacity(RUN))
+    }
+
     /// Inserts `value` at `key`; the value it replaces, if any.
     pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
-        let Some(mut run) = self.run_of(key) else {
-            let mut first = Vec::with_capacity(RUN);
-            first.push((key, value));
-            self.runs.push(first);
-            self.len = 1;
+        let Some(run) = self.run_of(key) else {
+            self.insert_at(0, 0, key, value);
             return None;
         };
-        let mut at = match self.search(run, key) {
-            Ok(at) => return Some(std::mem::replace(&mut self.runs[run][at].1, value)),
-            Err(at) => at,
+        match self.search(run, key) {
+            Ok(at) => Some(std::mem::replace(&mut self.runs[run][at].1, value)),
+            Err(at) => {
+                self.insert_at(run, at, key, value);
+                None
+            }
+        }
+    }
+
+    /// Inserts `value` at `key` when no entry overlaps `[key, end)`, an entry's extent
+    /// being `[its key, end_of(its value))`: one search for the check and the place.
+    /// Otherwise gives `value` back and changes nothing. Only the entries next to `key`
+    /// are looked at: the map's entries must not overlap one another (live blocks don't).
+    pub fn insert_if_clear(
+        &mut self,
+        key: u64,
+        end: u64,
+        value: V,
+        end_of: impl Fn(u64, &V) -> u64,
+    ) -> Result<(), V> {
+        let Some(run) = self.run_of(key) else {
+            self.insert_at(0, 0, key, value);
+            return Ok(());
         };
-        if self.runs[run].len() == RUN {
+        let Err(at) = self.search(run, key) else {
+            return Err(value);
+        };
+        let entries = &self.runs[run];
+        // The entry just below `key` (in this run, or the last of the run before) must end
+        // by `key`; the one just above must start at or after `end`.
+        let below = match at.checked_sub(1) {
+            Some(i) => Some(&entries[i]),
+            None => run.checked_sub(1).and_then(|r| self.runs[r].last()),
+        };
+        let above = match entries.get(at) {
+            Some(e) => Some(e),
+            None => self.runs.get(run + 1).and_then(|r| r.first()),
+        };
+        if below.is_some_and(|(k, v)| end_of(*k, v) > key) || above.is_some_and(|e| e.0 < end) {
+            return Err(value);
+        }
+        self.insert_at(run, at, key, value);
+        Ok(())
+    }
+
+    /// Inserts at index `at` of run `run` (where `key` belongs), splitting a full run.
+    fn insert_at(&mut self, mut run: usize, mut at: usize, key: u64, value: V) {
+        if self.runs.is_empty() {
+            let first = self.new_run();
+            self.runs.push(first);
+        } else if self.runs[run].len() == RUN {
             // Full: its upper half becomes a run of its own.
-            let mut upper = Vec::with_capacity(RUN);
+            let mut upper = self.new_run();
             upper.extend(self.runs[run].drain(RUN / 2..));
             self.runs.insert(run + 1, upper);
             if at > RUN / 2 {
@@ -95,7 +147,6 @@ impl<V> BlockMap<V> {
         }
         self.runs[run].insert(at, (key, value));
         self.len += 1;
-        None
     }
 
     pub fn remove(&mut self, key: &u64) -> Option<V> {
@@ -104,7 +155,7 @@ impl<V> BlockMap<V> {
         let (_, value) = self.runs[run].remove(at);
         self.len -= 1;
         if self.runs[run].is_empty() {
-            self.runs.remove(run);
+            self.spare = Some(self.runs.remove(run));
         } else if self.runs[run].len() < RUN / 4 {
             // A small run joins a neighbour with room, so that removals in one place do
             // not leave many tiny runs behind.
@@ -217,6 +268,32 @@ mod tests {
             }
             same(&map, &model);
             assert!(map.runs.is_empty());
+        }
+    }
+
+    #[test]
+    fn insert_if_clear_refuses_exactly_the_overlapping_blocks() {
+        let mut rng = 11u64;
+        for keys in [8u64, 100, 3_000] {
+            // Entries are blocks of `value` bytes from their key, never overlapping.
+            let mut map = BlockMap::default();
+            let mut model = BTreeMap::new();
+            for _ in 0..40_000u64 {
+                let key = next(&mut rng) % keys * 16;
+                if next(&mut rng).is_multiple_of(3) {
+                    assert_eq!(map.remove(&key), model.remove(&key));
+                    continue;
+                }
+                let size = 1 + next(&mut rng) % 40;
+                let end = key + size;
+                let clear = !model.range(..end).any(|(&k, &v)| k + v > key);
+                let got = map.insert_if_clear(key, end, size, |k, v| k + v);
+                assert_eq!(got, if clear { Ok(()) } else { Err(size) });
+                if clear {
+                    model.insert(key, size);
+                }
+            }
+            same(&map, &model);
         }
     }
 

@@ -154,14 +154,22 @@ impl State {
     }
 
     pub(super) fn push(&mut self, device: i32, rec: TraceRec) {
+        self.push_all(device, [rec]);
+    }
+
+    /// [`Self::push`] of several records (the device found once).
+    pub(super) fn push_all<const N: usize>(&mut self, device: i32, recs: [TraceRec; N]) {
         let max = self.max_entries;
         let dev = self.device(device);
-        dev.trace.push_back(rec);
-        dev.trace_total += 1;
-        if dev.trace.len() > max {
-            dev.trace.pop_front();
-            dev.trace_overflow += 1;
+        for rec in recs {
+            // Full: the oldest goes first, so the history never holds more than `max`.
+            if dev.trace.len() >= max {
+                dev.trace.pop_front();
+                dev.trace_overflow += 1;
+            }
+            dev.trace.push_back(rec);
         }
+        dev.trace_total += N as u64;
     }
 
     pub(super) fn add_live(&mut self, device: i32, size: u64) {
@@ -188,6 +196,20 @@ impl State {
             return;
         }
         let device = device.max(0);
+        let end = addr.saturating_add(size);
+        let ends = |start: u64, l: &Live| start.saturating_add(l.size);
+        // The usual case, no live allocation in the way: checked and placed in one search.
+        let live = match self
+            .device(device)
+            .allocs
+            .insert_if_clear(addr, end, live, ends)
+        {
+            Ok(()) => {
+                self.opened(device, addr, size, live, Action::SegmentAlloc);
+                return;
+            }
+            Err(live) => live,
+        };
         self.close_overlaps(device, addr, size, false);
         self.open_block(device, addr, size, live, Action::SegmentAlloc);
     }
@@ -255,9 +277,14 @@ impl State {
             api,
             device_free: -1,
         };
-        self.push(device, rec(Action::FreeRequested));
-        self.push(device, rec(Action::FreeCompleted));
-        self.push(device, rec(segment_action));
+        self.push_all(
+            device,
+            [
+                rec(Action::FreeRequested),
+                rec(Action::FreeCompleted),
+                rec(segment_action),
+            ],
+        );
     }
 
     /// Closes live allocations (or mappings) overlapping `[addr, addr+size)`: their free
@@ -381,6 +408,17 @@ impl State {
     /// A new live block: `segment_alloc` (its own segment) or `segment_map` (a mapping in a
     /// mapped range), then `alloc`.
     fn open_block(&mut self, device: i32, addr: u64, size: u64, live: Live, segment: Action) {
+        let dev = self.device(device);
+        if segment == Action::SegmentMap {
+            dev.mappings.insert(addr, live);
+        } else {
+            dev.allocs.insert(addr, live);
+        }
+        self.opened(device, addr, size, live, segment);
+    }
+
+    /// The records and counts of a block just placed in its map (see [`Self::open_block`]).
+    fn opened(&mut self, device: i32, addr: u64, size: u64, live: Live, segment: Action) {
         let rec = |action| TraceRec {
             action,
             addr,
@@ -391,15 +429,8 @@ impl State {
             api: live.api,
             device_free: -1,
         };
-        self.push(device, rec(segment));
-        self.push(device, rec(Action::Alloc));
-        let dev = self.device(device);
-        if segment == Action::SegmentMap {
-            dev.mappings.insert(addr, live);
-        } else {
-            dev.allocs.insert(addr, live);
-        }
-        dev.events += 1;
+        self.push_all(device, [rec(segment), rec(Action::Alloc)]);
+        self.device(device).events += 1;
         self.add_live(device, size);
     }
 
