@@ -6,9 +6,9 @@ burst of load elsewhere hits all of them; prints the median and the spread over 
 
 A LIB is a libmemsnap.so built with `--features bench-hooks` (its memsnap_debug_bench_writer
 entry point is what `cargo bench --bench writer` calls: src/writer/drain_bench.rs). "Writer
-alone" leaves out the time the queue stood empty (the one producer thread behind the
-writer); a library from before 2026-11-26 does not report that time (its column equals the
-first). One run: `python3 scripts/bench/writer_rate.py --one LIB EVENTS FRAMES STACKS`.
+alone" is the same events drained in bursts from a filled queue (the one producer thread is
+slower than the writer); a library from before 2026-11-26 has no such figure (0). One run:
+`python3 scripts/bench/writer_rate.py --one LIB EVENTS FRAMES STACKS`.
 """
 import argparse
 import ctypes
@@ -25,12 +25,12 @@ def one(lib, events, depth, distinct):
     f = so.memsnap_debug_bench_writer
     f.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]
     f.restype = ctypes.c_uint64
-    # Four outputs; a library from before 2026-11-26 fills three (waiting then reads 0).
+    # Four outputs; a library from before 2026-11-26 fills three (out[3] stays 0: no figure).
     out = (ctypes.c_uint64 * 4)()
     ns = f(events, distinct, depth, out)
-    writer_ns = max(ns - out[3], 1)
-    print(json.dumps({"per_s": events / (ns / 1e9), "writer_per_s": events / (writer_ns / 1e9),
-                      "interned": out[0], "rss": out[1], "in_full": out[2], "waiting_ns": out[3]}))
+    alone = events / (out[3] / 1e9) if out[3] else 0.0
+    print(json.dumps({"per_s": events / (ns / 1e9), "writer_per_s": alone,
+                      "interned": out[0], "rss": out[1], "in_full": out[2], "burst_ns": out[3]}))
 
 
 def main():
@@ -50,7 +50,7 @@ def main():
                                    capture_output=True, text=True, check=True)
                 runs.setdefault((lib, depth, distinct), []).append(json.loads(p.stdout))
     print(f"| library | frames | distinct stacks | events/s applied: median (min-max of {a.rounds}) "
-          f"| writer alone, queue-empty time left out: median (min-max) | stacks sent in full "
+          f"| writer alone, bursts drained from a filled queue: median (min-max) | stacks sent in full "
           f"| resident memory growth, MiB per 1M events |")
     print("|---|---|---|---|---|---|---|")
     for depth, distinct in CONFIGS:
