@@ -65,10 +65,19 @@ fn native_writer(depth: usize) -> (&'static Recorder, Writer) {
         dump_on_oom: false,
     };
     let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 16, settings, -1)));
+    // `MEMSNAP_BENCH_HISTORY`: history entries kept per device (default as the library's,
+    // 100,000); a large value keeps the whole history, to measure its memory per event.
+    let history = std::env::var("MEMSNAP_BENCH_HISTORY")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let cfg = Config {
         stacks: Stacks::Native,
         at_exit: false,
         ..Config::default()
+    };
+    let cfg = Config {
+        max_entries: history.unwrap_or(cfg.max_entries),
+        ..cfg
     };
     (rec, Writer::new(rec, cfg))
 }
@@ -98,10 +107,13 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
     let nanoseconds = start.elapsed().as_nanos() as u64;
     let _ = producer.join();
     let rss_growth_bytes = rss_bytes().saturating_sub(rss_before);
+    let (interned, sent_in_full) = (writer.stacks.len() as u64, writer.stacks.received_in_full);
+    // Gone before the second run, so that the process's peak memory is one writer's.
+    drop(writer);
     DrainFigures {
         nanoseconds,
-        interned: writer.stacks.len() as u64,
-        sent_in_full: writer.stacks.received_in_full,
+        interned,
+        sent_in_full,
         rss_growth_bytes,
         burst_ns: bursts(events, distinct_stacks, depth),
     }
