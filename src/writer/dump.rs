@@ -103,7 +103,7 @@ pub fn build(
                 size: int(r.size),
                 stream: int(r.stream),
                 time_us: int(r.time_us),
-                stack: interner.stack(r.stack, table),
+                stack: interner.stack(r.stack.get(), table),
                 device_free: (r.action == Action::Oom).then_some(r.device_free),
                 user_metadata: api_names.get(r.api as usize).cloned(),
             })
