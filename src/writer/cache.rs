@@ -288,7 +288,6 @@ impl State {
                 time_us,
                 stack: TraceStack::new(stack),
                 api: Api::CachingAllocator,
-                device_free: -1,
             },
         );
     }
@@ -323,7 +322,6 @@ impl State {
                 time_us,
                 stack: TraceStack::new(stack.or(block.stack)),
                 api: Api::CachingAllocator,
-                device_free: -1,
             },
         );
     }
@@ -355,7 +353,6 @@ impl State {
             time_us,
             stack: TraceStack::new(stack.or(block.stack)),
             api: Api::CachingAllocator,
-            device_free: -1,
         };
         if !block.pending_free {
             // Closing a block whose free was never reported: both records, as PyTorch
@@ -400,7 +397,6 @@ impl State {
                 time_us,
                 stack: TraceStack::new(stack.or(seg.live.stack)),
                 api,
-                device_free: -1,
             },
         );
         true
@@ -444,7 +440,6 @@ impl State {
                         time_us,
                         stack: TraceStack::new(stack.or(seg.live.stack)),
                         api: Api::CuMemUnmap,
-                        device_free: -1,
                     },
                 );
                 self.handle_unmapped(seg.live.handle);

@@ -99,12 +99,12 @@ pub fn build(
             .skip(skip)
             .map(|r| TraceEntry {
                 action: action(r.action),
-                addr: int(r.addr),
+                addr: int(r.address()),
                 size: int(r.size),
                 stream: int(r.stream),
                 time_us: int(r.time_us),
                 stack: interner.stack(r.stack.get(), table),
-                device_free: (r.action == Action::Oom).then_some(r.device_free),
+                device_free: r.device_free(),
                 user_metadata: api_names.get(r.api as usize).cloned(),
             })
             .collect();

@@ -38,21 +38,38 @@ pub enum Action {
     Snapshot,
 }
 
+/// One history record: 40 bytes (a full history keeps two or three per event).
 #[derive(Clone, Copy, Debug)]
 pub struct TraceRec {
     pub action: Action,
+    /// The block's address; for `Oom` (which has none), the free device bytes or -1 as
+    /// `i64` bits, read through [`TraceRec::address`] and [`TraceRec::device_free`].
     pub addr: u64,
     pub size: u64,
     pub stream: u64,
     pub time_us: u64,
     pub stack: TraceStack,
     pub api: Api,
-    /// Only for `Oom`: free device bytes, or -1.
-    pub device_free: i64,
 }
 
-/// A history record's stack in 4 bytes (`Option<RawStackId>` takes 8, which made a record
-/// 56 bytes instead of 48; a full history keeps two or three records per event): the id
+impl TraceRec {
+    /// The address the record is about (0 for `Oom`).
+    pub fn address(&self) -> u64 {
+        if self.action == Action::Oom {
+            0
+        } else {
+            self.addr
+        }
+    }
+
+    /// Only for `Oom`: free device bytes, or -1.
+    pub fn device_free(&self) -> Option<i64> {
+        (self.action == Action::Oom).then_some(self.addr as i64)
+    }
+}
+
+/// A history record's stack in 4 bytes (`Option<RawStackId>` takes 8; a full history keeps
+/// two or three records per event): the id
 /// plus one, `None` for no stack. Id `u32::MAX` (never reached: four billion distinct
 /// stacks) would read as no stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,7 +309,6 @@ impl State {
             time_us,
             stack: TraceStack::new(stack),
             api,
-            device_free: -1,
         };
         self.push_all(
             device,
@@ -444,7 +460,6 @@ impl State {
             time_us: live.time_us,
             stack: TraceStack::new(live.stack),
             api: live.api,
-            device_free: -1,
         };
         self.push_all(device, [rec(segment), rec(Action::Alloc)]);
         self.device(device).events += 1;
@@ -519,13 +534,13 @@ impl State {
             device,
             TraceRec {
                 action: Action::Oom,
-                addr: 0,
+                // No address: the free device bytes go in its place (TraceRec::device_free).
+                addr: device_free as u64,
                 size,
                 stream,
                 time_us,
                 stack: TraceStack::new(stack),
                 api,
-                device_free,
             },
         );
         let dev = self.device(device);
@@ -548,7 +563,6 @@ impl State {
                     time_us,
                     stack: TraceStack::new(stack),
                     api,
-                    device_free: -1,
                 },
             );
         }
@@ -600,8 +614,17 @@ mod tests {
     }
 
     #[test]
-    fn a_history_record_is_48_bytes_and_keeps_its_stack() {
-        assert_eq!(std::mem::size_of::<TraceRec>(), 48);
+    fn a_history_record_is_40_bytes_and_keeps_its_stack_and_free_bytes() {
+        assert_eq!(std::mem::size_of::<TraceRec>(), 40);
+        let mut s = State::new(10);
+        s.oom(0, 1 << 30, -1, 0, 5, Api::CudaMalloc, Some(3));
+        s.oom(0, 1 << 30, 123_456, 0, 6, Api::CudaMalloc, None);
+        s.alloc(0, 0x1000, 512, live(512));
+        let t = &s.devices[0].trace;
+        assert_eq!((t[0].address(), t[0].device_free()), (0, Some(-1)));
+        assert_eq!(t[0].stack.get(), Some(3));
+        assert_eq!((t[1].address(), t[1].device_free()), (0, Some(123_456)));
+        assert_eq!((t[2].address(), t[2].device_free()), (0x1000, None));
         for stack in [None, Some(0), Some(7), Some(u32::MAX - 1)] {
             assert_eq!(TraceStack::new(stack).get(), stack);
         }
