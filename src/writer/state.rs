@@ -69,9 +69,8 @@ impl TraceRec {
 }
 
 /// A history record's stack in 4 bytes (`Option<RawStackId>` takes 8; a full history keeps
-/// two or three records per event): the id
-/// plus one, `None` for no stack. Id `u32::MAX` (never reached: four billion distinct
-/// stacks) would read as no stack.
+/// two or three records per event): the id plus one, `None` for no stack. Id `u32::MAX`
+/// (never reached: four billion distinct stacks) would read as no stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceStack(Option<std::num::NonZeroU32>);
 
