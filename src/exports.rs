@@ -263,7 +263,7 @@ pub mod debug {
     /// The writer's drain rate over synthetic events (`cargo bench --bench writer`).
     ///
     /// # Safety
-    /// `out` must be null or point to three writable `u64`.
+    /// `out` must be null or point to four writable `u64`.
     #[unsafe(no_mangle)]
     pub unsafe extern "C" fn memsnap_debug_bench_writer(
         events: u64,

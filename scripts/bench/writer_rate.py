@@ -5,7 +5,10 @@ burst of load elsewhere hits all of them; prints the median and the spread over 
     python3 scripts/bench/writer_rate.py [--rounds 5] [--events 4000000] LIB.so [LIB.so ...]
 
 A LIB is a libmemsnap.so built with `--features bench-hooks` (its memsnap_debug_bench_writer
-entry point is what `cargo bench --bench writer` calls: src/writer/drain_bench.rs).
+entry point is what `cargo bench --bench writer` calls: src/writer/drain_bench.rs). "Writer
+alone" is the same events drained in bursts from a filled queue (the one producer thread is
+slower than the writer); a library from before 2026-11-26 has no such figure (0). One run:
+`python3 scripts/bench/writer_rate.py --one LIB EVENTS FRAMES STACKS`.
 """
 import argparse
 import ctypes
@@ -22,9 +25,12 @@ def one(lib, events, depth, distinct):
     f = so.memsnap_debug_bench_writer
     f.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]
     f.restype = ctypes.c_uint64
-    out = (ctypes.c_uint64 * 3)()
+    # Four outputs; a library from before 2026-11-26 fills three (out[3] stays 0: no figure).
+    out = (ctypes.c_uint64 * 4)()
     ns = f(events, distinct, depth, out)
-    print(json.dumps({"per_s": events / (ns / 1e9), "interned": out[0], "rss": out[1], "in_full": out[2]}))
+    alone = events / (out[3] / 1e9) if out[3] else 0.0
+    print(json.dumps({"per_s": events / (ns / 1e9), "writer_per_s": alone,
+                      "interned": out[0], "rss": out[1], "in_full": out[2], "burst_ns": out[3]}))
 
 
 def main():
@@ -43,14 +49,18 @@ def main():
                 p = subprocess.run([sys.executable, __file__, "--one", lib, str(a.events), str(depth), str(distinct)],
                                    capture_output=True, text=True, check=True)
                 runs.setdefault((lib, depth, distinct), []).append(json.loads(p.stdout))
-    print(f"| library | frames | distinct stacks | events/s applied: median (min-max of {a.rounds}) | stacks sent in full | resident memory growth, MiB per 1M events |")
-    print("|---|---|---|---|---|---|")
+    print(f"| library | frames | distinct stacks | events/s applied: median (min-max of {a.rounds}) "
+          f"| writer alone, bursts drained from a filled queue: median (min-max) | stacks sent in full "
+          f"| resident memory growth, MiB per 1M events |")
+    print("|---|---|---|---|---|---|---|")
     for depth, distinct in CONFIGS:
         for lib in a.libs:
             r = runs[(lib, depth, distinct)]
             rates = [x["per_s"] / 1e6 for x in r]
+            alone = [x["writer_per_s"] / 1e6 for x in r]
             mib = statistics.median(x["rss"] for x in r) / (1 << 20) / (a.events / 1e6)
             print(f"| {lib} | {depth} | {distinct} | {statistics.median(rates):.2f}M ({min(rates):.2f}-{max(rates):.2f}) "
+                  f"| {statistics.median(alone):.2f}M ({min(alone):.2f}-{max(alone):.2f}) "
                   f"| {r[0]['in_full']} | {mib:.2f} |")
 
 

@@ -194,10 +194,11 @@ pub fn debug_resolve_json(slot: &StackSlot, stacks: Stacks, max: usize) -> Strin
 /// `distinct_stacks` stacks through a real channel and applies them as the writer does;
 /// returns the nanoseconds spent applying them. `out[0]` receives the stacks interned,
 /// `out[1]` the growth of resident memory in bytes, `out[2]` the stacks that came in full
-/// (the rest came by reference).
+/// (the rest came by reference), `out[3]` the nanoseconds the writer took for the same
+/// events drained in bursts from a filled queue (its rate alone).
 ///
 /// # Safety
-/// `out` must be null or point to three writable `u64`.
+/// `out` must be null or point to four writable `u64`.
 #[inline(always)]
 pub unsafe fn bench_writer(events: u64, distinct_stacks: u32, depth: u32, out: *mut u64) -> u64 {
     let figures = std::panic::catch_unwind(|| {
@@ -205,11 +206,12 @@ pub unsafe fn bench_writer(events: u64, distinct_stacks: u32, depth: u32, out: *
     });
     let Ok(f) = figures else { return 0 };
     if !out.is_null() {
-        // SAFETY: the caller passes room for three u64.
+        // SAFETY: the caller passes room for four u64.
         unsafe {
             *out = f.interned;
             *out.add(1) = f.rss_growth_bytes;
             *out.add(2) = f.sent_in_full;
+            *out.add(3) = f.burst_ns;
         }
     }
     f.nanoseconds

@@ -11,7 +11,7 @@
 use crate::channel::event::Api;
 use crate::process::allocator_route;
 use crate::writer::stacks::RawStackId;
-use crate::writer::state::{Action, Live, State, TraceRec};
+use crate::writer::state::{Action, Live, State, TraceRec, TraceStack};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -286,9 +286,8 @@ impl State {
                 size: requested,
                 stream,
                 time_us,
-                stack,
+                stack: TraceStack::new(stack),
                 api: Api::CachingAllocator,
-                device_free: -1,
             },
         );
     }
@@ -321,9 +320,8 @@ impl State {
                 size: block.requested,
                 stream: if stream == 0 { block.stream } else { stream },
                 time_us,
-                stack: stack.or(block.stack),
+                stack: TraceStack::new(stack.or(block.stack)),
                 api: Api::CachingAllocator,
-                device_free: -1,
             },
         );
     }
@@ -353,9 +351,8 @@ impl State {
             size: block.requested,
             stream: block.stream,
             time_us,
-            stack: stack.or(block.stack),
+            stack: TraceStack::new(stack.or(block.stack)),
             api: Api::CachingAllocator,
-            device_free: -1,
         };
         if !block.pending_free {
             // Closing a block whose free was never reported: both records, as PyTorch
@@ -398,9 +395,8 @@ impl State {
                 size: seg.live.size,
                 stream: if stream == 0 { seg.live.stream } else { stream },
                 time_us,
-                stack: stack.or(seg.live.stack),
+                stack: TraceStack::new(stack.or(seg.live.stack)),
                 api,
-                device_free: -1,
             },
         );
         true
@@ -442,9 +438,8 @@ impl State {
                         size: seg.live.size,
                         stream: 0,
                         time_us,
-                        stack: stack.or(seg.live.stack),
+                        stack: TraceStack::new(stack.or(seg.live.stack)),
                         api: Api::CuMemUnmap,
-                        device_free: -1,
                     },
                 );
                 self.handle_unmapped(seg.live.handle);

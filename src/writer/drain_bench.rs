@@ -1,9 +1,13 @@
 //! The writer's drain rate, measured: one producer thread sends synthetic events through
 //! a real [`Recorder`] while this thread applies them exactly as the writer thread does
-//! (intern the stack, update the per-device state). Called through the library's
-//! `memsnap_debug_bench_writer` entry point by `cargo bench --bench writer`. Cold.
+//! (intern the stack, update the per-device state); then the same events again in bursts,
+//! the writer draining a filled queue alone (one producer thread is slower than the
+//! writer, so the first figure is the producer's as much as the writer's). Called through
+//! the library's `memsnap_debug_bench_writer` entry point by `cargo bench --bench writer`.
+//! Cold.
 //!
-//! The events: alloc/free pairs over a window of 64 live blocks, 256 sizes, every alloc and
+//! The events: alloc/free pairs over a window of 64 live blocks that never overlap (every
+//! free finds its allocation), 16 sizes from 512 bytes to 16 MiB, every alloc and
 //! free with a stack of `depth` native return addresses drawn from `distinct_stacks`
 //! stacks (the outer frames shared by all, the innermost eight varying), hot stacks far
 //! more often than cold ones, as in a training loop. Python frames cannot be made up (the
@@ -15,6 +19,8 @@ use crate::channel::event::{Api, Event, Kind, Payload};
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::channel::sent;
 use crate::config::{Config, Context, FRAME_CAPACITY, Stacks};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Acquire, Release};
 use std::time::Instant;
 
 /// What one run measured.
@@ -27,6 +33,9 @@ pub struct DrainFigures {
     pub sent_in_full: u64,
     /// Growth of the process's resident memory while the events were applied.
     pub rss_growth_bytes: u64,
+    /// The writer's time for the same events drained in bursts from a filled queue (see
+    /// [`bursts`]): its rate alone, when one producer thread cannot keep up with it.
+    pub burst_ns: u64,
 }
 
 /// Resident set size of this process, from /proc/self/statm (pages).
@@ -56,61 +65,33 @@ fn native_writer(depth: usize) -> (&'static Recorder, Writer) {
         dump_on_oom: false,
     };
     let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 16, settings, -1)));
+    // `MEMSNAP_BENCH_HISTORY`: history entries kept per device (default as the library's,
+    // 100,000); a large value keeps the whole history, to measure its memory per event.
+    let history = std::env::var("MEMSNAP_BENCH_HISTORY")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let cfg = Config {
         stacks: Stacks::Native,
         at_exit: false,
         ..Config::default()
     };
+    let cfg = Config {
+        max_entries: history.unwrap_or(cfg.max_entries),
+        ..cfg
+    };
     (rec, Writer::new(rec, cfg))
 }
 
-/// Sends `events` events (half allocs, half frees) through the channel and applies them.
+/// Sends `events` events (half allocs, half frees) through the channel and applies them,
+/// twice: once with the producer and the writer running side by side (`nanoseconds`), and
+/// once in bursts, the writer draining a filled queue (`burst_ns`).
 pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
     let depth = depth.clamp(1, FRAME_CAPACITY);
-    let distinct = u64::from(distinct_stacks.max(1));
     let (rec, mut writer) = native_writer(depth);
-    let producer = std::thread::spawn(move || {
-        const WINDOW: u64 = 64;
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        for i in 0..events {
-            let pair = i / 2;
-            let (kind, addr) = if i % 2 == 0 {
-                (Kind::Alloc, 0x7f00_0000_0000 + pair * 0x1000)
-            } else if pair >= WINDOW {
-                (Kind::Free, 0x7f00_0000_0000 + (pair - WINDOW) * 0x1000)
-            } else {
-                (Kind::Alloc, 0x7e00_0000_0000 + pair * 0x1000)
-            };
-            let mut ev = Event::new(kind, Api::CudaMallocAsync);
-            ev.addr = addr;
-            ev.size = 512 << (next(&mut rng) % 256 / 16);
-            ev.payload = Payload::Stream(0);
-            ev.time = crate::process::clock::now();
-            // Hot stacks: a quarter of the stacks take three quarters of the events.
-            let r = next(&mut rng);
-            let id = if !r.is_multiple_of(4) {
-                r / 4 % (distinct / 4).max(1)
-            } else {
-                r / 4 % distinct
-            };
-            // As a hook does: capture into the thread's scratch stack, then send it (in
-            // full the first time, by hash after).
-            let thread = sent::this_thread().expect("per-thread state");
-            let slot = &mut thread.scratch;
-            for (k, pc) in slot.native[..depth].iter_mut().enumerate() {
-                let k = k as u64;
-                *pc = if k < 8 {
-                    0x5500_0000 + id * 0x100 + k * 8
-                } else {
-                    0x6600_0000 + k * 0x40
-                };
-            }
-            slot.n_native = depth as u16;
-            slot.n_python = 0;
-            let hash = slot.identity_hash();
-            rec.push_with_stack(ev, thread, hash);
-        }
-    });
+    // Unlimited: the producer runs as fast as the writer takes its events.
+    let allowed: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(u64::MAX)));
+    let producer =
+        std::thread::spawn(move || produce(rec, allowed, events, distinct_stacks, depth));
     let rss_before = rss_bytes();
     let start = Instant::now();
     let mut applied = 0;
@@ -125,11 +106,122 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
     }
     let nanoseconds = start.elapsed().as_nanos() as u64;
     let _ = producer.join();
+    let rss_growth_bytes = rss_bytes().saturating_sub(rss_before);
+    let (interned, sent_in_full) = (writer.stacks.len() as u64, writer.stacks.received_in_full);
+    // Gone before the second run, so that the process's peak memory is one writer's.
+    drop(writer);
     DrainFigures {
         nanoseconds,
-        interned: writer.stacks.len() as u64,
-        sent_in_full: writer.stacks.received_in_full,
-        rss_growth_bytes: rss_bytes().saturating_sub(rss_before),
+        interned,
+        sent_in_full,
+        rss_growth_bytes,
+        burst_ns: bursts(events, distinct_stacks, depth),
+    }
+}
+
+/// The same events, in bursts: the producer fills the queue with [`BURST`] events while the
+/// writer waits, then the writer drains them, timed, the producer waiting. The sum of the
+/// drain times: what the writer alone takes for `events` (the queue's lines already
+/// written, none crossing between the cores while it drains).
+fn bursts(events: u64, distinct_stacks: u32, depth: usize) -> u64 {
+    /// Half the queue (1 << 16): the producer never waits for room.
+    const BURST: u64 = 1 << 15;
+    let (rec, mut writer) = native_writer(depth);
+    let allowed: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let producer =
+        std::thread::spawn(move || produce(rec, allowed, events, distinct_stacks, depth));
+    let mut applied = 0u64;
+    let mut drain_ns = 0u64;
+    while applied < events {
+        let burst = BURST.min(events - applied);
+        allowed.store(applied + burst, Release);
+        // Filled, or no longer filling: a thread's stacks sent in full wait for stack slots
+        // (4,096) that only the writer frees (then the producer goes on while this drain
+        // runs; it happens in the first bursts, while every stack's first send comes).
+        let mut seen = (0, Instant::now());
+        loop {
+            let queued = rec.queued() as u64;
+            if queued >= burst {
+                break;
+            }
+            if queued != seen.0 {
+                seen = (queued, Instant::now());
+            } else if seen.1.elapsed() >= std::time::Duration::from_millis(1) {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let queued = (rec.queued() as u64).min(burst);
+        let start = Instant::now();
+        for _ in 0..queued {
+            let Some(ev) = rec.pop() else { break };
+            writer.apply(ev);
+            applied += 1;
+        }
+        drain_ns += start.elapsed().as_nanos() as u64;
+    }
+    allowed.store(u64::MAX, Release);
+    let _ = producer.join();
+    drain_ns
+}
+
+/// The producer thread: `events` events with stacks, each sent once `allowed` passes its
+/// index.
+fn produce(
+    rec: &'static Recorder,
+    allowed: &AtomicU64,
+    events: u64,
+    distinct_stacks: u32,
+    depth: usize,
+) {
+    const WINDOW: u64 = 64;
+    // Blocks one largest size (16 MiB) apart never overlap, so every free finds its
+    // allocation, as in a program: with 4 KiB apart, three allocations in four closed an
+    // overlapping one as a lost free and three frees in four were unknown, and the bench
+    // measured that repair path instead of the ordinary one (before 2026-11-26).
+    const SPACING: u64 = 16 << 20;
+    let distinct = u64::from(distinct_stacks.max(1));
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..events {
+        while i >= allowed.load(Acquire) {
+            std::hint::spin_loop();
+        }
+        let pair = i / 2;
+        let (kind, addr) = if i % 2 == 0 {
+            (Kind::Alloc, 0x7f00_0000_0000 + pair * SPACING)
+        } else if pair >= WINDOW {
+            (Kind::Free, 0x7f00_0000_0000 + (pair - WINDOW) * SPACING)
+        } else {
+            (Kind::Alloc, 0x7e00_0000_0000 + pair * SPACING)
+        };
+        let mut ev = Event::new(kind, Api::CudaMallocAsync);
+        ev.addr = addr;
+        ev.size = 512 << (next(&mut rng) % 256 / 16);
+        ev.payload = Payload::Stream(0);
+        ev.time = crate::process::clock::now();
+        // Hot stacks: a quarter of the stacks take three quarters of the events.
+        let r = next(&mut rng);
+        let id = if !r.is_multiple_of(4) {
+            r / 4 % (distinct / 4).max(1)
+        } else {
+            r / 4 % distinct
+        };
+        // As a hook does: capture into the thread's scratch stack, then send it (in full the
+        // first time, by hash after).
+        let thread = sent::this_thread().expect("per-thread state");
+        let slot = &mut thread.scratch;
+        for (k, pc) in slot.native[..depth].iter_mut().enumerate() {
+            let k = k as u64;
+            *pc = if k < 8 {
+                0x5500_0000 + id * 0x100 + k * 8
+            } else {
+                0x6600_0000 + k * 0x40
+            };
+        }
+        slot.n_native = depth as u16;
+        slot.n_python = 0;
+        let hash = slot.identity_hash();
+        rec.push_with_stack(ev, thread, hash);
     }
 }
 

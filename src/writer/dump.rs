@@ -99,12 +99,12 @@ pub fn build(
             .skip(skip)
             .map(|r| TraceEntry {
                 action: action(r.action),
-                addr: int(r.addr),
+                addr: int(r.address()),
                 size: int(r.size),
                 stream: int(r.stream),
                 time_us: int(r.time_us),
-                stack: interner.stack(r.stack, table),
-                device_free: (r.action == Action::Oom).then_some(r.device_free),
+                stack: interner.stack(r.stack.get(), table),
+                device_free: r.device_free(),
                 user_metadata: api_names.get(r.api as usize).cloned(),
             })
             .collect();
@@ -157,7 +157,7 @@ fn segments(
         state: BlockState::ActiveAllocated,
         stack: interner.stack(live.stack, table),
     };
-    for (&addr, live) in &dev.allocs {
+    for (&addr, live) in dev.allocs.iter() {
         let b = block(addr, live);
         segs.push(Segment {
             device,
@@ -174,7 +174,7 @@ fn segments(
     // Contiguous mappings form one mapped range (as the viewer merges `segment_map`s),
     // one block per mapping.
     let mut current: Option<(Segment, u64)> = None;
-    for (&addr, live) in &dev.mappings {
+    for (&addr, live) in dev.mappings.iter() {
         let b = block(addr, live);
         match &mut current {
             Some((seg, end)) if *end == addr => {

@@ -16,6 +16,7 @@
 //! module table and the interpreter, which `stacks` reads).
 
 pub mod ack;
+pub mod blocks;
 pub mod cache;
 pub mod device_memory;
 #[cfg(feature = "bench-hooks")]

@@ -99,7 +99,8 @@ impl StackTable {
             self.unknown_references += 1;
             return None;
         };
-        if self.same_hash.contains_key(&hash) {
+        // Almost always empty (64-bit hashes): no second lookup then.
+        if !self.same_hash.is_empty() && self.same_hash.contains_key(&hash) {
             self.ambiguous_references += 1;
         }
         Some(id)

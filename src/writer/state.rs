@@ -12,6 +12,7 @@
 //! and counted, so the history stays valid and the live set stays right.
 
 use crate::channel::event::Api;
+use crate::writer::blocks::BlockMap;
 use crate::writer::cache::{Cache, CacheCheck};
 use crate::writer::stacks::RawStackId;
 use rustc_hash::FxHashMap;
@@ -37,17 +38,50 @@ pub enum Action {
     Snapshot,
 }
 
+/// One history record: 40 bytes (a full history keeps two or three per event).
 #[derive(Clone, Copy, Debug)]
 pub struct TraceRec {
     pub action: Action,
+    /// The block's address; for `Oom` (which has none), the free device bytes or -1 as
+    /// `i64` bits, read through [`TraceRec::address`] and [`TraceRec::device_free`].
     pub addr: u64,
     pub size: u64,
     pub stream: u64,
     pub time_us: u64,
-    pub stack: Option<RawStackId>,
+    pub stack: TraceStack,
     pub api: Api,
+}
+
+impl TraceRec {
+    /// The address the record is about (0 for `Oom`).
+    pub fn address(&self) -> u64 {
+        if self.action == Action::Oom {
+            0
+        } else {
+            self.addr
+        }
+    }
+
     /// Only for `Oom`: free device bytes, or -1.
-    pub device_free: i64,
+    pub fn device_free(&self) -> Option<i64> {
+        (self.action == Action::Oom).then_some(self.addr as i64)
+    }
+}
+
+/// A history record's stack in 4 bytes (`Option<RawStackId>` takes 8; a full history keeps
+/// two or three records per event): the id plus one, `None` for no stack. Id `u32::MAX`
+/// (never reached: four billion distinct stacks) would read as no stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceStack(Option<std::num::NonZeroU32>);
+
+impl TraceStack {
+    pub fn new(stack: Option<RawStackId>) -> TraceStack {
+        TraceStack(stack.and_then(|id| std::num::NonZeroU32::new(id.wrapping_add(1))))
+    }
+
+    pub fn get(self) -> Option<RawStackId> {
+        self.0.map(|n| n.get() - 1)
+    }
 }
 
 /// A live allocation or mapping.
@@ -64,8 +98,8 @@ pub struct Live {
 
 #[derive(Default)]
 pub struct Device {
-    pub allocs: BTreeMap<u64, Live>,
-    pub mappings: BTreeMap<u64, Live>,
+    pub allocs: BlockMap<Live>,
+    pub mappings: BlockMap<Live>,
     pub trace: VecDeque<TraceRec>,
     /// Oldest events dropped from `trace` to respect `max_entries`.
     pub trace_overflow: u64,
@@ -153,14 +187,22 @@ impl State {
     }
 
     pub(super) fn push(&mut self, device: i32, rec: TraceRec) {
+        self.push_all(device, [rec]);
+    }
+
+    /// [`Self::push`] of several records (the device found once).
+    pub(super) fn push_all<const N: usize>(&mut self, device: i32, recs: [TraceRec; N]) {
         let max = self.max_entries;
         let dev = self.device(device);
-        dev.trace.push_back(rec);
-        dev.trace_total += 1;
-        if dev.trace.len() > max {
-            dev.trace.pop_front();
-            dev.trace_overflow += 1;
+        for rec in recs {
+            // Full: the oldest goes first, so the history never holds more than `max`.
+            if dev.trace.len() >= max {
+                dev.trace.pop_front();
+                dev.trace_overflow += 1;
+            }
+            dev.trace.push_back(rec);
         }
+        dev.trace_total += N as u64;
     }
 
     pub(super) fn add_live(&mut self, device: i32, size: u64) {
@@ -187,6 +229,20 @@ impl State {
             return;
         }
         let device = device.max(0);
+        let end = addr.saturating_add(size);
+        let ends = |start: u64, l: &Live| start.saturating_add(l.size);
+        // The usual case, no live allocation in the way: checked and placed in one search.
+        let live = match self
+            .device(device)
+            .allocs
+            .insert_if_clear(addr, end, live, ends)
+        {
+            Ok(()) => {
+                self.opened(device, addr, size, live, Action::SegmentAlloc);
+                return;
+            }
+            Err(live) => live,
+        };
         self.close_overlaps(device, addr, size, false);
         self.open_block(device, addr, size, live, Action::SegmentAlloc);
     }
@@ -202,20 +258,19 @@ impl State {
         time_us: u64,
         stack: Option<RawStackId>,
     ) {
+        // The first device that holds it (one search each, the removal itself).
         let found = self
             .devices
-            .iter()
-            .position(|d| d.allocs.contains_key(&addr));
-        let Some(d) = found else {
+            .iter_mut()
+            .enumerate()
+            .find_map(|(d, dev)| Some((d, dev.allocs.remove(&addr)?)));
+        let Some((d, live)) = found else {
             if self.free_cache_segment(addr, api, stream, time_us, stack) {
                 return;
             }
             if self.managed.remove(&addr).is_none() {
                 self.anomalies.unknown_frees += 1;
             }
-            return;
-        };
-        let Some(live) = self.devices[d].allocs.remove(&addr) else {
             return;
         };
         self.emit_free(
@@ -251,13 +306,17 @@ impl State {
             size: live.size,
             stream,
             time_us,
-            stack,
+            stack: TraceStack::new(stack),
             api,
-            device_free: -1,
         };
-        self.push(device, rec(Action::FreeRequested));
-        self.push(device, rec(Action::FreeCompleted));
-        self.push(device, rec(segment_action));
+        self.push_all(
+            device,
+            [
+                rec(Action::FreeRequested),
+                rec(Action::FreeCompleted),
+                rec(segment_action),
+            ],
+        );
     }
 
     /// Closes live allocations (or mappings) overlapping `[addr, addr+size)`: their free
@@ -267,7 +326,7 @@ impl State {
         loop {
             let dev = self.device(device);
             let map = if mappings { &dev.mappings } else { &dev.allocs };
-            let Some((&start, &live)) = map.range(..end).next_back() else {
+            let Some((start, &live)) = map.last_below(end) else {
                 break;
             };
             if start.saturating_add(live.size) <= addr {
@@ -381,25 +440,28 @@ impl State {
     /// A new live block: `segment_alloc` (its own segment) or `segment_map` (a mapping in a
     /// mapped range), then `alloc`.
     fn open_block(&mut self, device: i32, addr: u64, size: u64, live: Live, segment: Action) {
-        let rec = |action| TraceRec {
-            action,
-            addr,
-            size,
-            stream: live.stream,
-            time_us: live.time_us,
-            stack: live.stack,
-            api: live.api,
-            device_free: -1,
-        };
-        self.push(device, rec(segment));
-        self.push(device, rec(Action::Alloc));
         let dev = self.device(device);
         if segment == Action::SegmentMap {
             dev.mappings.insert(addr, live);
         } else {
             dev.allocs.insert(addr, live);
         }
-        dev.events += 1;
+        self.opened(device, addr, size, live, segment);
+    }
+
+    /// The records and counts of a block just placed in its map (see [`Self::open_block`]).
+    fn opened(&mut self, device: i32, addr: u64, size: u64, live: Live, segment: Action) {
+        let rec = |action| TraceRec {
+            action,
+            addr,
+            size,
+            stream: live.stream,
+            time_us: live.time_us,
+            stack: TraceStack::new(live.stack),
+            api: live.api,
+        };
+        self.push_all(device, [rec(segment), rec(Action::Alloc)]);
+        self.device(device).events += 1;
         self.add_live(device, size);
     }
 
@@ -471,13 +533,13 @@ impl State {
             device,
             TraceRec {
                 action: Action::Oom,
-                addr: 0,
+                // No address: the free device bytes go in its place (TraceRec::device_free).
+                addr: device_free as u64,
                 size,
                 stream,
                 time_us,
-                stack,
+                stack: TraceStack::new(stack),
                 api,
-                device_free,
             },
         );
         let dev = self.device(device);
@@ -498,9 +560,8 @@ impl State {
                     size: 0,
                     stream: 0,
                     time_us,
-                    stack,
+                    stack: TraceStack::new(stack),
                     api,
-                    device_free: -1,
                 },
             );
         }
@@ -549,6 +610,23 @@ mod tests {
             .iter()
             .map(|r| (r.action, r.addr, r.size))
             .collect()
+    }
+
+    #[test]
+    fn a_history_record_is_40_bytes_and_keeps_its_stack_and_free_bytes() {
+        assert_eq!(std::mem::size_of::<TraceRec>(), 40);
+        let mut s = State::new(10);
+        s.oom(0, 1 << 30, -1, 0, 5, Api::CudaMalloc, Some(3));
+        s.oom(0, 1 << 30, 123_456, 0, 6, Api::CudaMalloc, None);
+        s.alloc(0, 0x1000, 512, live(512));
+        let t = &s.devices[0].trace;
+        assert_eq!((t[0].address(), t[0].device_free()), (0, Some(-1)));
+        assert_eq!(t[0].stack.get(), Some(3));
+        assert_eq!((t[1].address(), t[1].device_free()), (0, Some(123_456)));
+        assert_eq!((t[2].address(), t[2].device_free()), (0x1000, None));
+        for stack in [None, Some(0), Some(7), Some(u32::MAX - 1)] {
+            assert_eq!(TraceStack::new(stack).get(), stack);
+        }
     }
 
     #[test]
