@@ -104,6 +104,8 @@ struct Writer {
     last_oom: Option<OomSample>,
     /// Turns the events' clock readings into microseconds since the epoch.
     clock: StampConverter,
+    /// The time given to the last event applied (see [`Writer::event_time`]).
+    last_time_us: u64,
 }
 
 /// `path` made absolute against the working directory (left as is if that fails).
@@ -155,6 +157,7 @@ impl Writer {
             live: live::LiveServer::open(id_pid),
             last_oom: None,
             clock: StampConverter::new(),
+            last_time_us: 0,
             stats,
             cfg,
         }
@@ -263,7 +266,7 @@ impl Writer {
 
     fn apply(&mut self, ev: Event) -> Flow {
         let stack = self.take_stack(&ev);
-        let time_us = self.clock.micros(ev.time);
+        let time_us = self.event_time(&ev);
         if let Some(c) = self.api_counts.get_mut(ev.api as usize) {
             *c += 1;
         }
@@ -353,6 +356,23 @@ impl Writer {
     }
 
     /// Applies the events in the queue now (not those pushed while this runs).
+    /// `ev`'s time in microseconds since the epoch, such that times never decrease in the
+    /// order events are recorded, and a step mark is later than every event before it: the
+    /// file's step boundaries are times ("the history's entries from `t` on come after N
+    /// steps", docs/FORMAT.md#step-boundaries), and a fast program makes several events in
+    /// one microsecond, so an event just before a mark must not share its time. (Threads
+    /// stamp an event before they queue it, so the queue's order and the clock's can differ
+    /// by the time between the two: an event then takes the time of the one before it.)
+    fn event_time(&mut self, ev: &Event) -> u64 {
+        let t = self.clock.micros(ev.time);
+        let floor = match ev.kind {
+            Kind::Step => self.last_time_us + 1,
+            _ => self.last_time_us,
+        };
+        self.last_time_us = t.max(floor);
+        self.last_time_us
+    }
+
     fn apply_queued(&mut self) -> Flow {
         self.clock.refresh();
         for _ in 0..self.rec.queued() {
