@@ -62,10 +62,17 @@ fn start() {
     if cfg.remote.is_some() {
         UPLOAD_WAIT_MS.store(cfg.remote_wait.as_millis() as u64, Relaxed);
     }
+    // The writer must never take a signal meant for the program (its handler would wait for
+    // the writer: itself). A thread that blocked them as its first action still had a moment
+    // at its start with them open, and the kernel gave a process-directed SIGTERM to it there
+    // (a forked child under load: 5 of 30 runs of a debug build waited 5 s for nothing). So
+    // it is born with every signal blocked: this thread blocks them around the spawn, the new
+    // one inherits that mask, and this one gets its own back (a signal that arrived meanwhile
+    // is delivered then).
+    let program_mask = block_signals();
     let spawned = std::thread::Builder::new()
         .name("memsnap-writer".to_string())
         .spawn(move || {
-            block_signals();
             // Anything this thread might call is memsnap's own work, never the program's.
             guard::mark_thread_internal();
             writer::run(rec, cfg);
@@ -75,6 +82,7 @@ fn start() {
             }
             recording::turn_off();
         });
+    restore_signals(&program_mask);
     if let Err(e) = spawned {
         eprintln!("memsnap: could not start the writer thread ({e}); recording is off");
         rec.writer_alive.store(false, Release);
@@ -101,16 +109,25 @@ fn start() {
     recording::activate();
 }
 
-/// The dump signal must reach a thread of the program, never the writer (heaptrack learned
-/// this the hard way), and no other signal should land there either.
-fn block_signals() {
-    // SAFETY: plain sigset manipulation on a local set; pthread_sigmask affects only this
+/// Blocks every signal in the calling thread; returns the mask it had. Used around the
+/// writer's spawn: the dump signal must reach a thread of the program, never the writer
+/// (heaptrack learned this the hard way), and no other signal should land there either.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain sigset manipulation on local sets; pthread_sigmask affects only this
     // thread.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut before);
+        before
     }
+}
+
+/// Gives the calling thread back the mask [`block_signals`] returned.
+fn restore_signals(mask: &libc::sigset_t) {
+    // SAFETY: a mask pthread_sigmask itself filled; affects only this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
 }
 
 // ---------------------------------------------------------------------------------------
