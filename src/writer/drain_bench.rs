@@ -65,19 +65,14 @@ fn native_writer(depth: usize) -> (&'static Recorder, Writer) {
         dump_on_oom: false,
     };
     let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 16, settings, -1)));
-    // `MEMSNAP_BENCH_HISTORY`: history entries kept per device (default as the library's,
-    // 100,000); a large value keeps the whole history, to measure its memory per event.
-    let history = std::env::var("MEMSNAP_BENCH_HISTORY")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    // The history kept per device is the library's own setting, `MEMSNAP_MAX_ENTRIES`
+    // (default 100,000; a large value keeps the whole history, to measure its memory per
+    // event), read by the one configuration parser.
     let cfg = Config {
         stacks: Stacks::Native,
         at_exit: false,
+        max_entries: Config::from_env().0.max_entries,
         ..Config::default()
-    };
-    let cfg = Config {
-        max_entries: history.unwrap_or(cfg.max_entries),
-        ..cfg
     };
     (rec, Writer::new(rec, cfg))
 }
