@@ -128,18 +128,7 @@ pub fn at_time(timeline: &[(i64, i64)], time_us: i64) -> Option<i64> {
 mod tests {
     use super::*;
 
-    fn e(action: Action, addr: i64, size: i64, stack: u32, t: i64) -> TraceEntry {
-        TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: t,
-            stack: Some(stack),
-            device_free: None,
-            user_metadata: None,
-        }
-    }
+    use crate::explain::tests::ev as e;
 
     #[test]
     fn by_stack_before_each_boundary_and_the_timeline() {

@@ -1087,7 +1087,7 @@ pub fn verdict_line(loaded: &Summarized, name: &str, attr: &Attribution) -> Opti
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use memsnap_format::model::{Action, Frame, Segment, StepMark, TraceEntry};
 
@@ -1101,7 +1101,8 @@ mod tests {
         }
     }
 
-    fn ev(action: Action, addr: i64, size: i64, stack: u32, t: i64) -> TraceEntry {
+    /// A trace entry of `stack` at time `t` (the log's tests use it too).
+    pub(crate) fn ev(action: Action, addr: i64, size: i64, stack: u32, t: i64) -> TraceEntry {
         TraceEntry {
             action,
             addr,
