@@ -14,7 +14,7 @@ use crate::channel::queue::Recorder;
 use crate::channel::sent;
 use crate::config::{Context, Stacks};
 use crate::guard::HookThread;
-use crate::process::clock::{Stamp, now};
+use crate::process::clock::{self, Stamp, now};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 
@@ -186,7 +186,7 @@ fn oom_dump_ticket(rec: &Recorder) -> u64 {
     if !rec.settings.dump_on_oom {
         return 0;
     }
-    let now = handshake::now_us();
+    let now = clock::wall_micros();
     let last = OOM_LAST_US.load(Acquire);
     if last != 0 && now.saturating_sub(last) < OOM_DEBOUNCE_US {
         return 0;
@@ -227,7 +227,7 @@ fn oom_episode(by: Sender, api: Api, device: i32, free_bytes: Option<u64>, size:
         rec.wake_writer();
         rec.wait_for(|| OOM_DUMPS.is_done(dump_ticket), OOM_WAIT);
         // The episode ends when the caller gets its error back, not when it asked.
-        OOM_LAST_US.store(handshake::now_us(), Release);
+        OOM_LAST_US.store(clock::wall_micros(), Release);
     }
 }
 

@@ -9,19 +9,14 @@
 //! was queued when it saw the request (so the snapshot holds everything the asking thread
 //! did before asking), then writes the snapshot and completes the request.
 //!
-//! Hot only in [`now_us`] and the route counters (relaxed atomics). Waiting for a dump is
-//! cold (a thread that asked for a snapshot sleeps in 1 ms steps until the writer says it
-//! is on disk).
+//! Hot only in the route counters (relaxed atomics; events are stamped by
+//! `process::clock`). Waiting for a dump is cold (a thread that asked for a snapshot sleeps
+//! in 1 ms steps until the writer says it is on disk).
 
+use crate::process::clock::wall_micros;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
-
-/// Microseconds since the Unix epoch (clock_gettime through the vDSO: no syscall).
-#[inline]
-pub fn now_us() -> u64 {
-    crate::process::clock::wall_micros()
-}
 
 /// A request that a writer completes: the asking side takes a ticket, the writer raises
 /// `done` to the ticket once the snapshot is written (or given up on).
@@ -111,7 +106,7 @@ impl CrashRequest {
         self.code.store(code, Relaxed);
         self.sender.store(sender, Relaxed);
         self.tid.store(tid, Relaxed);
-        self.time_us.store(now_us(), Relaxed);
+        self.time_us.store(wall_micros(), Relaxed);
         self.with_stack.store(with_stack, Relaxed);
         self.dumps.ask()
     }

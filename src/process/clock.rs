@@ -178,12 +178,13 @@ impl StampConverter {
         if span >= RATE_SPAN_NS
             && let Some(r) = rate(self.span_start, now)
         {
-            // A wall-clock step inside the span gives a wrong rate: keep the old one then
-            // (a real counter's rate does not move by a percent).
-            if (r / self.nanos_per_tick - 1.0).abs() < 0.01 {
+            // A wall-clock step inside the span gives a wrong rate: keep the old one and
+            // start a new span (a real counter's rate does not move by a percent).
+            let steady = (r / self.nanos_per_tick - 1.0).abs() < 0.01;
+            if steady {
                 self.nanos_per_tick = r;
             }
-            if span >= RATE_WINDOW_NS || (r / self.nanos_per_tick - 1.0).abs() >= 0.01 {
+            if span >= RATE_WINDOW_NS || !steady {
                 self.span_start = now;
             }
         }

@@ -104,7 +104,7 @@ impl Writer {
             meta_str("tag", tag),
             meta_int("seq", self.seq),
             meta_int("step", self.step),
-            meta_int("time_us", handshake::now_us()),
+            meta_int("time_us", crate::process::clock::wall_micros()),
             meta_int("events_recorded", c.applied.load(Relaxed)),
             // Lost only while the writer is gone; a snapshot written then has none to report,
             // so these are 0 in every file and exist for readers that check.

@@ -10,7 +10,7 @@ use super::files::Reason;
 use super::{CrashInfo, Flow, Writer, absolute, dump};
 use crate::channel::event::Api;
 use crate::channel::handshake::{
-    self, API_DUMP_LOG, API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, SIGNAL_DUMPS,
+    API_DUMP_LOG, API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, SIGNAL_DUMPS,
 };
 use crate::snapshot::live::{self as live_protocol, Answer, Request, Sample};
 use std::sync::atomic::Ordering::*;
@@ -166,7 +166,7 @@ impl Writer {
         );
         sample.version = live_protocol::PROTOCOL_VERSION;
         sample.pid = self.id.pid;
-        sample.time_us = handshake::now_us();
+        sample.time_us = crate::process::clock::wall_micros();
         sample.step = self.step;
         sample.events_recorded = c.applied.load(Relaxed);
         sample.dropped_events = c.lost_total();

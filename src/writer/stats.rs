@@ -61,7 +61,7 @@ impl Stats {
     pub fn row(&mut self, step: u64, reason: Reason, state: &State) {
         let Some(f) = &mut self.file else { return };
         let rank = &self.rank_field;
-        let now = crate::channel::handshake::now_us();
+        let now = crate::process::clock::wall_micros();
         let mut out = String::new();
         for (d, dev) in state.devices.iter().enumerate() {
             let total = crate::channel::handshake::device_total(d);
