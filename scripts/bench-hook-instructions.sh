@@ -11,6 +11,10 @@
 #     loaded" subtracts the same program without memsnap.
 #  2. Python caller, the same calls through ctypes: scripts/bench/hook_cost.py (12 Python
 #     frames at the call, under the interpreter's and libffi's native frames).
+#  2b. C caller with a training step's stack shape: scripts/bench/step_shape.c (54 native
+#     frames at cudaMallocAsync; consecutive allocations differ in their inner 12-22 frames,
+#     one of 450 paths each time, as a real step's do: the walk unwinds about 20 frames and
+#     reuses the outer 35 of the previous walk). Route "step".
 #  3. PyTorch's caching allocator, the trace tracker (src/pytorch/mod.rs): the stand-in of
 #     tests/fake_torch driven from C (scripts/bench/tracker_cost.c, 34 native frames at the
 #     allocation) and from Python (scripts/bench/tracker_cost.py, 12 Python frames). Each
@@ -29,7 +33,7 @@
 #
 #   bash scripts/bench-hook-instructions.sh [LIB ...]   (default: this build's release library;
 #                                                        needs valgrind; ~3 min per library)
-#   ROUTES="c python tracker" (default all three), ITERATIONS (C, 3000), PY_ITERATIONS (1000),
+#   ROUTES="c step python tracker" (default all four), ITERATIONS (C, 3000), PY_ITERATIONS (1000),
 #   ROUNDS (tracker rounds of 64 blocks, C 100, Python 30), PYTHON (python3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,6 +42,8 @@ command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get ins
 OUT=target/bench-hooks
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
 cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" scripts/bench/hook_cost.c \
+    -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
+cc -std=gnu11 -O2 -g -o "$OUT/step_shape" scripts/bench/step_shape.c \
     -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
 cc -std=gnu11 -O2 -g -o "$OUT/tracker_cost" scripts/bench/tracker_cost.c \
     -L"$OUT/fake-cuda/lib" -lcudart -ldl -lpthread
@@ -50,7 +56,7 @@ PY=${PYTHON:-python3}
 PY=$("$PY" -c 'import sys; print(sys.executable)')
 ITERATIONS=${ITERATIONS:-3000}
 PY_ITERATIONS=${PY_ITERATIONS:-1000}
-ROUTES=${ROUTES:-c python tracker}
+ROUTES=${ROUTES:-c step python tracker}
 LIBS=("$@")
 [ ${#LIBS[@]} -eq 0 ] && LIBS=("$PWD/target/release/libmemsnap.so")
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/memsnap-hook-ir.XXXXXX")
@@ -92,11 +98,14 @@ echo "memsnap: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff -
 
 for route in $ROUTES; do
     case $route in
-    c | python)
+    c | step | python)
         # In the shared runtime cudaMallocAsync is a jump to malloc_async (callgrind sees no
         # call of its own): count that.
         if [ "$route" = c ]; then
             cmd=("$OUT/hook_cost" "$ITERATIONS" 26); what="C caller (scripts/bench/hook_cost.c)"
+            f_malloc=cudaMallocAsync; f_free=cudaFreeAsync
+        elif [ "$route" = step ]; then
+            cmd=("$OUT/step_shape" "$ITERATIONS" 30); what="C caller, a training step's stack shape (scripts/bench/step_shape.c)"
             f_malloc=cudaMallocAsync; f_free=cudaFreeAsync
         else
             cmd=("$PY" scripts/bench/hook_cost.py "$PY_ITERATIONS"); what="Python caller through ctypes (scripts/bench/hook_cost.py)"

@@ -275,6 +275,24 @@ pub mod debug {
         unsafe { debug::bench_writer(events, distinct_stacks, depth, out) }
     }
 
+    /// Copies the capture statistics (`capture::stats`, in `Stat` order) into `out`, at
+    /// most `len` of them; returns how many there are. `capture-stats` builds only.
+    ///
+    /// # Safety
+    /// `out` must be null or point to `len` writable `u64`.
+    #[cfg(feature = "capture-stats")]
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn memsnap_debug_capture_stats(out: *mut u64, len: usize) -> usize {
+        let stats = crate::capture::stats::read();
+        if !out.is_null() {
+            for (i, v) in stats.iter().take(len).enumerate() {
+                // SAFETY: `i < len`, and `out` points to `len` writable `u64` (contract).
+                unsafe { out.add(i).write(*v) };
+            }
+        }
+        stats.len()
+    }
+
     /// What a `memsnap top` request costs the writer (`cargo bench --bench live`).
     ///
     /// # Safety

@@ -17,40 +17,17 @@
  * call site + 1), the stack memsnap walks in native mode.
  */
 #include "../../tests/fake_cuda/cuda_fake.h"
+#define BENCH_NAME "hook_cost"
+#include "alloc_loop.h"
 #include <execinfo.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
 
-#define N_SIZES 256
 #define SITES 6
 #define WINDOW 16
 
-static size_t sizes[N_SIZES];
 static void *live[WINDOW];
 static long head;  /* index of the oldest live allocation in the ring */
 static long calls; /* successful CUDA calls */
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static volatile long sink;
-
-static inline uint64_t next_random(void) { /* xorshift64* */
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
-}
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static void fail(const char *what) {
-    fprintf(stderr, "hook_cost: %s failed\n", what);
-    exit(1);
-}
 
 /* One training-loop step at a distinct call site: free the oldest, allocate a new one.
  * noinline + a distinct body each, so every site has its own return address. */
@@ -109,12 +86,7 @@ __attribute__((noinline)) static int nested_count(int depth) {
 int main(int argc, char **argv) {
     long iterations = argc > 1 ? atol(argv[1]) : 200000;
     int depth = argc > 2 ? atoi(argv[2]) : 26;
-    /* 256 sizes from 512 B to 64 MiB, spread log-uniformly, multiples of 512. */
-    for (int i = 0; i < N_SIZES; i++) {
-        double bytes = 512.0;
-        for (int k = 0; k < i; k++) bytes *= 1.0472; /* 1.0472^255 ~ 2^17 */
-        sizes[i] = ((size_t)bytes + 511) / 512 * 512;
-    }
+    fill_sizes();
     /* backtrace at timed_loop's level, + 1 for site<n>, + 1 for cudaMallocAsync (which
      * makes the driver call memsnap hooks). */
     int frames = nested_count(depth) + 1 + 1;

@@ -851,6 +851,18 @@ def drive(a, argv):
     print(text)
 
 
+def add_workload_args(p):
+    """The model's and the batch's sizes (TorchWorkload's arguments), for every script that
+    runs this step."""
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=8192)
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lib", help="libmemsnap.so to preload (not needed with --dry-run)")
@@ -864,13 +876,7 @@ def main(argv):
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per process before the cycles (30; dry run 5)")
     p.add_argument("--child-timeout", type=float, default=180, help="seconds a process may take to start or answer")
     p.add_argument("--memsnap-context", choices=["alloc", "all"], default="alloc")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=8192)
+    add_workload_args(p)
     p.add_argument("--no-pin", action="store_true", help="leave the stepping threads unpinned")
     p.add_argument("--dry-run", action="store_true", help="fake workload: no torch, no GPU, no preload")
     p.add_argument("--dry-run-lose", action="append", default=[], metavar="CONFIG",

@@ -10,6 +10,35 @@
 
 pub mod native;
 pub mod python;
+#[cfg(feature = "capture-stats")]
+pub mod stats;
+
+/// Adds to a capture statistic ([`stats::Stat`]) in a `capture-stats` build; nothing in any
+/// other build, where the counted expression is not evaluated either.
+macro_rules! count {
+    ($stat:ident, $n:expr) => {
+        #[cfg(feature = "capture-stats")]
+        $crate::capture::stats::add($crate::capture::stats::Stat::$stat, ($n) as u64);
+    };
+}
+pub(crate) use count;
+
+/// The value of `$e`; in a `capture-stats` build, the time-stamp-counter ticks it took are
+/// added to `$stat` too.
+macro_rules! timed {
+    ($stat:ident, $e:expr) => {{
+        #[cfg(feature = "capture-stats")]
+        let start = $crate::capture::stats::ticks();
+        let value = $e;
+        #[cfg(feature = "capture-stats")]
+        $crate::capture::stats::add(
+            $crate::capture::stats::Stat::$stat,
+            $crate::capture::stats::ticks().wrapping_sub(start),
+        );
+        value
+    }};
+}
+pub(crate) use timed;
 
 use crate::channel::event::{StackSlot, native_chain};
 use crate::config::{FRAME_CAPACITY, Stacks};
@@ -55,10 +84,10 @@ fn capture_from(
     slot.truncated = false;
     let (mut chain, mut python_sum) = (None, 0);
     if stacks.native() {
-        chain = native::capture(slot, max, from);
+        chain = timed!(NativeTicks, native::capture(slot, max, from));
     }
     if stacks.python() {
-        python_sum = python::capture(slot, max);
+        python_sum = timed!(PythonTicks, python::capture(slot, max));
     }
     let chain = chain.unwrap_or_else(|| native_chain(slot.native()));
     slot.identity_hash_from(chain, python_sum)

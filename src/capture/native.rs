@@ -95,6 +95,7 @@ pub fn capture_interrupted(
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
+    use crate::capture::count;
     use crate::channel::event::{NATIVE_CHAIN_SEED, StackSlot, native_chain_step};
     use crate::config::FRAME_CAPACITY;
     use crate::process::modules;
@@ -214,10 +215,6 @@ mod imp {
     /// exactly as framehop decides.
     #[derive(Clone, Copy, Default)]
     struct Rule {
-        /// [`rule_key`] of the address; 0: empty slot.
-        key: u64,
-        /// The module table the rule was found with (rules may differ in another).
-        table: usize,
         form: Form,
         cfa_from_bp: bool,
         cfa_offset: i32,
@@ -229,7 +226,9 @@ mod imp {
     #[derive(Clone, Copy, Default, PartialEq, Eq)]
     #[repr(u8)]
     enum Form {
-        /// Not of the form above: framehop unwinds this address every time.
+        /// Not of the form above: framehop unwinds this address every time. (All-zero
+        /// bytes are this form: an empty cache entry, if ever taken for a rule, only sends
+        /// the step to framehop.)
         #[default]
         Framehop = 0,
         /// The end of the stack (no return address): the walk stops.
@@ -237,11 +236,68 @@ mod imp {
         Step,
     }
 
-    /// Slots of the per-thread rule cache: direct-mapped, 1,024 x 32 bytes.
-    const RULE_SLOTS: usize = 1024;
+    /// Entries per set of the rule cache: one cache line of keys.
+    const RULE_WAYS: usize = 8;
+    /// Sets of the rule cache: 4,096 rules in all, about 80 KiB a thread.
+    ///
+    /// A direct-mapped cache of 1,024 rules was enough for loops that allocate from a few
+    /// call sites, but in a real training step (scripts/gpu/step_stacks.py: a transformer's
+    /// forward, backward and optimizer step, about 450 stacks a step) the addresses of the
+    /// frames a walk unwinds evicted each other: 0.8-1.1 misses per walk, each one deriving
+    /// the rule with framehop again (docs/HOT-PATH.md, "Rule cache").
+    const RULE_SETS: usize = 512;
 
+    /// The rules memsnap executes itself, by [`rule_key`]: sets of [`RULE_WAYS`] entries,
+    /// the keys apart from the rules so that a lookup reads one line of keys; in each set
+    /// the newest first (a full set forgets its oldest).
     struct Rules {
-        slots: [Rule; RULE_SLOTS],
+        /// The module table the rules were derived with (rules may differ in another): a
+        /// walk with another table empties the cache first. 0: none yet.
+        table: usize,
+        /// 0: an empty entry (no frame address has key 0: it would be in no module).
+        keys: [[u64; RULE_WAYS]; RULE_SETS],
+        rules: [[Rule; RULE_WAYS]; RULE_SETS],
+    }
+
+    impl Rules {
+        /// Empties the cache if its rules were derived with another module table.
+        #[inline(always)]
+        fn use_table(&mut self, table: usize) {
+            if self.table != table {
+                self.reset(table);
+            }
+        }
+
+        #[cold]
+        #[inline(never)]
+        fn reset(&mut self, table: usize) {
+            self.keys = [[0; RULE_WAYS]; RULE_SETS];
+            self.table = table;
+        }
+
+        /// The cached rule for `key`.
+        #[inline(always)]
+        fn get(&self, key: u64) -> Option<Rule> {
+            let set = rule_set(key);
+            let way = self.keys[set].iter().position(|&k| k == key)?;
+            Some(self.rules[set][way])
+        }
+
+        /// Whether caching `key` would evict another key's rule.
+        #[cfg(feature = "capture-stats")]
+        fn full(&self, key: u64) -> bool {
+            self.keys[rule_set(key)][RULE_WAYS - 1] != 0
+        }
+
+        /// Caches `rule` for `key`, first in its set.
+        #[inline(always)]
+        fn insert(&mut self, key: u64, rule: Rule) {
+            let set = rule_set(key);
+            self.keys[set].copy_within(..RULE_WAYS - 1, 1);
+            self.keys[set][0] = key;
+            self.rules[set].copy_within(..RULE_WAYS - 1, 1);
+            self.rules[set][0] = rule;
+        }
     }
 
     /// The cache key of a frame address: the lookup address (a return address minus one),
@@ -254,8 +310,8 @@ mod imp {
     }
 
     #[inline(always)]
-    fn rule_slot(key: u64) -> usize {
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % RULE_SLOTS
+    fn rule_set(key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 55) as usize % RULE_SETS
     }
 
     /// What [`run_rule`] did.
@@ -330,12 +386,7 @@ mod imp {
     /// register, an expression) is [`Form::Framehop`].
     #[cold]
     #[inline(never)]
-    fn derive_rule(
-        table: &modules::ModuleTable,
-        cache: &mut Cache,
-        address: FrameAddress,
-        key: u64,
-    ) -> Rule {
+    fn derive_rule(table: &modules::ModuleTable, cache: &mut Cache, address: FrameAddress) -> Rule {
         const PROBES: [(u64, u64); 2] = [
             (0x0000_1000_0000_0000, 0x0000_1000_0001_0000),
             (0x0000_2000_0000_0000, 0x0000_2000_0003_0000),
@@ -367,11 +418,7 @@ mod imp {
                 _ => break,
             }
         }
-        let mut rule = Rule {
-            key,
-            table: table as *const modules::ModuleTable as usize,
-            ..Rule::default()
-        };
+        let mut rule = Rule::default();
         if ends == 2 {
             rule.form = Form::End;
             return rule;
@@ -453,9 +500,9 @@ mod imp {
             // `capture` is not re-entered on one thread (the hooks' nesting guard).
             return Some(unsafe { &mut *p });
         }
-        // About 73 KiB (the caches allocate their own ~300 KiB).
+        // About 120 KiB (the caches allocate their own ~300 KiB).
         // SAFETY: all-zero bytes are valid walks (no walk yet: `table` 0, `End::Stopped`),
-        // valid rules (empty slots: `table` 0 matches no module table) and a valid `current`; the caches are written in place below, before any use.
+        // valid rules (no module table yet: `table` 0, every key 0 an empty entry) and a valid `current`; the caches are written in place below, before any use.
         // `free_unwind` frees a `ThreadUnwind`.
         let fresh: *mut ThreadUnwind = unsafe { UNWIND_KEY.alloc_zeroed(free_unwind) };
         if fresh.is_null() {
@@ -589,6 +636,10 @@ mod imp {
         } else {
             prev
         };
+        count!(Walks, 1);
+        count!(WalksAtStepLimit, record.end == End::StepLimit);
+        count!(NativeFrames, slot.n_native);
+        count!(NativeTruncated, slot.truncated);
         // The walk's frames are the slot's unless the slot was cut at `max`.
         if !record.chain_ok || slot.truncated || record.n_frames != slot.n_native as usize {
             return None;
@@ -720,6 +771,7 @@ mod imp {
     ) -> Kept {
         let table_id = table as *const modules::ModuleTable as usize;
         cur.table = table_id;
+        rules.use_table(table_id);
         cur.n_steps = 0;
         cur.n_reads = 0;
         cur.reads_overflowed = false;
@@ -753,6 +805,13 @@ mod imp {
                     && p.bp == regs.bp()
                     && tail_still_holds(prev, prev_at, bounds)
                 {
+                    count!(WalksReused, 1);
+                    count!(StepsUnwound, cur.n_steps);
+                    count!(StepsReused, prev.n_steps - prev_at);
+                    count!(
+                        ReadsChecked,
+                        prev.n_reads - prev.steps[prev_at].reads_from as usize
+                    );
                     let kept = splice(cur, prev, prev_at, slot, &mut out);
                     slot.n_native = out.n as u16;
                     return kept;
@@ -787,11 +846,21 @@ mod imp {
             cur.steps[at] = step;
             cur.n_steps += 1;
             let key = rule_key(address);
-            let slot = &mut rules.slots[rule_slot(key)];
-            if slot.key != key || slot.table != table_id {
-                *slot = derive_rule(table, &mut caches[rule_cache_index(address)], address, key);
-            }
-            match run_rule(slot, &mut regs, bounds, cur) {
+            let rule = match rules.get(key) {
+                Some(rule) => rule,
+                None => {
+                    count!(RuleMisses, 1);
+                    count!(RuleMissesConflict, rules.full(key));
+                    count!(RuleMissesCold, !rules.full(key));
+                    count!(RuleMissesFirstFrame, first);
+                    #[cfg(feature = "capture-stats")]
+                    crate::capture::stats::note_miss(key);
+                    let rule = derive_rule(table, &mut caches[rule_cache_index(address)], address);
+                    rules.insert(key, rule);
+                    rule
+                }
+            };
+            match run_rule(&rule, &mut regs, bounds, cur) {
                 Ran::Next(ra) => match FrameAddress::from_return_address(ra) {
                     Some(a) => {
                         address = a;
@@ -806,7 +875,9 @@ mod imp {
                     cur.end = End::Stopped;
                     break;
                 }
-                Ran::Framehop => {}
+                Ran::Framehop => {
+                    count!(FramehopSteps, 1);
+                }
             }
             let mut read_stack = |addr: u64| -> Result<u64, ()> {
                 let result = bounds.read(addr);
@@ -843,6 +914,7 @@ mod imp {
         }
         slot.n_native = out.n as u16;
         let n = cur.n_steps;
+        count!(StepsUnwound, n);
         seal(cur, n);
         fill_chain(cur, cur.n_frames);
         Kept::InCur
@@ -949,5 +1021,66 @@ mod imp {
         let inner = cur.n_steps - steps.len().min(room_steps);
         seal(cur, inner);
         Kept::InCur
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn empty_rules() -> Box<Rules> {
+            Box::new(Rules {
+                table: 0,
+                keys: [[0; RULE_WAYS]; RULE_SETS],
+                rules: [[Rule::default(); RULE_WAYS]; RULE_SETS],
+            })
+        }
+
+        fn rule(offset: i32) -> Rule {
+            Rule {
+                form: Form::Step,
+                cfa_offset: offset,
+                ..Rule::default()
+            }
+        }
+
+        /// `n` distinct keys that all fall in one set.
+        fn keys_of_one_set(n: usize) -> Vec<u64> {
+            let want = rule_set(0x7f00_0000_1000);
+            (0x7f00_0000_1000u64..)
+                .filter(|&k| rule_set(k) == want)
+                .take(n)
+                .collect()
+        }
+
+        #[test]
+        fn a_set_keeps_its_eight_newest_rules_and_a_new_table_empties_the_cache() {
+            let mut rules = empty_rules();
+            rules.use_table(1);
+            let keys = keys_of_one_set(RULE_WAYS + 1);
+            for (i, &k) in keys[..RULE_WAYS].iter().enumerate() {
+                rules.insert(k, rule(i as i32 * 16));
+            }
+            for (i, &k) in keys[..RULE_WAYS].iter().enumerate() {
+                let got = rules.get(k).expect("eight keys of one set are all kept");
+                assert_eq!(got.cfa_offset, i as i32 * 16, "key {k:#x} has its own rule");
+            }
+            rules.insert(keys[RULE_WAYS], rule(999));
+            assert!(
+                rules.get(keys[0]).is_none(),
+                "a ninth key forgets the oldest"
+            );
+            assert_eq!(rules.get(keys[RULE_WAYS]).map(|r| r.cfa_offset), Some(999));
+            assert_eq!(rules.get(keys[1]).map(|r| r.cfa_offset), Some(16));
+            rules.use_table(1);
+            assert!(
+                rules.get(keys[1]).is_some(),
+                "the same table keeps the rules"
+            );
+            rules.use_table(2);
+            assert!(
+                keys.iter().all(|&k| rules.get(k).is_none()),
+                "rules found with another module table are not used"
+            );
+        }
     }
 }

@@ -90,6 +90,8 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) -> u64 {
         }
     };
     slot.n_python = n as u16;
+    super::count!(PythonWalks, 1);
+    super::count!(PythonFrames, n);
     if more {
         slot.truncated = true;
     }

@@ -1,0 +1,106 @@
+//! What stack captures did, counted for diagnosis: walks, frames unwound and reused, stack
+//! reads checked, rule-cache misses, Python frames. Compiled only with the `capture-stats`
+//! feature (a diagnostic build; the shipped library, the wheel and the builds that
+//! benchmarks time leave it off), so the counting costs the hot path nothing elsewhere.
+//!
+//! Hot when compiled in: one relaxed atomic add per counted quantity per capture, the
+//! reason it is not in the builds whose cost is measured. Read by
+//! `memsnap_debug_capture_stats` (`scripts/gpu/step_stacks.py` reports them per event).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// The counters, in the order `memsnap_debug_capture_stats` writes them.
+#[derive(Clone, Copy)]
+#[repr(usize)]
+pub enum Stat {
+    /// Native walks made.
+    Walks,
+    /// Walks that ended by reusing the previous walk's outer frames.
+    WalksReused,
+    /// Unwinder steps executed (frames unwound, memsnap's own included).
+    StepsUnwound,
+    /// Steps taken over from the previous walk instead of unwound.
+    StepsReused,
+    /// Stack words re-read to prove a reused tail still holds.
+    ReadsChecked,
+    /// Steps whose rule was not in the per-thread rule cache (derived with framehop).
+    RuleMisses,
+    /// Rule misses at an empty slot (the address's first time).
+    RuleMissesCold,
+    /// Rule misses at a slot another address's rule held (evicted it).
+    RuleMissesConflict,
+    /// Rule misses at the walk's first frame (the hook's own address).
+    RuleMissesFirstFrame,
+    /// Steps framehop unwound itself (a rule of another shape, or the unclean case).
+    FramehopSteps,
+    /// Walks that stopped at the step limit (the stack is deeper than a walk goes).
+    WalksAtStepLimit,
+    /// Native frames written to stacks.
+    NativeFrames,
+    /// Stacks whose native frames were cut at the frame limit.
+    NativeTruncated,
+    /// Python walks made.
+    PythonWalks,
+    /// Python frames written to stacks.
+    PythonFrames,
+    /// Time-stamp-counter ticks spent in native walks.
+    NativeTicks,
+    /// Ticks spent in Python walks.
+    PythonTicks,
+    /// Ticks spent sending an event with its stack (the sent-stack table, a slot and the
+    /// copy for a new stack, the queue).
+    SendTicks,
+    /// Ticks spent in the whole stack path of an event (its walks and its send).
+    StackEventTicks,
+    /// Events that went through the stack path.
+    StackEvents,
+    /// Time-stamp-counter ticks per millisecond, measured when the counters are read.
+    TicksPerMillisecond,
+}
+
+/// How many counters there are.
+pub const STATS: usize = Stat::TicksPerMillisecond as usize + 1;
+/// Rule-cache keys of the latest misses kept (a ring), written after the counters.
+pub const MISSED_KEPT: usize = 32;
+
+static COUNTERS: [AtomicU64; STATS] = [const { AtomicU64::new(0) }; STATS];
+static MISSED: [AtomicU64; MISSED_KEPT] = [const { AtomicU64::new(0) }; MISSED_KEPT];
+
+/// Adds `n` to `stat`.
+#[inline(always)]
+pub fn add(stat: Stat, n: u64) {
+    COUNTERS[stat as usize].fetch_add(n, Relaxed);
+}
+
+/// Keeps `key` (a frame address, top bit set for a walk's first frame) among the latest
+/// rule misses.
+#[inline(always)]
+pub fn note_miss(key: u64) {
+    let at = COUNTERS[Stat::RuleMisses as usize].load(Relaxed) as usize % MISSED_KEPT;
+    MISSED[at].store(key, Relaxed);
+}
+
+/// The time-stamp counter (0 off x86-64).
+#[inline(always)]
+pub fn ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `rdtsc` reads a counter; it touches no memory.
+    unsafe {
+        std::arch::x86_64::_rdtsc()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    0
+}
+
+/// The counters so far, in [`Stat`] order, then the latest missed keys. Measures the
+/// counter's rate over 20 ms first (cold: a diagnostic read).
+pub fn read() -> [u64; STATS + MISSED_KEPT] {
+    let (t0, i0) = (ticks(), std::time::Instant::now());
+    while i0.elapsed() < std::time::Duration::from_millis(20) {}
+    let rate = (ticks() - t0) as f64 / (i0.elapsed().as_secs_f64() * 1e3);
+    COUNTERS[Stat::TicksPerMillisecond as usize].store(rate as u64, Relaxed);
+    std::array::from_fn(|i| match i.checked_sub(STATS) {
+        None => COUNTERS[i].load(Relaxed),
+        Some(k) => MISSED[k].load(Relaxed),
+    })
+}
