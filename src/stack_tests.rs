@@ -41,6 +41,24 @@ __attribute__((noinline)) int stk_recurse(int n, cb_t cb, void *arg) {
     KEEP();
     return r + 1;
 }
+/* The same with a frame pointer: every frame's unwinder state (rbp included) is then the same
+ * at the same depth, so a walk can meet the previous one inside the recursion. */
+__attribute__((noinline, optimize("no-omit-frame-pointer")))
+int stk_recurse_fp(int n, cb_t cb, void *arg) {
+    if (n == 0) { cb(arg); KEEP(); return 0; }
+    int r = stk_recurse_fp(n - 1, cb, arg); /* LINE_FP */
+    KEEP();
+    return r + 1;
+}
+/* Captures at each of `count` depths from one frame, as a training step allocates from one
+ * loop through operators of different depths. */
+__attribute__((noinline, optimize("no-omit-frame-pointer")))
+void stk_depths(const int *depths, int count, cb_t cb, void *arg) {
+    for (int i = 0; i < count; i++) {
+        stk_recurse_fp(depths[i], cb, arg);
+        KEEP();
+    }
+}
 "#;
 
 fn line_of(marker: &str) -> i64 {
@@ -54,6 +72,7 @@ fn line_of(marker: &str) -> i64 {
 type Callback = extern "C" fn(*mut libc::c_void);
 type CallA = extern "C" fn(Callback, *mut libc::c_void);
 type CallRecurse = extern "C" fn(libc::c_int, Callback, *mut libc::c_void) -> libc::c_int;
+type CallDepths = extern "C" fn(*const libc::c_int, libc::c_int, Callback, *mut libc::c_void);
 
 struct CLib {
     a: CallA,
@@ -61,6 +80,8 @@ struct CLib {
     x: CallA,
     y: CallA,
     recurse: CallRecurse,
+    /// `stk_depths`: `stk_recurse_fp` at each of several depths.
+    depths: CallDepths,
 }
 
 /// Builds (once) and loads the C library; `stripped` loads a `strip --strip-all` copy.
@@ -84,12 +105,14 @@ fn load_raw(path: &Path) -> CLib {
         let r = libc::dlsym(h, c"stk_recurse".as_ptr());
         let x = libc::dlsym(h, c"stk_x".as_ptr());
         let y = libc::dlsym(h, c"stk_y".as_ptr());
-        assert!(!a.is_null() && !r.is_null() && !x.is_null() && !y.is_null());
+        let fp = libc::dlsym(h, c"stk_depths".as_ptr());
+        assert!(!a.is_null() && !r.is_null() && !x.is_null() && !y.is_null() && !fp.is_null());
         CLib {
             a: std::mem::transmute::<*mut libc::c_void, CallA>(a),
             x: std::mem::transmute::<*mut libc::c_void, CallA>(x),
             y: std::mem::transmute::<*mut libc::c_void, CallA>(y),
             recurse: std::mem::transmute::<*mut libc::c_void, CallRecurse>(r),
+            depths: std::mem::transmute::<*mut libc::c_void, CallDepths>(fp),
         }
     }
 }
@@ -247,6 +270,86 @@ fn outer_frames_that_changed_at_the_same_depth_are_unwound_again() {
     // The repeated calls through the same function did reuse the previous walk.
     let reused = crate::capture::native::WALKS_REUSED.load(std::sync::atomic::Ordering::Relaxed);
     assert!(reused > reused_before, "no walk was reused");
+}
+
+/// The stacks of a run of captures, one after another on one thread.
+struct Captures {
+    slots: Vec<StackSlot>,
+    /// Captures whose returned hash differed from the hash of the stack computed in full.
+    hash_mismatches: u64,
+}
+
+extern "C" fn capture_each_cb(arg: *mut libc::c_void) {
+    // SAFETY: the test passes a `&mut Captures` through the C library.
+    let captures = unsafe { &mut *(arg as *mut Captures) };
+    let mut slot = StackSlot::EMPTY;
+    let hash = capture(&mut slot, Stacks::Native, FRAME_CAPACITY);
+    captures.hash_mismatches += u64::from(hash != slot.identity_hash());
+    captures.slots.push(slot);
+}
+
+/// Consecutive walks of different depths from one loop, as a training step's allocations
+/// from different operators: each reuses the previous walk's frames from where the two
+/// meet (inside the recursion, or above it), the new inner part written before them, and
+/// each gives exactly its own stack, with the hash of it.
+#[test]
+fn walks_of_changing_depth_reuse_the_outer_frames_and_give_each_stack_exactly() {
+    let lib = clib(Which::Full);
+    std::thread::spawn(move || {
+        let reused_before =
+            crate::capture::native::WALKS_REUSED.load(std::sync::atomic::Ordering::Relaxed);
+        let depths = [
+            0, 5, 20, 3, 40, 40, 7, 2, 55, 1, 200, 30, 0, 61, 9, 130, 4, 4, 12,
+        ];
+        let mut captures = Captures {
+            slots: Vec::with_capacity(depths.len()),
+            hash_mismatches: 0,
+        };
+        (lib.depths)(
+            depths.as_ptr(),
+            depths.len() as libc::c_int,
+            capture_each_cb,
+            &mut captures as *mut Captures as *mut libc::c_void,
+        );
+        assert_eq!(captures.slots.len(), depths.len());
+        assert_eq!(captures.hash_mismatches, 0);
+        // The first capture (depth 0): the base case's call of the callback, then the frames
+        // that called the recursion (stk_depths and the thread's start), the same every time.
+        assert_eq!(depths[0], 0);
+        let first = captures.slots[0].native();
+        let (base, outer) = (first[0], &first[1..]);
+        assert!(
+            outer.len() >= 2,
+            "stk_depths and its callers are under the recursion"
+        );
+        let recursive_call = captures.slots[1].native()[1];
+        for (i, (&n, slot)) in depths.iter().zip(&captures.slots).enumerate() {
+            // Each stack in full: the base case, `n` recursive calls at one address, the
+            // outer frames; the slot holds its first FRAME_CAPACITY frames.
+            let mut expected = vec![base];
+            expected.extend(std::iter::repeat_n(recursive_call, n as usize));
+            expected.extend_from_slice(outer);
+            let kept = expected.len().min(FRAME_CAPACITY);
+            assert_eq!(slot.native(), &expected[..kept], "capture {i} (depth {n})");
+            assert_eq!(
+                slot.truncated,
+                expected.len() > FRAME_CAPACITY,
+                "capture {i} (depth {n})"
+            );
+        }
+        let reused =
+            crate::capture::native::WALKS_REUSED.load(std::sync::atomic::Ordering::Relaxed);
+        // All but five: the thread's first walk, the two that reach the step limit inside
+        // the recursion (depths 200 and 130: they meet none of the previous walk's frames),
+        // and the walk after each of those (the record then holds only recursion frames).
+        assert!(
+            reused - reused_before >= depths.len() as u64 - 5,
+            "walks reused: {}",
+            reused - reused_before
+        );
+    })
+    .join()
+    .unwrap();
 }
 
 #[test]

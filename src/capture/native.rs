@@ -121,9 +121,9 @@ mod imp {
         first: bool,
         sp: u64,
         bp: u64,
-        /// Index in [`Walk::reads`] of the first read made while unwinding past this frame.
+        /// Index in the walk's `reads` of the first read made while unwinding past this frame.
         reads_from: u32,
-        /// Index in [`Walk::frames`] of the first frame this step or a later one added.
+        /// Index in the walk's `frames` of the first frame this step or a later one added.
         frames_from: u32,
         /// Lowest address read by this step or a later one (see [`seal`]).
         tail_lowest_read: u64,
@@ -151,24 +151,41 @@ mod imp {
         StepLimit,
     }
 
-    /// One recorded walk.
-    struct Walk {
-        /// The module table it used (rules may differ in another); 0: no walk.
-        table: usize,
+    /// The walk being made, innermost first from index 0: the steps it unwinds itself, the
+    /// stack reads they make and the frames they give.
+    struct Scratch {
         steps: [Step; MAX_STEPS],
         n_steps: usize,
         reads: [Read; MAX_READS],
         n_reads: usize,
-        /// The return addresses the walk put on the stack, in order (memsnap's own frames
-        /// are not there), so a reused tail is copied in one go.
         frames: [u64; MAX_STEPS],
         n_frames: usize,
+        /// Some read was not recorded (more than [`MAX_READS`]): the walk cannot be reused.
+        reads_overflowed: bool,
+        end: End,
+    }
+
+    /// The previous walk, kept for the next one to reuse. Its steps, reads and frames lie
+    /// at the ends of their arrays (`steps[steps_from..]`, and so on; every index in a
+    /// [`Step`] is into these arrays). A new walk that meets it at a step writes its own
+    /// inner part just before that step, and the shared outer part, usually the longer one,
+    /// stays where it lies with its summaries ([`seal`]) and hash (`chain`): the work of
+    /// reuse grows with the part that differs, not with the part that is reused.
+    struct Record {
+        /// The module table the walk used (rules may differ in another); 0: no walk.
+        table: usize,
+        steps: [Step; MAX_STEPS],
+        steps_from: usize,
+        reads: [Read; MAX_READS],
+        reads_from: usize,
+        /// The return addresses the walk put on the stack, innermost first (memsnap's own
+        /// frames are not there).
+        frames: [u64; MAX_STEPS],
+        frames_from: usize,
         /// `chain[i]`: the native chain (`channel::event::native_chain`) of `frames[i..]`,
         /// so that a reused tail brings its part of the stack's hash along.
         chain: [u64; MAX_STEPS],
-        /// `chain` matches `frames` (false only when a spliced tail did not fit).
-        chain_ok: bool,
-        /// Some read was not recorded (more than [`MAX_READS`]): the walk cannot be reused.
+        /// Some read was not recorded: the walk cannot be reused.
         reads_overflowed: bool,
         end: End,
     }
@@ -190,14 +207,13 @@ mod imp {
         ((lookup / 509).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 61) as usize % RULE_CACHES
     }
 
-    /// A thread's unwinder caches and its last two walks (the previous one and the one being
-    /// made; they swap roles each capture).
+    /// A thread's unwinder caches, its previous walk and room for the next one.
     struct ThreadUnwind {
         caches: [Cache; RULE_CACHES],
         /// The rules memsnap executes itself (see [`Rule`]).
         rules: Rules,
-        walks: [Walk; 2],
-        current: usize,
+        record: Record,
+        scratch: Scratch,
     }
 
     /// What a step does in the common case, found once per address by asking framehop
@@ -314,6 +330,16 @@ mod imp {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 55) as usize % RULE_SETS
     }
 
+    /// The registers an x86-64 walk tracks, kept in locals: framehop's register set (an
+    /// array indexed by register, each access bounds-checked) is built only for the steps
+    /// framehop unwinds.
+    #[derive(Clone, Copy)]
+    struct Regs {
+        ip: u64,
+        sp: u64,
+        bp: u64,
+    }
+
     /// What [`run_rule`] did.
     enum Ran {
         Next(u64),
@@ -325,13 +351,13 @@ mod imp {
     /// Executes `rule` on `regs` in the clean case (see [`Rule`]), recording its reads in
     /// `cur`; [`Ran::Framehop`] with nothing changed otherwise.
     #[inline(always)]
-    fn run_rule(rule: &Rule, regs: &mut UnwindRegsX86_64, bounds: Bounds, cur: &mut Walk) -> Ran {
+    fn run_rule(rule: &Rule, regs: &mut Regs, bounds: Bounds, cur: &mut Scratch) -> Ran {
         match rule.form {
             Form::Framehop => return Ran::Framehop,
             Form::End => return Ran::End,
             Form::Step => {}
         }
-        let (sp, bp) = (regs.sp(), regs.bp());
+        let Regs { sp, bp, .. } = *regs;
         if rule.cfa_from_bp && bp == 0 {
             return Ran::Framehop;
         }
@@ -359,22 +385,33 @@ mod imp {
         if ra == 0 {
             return Ran::Framehop;
         }
-        for (addr, value) in bp_at.map(|a| (a, new_bp)).into_iter().chain([(ra_at, ra)]) {
-            match cur.reads.get_mut(cur.n_reads) {
-                Some(r) => {
-                    *r = Read {
-                        addr,
-                        value,
-                        ok: true,
-                    };
-                    cur.n_reads += 1;
-                }
-                None => cur.reads_overflowed = true,
+        // The reads, in the order made: straight-line stores (an iterator over the optional
+        // `bp` read and the return address cost 27 instructions a step; callgrind).
+        let n = cur.n_reads;
+        if let Some(reads) = cur.reads.get_mut(n..n + 2) {
+            let mut k = 0;
+            if let Some(addr) = bp_at {
+                reads[0] = Read {
+                    addr,
+                    value: new_bp,
+                    ok: true,
+                };
+                k = 1;
             }
+            reads[k] = Read {
+                addr: ra_at,
+                value: ra,
+                ok: true,
+            };
+            cur.n_reads = n + k + 1;
+        } else {
+            cur.reads_overflowed = true;
         }
-        regs.set_sp(new_sp);
-        regs.set_bp(new_bp);
-        regs.set_ip(ra);
+        *regs = Regs {
+            ip: ra,
+            sp: new_sp,
+            bp: new_bp,
+        };
         Ran::Next(ra)
     }
 
@@ -501,9 +538,11 @@ mod imp {
             return Some(unsafe { &mut *p });
         }
         // About 120 KiB (the caches allocate their own ~300 KiB).
-        // SAFETY: all-zero bytes are valid walks (no walk yet: `table` 0, `End::Stopped`),
-        // valid rules (no module table yet: `table` 0, every key 0 an empty entry) and a valid `current`; the caches are written in place below, before any use.
-        // `free_unwind` frees a `ThreadUnwind`.
+        // SAFETY: all-zero bytes are a valid record (no walk yet: `table` 0, which no
+        // module table has, so nothing is reused from it; `End::Stopped`), a valid scratch
+        // walk and valid rules (no module table yet: `table` 0, every key 0 an empty
+        // entry); the caches are written in place below, before any use. `free_unwind`
+        // frees a `ThreadUnwind`.
         let fresh: *mut ThreadUnwind = unsafe { UNWIND_KEY.alloc_zeroed(free_unwind) };
         if fresh.is_null() {
             return None;
@@ -611,70 +650,47 @@ mod imp {
             // reads could not be bounded, so no native frames.
             return None;
         }
-        let (a, b) = state.walks.split_at_mut(1);
-        let (cur, prev) = if state.current == 0 {
-            (&mut a[0], &mut b[0])
-        } else {
-            (&mut b[0], &mut a[0])
-        };
-        let kept = walk(
+        let recorded = walk(
             table,
             &mut state.caches,
             &mut state.rules,
-            cur,
-            prev,
+            &mut state.scratch,
+            &mut state.record,
             Bounds { lo: from.sp, top },
             from,
             slot,
             max,
         );
-        // The next capture compares against this one: in `cur`, or in `prev` when the walk
-        // was completed in place there.
-        let record = if kept == Kept::InCur {
-            state.current ^= 1;
-            cur
-        } else {
-            prev
-        };
+        let record = &state.record;
         count!(Walks, 1);
         count!(WalksAtStepLimit, record.end == End::StepLimit);
         count!(NativeFrames, slot.n_native);
         count!(NativeTruncated, slot.truncated);
-        // The walk's frames are the slot's unless the slot was cut at `max`.
-        if !record.chain_ok || slot.truncated || record.n_frames != slot.n_native as usize {
+        // The record's frames are the slot's unless the walk could not be recorded or the
+        // slot was cut at `max`.
+        if !recorded || slot.truncated || MAX_STEPS - record.frames_from != slot.n_native as usize {
             return None;
         }
-        Some(if record.n_frames > 0 {
-            record.chain[0]
+        Some(if record.frames_from < MAX_STEPS {
+            record.chain[record.frames_from]
         } else {
             NATIVE_CHAIN_SEED
         })
     }
 
-    /// Computes `walk.chain[..inner]`, innermost last to first; the entries from `inner`
-    /// on are already right (they came with a reused tail) or there are none.
+    /// Computes `record.chain[lo..hi]`, innermost last to first; the entries from `hi` on are
+    /// already right (the reused outer part) or there are none.
     #[inline(always)]
-    fn fill_chain(walk: &mut Walk, inner: usize) {
-        let n = walk.n_frames;
-        let inner = inner.min(n);
-        let mut chain = if inner < n {
-            walk.chain[inner]
+    fn fill_chain(record: &mut Record, lo: usize, hi: usize) {
+        let mut chain = if hi < MAX_STEPS {
+            record.chain[hi]
         } else {
             NATIVE_CHAIN_SEED
         };
-        for i in (0..inner).rev() {
-            chain = native_chain_step(chain, walk.frames[i]);
-            walk.chain[i] = chain;
+        for i in (lo..hi).rev() {
+            chain = native_chain_step(chain, record.frames[i]);
+            record.chain[i] = chain;
         }
-    }
-
-    /// Where a finished walk's record is.
-    #[derive(Clone, Copy, PartialEq, Eq)]
-    enum Kept {
-        InCur,
-        /// The new inner frames were written over the previous walk's, whose outer frames
-        /// were reused where they lie: nothing of the (usually much longer) tail was copied.
-        InPrev,
     }
 
     /// The readable part of the thread's stack: `[sp at capture, top)`.
@@ -697,16 +713,16 @@ mod imp {
         }
     }
 
-    /// Whether every read `walk` made from step `at` on would return the same result now.
+    /// Whether every read `record` made from step `at` on would return the same result now.
     ///
     /// The usual case needs no bounds check per read: the reads all succeeded last time, so
     /// each lay in `[sp then, top)`; `top` is the same (one thread, one stack), and if the
     /// lowest of them is at or above this capture's `sp`, all lie in bounds now. Then the
     /// check is one load, one xor and one or per read.
     #[inline(always)]
-    fn tail_still_holds(walk: &Walk, at: usize, bounds: Bounds) -> bool {
-        let step = &walk.steps[at];
-        let reads = &walk.reads[step.reads_from as usize..walk.n_reads];
+    fn tail_still_holds(record: &Record, at: usize, bounds: Bounds) -> bool {
+        let step = &record.steps[at];
+        let reads = &record.reads[step.reads_from as usize..];
         if step.tail_reads_ok && step.tail_lowest_read >= bounds.lo {
             // This step's own reads come first: a changed caller shows in its return address
             // there, so a check that fails usually ends after one or two reads instead of
@@ -733,56 +749,61 @@ mod imp {
     }
 
     /// Fills in the tail summaries ([`Step::tail_lowest_read`], [`Step::tail_reads_ok`]) of
-    /// steps `..inner`, innermost last to first; the steps from `inner` on already have
-    /// theirs (they came whole from an earlier walk) or there are none.
+    /// `record.steps[lo..hi]`, innermost last to first; the steps from `hi` on already have
+    /// theirs (the reused outer part) or there are none.
     #[inline(always)]
-    fn seal(walk: &mut Walk, inner: usize) {
-        let (mut lowest, mut ok, mut reads_end) = if inner < walk.n_steps {
-            let s = &walk.steps[inner];
+    fn seal(record: &mut Record, lo: usize, hi: usize) {
+        let (mut lowest, mut ok, mut reads_end) = if hi < MAX_STEPS {
+            let s = &record.steps[hi];
             (s.tail_lowest_read, s.tail_reads_ok, s.reads_from as usize)
         } else {
-            (u64::MAX, true, walk.n_reads)
+            (u64::MAX, true, MAX_READS)
         };
-        for i in (0..inner.min(walk.n_steps)).rev() {
-            let from = walk.steps[i].reads_from as usize;
-            for r in &walk.reads[from..reads_end] {
+        for i in (lo..hi).rev() {
+            let from = record.steps[i].reads_from as usize;
+            for r in &record.reads[from..reads_end] {
                 lowest = lowest.min(r.addr);
                 ok &= r.ok;
             }
-            walk.steps[i].tail_lowest_read = lowest;
-            walk.steps[i].tail_reads_ok = ok;
+            record.steps[i].tail_lowest_read = lowest;
+            record.steps[i].tail_reads_ok = ok;
             reads_end = from;
         }
     }
 
-    /// One walk into `cur`, reusing `prev`'s outer frames where they provably hold.
+    /// One walk into `cur`, reusing the outer frames of the previous walk (`record`) where
+    /// they provably still hold, then kept in `record` for the next one. Returns whether
+    /// `record` now describes this walk (false only when a long new inner part did not fit
+    /// before the reused steps: the slot is right, the record stays the previous walk's).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn walk(
         table: &modules::ModuleTable,
         caches: &mut [Cache; RULE_CACHES],
         rules: &mut Rules,
-        cur: &mut Walk,
-        prev: &mut Walk,
+        cur: &mut Scratch,
+        record: &mut Record,
         bounds: Bounds,
         from: super::StartRegs,
         slot: &mut StackSlot,
         max: usize,
-    ) -> Kept {
+    ) -> bool {
         let table_id = table as *const modules::ModuleTable as usize;
-        cur.table = table_id;
         rules.use_table(table_id);
         cur.n_steps = 0;
         cur.n_reads = 0;
-        cur.reads_overflowed = false;
-        cur.chain_ok = true;
-        cur.end = End::StepLimit;
-        let reusable = prev.table == table_id && !prev.reads_overflowed;
-        let mut prev_at = 0usize;
-
         cur.n_frames = 0;
+        cur.reads_overflowed = false;
+        cur.end = End::StepLimit;
+        let reusable = record.table == table_id && !record.reads_overflowed;
+        let mut prev_at = record.steps_from;
+
         let mut out = Out { n: 0, max };
-        let mut regs = UnwindRegsX86_64::new(from.ip, from.sp, from.bp);
+        let mut regs = Regs {
+            ip: from.ip,
+            sp: from.sp,
+            bp: from.bp,
+        };
         let mut address = FrameAddress::InstructionPointer(from.ip);
         let mut hint = usize::MAX;
         while cur.n_steps < MAX_STEPS {
@@ -793,35 +814,31 @@ mod imp {
             // Frames lie at increasing stack addresses: move through the previous walk in
             // step with this one and look for the same unwinder state.
             if reusable {
-                let sp = regs.sp();
-                while prev_at < prev.n_steps && prev.steps[prev_at].sp < sp {
+                let sp = regs.sp;
+                while prev_at < MAX_STEPS && record.steps[prev_at].sp < sp {
                     prev_at += 1;
                 }
-                if let Some(p) = prev.steps.get(prev_at)
-                    && prev_at < prev.n_steps
+                if let Some(p) = record.steps.get(prev_at)
                     && p.sp == sp
                     && p.pc == pc
                     && p.first == first
-                    && p.bp == regs.bp()
-                    && tail_still_holds(prev, prev_at, bounds)
+                    && p.bp == regs.bp
+                    && tail_still_holds(record, prev_at, bounds)
                 {
                     count!(WalksReused, 1);
                     count!(StepsUnwound, cur.n_steps);
-                    count!(StepsReused, prev.n_steps - prev_at);
-                    count!(
-                        ReadsChecked,
-                        prev.n_reads - prev.steps[prev_at].reads_from as usize
-                    );
-                    let kept = splice(cur, prev, prev_at, slot, &mut out);
+                    count!(StepsReused, MAX_STEPS - prev_at);
+                    count!(ReadsChecked, MAX_READS - p.reads_from as usize);
+                    let recorded = splice(cur, record, prev_at, slot, &mut out);
                     slot.n_native = out.n as u16;
-                    return kept;
+                    return recorded;
                 }
             }
             let step = Step {
                 pc,
                 first,
-                sp: regs.sp(),
-                bp: regs.bp(),
+                sp: regs.sp,
+                bp: regs.bp,
                 reads_from: cur.n_reads as u32,
                 frames_from: cur.n_frames as u32,
                 tail_lowest_read: u64::MAX,
@@ -842,8 +859,7 @@ mod imp {
                 }
             }
             // The step is recorded before its reads are: they belong to it.
-            let at = cur.n_steps;
-            cur.steps[at] = step;
+            cur.steps[cur.n_steps] = step;
             cur.n_steps += 1;
             let key = rule_key(address);
             let rule = match rules.get(key) {
@@ -894,12 +910,18 @@ mod imp {
                 }
                 result
             };
+            let mut framehop_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
             let next = table.unwinder.unwind_frame(
                 address,
-                &mut regs,
+                &mut framehop_regs,
                 &mut caches[rule_cache_index(address)],
                 &mut read_stack,
             );
+            regs = Regs {
+                ip: framehop_regs.ip(),
+                sp: framehop_regs.sp(),
+                bp: framehop_regs.bp(),
+            };
             match next
                 .ok()
                 .flatten()
@@ -913,11 +935,9 @@ mod imp {
             }
         }
         slot.n_native = out.n as u16;
-        let n = cur.n_steps;
-        count!(StepsUnwound, n);
-        seal(cur, n);
-        fill_chain(cur, cur.n_frames);
-        Kept::InCur
+        count!(StepsUnwound, cur.n_steps);
+        adopt(cur, record, table_id);
+        true
     }
 
     /// The frames written to the slot so far, at most `max`.
@@ -949,78 +969,79 @@ mod imp {
         }
     }
 
-    /// Ends the walk with `prev`'s steps from `from` on (their reads still hold), emitting
-    /// what they emitted. When the new inner part has exactly as many steps and reads as
-    /// `prev` had before `from` (the same call depth: the common case in a loop), it is
-    /// written over `prev`'s inner part and `prev` becomes the record; otherwise `prev`'s
-    /// tail is copied after `cur`'s inner part.
+    /// Ends the walk with `record`'s steps from `at` on (their reads still hold), emitting
+    /// the frames they gave, and writes the new inner part (`cur`) just before step `at`,
+    /// where the record's own inner part was: the record then describes this walk, and its
+    /// outer part was neither moved nor summarised again. Returns false, leaving the record
+    /// as it was, when the inner part does not fit there (it is longer than the room before
+    /// step `at`: a walk deeper than [`MAX_STEPS`] in all, or reads past [`MAX_READS`]).
     #[inline(never)]
     fn splice(
-        cur: &mut Walk,
-        prev: &mut Walk,
-        from: usize,
+        cur: &Scratch,
+        record: &mut Record,
+        at: usize,
         slot: &mut StackSlot,
         out: &mut Out,
-    ) -> Kept {
+    ) -> bool {
         #[cfg(test)]
         super::WALKS_REUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let reads_from = prev.steps[from].reads_from as usize;
-        let frames_from = prev.steps[from].frames_from as usize;
-        out.extend(&prev.frames[frames_from..prev.n_frames], slot);
-        if prev.end == End::UnknownModule {
+        let tail = record.steps[at];
+        let (reads_at, frames_at) = (tail.reads_from as usize, tail.frames_from as usize);
+        out.extend(&record.frames[frames_at..], slot);
+        if record.end == End::UnknownModule {
             modules::mark_stale();
         }
-        if cur.n_steps == from
-            && cur.n_reads == reads_from
-            && cur.n_frames == frames_from
-            && !cur.reads_overflowed
+        if cur.reads_overflowed
+            || cur.n_steps > at
+            || cur.n_reads > reads_at
+            || cur.n_frames > frames_at
         {
-            prev.steps[..from].copy_from_slice(&cur.steps[..from]);
-            prev.reads[..reads_from].copy_from_slice(&cur.reads[..reads_from]);
-            prev.frames[..frames_from].copy_from_slice(&cur.frames[..frames_from]);
-            seal(prev, from);
-            fill_chain(prev, frames_from);
-            return Kept::InPrev;
+            return false;
         }
-        let steps = &prev.steps[from..prev.n_steps];
-        let reads = &prev.reads[reads_from..prev.n_reads];
-        let room_steps = MAX_STEPS - cur.n_steps;
-        let room_reads = MAX_READS - cur.n_reads;
-        if steps.len() > room_steps || reads.len() > room_reads {
-            // The spliced walk would not fit: emit the frames, but do not offer this walk
-            // for reuse.
-            cur.reads_overflowed = true;
-        }
-        let shift = cur.n_reads as i64 - reads_from as i64;
-        let frame_shift = cur.n_frames as i64 - frames_from as i64;
-        for (dst, s) in cur.steps[cur.n_steps..].iter_mut().zip(steps) {
+        place(cur, record, (at, reads_at, frames_at));
+        true
+    }
+
+    /// Writes `cur`'s steps, reads and frames into `record` so that they end just before
+    /// `ends` (a step, read and frame index; the arrays' lengths for a whole walk), makes
+    /// them the start of the record, and computes their summaries and chain (what follows
+    /// them already has its own).
+    #[inline(always)]
+    fn place(cur: &Scratch, record: &mut Record, ends: (usize, usize, usize)) {
+        let (steps_end, reads_end, frames_end) = ends;
+        let (steps_from, reads_from, frames_from) = (
+            steps_end - cur.n_steps,
+            reads_end - cur.n_reads,
+            frames_end - cur.n_frames,
+        );
+        for (dst, s) in record.steps[steps_from..steps_end]
+            .iter_mut()
+            .zip(&cur.steps[..cur.n_steps])
+        {
             *dst = Step {
-                reads_from: (s.reads_from as i64 + shift) as u32,
-                frames_from: (s.frames_from as i64 + frame_shift) as u32,
+                reads_from: s.reads_from + reads_from as u32,
+                frames_from: s.frames_from + frames_from as u32,
                 ..*s
             };
         }
-        // The tail's frames, and their chain values with them.
-        let tail = frames_from..prev.n_frames;
-        let room_frames = MAX_STEPS - cur.n_frames;
-        let take = tail.len().min(room_frames);
-        let inner_frames = cur.n_frames;
-        cur.frames[inner_frames..inner_frames + take]
-            .copy_from_slice(&prev.frames[frames_from..frames_from + take]);
-        cur.chain[inner_frames..inner_frames + take]
-            .copy_from_slice(&prev.chain[frames_from..frames_from + take]);
-        cur.n_frames += take;
-        cur.chain_ok = prev.chain_ok && take == tail.len();
-        fill_chain(cur, inner_frames);
-        for (dst, r) in cur.reads[cur.n_reads..].iter_mut().zip(reads) {
-            *dst = *r;
-        }
-        cur.n_steps += steps.len().min(room_steps);
-        cur.n_reads += reads.len().min(room_reads);
-        cur.end = prev.end;
-        let inner = cur.n_steps - steps.len().min(room_steps);
-        seal(cur, inner);
-        Kept::InCur
+        record.reads[reads_from..reads_end].copy_from_slice(&cur.reads[..cur.n_reads]);
+        record.frames[frames_from..frames_end].copy_from_slice(&cur.frames[..cur.n_frames]);
+        record.steps_from = steps_from;
+        record.reads_from = reads_from;
+        record.frames_from = frames_from;
+        seal(record, steps_from, steps_end);
+        fill_chain(record, frames_from, frames_end);
+    }
+
+    /// Makes a walk that reused nothing the record: its steps, reads and frames move to the
+    /// ends of the record's arrays (the first walk of a thread, or one that shares no frame
+    /// with the previous walk).
+    #[inline(never)]
+    fn adopt(cur: &Scratch, record: &mut Record, table: usize) {
+        record.table = table;
+        record.reads_overflowed = cur.reads_overflowed;
+        record.end = cur.end;
+        place(cur, record, (MAX_STEPS, MAX_READS, MAX_STEPS));
     }
 
     #[cfg(test)]
