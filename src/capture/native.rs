@@ -125,10 +125,23 @@ mod imp {
         reads_from: u32,
         /// Index in the walk's `frames` of the first frame this step or a later one added.
         frames_from: u32,
-        /// Lowest address read by this step or a later one (see [`seal`]).
+        /// Lowest address read by this step or a later one (see [`place`]).
         tail_lowest_read: u64,
         /// Every read of this step and the later ones succeeded.
         tail_reads_ok: bool,
+    }
+
+    /// A step as the walk makes it: a [`Step`] without the tail summaries, which only the
+    /// record needs (they are computed when the step is placed there, [`place`]); its
+    /// indices are into the scratch walk's arrays.
+    #[derive(Clone, Copy, Default)]
+    struct Unwound {
+        pc: u64,
+        first: bool,
+        sp: u64,
+        bp: u64,
+        reads_from: u32,
+        frames_from: u32,
     }
 
     /// A stack read and its result (`ok` false: out of bounds).
@@ -154,7 +167,7 @@ mod imp {
     /// The walk being made, innermost first from index 0: the steps it unwinds itself, the
     /// stack reads they make and the frames they give.
     struct Scratch {
-        steps: [Step; MAX_STEPS],
+        steps: [Unwound; MAX_STEPS],
         n_steps: usize,
         reads: [Read; MAX_READS],
         n_reads: usize,
@@ -169,7 +182,7 @@ mod imp {
     /// at the ends of their arrays (`steps[steps_from..]`, and so on; every index in a
     /// [`Step`] is into these arrays). A new walk that meets it at a step writes its own
     /// inner part just before that step, and the shared outer part, usually the longer one,
-    /// stays where it lies with its summaries ([`seal`]) and hash (`chain`): the work of
+    /// stays where it lies with its summaries (see [`place`]) and hash (`chain`): the work of
     /// reuse grows with the part that differs, not with the part that is reused.
     struct Record {
         /// The module table the walk used (rules may differ in another); 0: no walk.
@@ -748,29 +761,6 @@ mod imp {
         })
     }
 
-    /// Fills in the tail summaries ([`Step::tail_lowest_read`], [`Step::tail_reads_ok`]) of
-    /// `record.steps[lo..hi]`, innermost last to first; the steps from `hi` on already have
-    /// theirs (the reused outer part) or there are none.
-    #[inline(always)]
-    fn seal(record: &mut Record, lo: usize, hi: usize) {
-        let (mut lowest, mut ok, mut reads_end) = if hi < MAX_STEPS {
-            let s = &record.steps[hi];
-            (s.tail_lowest_read, s.tail_reads_ok, s.reads_from as usize)
-        } else {
-            (u64::MAX, true, MAX_READS)
-        };
-        for i in (lo..hi).rev() {
-            let from = record.steps[i].reads_from as usize;
-            for r in &record.reads[from..reads_end] {
-                lowest = lowest.min(r.addr);
-                ok &= r.ok;
-            }
-            record.steps[i].tail_lowest_read = lowest;
-            record.steps[i].tail_reads_ok = ok;
-            reads_end = from;
-        }
-    }
-
     /// One walk into `cur`, reusing the outer frames of the previous walk (`record`) where
     /// they provably still hold, then kept in `record` for the next one. Returns whether
     /// `record` now describes this walk (false only when a long new inner part did not fit
@@ -834,15 +824,13 @@ mod imp {
                     return recorded;
                 }
             }
-            let step = Step {
+            let step = Unwound {
                 pc,
                 first,
                 sp: regs.sp,
                 bp: regs.bp,
                 reads_from: cur.n_reads as u32,
                 frames_from: cur.n_frames as u32,
-                tail_lowest_read: u64::MAX,
-                tail_reads_ok: true,
             };
             if !first {
                 let Some(module) = table.find_near(pc, hint) else {
@@ -1004,8 +992,10 @@ mod imp {
 
     /// Writes `cur`'s steps, reads and frames into `record` so that they end just before
     /// `ends` (a step, read and frame index; the arrays' lengths for a whole walk), makes
-    /// them the start of the record, and computes their summaries and chain (what follows
-    /// them already has its own).
+    /// them the start of the record, and gives them their tail summaries (the lowest address
+    /// that this step's reads and all later ones touch, and whether they all succeeded) and
+    /// their chain, innermost last to first from what follows them: the reused part keeps
+    /// its own.
     #[inline(always)]
     fn place(cur: &Scratch, record: &mut Record, ends: (usize, usize, usize)) {
         let (steps_end, reads_end, frames_end) = ends;
@@ -1014,14 +1004,30 @@ mod imp {
             reads_end - cur.n_reads,
             frames_end - cur.n_frames,
         );
+        let (mut lowest, mut ok) = match record.steps.get(steps_end) {
+            Some(next) => (next.tail_lowest_read, next.tail_reads_ok),
+            None => (u64::MAX, true),
+        };
+        let mut step_reads_end = cur.n_reads;
         for (dst, s) in record.steps[steps_from..steps_end]
             .iter_mut()
             .zip(&cur.steps[..cur.n_steps])
+            .rev()
         {
+            for r in &cur.reads[s.reads_from as usize..step_reads_end] {
+                lowest = lowest.min(r.addr);
+                ok &= r.ok;
+            }
+            step_reads_end = s.reads_from as usize;
             *dst = Step {
+                pc: s.pc,
+                first: s.first,
+                sp: s.sp,
+                bp: s.bp,
                 reads_from: s.reads_from + reads_from as u32,
                 frames_from: s.frames_from + frames_from as u32,
-                ..*s
+                tail_lowest_read: lowest,
+                tail_reads_ok: ok,
             };
         }
         record.reads[reads_from..reads_end].copy_from_slice(&cur.reads[..cur.n_reads]);
@@ -1029,7 +1035,6 @@ mod imp {
         record.steps_from = steps_from;
         record.reads_from = reads_from;
         record.frames_from = frames_from;
-        seal(record, steps_from, steps_end);
         fill_chain(record, frames_from, frames_end);
     }
 
