@@ -113,9 +113,10 @@ mod imp {
     /// Stack reads one walk records (framehop's rules read one to three words a frame).
     const MAX_READS: usize = MAX_STEPS * 4;
 
-    /// One frame of a walk: the unwinder's state on reaching it, and what it gave.
+    /// One frame of a walk as the walk makes it: the unwinder's state on reaching it, and
+    /// what it gave. Its indices are into the arrays of the walk that holds it.
     #[derive(Clone, Copy, Default)]
-    struct Step {
+    struct Unwound {
         /// Frame address: the instruction pointer for the first step, else a return address.
         pc: u64,
         first: bool,
@@ -125,23 +126,17 @@ mod imp {
         reads_from: u32,
         /// Index in the walk's `frames` of the first frame this step or a later one added.
         frames_from: u32,
-        /// Lowest address read by this step or a later one (see [`place`]).
+    }
+
+    /// A step of the record: the step as it was made, with the summaries of its tail, which
+    /// it gets when it is placed in the record ([`place`]).
+    #[derive(Clone, Copy, Default)]
+    struct Step {
+        made: Unwound,
+        /// Lowest address read by this step or a later one.
         tail_lowest_read: u64,
         /// Every read of this step and the later ones succeeded.
         tail_reads_ok: bool,
-    }
-
-    /// A step as the walk makes it: a [`Step`] without the tail summaries, which only the
-    /// record needs (they are computed when the step is placed there, [`place`]); its
-    /// indices are into the scratch walk's arrays.
-    #[derive(Clone, Copy, Default)]
-    struct Unwound {
-        pc: u64,
-        first: bool,
-        sp: u64,
-        bp: u64,
-        reads_from: u32,
-        frames_from: u32,
     }
 
     /// A stack read and its result (`ok` false: out of bounds).
@@ -735,7 +730,7 @@ mod imp {
     #[inline(always)]
     fn tail_still_holds(record: &Record, at: usize, bounds: Bounds) -> bool {
         let step = &record.steps[at];
-        let reads = &record.reads[step.reads_from as usize..];
+        let reads = &record.reads[step.made.reads_from as usize..];
         if step.tail_reads_ok && step.tail_lowest_read >= bounds.lo {
             // This step's own reads come first: a changed caller shows in its return address
             // there, so a check that fails usually ends after one or two reads instead of
@@ -805,10 +800,10 @@ mod imp {
             // step with this one and look for the same unwinder state.
             if reusable {
                 let sp = regs.sp;
-                while prev_at < MAX_STEPS && record.steps[prev_at].sp < sp {
+                while prev_at < MAX_STEPS && record.steps[prev_at].made.sp < sp {
                     prev_at += 1;
                 }
-                if let Some(p) = record.steps.get(prev_at)
+                if let Some(Step { made: p, .. }) = record.steps.get(prev_at)
                     && p.sp == sp
                     && p.pc == pc
                     && p.first == first
@@ -974,7 +969,10 @@ mod imp {
         #[cfg(test)]
         super::WALKS_REUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tail = record.steps[at];
-        let (reads_at, frames_at) = (tail.reads_from as usize, tail.frames_from as usize);
+        let (reads_at, frames_at) = (
+            tail.made.reads_from as usize,
+            tail.made.frames_from as usize,
+        );
         out.extend(&record.frames[frames_at..], slot);
         if record.end == End::UnknownModule {
             modules::mark_stale();
@@ -1020,12 +1018,11 @@ mod imp {
             }
             step_reads_end = s.reads_from as usize;
             *dst = Step {
-                pc: s.pc,
-                first: s.first,
-                sp: s.sp,
-                bp: s.bp,
-                reads_from: s.reads_from + reads_from as u32,
-                frames_from: s.frames_from + frames_from as u32,
+                made: Unwound {
+                    reads_from: s.reads_from + reads_from as u32,
+                    frames_from: s.frames_from + frames_from as u32,
+                    ..*s
+                },
                 tail_lowest_read: lowest,
                 tail_reads_ok: ok,
             };
