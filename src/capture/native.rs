@@ -2,17 +2,20 @@
 //! the outer frames of the thread's previous capture reused when they provably still hold.
 //!
 //! Hot. Steady state: one atomic load (module table), two const-TLS reads (the thread's
-//! unwind state, stack bounds), then framehop's cached per-address rules; every stack read
-//! is checked against `[sp at capture, top of the thread's stack)`.
+//! unwind state, stack bounds), then the rules memsnap keeps per address (derived once from
+//! framehop's, executed inline); every stack read is checked against `[sp at capture, top
+//! of the thread's stack)`.
 //!
 //! Frame reuse (docs/HOT-PATH.md, "Checked frame reuse"): each walk records, per frame, the
 //! unwinder's whole state (frame address, sp, bp: all that framehop's x86-64 rules read)
 //! and every stack read with its value. When a new walk reaches a state that the previous
 //! walk also passed through, the rest of the walk is a pure function of that state, the
 //! rules (same module table) and the memory it read: if every one of those reads still
-//! returns the same value, the previous walk's outer frames are copied instead of unwound
+//! returns the same value, the previous walk's outer frames are taken instead of unwound
 //! (one load and compare per read, about two per frame). Nothing is assumed: a changed
 //! caller at the same depth changes a read return address, and the walk goes on unwinding.
+//! The previous walk lies at the ends of its arrays, so taking its outer frames moves
+//! nothing: the new walk's own inner part is written before them (`Record`).
 //!
 //! First capture on a thread: one allocation (the thread's unwind state, leaked until the
 //! thread exits) and `pthread_getattr_np` (may read /proc on the main thread). The walk ends cleanly at an address in no known module (JIT code, a module
