@@ -352,6 +352,56 @@ fn walks_of_changing_depth_reuse_the_outer_frames_and_give_each_stack_exactly() 
     .unwrap();
 }
 
+/// The diagnostic counters of a `capture-stats` build count what the walks did. They are
+/// process-wide, so scripts/test.sh runs this test alone (`capture_stats_`).
+#[cfg(feature = "capture-stats")]
+#[test]
+fn capture_stats_count_the_walks_their_frames_and_their_reuse() {
+    use crate::capture::stats::{self, Stat};
+    use std::sync::atomic::Ordering::Relaxed;
+    let lib = clib(Which::Full);
+    std::thread::spawn(move || {
+        let depths = [0, 5, 20, 3, 40, 40, 7, 2, 80, 1];
+        let mut captures = Captures {
+            slots: Vec::with_capacity(depths.len()),
+            hash_mismatches: 0,
+        };
+        let before = stats::read();
+        let reused_before = crate::capture::native::WALKS_REUSED.load(Relaxed);
+        (lib.depths)(
+            depths.as_ptr(),
+            depths.len() as libc::c_int,
+            capture_each_cb,
+            &mut captures as *mut Captures as *mut libc::c_void,
+        );
+        let after = stats::read();
+        let counted = |stat: Stat| after[stat as usize] - before[stat as usize];
+        let slots = &captures.slots;
+        assert_eq!(counted(Stat::Walks), depths.len() as u64);
+        assert_eq!(
+            counted(Stat::WalksReused),
+            crate::capture::native::WALKS_REUSED.load(Relaxed) - reused_before
+        );
+        assert!(counted(Stat::WalksReused) >= depths.len() as u64 - 3);
+        let frames: u64 = slots.iter().map(|s| u64::from(s.n_native)).sum();
+        assert_eq!(counted(Stat::NativeFrames), frames);
+        let cut = slots.iter().filter(|s| s.truncated).count() as u64;
+        assert_eq!(counted(Stat::NativeTruncated), cut);
+        assert!(cut >= 1, "the depth-80 stack is cut at the frame limit");
+        // Every walk unwinds at least its first frame; the reused ones take steps over and
+        // re-read at least one word of them.
+        assert!(counted(Stat::StepsUnwound) >= depths.len() as u64);
+        assert!(counted(Stat::StepsReused) > 0 && counted(Stat::ReadsChecked) > 0);
+        // Native stacks only, captured outside a hook: no Python walk, no send.
+        assert_eq!(counted(Stat::PythonWalks), 0);
+        assert_eq!(counted(Stat::StackEvents), 0);
+        assert!(counted(Stat::NativeTicks) > 0);
+        assert!(after[Stat::TicksPerMillisecond as usize] > 0);
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 fn c_frames_have_names_files_and_lines() {
     let lib = clib(Which::Full);
