@@ -86,16 +86,11 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
             rec.push(ev);
             return;
         };
-        #[cfg(feature = "capture-stats")]
-        let start = capture::stats::ticks();
-        let hash = capture::capture(&mut thread.scratch, settings.stacks, settings.max_frames);
-        capture::timed!(SendTicks, rec.push_with_stack(ev, thread, hash));
-        #[cfg(feature = "capture-stats")]
-        {
-            let ticks = capture::stats::ticks().wrapping_sub(start);
-            capture::stats::add(capture::stats::Stat::StackEventTicks, ticks);
-            capture::stats::add(capture::stats::Stat::StackEvents, 1);
-        }
+        capture::timed!(StackEventTicks, {
+            let hash = capture::capture(&mut thread.scratch, settings.stacks, settings.max_frames);
+            capture::timed!(SendTicks, rec.push_with_stack(ev, thread, hash));
+        });
+        capture::count!(StackEvents, 1);
     } else {
         rec.push(ev);
     }

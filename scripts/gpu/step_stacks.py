@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "bench"))
 from hook_cost_torch import ASYNC, SAFE_ENV  # noqa: E402
 from snapshot_counts import read_counts  # noqa: E402
 from step_time import add_workload_args  # noqa: E402
+from torch_blocks import memsnap_dump  # noqa: E402
 
 # memsnap_debug_capture_stats's order (src/capture/stats.rs, `Stat`).
 STAT_NAMES = ["walks", "walks_reused", "steps_unwound", "steps_reused", "reads_checked", "rule_misses",
@@ -79,22 +80,12 @@ def workload_args(a):
 
 def lib_calls():
     lib = ctypes.CDLL(None)
-    calls = {}
-    for name in ("memsnap_debug_pass_through", "memsnap_dump_path", "memsnap_debug_capture_stats"):
-        calls[name] = getattr(lib, name, None)
-    return calls
+    return {name: getattr(lib, name, None) for name in ("memsnap_debug_pass_through", "memsnap_debug_capture_stats")}
 
 
-def dump(calls, tag):
-    fn = calls["memsnap_dump_path"]
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    buf = ctypes.create_string_buffer(4096)
-    n = fn(tag.encode(), buf, 4096)
-    return buf.raw[:n].decode() if 0 <= n < 4096 else None
-
-
-def snapshot_counts(path):
+def snapshot_counts(tag):
+    """read_counts of a snapshot memsnap writes now (its folder's newest file), or None."""
+    path = memsnap_dump(tag)
     return read_counts(os.path.dirname(path)) if path else None
 
 
@@ -141,7 +132,7 @@ def child(a):
         out["stats"]["ticks_per_ms"] = after["ticks_per_ms"]
         out["missed"] = sorted({("first " if k >> 63 else "") + where(k & ~(1 << 63)) for k in after["missed"]})
         out["stats_steps"] = a.stats_steps
-        out["counts"] = snapshot_counts(dump(calls, "stats"))
+        out["counts"] = snapshot_counts("stats")
         print(json.dumps(out))
         return
     switch = calls["memsnap_debug_pass_through"]
@@ -176,7 +167,7 @@ def child(a):
         return statistics.median(times)
 
     kinds = ["off", "memsnap"] + (["recorder"] if recorder_mode else [])
-    start = snapshot_counts(dump(calls, "start")) if switch else None
+    start = snapshot_counts("start") if switch else None
     steps_on = 0
     cycles = []
     for c in range(a.cycles):
@@ -189,7 +180,7 @@ def child(a):
             if kind == "memsnap":
                 steps_on += a.block + 1
         cycles.append(cycle)
-    end = snapshot_counts(dump(calls, "end")) if switch else None
+    end = snapshot_counts("end") if switch else None
     out["cycles"] = cycles
     out["steps_recorded"] = steps_on
     out["counts_start"], out["counts_end"] = start, end
@@ -330,9 +321,7 @@ def drive(a):
                                     capture_output=True, text=True).stdout.strip()
     except OSError:
         doc["gpu"] = None
-    libs = [("A", a.lib)] + ([(a.label_b, a.lib_b)] if a.lib_b else [])
-    if a.lib_b:
-        libs[0] = (a.label_a, a.lib)
+    libs = [(a.label_a, a.lib)] + ([(a.label_b, a.lib_b)] if a.lib_b else [])
     n = 0
     for route in a.routes.split(","):
         for stacks in [s for s in a.stacks.split(",") if s]:
