@@ -115,14 +115,14 @@ fn hooks_do_not_allocate_in_steady_state() {
         0,
         "the hot path allocated"
     );
-    // The path proven is the steady state's: walks that reuse the previous one's outer
+    // The path proven is the steady state's: walks that take earlier walks' paths of
     // frames, and stacks sent by reference (three allocations a round, same call sites).
     let by_reference =
         crate::channel::sent::this_thread().map_or(0, |t| t.by_reference) - by_reference_before;
     assert_eq!(by_reference, 3000, "repeated stacks went by reference");
     assert!(
         crate::capture::native::WALKS_REUSED.load(Relaxed) - reused_before >= 2000,
-        "walks reused their previous one's outer frames"
+        "walks took earlier walks' paths"
     );
     // Exactly once per allocation and free, whichever route (cudaMalloc nests cuMemAlloc).
     assert_eq!(applied_since(rec, applied_before, 6000), 6000);

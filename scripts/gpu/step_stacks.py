@@ -33,8 +33,9 @@ Every memsnap process's snapshots must say 0 dropped and 0 stackless, else its f
 
 --stats-lib (a build with --features capture-stats): one more process per route and stacks
 setting (python, all) records --stats-steps steps after the warm-up and reports, per walk,
-what the captures did (memsnap_debug_capture_stats: native steps unwound and reused, stack
-words re-checked, rule misses, frames, truncations; Python frames). Never timed: its counters
+what the captures did (memsnap_debug_capture_stats: native steps unwound and taken from earlier
+paths, whole paths taken at once and paths left midway, stack words checked, nodes made, rule
+misses, frames, truncations; Python frames). Never timed: its counters
 are atomic adds.
 
 Output: OUT/step_stacks.json and OUT/step_stacks.md (also printed).
@@ -57,10 +58,10 @@ from step_time import add_workload_args  # noqa: E402
 from torch_blocks import memsnap_dump  # noqa: E402
 
 # memsnap_debug_capture_stats's order (src/capture/stats.rs, `Stat`).
-STAT_NAMES = ["walks", "walks_reused", "steps_unwound", "steps_reused", "reads_checked", "rule_misses",
+STAT_NAMES = ["walks", "walks_reused", "steps_unwound", "steps_reused", "reads_checked", "whole_paths", "paths_left", "rule_misses",
               "rule_misses_cold", "rule_misses_conflict", "rule_misses_first_frame", "framehop_steps",
               "walks_at_step_limit", "native_frames", "native_truncated", "python_walks", "python_frames", "native_ticks", "python_ticks", "send_ticks", "stack_event_ticks", "stack_events",
-              "ticks_per_ms"]
+              "nodes_made", "path_resets", "ticks_per_ms"]
 
 
 def quartiles(values):
@@ -274,12 +275,13 @@ def table(doc):
                      f"{fmt(s.get('recorder_ns_per_event'))} | {fmt(s.get('recorder_pct'), 2)} |")
     if doc.get("stats"):
         lines += ["", "| route | stacks | events/step | walks | steps unwound/walk | steps reused/walk | "
-                  "walks reusing | words re-checked/walk | rule misses/walk (cold, conflict, first frame) | framehop steps/walk | "
+                  "walks reusing | whole paths/walk | paths left/walk | words checked/walk | nodes made/walk | path resets | "
+                  "rule misses/walk (cold, conflict, first frame) | framehop steps/walk | "
                   "at step limit | native frames/walk | truncated | Python frames/walk |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in doc["stats"]:
             if "error" in r:
-                lines.append(f"| {r['route']} | {r['stacks']} | ERROR |||||||||||")
+                lines.append(f"| {r['route']} | {r['stacks']} | ERROR |||||||||||||||")
                 continue
             st, w = r["stats"], max(r["stats"]["walks"], 1)
             pw = max(st["python_walks"], 1)
@@ -287,7 +289,8 @@ def table(doc):
             lines.append(
                 f"| {r['route']} | {r['stacks']} | {(st['python_walks'] or st['walks']) / per:.0f} | {st['walks']} | "
                 f"{st['steps_unwound'] / w:.1f} | {st['steps_reused'] / w:.1f} | "
-                f"{100 * st['walks_reused'] / w:.0f}% | {st['reads_checked'] / w:.1f} | "
+                f"{100 * st['walks_reused'] / w:.0f}% | {st['whole_paths'] / w:.2f} | {st['paths_left'] / w:.2f} | "
+                f"{st['reads_checked'] / w:.1f} | {st['nodes_made'] / w:.2f} | {st['path_resets']} | "
                 f"{st['rule_misses'] / w:.2f} ({st['rule_misses_cold'] / w:.2f}, {st['rule_misses_conflict'] / w:.2f}, "
                 f"{st['rule_misses_first_frame'] / w:.2f}) | {st['framehop_steps'] / w:.2f} | "
                 f"{100 * st['walks_at_step_limit'] / w:.0f}% | {st['native_frames'] / w:.1f} | "

@@ -1,26 +1,30 @@
 //! Native return addresses of the calling thread, unwound in-process with framehop, with
-//! the outer frames of the thread's previous capture reused when they provably still hold.
+//! the paths of frames that earlier captures on the thread took reused where they provably
+//! still hold.
 //!
 //! Hot. Steady state: one atomic load (module table), two const-TLS reads (the thread's
-//! unwind state, stack bounds), then the rules memsnap keeps per address (derived once from
-//! framehop's, executed inline); every stack read is checked against `[sp at capture, top
-//! of the thread's stack)`.
+//! unwind state, stack bounds), one index lookup, then one pass over the stack words the
+//! path met there read, and the copy of its frames. Every stack read is of an address in
+//! `[sp at capture, top of the thread's stack)`.
 //!
-//! Frame reuse (docs/HOT-PATH.md, "Checked frame reuse"): each walk records, per frame, the
-//! unwinder's whole state (frame address, sp, bp: all that framehop's x86-64 rules read)
-//! and every stack read with its value. When a new walk reaches a state that the previous
-//! walk also passed through, the rest of the walk is a pure function of that state, the
-//! rules (same module table) and the memory it read: if every one of those reads still
-//! returns the same value, the previous walk's outer frames are taken instead of unwound
-//! (one load and compare per read, about two per frame). Nothing is assumed: a changed
-//! caller at the same depth changes a read return address, and the walk goes on unwinding.
-//! The previous walk lies at the ends of its arrays, so taking its outer frames moves
-//! nothing: the new walk's own inner part is written before them (`Record`).
+//! Paths of frames (docs/HOT-PATH.md, "Paths of frames"): every step a walk makes becomes a
+//! node of a per-thread tree, keyed by the unwinder's whole state on reaching the frame
+//! (frame address, sp, and bp where the path depends on it: all that the rules read besides
+//! the stack) and linked to the node of the frame its step led to. When a walk reaches a
+//! state an earlier walk also reached, the rest of the walk is a pure function of that state,
+//! the rules (same module table) and the stack words the steps read: if each of those words
+//! still holds what it held, the earlier path's frames are taken instead of unwound. Each
+//! node has its path in one contiguous piece (the words to check with their values, and the
+//! frames), checked in one pass; where a word changed, the walk follows the path node by
+//! node to the frame that changed and goes on from there, onto another path or unwinding.
+//! Nothing is assumed: a changed caller at the same depth changes a return address read.
 //!
-//! First capture on a thread: one allocation (the thread's unwind state, leaked until the
-//! thread exits) and `pthread_getattr_np` (may read /proc on the main thread). The walk ends cleanly at an address in no known module (JIT code, a module
-//! loaded since the table was built: the table is marked stale for the writer), at a failed
-//! stack read, or at the frame limit. x86_64 only; elsewhere nothing is captured.
+//! First capture on a thread: one allocation (the thread's unwind state and its paths,
+//! leaked until the thread exits; address space of which only what the walks touch becomes
+//! resident) and `pthread_getattr_np` (may read /proc on the main thread). The walk ends
+//! cleanly at an address in no known module (JIT code, a module loaded since the table was
+//! built: the table is marked stale for the writer), at a failed stack read, or at the
+//! frame limit. x86_64 only; elsewhere nothing is captured.
 
 #[cfg(target_arch = "x86_64")]
 pub use imp::{capture, capture_interrupted};
@@ -70,7 +74,7 @@ pub fn here() -> StartRegs {
     }
 }
 
-/// Walks that reused the previous one's outer frames (tests look at it).
+/// Walks that took an earlier walk's path of frames to its end (tests look at it).
 #[cfg(test)]
 pub static WALKS_REUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -113,92 +117,432 @@ mod imp {
 
     /// Upper bound on unwinder steps, own frames included: bounded work whatever the stack.
     const MAX_STEPS: usize = FRAME_CAPACITY + 64;
-    /// Stack reads one walk records (framehop's rules read one to three words a frame).
-    const MAX_READS: usize = MAX_STEPS * 4;
 
-    /// One frame of a walk as the walk makes it: the unwinder's state on reaching it, and
-    /// what it gave. Its indices are into the arrays of the walk that holds it.
-    #[derive(Clone, Copy, Default)]
-    struct Unwound {
-        /// Frame address: the instruction pointer for the first step, else a return address.
+    /// The bit that marks a walk's first frame in a [`State`]'s `pc` (its frame address is
+    /// the instruction pointer, not a return address: framehop treats it apart, and its rule
+    /// may differ). Code addresses never have it.
+    const FIRST: u64 = 1 << 63;
+
+    /// The unwinder's whole state on reaching a frame: all that framehop's x86-64 rules read
+    /// besides the stack itself.
+    #[derive(Clone, Copy, Default, PartialEq, Eq)]
+    struct State {
+        /// Frame address (a return address; the instruction pointer, with [`FIRST`], for the
+        /// walk's first frame).
         pc: u64,
-        first: bool,
         sp: u64,
         bp: u64,
-        /// Index in the walk's `reads` of the first read made while unwinding past this frame.
-        reads_from: u32,
-        /// Index in the walk's `frames` of the first frame this step or a later one added.
-        frames_from: u32,
     }
 
-    /// A step of the record: the step as it was made, with the summaries of its tail, which
-    /// it gets when it is placed in the record ([`place`]).
-    #[derive(Clone, Copy, Default)]
-    struct Step {
-        made: Unwound,
-        /// Lowest address read by this step or a later one.
-        tail_lowest_read: u64,
-        /// Every read of this step and the later ones succeeded.
-        tail_reads_ok: bool,
+    impl State {
+        #[inline(always)]
+        fn address(self) -> Option<FrameAddress> {
+            if self.pc & FIRST != 0 {
+                Some(FrameAddress::InstructionPointer(self.pc & !FIRST))
+            } else {
+                FrameAddress::from_return_address(self.pc)
+            }
+        }
     }
 
-    /// A stack read and its result (`ok` false: out of bounds).
+    /// How a [`Node`]'s step is made again by a later walk.
+    #[derive(Clone, Copy, Default, PartialEq, Eq)]
+    #[repr(u8)]
+    enum Kind {
+        /// A rule memsnap executes ([`Rule`]), clean when the node was made: the next `sp`
+        /// is `next_sp`, the return address lies at `next_sp - 8`, the next `bp` at
+        /// `bp_read_at` (0: `bp` unchanged).
+        #[default]
+        Rule = 0,
+        /// framehop makes this step (a rule of another shape, or a read that failed or
+        /// returned 0 when the node was made).
+        Framehop,
+        /// The stack ends here (the rule says there is no caller).
+        End,
+        /// The frame address is in no known module (JIT code, a library loaded since the
+        /// module table was built): the walk ends here, this frame left out.
+        UnknownModule,
+    }
+
+    /// No node: node 0 is never used.
+    const NONE: u32 = 0;
+
+    /// One frame of a path that a walk took: the unwinder's state on reaching it, how to make
+    /// the step from it again, and the node of the frame the step led to. Nodes never change
+    /// once made (a frame reached by another path gets a node of its own), so a node's
+    /// `chain` is the hash of its whole path. One cache line each.
     #[derive(Clone, Copy, Default)]
-    struct Read {
+    #[repr(C, align(64))]
+    struct Node {
+        state: State,
+        /// [`Kind::Rule`]: the stack pointer the step gives (its return address lies just
+        /// below), where it reads the next `bp` (0: unchanged), and the lowest of those two
+        /// addresses.
+        next_sp: u64,
+        bp_read_at: u64,
+        lowest_read: u64,
+        /// The native chain (`channel::event::native_chain`) of the frames this node and the
+        /// nodes after it give.
+        chain: u64,
+        /// The node the step led to: [`NONE`] when the walk ended with this node.
+        caller: u32,
+        kind: Kind,
+        /// The frame goes into stacks (not the walk's first frame, not memsnap's own).
+        emits: bool,
+        /// The step reads `bp` as it was on reaching the frame (a CFA or a saved `bp` found
+        /// from it; framehop's steps are taken to).
+        reads_bp: bool,
+        /// The path from here depends on `bp`: this step or a later one reads it before a
+        /// step loads it from the stack. Where it does not (code built without frame
+        /// pointers keeps data in `bp`), a state with any `bp` is this node's state.
+        bp_matters: bool,
+    }
+
+    impl Node {
+        /// Whether `state` is this node's state.
+        #[inline(always)]
+        fn holds(&self, state: State) -> bool {
+            self.state.pc == state.pc
+                && self.state.sp == state.sp
+                && (self.state.bp == state.bp || !self.bp_matters)
+        }
+    }
+
+    /// Nodes a thread keeps: 2 MiB, and 1 MiB of their [`View`]s (address space: only the
+    /// pages a thread's walks touch are ever resident). docs/HOT-PATH.md, "Paths of frames",
+    /// has what real and made-up steps need.
+    const NODES: usize = 1 << 15;
+
+    /// Ways of a set of an [`Index`]: one cache line of (tag, node) pairs.
+    const WAYS: usize = 8;
+    /// Sets of an [`Index`]: as many entries as nodes, 256 KiB.
+    const SETS: usize = NODES / WAYS;
+
+    /// Nodes by a hash of a key, in sets of [`WAYS`], the newest first. A tag (other bits of
+    /// the hash, never 0) spares loading nodes whose key differs. Sets rather than one slot
+    /// per hash: with direct-mapped slots, two nodes of one step's paths evicted each other
+    /// and each walk made copies of the nodes it could no longer find (about one a walk
+    /// inside a real training step).
+    struct Index {
+        /// (tag, node); tag 0: empty.
+        sets: [[(u32, u32); WAYS]; SETS],
+    }
+
+    impl Index {
+        #[inline(always)]
+        fn set_and_tag(hash: u64) -> (usize, u32) {
+            ((hash >> 48) as usize % SETS, (hash >> 16) as u32 | 1)
+        }
+
+        /// The nodes filed under `hash`, newest first (their keys still to be compared).
+        #[inline(always)]
+        fn candidates(&self, hash: u64) -> impl Iterator<Item = u32> + '_ {
+            let (set, tag) = Self::set_and_tag(hash);
+            self.sets[set]
+                .iter()
+                .filter(move |&&(t, _)| t == tag)
+                .map(|&(_, id)| id)
+        }
+
+        /// Files `id` under `hash`, first in its set, in place of the entry `replaces` names
+        /// (a node of the same key) or else of the oldest.
+        #[inline(always)]
+        fn insert(&mut self, hash: u64, id: u32, replaces: impl Fn(u32) -> bool) {
+            let (set, tag) = Self::set_and_tag(hash);
+            let ways = &mut self.sets[set];
+            let at = ways
+                .iter()
+                .position(|&(t, old)| t == tag && replaces(old))
+                .unwrap_or(WAYS - 1);
+            ways.copy_within(..at, 1);
+            ways[0] = (tag, id);
+        }
+
+        fn clear(&mut self) {
+            self.sets = [[(0, NONE); WAYS]; SETS];
+        }
+    }
+
+    /// A stack word a path's step read, and what it must still hold for the path to be taken.
+    #[derive(Clone, Copy, Default)]
+    struct Check {
         addr: u64,
         value: u64,
-        ok: bool,
     }
 
-    /// How a walk ended after its last step. (All-zero is `Stopped`: see [`thread_unwind`].)
-    #[derive(Clone, Copy, PartialEq, Eq)]
-    #[repr(u8)]
-    enum End {
-        /// The unwinder found the root, or could go no further (failed read, bad rule).
-        Stopped = 0,
-        /// A return address in no known module (JIT code, a library loaded since).
-        UnknownModule,
-        /// [`MAX_STEPS`] reached.
-        StepLimit,
+    /// A node's path in one piece: the stack words its steps read, with the values they must
+    /// still hold, and the frames it gives, each from this node to the path's end and
+    /// contiguous, so that a walk that meets the node checks the path in one branch-free
+    /// pass and copies its frames at once ([`take_whole`]). The nodes made by one walk share
+    /// one piece: each node's part is the piece from its own entries on, and the path they
+    /// hang on is copied after them.
+    #[derive(Clone, Copy, Default)]
+    struct View {
+        /// The path has a piece: every step in it is a rule memsnap executes (a framehop step
+        /// is made again only by [`follow`]).
+        whole: bool,
+        /// The path ends at a frame in no known module.
+        ends_unknown: bool,
+        /// Nodes from this one to the path's end.
+        steps: u16,
+        checks_from: u32,
+        checks_end: u32,
+        frames_from: u32,
+        frames_end: u32,
+        /// The lowest address the checks read.
+        lowest_read: u64,
     }
 
-    /// The walk being made, innermost first from index 0: the steps it unwinds itself, the
-    /// stack reads they make and the frames they give.
-    struct Scratch {
-        steps: [Unwound; MAX_STEPS],
-        n_steps: usize,
-        reads: [Read; MAX_READS],
-        n_reads: usize,
-        frames: [u64; MAX_STEPS],
-        n_frames: usize,
-        /// Some read was not recorded (more than [`MAX_READS`]): the walk cannot be reused.
-        reads_overflowed: bool,
-        end: End,
-    }
+    /// Stack words checked, over all pieces: 4 MiB of address space.
+    const CHECKS: usize = 1 << 18;
+    /// Frames, over all pieces: 1 MiB of address space.
+    const PIECE_FRAMES: usize = 1 << 17;
 
-    /// The previous walk, kept for the next one to reuse. Its steps, reads and frames lie
-    /// at the ends of their arrays (`steps[steps_from..]`, and so on; every index in a
-    /// [`Step`] is into these arrays). A new walk that meets it at a step writes its own
-    /// inner part just before that step, and the shared outer part, usually the longer one,
-    /// stays where it lies with its summaries (see [`place`]) and hash (`chain`): the work of
-    /// reuse grows with the part that differs, not with the part that is reused.
-    struct Record {
-        /// The module table the walk used (rules may differ in another); 0: no walk.
+    /// The paths of frames this thread's walks took, as a tree of [`Node`]s from the
+    /// innermost frame outwards, and two indices over them: the newest node of each state
+    /// (where a walk meets an earlier path) and the node of each state and caller (so that
+    /// a path taken again finds its nodes instead of making new ones).
+    struct Paths {
+        /// The module table the nodes were made with (rules differ in another): a walk with
+        /// another table starts over. 0: none yet.
         table: usize,
-        steps: [Step; MAX_STEPS],
-        steps_from: usize,
-        reads: [Read; MAX_READS],
-        reads_from: usize,
-        /// The return addresses the walk put on the stack, innermost first (memsnap's own
-        /// frames are not there).
-        frames: [u64; MAX_STEPS],
-        frames_from: usize,
-        /// `chain[i]`: the native chain (`channel::event::native_chain`) of `frames[i..]`,
-        /// so that a reused tail brings its part of the stack's hash along.
-        chain: [u64; MAX_STEPS],
-        /// Some read was not recorded: the walk cannot be reused.
-        reads_overflowed: bool,
-        end: End,
+        /// Nodes in use: `nodes[1..used]`; when a walk's new nodes do not fit, all are
+        /// forgotten and the next walks make them again.
+        used: u32,
+        nodes: [Node; NODES],
+        /// The newest nodes of a state, by [`state_hash`].
+        by_state: Index,
+        /// The node of a state with a given caller, by [`caller_hash`].
+        by_caller: Index,
+        /// Each node's path in one piece, by node id.
+        views: [View; NODES],
+        checks: [Check; CHECKS],
+        checks_used: usize,
+        frames: [u64; PIECE_FRAMES],
+        frames_used: usize,
+    }
+
+    #[inline(always)]
+    fn state_hash(state: State) -> u64 {
+        (state.pc ^ state.sp.rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    #[inline(always)]
+    fn caller_hash(state: State, caller: u32) -> u64 {
+        (state.pc ^ state.sp.rotate_left(32) ^ (u64::from(caller) << 40))
+            .wrapping_mul(0xD6E8_FEB8_6659_FD93)
+    }
+
+    impl Paths {
+        /// Forgets every node if they were made with another module table.
+        #[inline(always)]
+        fn use_table(&mut self, table: usize) {
+            if self.table != table {
+                self.reset(table);
+            }
+        }
+
+        #[cold]
+        #[inline(never)]
+        fn reset(&mut self, table: usize) {
+            count!(PathResets, 1);
+            self.by_state.clear();
+            self.by_caller.clear();
+            self.used = 1;
+            self.checks_used = 0;
+            self.frames_used = 0;
+            self.table = table;
+        }
+
+        #[inline(always)]
+        fn node(&self, id: u32) -> &Node {
+            &self.nodes[id as usize % NODES]
+        }
+
+        /// The newest node made in `state`.
+        #[inline(always)]
+        fn find(&self, state: State) -> Option<u32> {
+            self.by_state
+                .candidates(state_hash(state))
+                .find(|&id| self.node(id).holds(state))
+        }
+
+        /// The node of `state` whose step leads to `caller`.
+        #[inline(always)]
+        fn find_child(&self, state: State, caller: u32) -> Option<u32> {
+            self.by_caller
+                .candidates(caller_hash(state, caller))
+                .find(|&id| self.node(id).caller == caller && self.node(id).holds(state))
+        }
+
+        /// Makes `steps` (innermost first) a path ending in `tail` ([`NONE`]: the last step
+        /// ended the walk), reusing the nodes that already make it. Returns the innermost
+        /// node, or `None` when the new nodes did not fit: then every node is forgotten.
+        #[inline(always)]
+        fn link(&mut self, steps: &[Node], tail: u32) -> Option<u32> {
+            if self.used as usize + steps.len() > NODES {
+                self.reset(self.table);
+                return None;
+            }
+            let made_from = self.used;
+            let mut caller = tail;
+            for step in steps.iter().rev() {
+                let id = match self.find_child(step.state, caller) {
+                    Some(id) => id,
+                    None => {
+                        count!(NodesMade, 1);
+                        let (after, bp_matters_after) = match caller {
+                            NONE => (NATIVE_CHAIN_SEED, false),
+                            id => (self.node(id).chain, self.node(id).bp_matters),
+                        };
+                        let keeps_bp = step.kind == Kind::Rule && step.bp_read_at == 0;
+                        let id = self.used;
+                        self.used += 1;
+                        self.nodes[id as usize % NODES] = Node {
+                            caller,
+                            chain: if step.emits {
+                                native_chain_step(after, step.state.pc)
+                            } else {
+                                after
+                            },
+                            bp_matters: step.reads_bp || (keeps_bp && bp_matters_after),
+                            ..*step
+                        };
+                        self.by_caller
+                            .insert(caller_hash(step.state, caller), id, |_| false);
+                        id
+                    }
+                };
+                let nodes = &self.nodes;
+                self.by_state.insert(state_hash(step.state), id, |old| {
+                    nodes[old as usize % NODES].state == step.state
+                });
+                caller = id;
+            }
+            if self.used > made_from && !self.make_piece(made_from) {
+                self.reset(self.table);
+                return None;
+            }
+            Some(caller)
+        }
+
+        /// Gives the nodes `from..used`, just made by one walk (each the caller of the next:
+        /// `from` is the outermost), their piece ([`View`]). Returns false when the pieces
+        /// are full.
+        fn make_piece(&mut self, from: u32) -> bool {
+            let (from, to) = (from as usize, self.used as usize);
+            let tail = match self.nodes[from % NODES].caller {
+                NONE => View {
+                    whole: true,
+                    lowest_read: u64::MAX,
+                    ..View::default()
+                },
+                id => self.views[id as usize % NODES],
+            };
+            let mut n_checks = (tail.checks_end - tail.checks_from) as usize;
+            let mut n_frames = (tail.frames_end - tail.frames_from) as usize;
+            for node in &self.nodes[from..to] {
+                match node.kind {
+                    Kind::Rule => n_checks += 1 + usize::from(self.checks_bp(node)),
+                    Kind::Framehop => {
+                        for view in &mut self.views[from..to] {
+                            view.whole = false;
+                        }
+                        return true;
+                    }
+                    Kind::End | Kind::UnknownModule => {}
+                }
+                n_frames += usize::from(node.emits);
+            }
+            if !tail.whole {
+                for view in &mut self.views[from..to] {
+                    view.whole = false;
+                }
+                return true;
+            }
+            if self.checks_used + n_checks > CHECKS || self.frames_used + n_frames > PIECE_FRAMES {
+                return false;
+            }
+            // Innermost first: each node's own entries, then the path it hangs on.
+            let (mut c, mut f) = (self.checks_used, self.frames_used);
+            for id in (from..to).rev() {
+                let node = self.nodes[id];
+                self.views[id].checks_from = c as u32;
+                self.views[id].frames_from = f as u32;
+                if node.emits {
+                    self.frames[f] = node.state.pc;
+                    f += 1;
+                }
+                if node.kind == Kind::Rule {
+                    let caller = self.nodes[node.caller as usize % NODES].state;
+                    self.checks[c] = Check {
+                        addr: node.next_sp - 8,
+                        value: caller.pc,
+                    };
+                    c += 1;
+                    if self.checks_bp(&node) {
+                        self.checks[c] = Check {
+                            addr: node.bp_read_at,
+                            value: caller.bp,
+                        };
+                        c += 1;
+                    }
+                }
+            }
+            let (tc, tf) = (tail.checks_from as usize, tail.frames_from as usize);
+            let (tc_end, tf_end) = (tail.checks_end as usize, tail.frames_end as usize);
+            self.checks.copy_within(tc..tc_end, c);
+            self.frames.copy_within(tf..tf_end, f);
+            let (c_end, f_end) = (c + tc_end - tc, f + tf_end - tf);
+            let (mut lowest, mut steps) = (tail.lowest_read, tail.steps);
+            let mut unknown = tail.ends_unknown;
+            for id in from..to {
+                let node = &self.nodes[id];
+                if node.kind == Kind::Rule {
+                    lowest = lowest.min(node.lowest_read);
+                }
+                unknown |= node.kind == Kind::UnknownModule;
+                steps += 1;
+                let view = &mut self.views[id];
+                view.whole = true;
+                view.ends_unknown = unknown;
+                view.steps = steps;
+                view.checks_end = c_end as u32;
+                view.frames_end = f_end as u32;
+                view.lowest_read = lowest;
+            }
+            self.checks_used = c_end;
+            self.frames_used = f_end;
+            true
+        }
+
+        /// Whether the piece checks the `bp` that a rule's step loads: only where the path
+        /// after it depends on `bp`.
+        #[inline(always)]
+        fn checks_bp(&self, node: &Node) -> bool {
+            node.bp_read_at != 0 && self.nodes[node.caller as usize % NODES].bp_matters
+        }
+    }
+
+    /// The steps a walk made itself, innermost first, before it met a path it could take to
+    /// the end: nodes to be (their `caller` and `chain` are set when they are linked).
+    struct Pending {
+        steps: [Node; MAX_STEPS],
+        n: usize,
+        /// `bp` as it was on reaching each node a walk took from an earlier path, in order
+        /// (a node keeps the `bp` of the walk that made it, which may differ where the path
+        /// does not depend on it).
+        taken_bp: [u64; MAX_STEPS],
+    }
+
+    impl Pending {
+        #[inline(always)]
+        fn push(&mut self, step: Node) {
+            if let Some(slot) = self.steps.get_mut(self.n) {
+                *slot = step;
+                self.n += 1;
+            }
+        }
     }
 
     /// framehop's rule caches per thread. One cache is direct-mapped: 509 slots indexed by
@@ -218,13 +562,13 @@ mod imp {
         ((lookup / 509).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 61) as usize % RULE_CACHES
     }
 
-    /// A thread's unwinder caches, its previous walk and room for the next one.
+    /// A thread's unwinder caches, the paths its walks took and room for a walk's own steps.
     struct ThreadUnwind {
         caches: [Cache; RULE_CACHES],
         /// The rules memsnap executes itself (see [`Rule`]).
         rules: Rules,
-        record: Record,
-        scratch: Scratch,
+        paths: Paths,
+        pending: Pending,
     }
 
     /// What a step does in the common case, found once per address by asking framehop
@@ -341,34 +685,30 @@ mod imp {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 55) as usize % RULE_SETS
     }
 
-    /// The registers an x86-64 walk tracks, kept in locals: framehop's register set (an
-    /// array indexed by register, each access bounds-checked) is built only for the steps
-    /// framehop unwinds.
-    #[derive(Clone, Copy)]
-    struct Regs {
-        ip: u64,
-        sp: u64,
-        bp: u64,
-    }
-
     /// What [`run_rule`] did.
     enum Ran {
-        Next(u64),
+        /// The next frame's state, where the step read the next `bp` (0: it did not) and the
+        /// lowest address it read.
+        Next {
+            next: State,
+            bp_read_at: u64,
+            lowest_read: u64,
+        },
         End,
-        /// Not handled here: framehop unwinds this step.
+        /// Not handled here: framehop makes this step.
         Framehop,
     }
 
-    /// Executes `rule` on `regs` in the clean case (see [`Rule`]), recording its reads in
-    /// `cur`; [`Ran::Framehop`] with nothing changed otherwise.
+    /// Executes `rule` from `state` in the clean case (see [`Rule`]); [`Ran::Framehop`]
+    /// otherwise.
     #[inline(always)]
-    fn run_rule(rule: &Rule, regs: &mut Regs, bounds: Bounds, cur: &mut Scratch) -> Ran {
+    fn run_rule(rule: &Rule, state: State, bounds: Bounds) -> Ran {
         match rule.form {
             Form::Framehop => return Ran::Framehop,
             Form::End => return Ran::End,
             Form::Step => {}
         }
-        let Regs { sp, bp, .. } = *regs;
+        let State { sp, bp, .. } = state;
         if rule.cfa_from_bp && bp == 0 {
             return Ran::Framehop;
         }
@@ -377,53 +717,83 @@ mod imp {
         if new_sp <= sp {
             return Ran::Framehop;
         }
-        let bp_at = match rule.bp_from {
-            0 => None,
-            1 => Some(sp.wrapping_add(rule.bp_offset as i64 as u64)),
-            _ => Some(bp.wrapping_add(rule.bp_offset as i64 as u64)),
-        };
-        let new_bp = match bp_at {
-            None => bp,
-            Some(at) => match bounds.read(at) {
-                Ok(v) => v,
-                Err(()) => return Ran::Framehop,
-            },
+        let (new_bp, bp_read_at) = match rule.bp_from {
+            0 => (bp, 0),
+            from => {
+                let at = if from == 1 { sp } else { bp }.wrapping_add(rule.bp_offset as i64 as u64);
+                match bounds.read(at) {
+                    // (0 is never in bounds: a read there fails.)
+                    Ok(v) => (v, at),
+                    Err(()) => return Ran::Framehop,
+                }
+            }
         };
         let ra_at = new_sp - 8;
         let Ok(ra) = bounds.read(ra_at) else {
             return Ran::Framehop;
         };
-        if ra == 0 {
+        // 0 ends the stack; an address with the top bit is in the kernel's half, never a
+        // return into user code: framehop decides both.
+        if ra == 0 || ra & FIRST != 0 {
             return Ran::Framehop;
         }
-        // The reads, in the order made: straight-line stores (an iterator over the optional
-        // `bp` read and the return address cost 27 instructions a step; callgrind).
-        let n = cur.n_reads;
-        if let Some(reads) = cur.reads.get_mut(n..n + 2) {
-            let mut k = 0;
-            if let Some(addr) = bp_at {
-                reads[0] = Read {
-                    addr,
-                    value: new_bp,
-                    ok: true,
-                };
-                k = 1;
-            }
-            reads[k] = Read {
-                addr: ra_at,
-                value: ra,
-                ok: true,
-            };
-            cur.n_reads = n + k + 1;
-        } else {
-            cur.reads_overflowed = true;
+        Ran::Next {
+            next: State {
+                pc: ra,
+                sp: new_sp,
+                bp: new_bp,
+            },
+            bp_read_at,
+            lowest_read: if bp_read_at == 0 {
+                ra_at
+            } else {
+                ra_at.min(bp_read_at)
+            },
         }
-        *regs = Regs {
-            ip: ra,
-            sp: new_sp,
-            bp: new_bp,
-        };
-        Ran::Next(ra)
+    }
+
+    /// framehop, for what memsnap does not do itself: the module table (its unwinder) and
+    /// this thread's rule caches.
+    struct Framehop<'a> {
+        table: &'a modules::ModuleTable,
+        caches: &'a mut [Cache; RULE_CACHES],
+    }
+
+    impl Framehop<'_> {
+        /// framehop's step from `state` (its reads bounded): the next frame's state, or
+        /// `None` where the walk ends (no caller, a failed read, or a return address of 0 or
+        /// in the kernel's half, which no user code has).
+        #[inline(never)]
+        fn step(&mut self, address: FrameAddress, state: State, bounds: Bounds) -> Option<State> {
+            count!(FramehopSteps, 1);
+            let mut read_stack = |addr: u64| bounds.read(addr);
+            let mut regs = UnwindRegsX86_64::new(state.pc & !FIRST, state.sp, state.bp);
+            let ra = self
+                .table
+                .unwinder
+                .unwind_frame(
+                    address,
+                    &mut regs,
+                    &mut self.caches[rule_cache_index(address)],
+                    &mut read_stack,
+                )
+                .ok()
+                .flatten()?;
+            (ra != 0 && ra & FIRST == 0).then_some(State {
+                pc: ra,
+                sp: regs.sp(),
+                bp: regs.bp(),
+            })
+        }
+
+        /// The rule framehop applies at `address` ([`derive_rule`]).
+        fn rule(&mut self, address: FrameAddress) -> Rule {
+            derive_rule(
+                self.table,
+                &mut self.caches[rule_cache_index(address)],
+                address,
+            )
+        }
     }
 
     /// The rule framehop applies at `address`, found by letting it unwind two made-up
@@ -548,7 +918,8 @@ mod imp {
             // `capture` is not re-entered on one thread (the hooks' nesting guard).
             return Some(unsafe { &mut *p });
         }
-        // About 120 KiB (the caches allocate their own ~300 KiB).
+        // About 8.6 MiB of address space, nearly all of it the paths' pools, whose pages
+        // become resident only as walks fill them (the caches allocate their own ~300 KiB).
         // SAFETY: all-zero bytes are a valid record (no walk yet: `table` 0, which no
         // module table has, so nothing is reused from it; `End::Stopped`), a valid scratch
         // walk and valid rules (no module table yet: `table` 0, every key 0 an empty
@@ -661,47 +1032,23 @@ mod imp {
             // reads could not be bounded, so no native frames.
             return None;
         }
-        let recorded = walk(
-            table,
-            &mut state.caches,
+        let chain = walk(
+            &mut Framehop {
+                table,
+                caches: &mut state.caches,
+            },
             &mut state.rules,
-            &mut state.scratch,
-            &mut state.record,
+            &mut state.paths,
+            &mut state.pending,
             Bounds { lo: from.sp, top },
             from,
             slot,
             max,
         );
-        let record = &state.record;
         count!(Walks, 1);
-        count!(WalksAtStepLimit, record.end == End::StepLimit);
         count!(NativeFrames, slot.n_native);
         count!(NativeTruncated, slot.truncated);
-        // The record's frames are the slot's unless the walk could not be recorded or the
-        // slot was cut at `max`.
-        if !recorded || slot.truncated || MAX_STEPS - record.frames_from != slot.n_native as usize {
-            return None;
-        }
-        Some(if record.frames_from < MAX_STEPS {
-            record.chain[record.frames_from]
-        } else {
-            NATIVE_CHAIN_SEED
-        })
-    }
-
-    /// Computes `record.chain[lo..hi]`, innermost last to first; the entries from `hi` on are
-    /// already right (the reused outer part) or there are none.
-    #[inline(always)]
-    fn fill_chain(record: &mut Record, lo: usize, hi: usize) {
-        let mut chain = if hi < MAX_STEPS {
-            record.chain[hi]
-        } else {
-            NATIVE_CHAIN_SEED
-        };
-        for i in (lo..hi).rev() {
-            chain = native_chain_step(chain, record.frames[i]);
-            record.chain[i] = chain;
-        }
+        chain
     }
 
     /// The readable part of the thread's stack: `[sp at capture, top)`.
@@ -724,129 +1071,370 @@ mod imp {
         }
     }
 
-    /// Whether every read `record` made from step `at` on would return the same result now.
-    ///
-    /// The usual case needs no bounds check per read: the reads all succeeded last time, so
-    /// each lay in `[sp then, top)`; `top` is the same (one thread, one stack), and if the
-    /// lowest of them is at or above this capture's `sp`, all lie in bounds now. Then the
-    /// check is one load, one xor and one or per read.
-    #[inline(always)]
-    fn tail_still_holds(record: &Record, at: usize, bounds: Bounds) -> bool {
-        let step = &record.steps[at];
-        let reads = &record.reads[step.made.reads_from as usize..];
-        if step.tail_reads_ok && step.tail_lowest_read >= bounds.lo {
-            // This step's own reads come first: a changed caller shows in its return address
-            // there, so a check that fails usually ends after one or two reads instead of
-            // reading the whole tail.
-            let (head, rest) = reads.split_at(reads.len().min(2));
-            for r in head {
-                // SAFETY: as below.
-                if unsafe { std::ptr::read_unaligned(r.addr as *const u64) } != r.value {
-                    return false;
-                }
-            }
-            let mut differs = 0u64;
-            for r in rest {
-                // SAFETY: `r.addr` is in `[bounds.lo, top - 8]` (see above): this thread's
-                // live stack, mapped and readable while the capture runs.
-                differs |= unsafe { std::ptr::read_unaligned(r.addr as *const u64) } ^ r.value;
-            }
-            return differs == 0;
-        }
-        reads.iter().all(|r| match bounds.read(r.addr) {
-            Ok(v) => r.ok && v == r.value,
-            Err(()) => !r.ok,
-        })
+    /// How a walk that met an earlier path left it.
+    enum Left {
+        /// The path held to its end (`complete`), or to the step or frame limit.
+        AtItsEnd { complete: bool },
+        /// The first `taken` nodes of the path were this walk's frames too, but the last
+        /// one's step now gives `next` (`None`: the stack ends there) instead of the path's
+        /// next node.
+        Elsewhere { taken: usize, next: Option<State> },
+        /// The first `taken` nodes were this walk's frames; the next node's step cannot be
+        /// made again by its node (a read now out of bounds, or one that would hand the
+        /// step to framehop): the walk makes it itself from `state`.
+        Unwind { taken: usize, state: State },
     }
 
-    /// One walk into `cur`, reusing the outer frames of the previous walk (`record`) where
-    /// they provably still hold, then kept in `record` for the next one. Returns whether
-    /// `record` now describes this walk (false only when a long new inner part did not fit
-    /// before the reused steps: the slot is right, the record stays the previous walk's).
+    /// Takes the whole path of node `start` (which holds this walk's state) at once when
+    /// every stack word its steps read still holds what it held: one pass over the path's
+    /// checks, its frames copied in one piece. Returns whether the walk reached the end of
+    /// the stack within the frame limit, or `None` when the path has no piece, would pass
+    /// the step limit or no longer holds (then [`follow`] takes it node by node and finds
+    /// where it changed).
+    #[inline(always)]
+    fn take_whole(
+        paths: &Paths,
+        start: u32,
+        bounds: Bounds,
+        steps: &mut usize,
+        slot: &mut StackSlot,
+        out: &mut Out,
+    ) -> Option<bool> {
+        let view = &paths.views[start as usize % NODES];
+        if !view.whole || view.lowest_read < bounds.lo || *steps + view.steps as usize > MAX_STEPS {
+            return None;
+        }
+        let checks = paths
+            .checks
+            .get(view.checks_from as usize..view.checks_end as usize)?;
+        // The first words are the innermost frames' return addresses: where a path changed
+        // (another call site), it is usually there, so those are tested one by one.
+        let (head, rest) = checks.split_at(checks.len().min(4));
+        for check in head {
+            // SAFETY: every check is a read that a walk on this thread made in bounds (so
+            // below the same top of stack), at or above `lowest_read`, which is at or above
+            // this capture's stack pointer: this thread's live stack, mapped and readable.
+            if unsafe { std::ptr::read_unaligned(check.addr as *const u64) } != check.value {
+                return None;
+            }
+        }
+        let mut differs = 0u64;
+        for check in rest {
+            // SAFETY: as above.
+            differs |= unsafe { std::ptr::read_unaligned(check.addr as *const u64) } ^ check.value;
+        }
+        if differs != 0 {
+            return None;
+        }
+        count!(WholePaths, 1);
+        count!(StepsReused, view.steps);
+        count!(ReadsChecked, checks.len());
+        if view.ends_unknown {
+            modules::mark_stale();
+        }
+        *steps += view.steps as usize;
+        let frames = paths
+            .frames
+            .get(view.frames_from as usize..view.frames_end as usize)?;
+        let room = out.max.min(slot.native.len()).saturating_sub(out.n);
+        let take = frames.len().min(room);
+        slot.native[out.n..out.n + take].copy_from_slice(&frames[..take]);
+        out.n += take;
+        if take < frames.len() {
+            slot.truncated = true;
+            return Some(false);
+        }
+        Some(true)
+    }
+
+    /// Why [`follow`]'s inner loop stopped.
+    enum Stop {
+        /// At a node that is not a rule's in bounds, or at the step limit.
+        Unusual,
+        /// The node's step cannot be made by its node now (see [`Left::Unwind`]).
+        Unwind,
+        /// The slot is full and the node has a frame for it.
+        Full,
+        /// The node's step gave this state, not the next node's.
+        Elsewhere(State),
+    }
+
+    /// Takes the path that starts at node `start` (which holds this walk's state, with `bp`
+    /// its actual `bp`) as far as it still holds: each node's step is made again from the
+    /// stack as it is now (one or two reads) and must give the state of the node that
+    /// follows. Every read is of an address that an earlier walk on this thread read in
+    /// bounds; it is in bounds now if it is not below this capture's stack pointer (the top
+    /// is the thread's).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn follow(
+        paths: &Paths,
+        start: u32,
+        mut bp: u64,
+        framehop: &mut Framehop,
+        bounds: Bounds,
+        steps: &mut usize,
+        slot: &mut StackSlot,
+        out: &mut Out,
+    ) -> Left {
+        let mut id = start;
+        let mut taken = 0usize;
+        let mut done = *steps;
+        let mut n = out.n;
+        let room = out.max.min(slot.native.len());
+        let left = loop {
+            // The usual nodes, in a loop of their own: a rule's step, its reads in bounds.
+            let stop = loop {
+                let node = paths.node(id);
+                if node.kind != Kind::Rule || node.lowest_read < bounds.lo || done == MAX_STEPS {
+                    break Stop::Unusual;
+                }
+                // SAFETY: both addresses were read in bounds by the walk that made the node
+                // (this thread, so the same top of stack) and neither is below
+                // `lowest_read`, which is at or above this capture's stack pointer: they lie
+                // in this thread's live stack, mapped and readable.
+                let (ra, next_bp) = unsafe {
+                    (
+                        std::ptr::read_unaligned((node.next_sp - 8) as *const u64),
+                        match node.bp_read_at {
+                            0 => bp,
+                            at => std::ptr::read_unaligned(at as *const u64),
+                        },
+                    )
+                };
+                // 0, or an address in the kernel's half: framehop decides (see `run_rule`).
+                if ra.wrapping_sub(1) >= FIRST - 1 {
+                    break Stop::Unwind;
+                }
+                if node.emits {
+                    if n >= room {
+                        break Stop::Full;
+                    }
+                    slot.native[n] = node.state.pc;
+                    n += 1;
+                }
+                done += 1;
+                taken += 1;
+                // A rule's node leads to the node of the state its step gives, so the
+                // caller's `sp` is `next_sp`.
+                let caller = paths.node(node.caller);
+                if caller.state.pc != ra || (caller.bp_matters && caller.state.bp != next_bp) {
+                    break Stop::Elsewhere(State {
+                        pc: ra,
+                        sp: node.next_sp,
+                        bp: next_bp,
+                    });
+                }
+                id = node.caller;
+                bp = next_bp;
+            };
+            let node = paths.node(id);
+            let here = State { bp, ..node.state };
+            match stop {
+                Stop::Elsewhere(next) => {
+                    break Left::Elsewhere {
+                        taken,
+                        next: Some(next),
+                    };
+                }
+                Stop::Full => {
+                    slot.truncated = true;
+                    break Left::AtItsEnd { complete: false };
+                }
+                Stop::Unwind => break Left::Unwind { taken, state: here },
+                Stop::Unusual => {}
+            }
+            if done == MAX_STEPS {
+                count!(WalksAtStepLimit, 1);
+                break Left::AtItsEnd { complete: false };
+            }
+            if node.kind == Kind::Rule {
+                break Left::Unwind { taken, state: here };
+            }
+            let next = redo_other(node, here, framehop, bounds);
+            if node.emits {
+                if n >= room {
+                    slot.truncated = true;
+                    break Left::AtItsEnd { complete: false };
+                }
+                slot.native[n] = node.state.pc;
+                n += 1;
+            }
+            done += 1;
+            taken += 1;
+            match (next, node.caller) {
+                (None, NONE) => break Left::AtItsEnd { complete: true },
+                (Some(next), caller) if caller != NONE && paths.node(caller).holds(next) => {
+                    id = caller;
+                    bp = next.bp;
+                }
+                (next, _) => break Left::Elsewhere { taken, next },
+            }
+        };
+        count!(StepsReused, taken);
+        *steps = done;
+        out.n = n;
+        left
+    }
+
+    /// The `bp` on reaching each of the first `taken` nodes of the path from `start`, the
+    /// first being `bp`: what [`follow`] saw as it took them, found again (a node keeps the
+    /// `bp` of the walk that made it, which may differ where the path does not depend on
+    /// it). Only a walk that leaves a path needs them.
+    #[inline(never)]
+    fn taken_bps(
+        paths: &Paths,
+        start: u32,
+        mut bp: u64,
+        taken: usize,
+        framehop: &mut Framehop,
+        bounds: Bounds,
+        into: &mut [u64; MAX_STEPS],
+    ) {
+        let mut id = start;
+        for slot in into.iter_mut().take(taken) {
+            *slot = bp;
+            let node = paths.node(id);
+            bp = match node.kind {
+                // SAFETY: as in `follow`, which just read this address for this node.
+                Kind::Rule if node.bp_read_at != 0 => unsafe {
+                    std::ptr::read_unaligned(node.bp_read_at as *const u64)
+                },
+                Kind::Rule => bp,
+                _ => redo_other(node, State { bp, ..node.state }, framehop, bounds)
+                    .map_or(0, |next| next.bp),
+            };
+            id = node.caller;
+        }
+    }
+
+    /// The step of a node that is not a rule memsnap executes, made again from `here`.
+    #[inline(never)]
+    fn redo_other(
+        node: &Node,
+        here: State,
+        framehop: &mut Framehop,
+        bounds: Bounds,
+    ) -> Option<State> {
+        match node.kind {
+            Kind::Framehop => framehop.step(here.address()?, here, bounds),
+            Kind::UnknownModule => {
+                modules::mark_stale();
+                None
+            }
+            Kind::Rule | Kind::End => None,
+        }
+    }
+
+    /// One walk into `slot`. Wherever it reaches a state in which an earlier walk on this
+    /// thread made a node, it takes that walk's path for as long as the path still holds
+    /// ([`follow`]); elsewhere it makes the steps itself. Its own steps, and those of a
+    /// path it took only part of, become nodes linked to the path it took to the end.
+    /// Returns the native chain of the slot's frames when the walk reached the end of the
+    /// stack within the frame limit (else the caller computes it).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn walk(
-        table: &modules::ModuleTable,
-        caches: &mut [Cache; RULE_CACHES],
+        framehop: &mut Framehop,
         rules: &mut Rules,
-        cur: &mut Scratch,
-        record: &mut Record,
+        paths: &mut Paths,
+        pending: &mut Pending,
         bounds: Bounds,
         from: super::StartRegs,
         slot: &mut StackSlot,
         max: usize,
-    ) -> bool {
+    ) -> Option<u64> {
+        let table = framehop.table;
         let table_id = table as *const modules::ModuleTable as usize;
         rules.use_table(table_id);
-        cur.n_steps = 0;
-        cur.n_reads = 0;
-        cur.n_frames = 0;
-        cur.reads_overflowed = false;
-        cur.end = End::StepLimit;
-        let reusable = record.table == table_id && !record.reads_overflowed;
-        let mut prev_at = record.steps_from;
-
+        paths.use_table(table_id);
+        pending.n = 0;
         let mut out = Out { n: 0, max };
-        let mut regs = Regs {
-            ip: from.ip,
+        let mut state = State {
+            pc: from.ip | FIRST,
             sp: from.sp,
             bp: from.bp,
         };
-        let mut address = FrameAddress::InstructionPointer(from.ip);
+        let mut steps = 0usize;
         let mut hint = usize::MAX;
-        while cur.n_steps < MAX_STEPS {
-            let (pc, first) = match address {
-                FrameAddress::InstructionPointer(p) => (p, true),
-                FrameAddress::ReturnAddress(ra) => (ra.get(), false),
-            };
-            // Frames lie at increasing stack addresses: move through the previous walk in
-            // step with this one and look for the same unwinder state.
-            if reusable {
-                let sp = regs.sp;
-                while prev_at < MAX_STEPS && record.steps[prev_at].made.sp < sp {
-                    prev_at += 1;
-                }
-                if let Some(Step { made: p, .. }) = record.steps.get(prev_at)
-                    && p.sp == sp
-                    && p.pc == pc
-                    && p.first == first
-                    && p.bp == regs.bp
-                    && tail_still_holds(record, prev_at, bounds)
+        // The node of an earlier path the walk took to its end (NONE: none), and whether
+        // the walk reached the end of the stack.
+        let (tail, complete) = loop {
+            if let Some(start) = paths.find(state) {
+                if let Some(complete) = take_whole(paths, start, bounds, &mut steps, slot, &mut out)
                 {
-                    count!(WalksReused, 1);
-                    count!(StepsUnwound, cur.n_steps);
-                    count!(StepsReused, MAX_STEPS - prev_at);
-                    count!(ReadsChecked, MAX_READS - p.reads_from as usize);
-                    let recorded = splice(cur, record, prev_at, slot, &mut out);
-                    slot.n_native = out.n as u16;
-                    return recorded;
+                    break (start, complete);
+                }
+                let (taken, next, unwind_next) = match follow(
+                    paths, start, state.bp, framehop, bounds, &mut steps, slot, &mut out,
+                ) {
+                    Left::AtItsEnd { complete } => break (start, complete),
+                    Left::Elsewhere { taken, next } => (taken, next, false),
+                    Left::Unwind { taken, state } => (taken, Some(state), true),
+                };
+                count!(PathsLeft, 1);
+                // The nodes taken are this walk's steps; they are linked to where it goes
+                // now.
+                taken_bps(
+                    paths,
+                    start,
+                    state.bp,
+                    taken,
+                    framehop,
+                    bounds,
+                    &mut pending.taken_bp,
+                );
+                let mut id = start;
+                for i in 0..taken {
+                    let node = paths.node(id);
+                    pending.push(Node {
+                        state: State {
+                            bp: pending.taken_bp[i % MAX_STEPS],
+                            ..node.state
+                        },
+                        ..*node
+                    });
+                    id = node.caller;
+                }
+                match next {
+                    Some(next) => {
+                        state = next;
+                        if !unwind_next {
+                            continue; // perhaps onto another path
+                        }
+                    }
+                    None => break (NONE, true),
                 }
             }
-            let step = Unwound {
-                pc,
-                first,
-                sp: regs.sp,
-                bp: regs.bp,
-                reads_from: cur.n_reads as u32,
-                frames_from: cur.n_frames as u32,
+            if steps == MAX_STEPS {
+                count!(WalksAtStepLimit, 1);
+                break (NONE, false);
+            }
+            steps += 1;
+            count!(StepsUnwound, 1);
+            let mut step = Node {
+                state,
+                ..Node::default()
             };
-            if !first {
-                let Some(module) = table.find_near(pc, hint) else {
+            if state.pc & FIRST == 0 {
+                let Some(module) = table.find_near(state.pc, hint) else {
                     // JIT code, or a module loaded after the table was built.
                     modules::mark_stale();
-                    cur.end = End::UnknownModule;
-                    break;
+                    step.kind = Kind::UnknownModule;
+                    pending.push(step);
+                    break (NONE, true);
                 };
                 hint = module;
                 if !table.is_own(module) {
-                    cur.frames[cur.n_frames] = pc;
-                    cur.n_frames += 1;
-                    out.push(pc, slot);
+                    step.emits = true;
+                    out.push(state.pc, slot);
                 }
             }
-            // The step is recorded before its reads are: they belong to it.
-            cur.steps[cur.n_steps] = step;
-            cur.n_steps += 1;
+            let Some(address) = state.address() else {
+                step.kind = Kind::End;
+                pending.push(step);
+                break (NONE, true);
+            };
             let key = rule_key(address);
             let rule = match rules.get(key) {
                 Some(rule) => rule,
@@ -854,76 +1442,62 @@ mod imp {
                     count!(RuleMisses, 1);
                     count!(RuleMissesConflict, rules.full(key));
                     count!(RuleMissesCold, !rules.full(key));
-                    count!(RuleMissesFirstFrame, first);
+                    count!(RuleMissesFirstFrame, state.pc & FIRST != 0);
                     #[cfg(feature = "capture-stats")]
                     crate::capture::stats::note_miss(key);
-                    let rule = derive_rule(table, &mut caches[rule_cache_index(address)], address);
+                    let rule = framehop.rule(address);
                     rules.insert(key, rule);
                     rule
                 }
             };
-            match run_rule(&rule, &mut regs, bounds, cur) {
-                Ran::Next(ra) => match FrameAddress::from_return_address(ra) {
-                    Some(a) => {
-                        address = a;
-                        continue;
-                    }
-                    None => {
-                        cur.end = End::Stopped;
-                        break;
-                    }
-                },
+            match run_rule(&rule, state, bounds) {
+                Ran::Next {
+                    next,
+                    bp_read_at,
+                    lowest_read,
+                } => {
+                    step.next_sp = next.sp;
+                    step.bp_read_at = bp_read_at;
+                    step.lowest_read = lowest_read;
+                    step.reads_bp = rule.cfa_from_bp || rule.bp_from == 2;
+                    pending.push(step);
+                    state = next;
+                }
                 Ran::End => {
-                    cur.end = End::Stopped;
-                    break;
+                    step.kind = Kind::End;
+                    pending.push(step);
+                    break (NONE, true);
                 }
                 Ran::Framehop => {
-                    count!(FramehopSteps, 1);
-                }
-            }
-            let mut read_stack = |addr: u64| -> Result<u64, ()> {
-                let result = bounds.read(addr);
-                match cur.reads.get_mut(cur.n_reads) {
-                    Some(r) => {
-                        *r = Read {
-                            addr,
-                            value: result.unwrap_or(0),
-                            ok: result.is_ok(),
-                        };
-                        cur.n_reads += 1;
+                    step.kind = Kind::Framehop;
+                    step.reads_bp = true;
+                    pending.push(step);
+                    match framehop.step(address, state, bounds) {
+                        Some(next) => state = next,
+                        None => break (NONE, true),
                     }
-                    None => cur.reads_overflowed = true,
-                }
-                result
-            };
-            let mut framehop_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
-            let next = table.unwinder.unwind_frame(
-                address,
-                &mut framehop_regs,
-                &mut caches[rule_cache_index(address)],
-                &mut read_stack,
-            );
-            regs = Regs {
-                ip: framehop_regs.ip(),
-                sp: framehop_regs.sp(),
-                bp: framehop_regs.bp(),
-            };
-            match next
-                .ok()
-                .flatten()
-                .and_then(FrameAddress::from_return_address)
-            {
-                Some(a) => address = a,
-                None => {
-                    cur.end = End::Stopped;
-                    break;
                 }
             }
-        }
+        };
         slot.n_native = out.n as u16;
-        count!(StepsUnwound, cur.n_steps);
-        adopt(cur, record, table_id);
-        true
+        if tail != NONE {
+            count!(WalksReused, 1);
+            #[cfg(test)]
+            super::WALKS_REUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // A walk cut at the step limit before it met a path gives no nodes: its last step
+        // leads nowhere known.
+        if tail == NONE && !complete {
+            return None;
+        }
+        let innermost = paths.link(&pending.steps[..pending.n], tail)?;
+        if !complete || slot.truncated {
+            return None;
+        }
+        Some(match innermost {
+            NONE => NATIVE_CHAIN_SEED,
+            id => paths.node(id).chain,
+        })
     }
 
     /// The frames written to the slot so far, at most `max`.
@@ -942,111 +1516,6 @@ mod imp {
                 self.n += 1;
             }
         }
-
-        #[inline(always)]
-        fn extend(&mut self, pcs: &[u64], slot: &mut StackSlot) {
-            let room = self.max.min(slot.native.len()).saturating_sub(self.n);
-            let take = pcs.len().min(room);
-            slot.native[self.n..self.n + take].copy_from_slice(&pcs[..take]);
-            self.n += take;
-            if take < pcs.len() {
-                slot.truncated = true;
-            }
-        }
-    }
-
-    /// Ends the walk with `record`'s steps from `at` on (their reads still hold), emitting
-    /// the frames they gave, and writes the new inner part (`cur`) just before step `at`,
-    /// where the record's own inner part was: the record then describes this walk, and its
-    /// outer part was neither moved nor summarised again. Returns false, leaving the record
-    /// as it was, when the inner part does not fit there (it is longer than the room before
-    /// step `at`: a walk deeper than [`MAX_STEPS`] in all, or reads past [`MAX_READS`]).
-    #[inline(never)]
-    fn splice(
-        cur: &Scratch,
-        record: &mut Record,
-        at: usize,
-        slot: &mut StackSlot,
-        out: &mut Out,
-    ) -> bool {
-        #[cfg(test)]
-        super::WALKS_REUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tail = record.steps[at];
-        let (reads_at, frames_at) = (
-            tail.made.reads_from as usize,
-            tail.made.frames_from as usize,
-        );
-        out.extend(&record.frames[frames_at..], slot);
-        if record.end == End::UnknownModule {
-            modules::mark_stale();
-        }
-        if cur.reads_overflowed
-            || cur.n_steps > at
-            || cur.n_reads > reads_at
-            || cur.n_frames > frames_at
-        {
-            return false;
-        }
-        place(cur, record, (at, reads_at, frames_at));
-        true
-    }
-
-    /// Writes `cur`'s steps, reads and frames into `record` so that they end just before
-    /// `ends` (a step, read and frame index; the arrays' lengths for a whole walk), makes
-    /// them the start of the record, and gives them their tail summaries (the lowest address
-    /// that this step's reads and all later ones touch, and whether they all succeeded) and
-    /// their chain, innermost last to first from what follows them: the reused part keeps
-    /// its own.
-    #[inline(always)]
-    fn place(cur: &Scratch, record: &mut Record, ends: (usize, usize, usize)) {
-        let (steps_end, reads_end, frames_end) = ends;
-        let (steps_from, reads_from, frames_from) = (
-            steps_end - cur.n_steps,
-            reads_end - cur.n_reads,
-            frames_end - cur.n_frames,
-        );
-        let (mut lowest, mut ok) = match record.steps.get(steps_end) {
-            Some(next) => (next.tail_lowest_read, next.tail_reads_ok),
-            None => (u64::MAX, true),
-        };
-        let mut step_reads_end = cur.n_reads;
-        for (dst, s) in record.steps[steps_from..steps_end]
-            .iter_mut()
-            .zip(&cur.steps[..cur.n_steps])
-            .rev()
-        {
-            for r in &cur.reads[s.reads_from as usize..step_reads_end] {
-                lowest = lowest.min(r.addr);
-                ok &= r.ok;
-            }
-            step_reads_end = s.reads_from as usize;
-            *dst = Step {
-                made: Unwound {
-                    reads_from: s.reads_from + reads_from as u32,
-                    frames_from: s.frames_from + frames_from as u32,
-                    ..*s
-                },
-                tail_lowest_read: lowest,
-                tail_reads_ok: ok,
-            };
-        }
-        record.reads[reads_from..reads_end].copy_from_slice(&cur.reads[..cur.n_reads]);
-        record.frames[frames_from..frames_end].copy_from_slice(&cur.frames[..cur.n_frames]);
-        record.steps_from = steps_from;
-        record.reads_from = reads_from;
-        record.frames_from = frames_from;
-        fill_chain(record, frames_from, frames_end);
-    }
-
-    /// Makes a walk that reused nothing the record: its steps, reads and frames move to the
-    /// ends of the record's arrays (the first walk of a thread, or one that shares no frame
-    /// with the previous walk).
-    #[inline(never)]
-    fn adopt(cur: &Scratch, record: &mut Record, table: usize) {
-        record.table = table;
-        record.reads_overflowed = cur.reads_overflowed;
-        record.end = cur.end;
-        place(cur, record, (MAX_STEPS, MAX_READS, MAX_STEPS));
     }
 
     #[cfg(test)]
@@ -1076,6 +1545,154 @@ mod imp {
                 .filter(|&k| rule_set(k) == want)
                 .take(n)
                 .collect()
+        }
+
+        fn empty_paths() -> Box<Paths> {
+            // SAFETY: all-zero bytes are valid `Paths` (no table yet, no nodes; see
+            // `thread_unwind`).
+            let mut paths = unsafe { Box::<Paths>::new_zeroed().assume_init() };
+            paths.use_table(1);
+            paths
+        }
+
+        /// A node to be of a clean rule's step from (pc, sp, bp) to a caller at `next_sp`.
+        fn rule_step(pc: u64, sp: u64, bp: u64, next_sp: u64, reads_bp: bool) -> Node {
+            Node {
+                state: State { pc, sp, bp },
+                next_sp,
+                lowest_read: next_sp - 8,
+                emits: true,
+                reads_bp,
+                ..Node::default()
+            }
+        }
+
+        fn end_step(pc: u64, sp: u64, bp: u64) -> Node {
+            Node {
+                state: State { pc, sp, bp },
+                kind: Kind::End,
+                emits: true,
+                ..Node::default()
+            }
+        }
+
+        #[test]
+        fn a_path_taken_again_finds_its_nodes_and_its_chain_is_that_of_its_frames() {
+            let mut paths = empty_paths();
+            // Innermost first: a frame without frame pointer (bp is data), one whose rule
+            // reads bp, the root.
+            let walk = [
+                rule_step(0x1000, 0x100, 0xdead, 0x120, false),
+                rule_step(0x2000, 0x120, 0x300, 0x140, true),
+                end_step(0x3000, 0x140, 0x300),
+            ];
+            let inner = paths.link(&walk, NONE).expect("room");
+            assert_eq!(paths.used, 4, "three nodes made");
+            assert_eq!(
+                paths.node(inner).chain,
+                crate::channel::event::native_chain(&[0x1000, 0x2000, 0x3000]),
+                "the innermost node's chain is the chain of the path's frames"
+            );
+            // Its piece: the return addresses each step read, with the frames' addresses,
+            // and the frames, innermost first.
+            let piece = |paths: &Paths, id: u32| {
+                let view = paths.views[id as usize];
+                let checks: Vec<(u64, u64)> = paths.checks
+                    [view.checks_from as usize..view.checks_end as usize]
+                    .iter()
+                    .map(|c| (c.addr, c.value))
+                    .collect();
+                let frames =
+                    paths.frames[view.frames_from as usize..view.frames_end as usize].to_vec();
+                (view.whole, view.steps, view.lowest_read, checks, frames)
+            };
+            assert_eq!(
+                piece(&paths, inner),
+                (
+                    true,
+                    3,
+                    0x118,
+                    vec![(0x118, 0x2000), (0x138, 0x3000)],
+                    vec![0x1000, 0x2000, 0x3000]
+                )
+            );
+            assert_eq!(paths.link(&walk, NONE), Some(inner), "the same path again");
+            assert_eq!(paths.used, 4, "no node made for a path already made");
+            // The innermost frame's step leaves bp as it was and the next step reads it: its
+            // bp matters, the root's does not.
+            assert_eq!(paths.find(walk[0].state), Some(inner));
+            assert_eq!(
+                paths.find(State {
+                    bp: 0x1234,
+                    ..walk[0].state
+                }),
+                None,
+                "the next step reads bp, so this frame's bp matters"
+            );
+            let outer = paths.node(inner).caller;
+            assert!(!paths.node(paths.node(outer).caller).bp_matters);
+            // Another inner frame under the same outer part: one node more, linked to it.
+            let other = [rule_step(0x1100, 0x100, 0x300, 0x120, false)];
+            let id = paths.link(&other, outer).expect("room");
+            assert_eq!(paths.used, 5);
+            assert_eq!(
+                paths.node(id).chain,
+                crate::channel::event::native_chain(&[0x1100, 0x2000, 0x3000])
+            );
+            // An inner frame whose own step loads bp from the stack: its path does not
+            // depend on the bp it was reached with.
+            let loads_bp = [Node {
+                bp_read_at: 0x110,
+                lowest_read: 0x110,
+                ..rule_step(0x1200, 0x100, 0x5555, 0x120, false)
+            }];
+            let id = paths.link(&loads_bp, outer).expect("room");
+            assert_eq!(
+                piece(&paths, id),
+                (
+                    true,
+                    3,
+                    0x110,
+                    // The next frame's step reads bp: the bp loaded is checked too. The
+                    // outer part is copied from the path this one hangs on.
+                    vec![(0x118, 0x2000), (0x110, 0x300), (0x138, 0x3000)],
+                    vec![0x1200, 0x2000, 0x3000]
+                )
+            );
+            assert_eq!(
+                paths.find(State {
+                    bp: 0x7777,
+                    ..loads_bp[0].state
+                }),
+                Some(id)
+            );
+        }
+
+        #[test]
+        fn paths_that_do_not_fit_are_forgotten_and_so_is_every_node_of_another_table() {
+            let mut paths = empty_paths();
+            let walk = [end_step(0x3000, 0x140, 0)];
+            let id = paths.link(&walk, NONE).expect("room");
+            paths.use_table(1);
+            assert_eq!(
+                paths.find(walk[0].state),
+                Some(id),
+                "the same table keeps them"
+            );
+            paths.use_table(2);
+            assert_eq!(
+                paths.find(walk[0].state),
+                None,
+                "another table forgets them"
+            );
+            let id = paths.link(&walk, NONE).expect("room");
+            paths.used = NODES as u32;
+            assert_eq!(
+                paths.link(&[rule_step(0x1000, 0x100, 0, 0x140, false)], id),
+                None
+            );
+            assert_eq!(paths.used, 1, "all forgotten");
+            assert_eq!(paths.find(walk[0].state), None);
         }
 
         #[test]

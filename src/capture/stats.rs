@@ -15,14 +15,18 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub enum Stat {
     /// Native walks made.
     Walks,
-    /// Walks that ended by reusing the previous walk's outer frames.
+    /// Walks that took an earlier walk's path of frames to its end.
     WalksReused,
-    /// Unwinder steps executed (frames unwound, memsnap's own included).
+    /// Unwinder steps a walk made itself (frames unwound, memsnap's own included).
     StepsUnwound,
-    /// Steps taken over from the previous walk instead of unwound.
+    /// Steps taken from earlier walks' paths (each made again from one or two stack reads).
     StepsReused,
-    /// Stack words re-read to prove a reused tail still holds.
+    /// Stack words read to check whole paths taken at once.
     ReadsChecked,
+    /// Walks that met a path and took it whole at once (one pass over its checks).
+    WholePaths,
+    /// Paths a walk met and left midway (a frame changed there), then went on elsewhere.
+    PathsLeft,
     /// Steps whose rule was not in the per-thread rule cache (derived with framehop).
     RuleMisses,
     /// Rule misses at an empty slot (the address's first time).
@@ -54,6 +58,10 @@ pub enum Stat {
     StackEventTicks,
     /// Events that went through the stack path.
     StackEvents,
+    /// Nodes made for paths of frames not seen before.
+    NodesMade,
+    /// Times a thread's nodes were all forgotten (full, or a new module table).
+    PathResets,
     /// Time-stamp-counter ticks per millisecond, measured when the counters are read.
     TicksPerMillisecond,
 }
