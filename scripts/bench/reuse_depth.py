@@ -2,6 +2,7 @@
 the last R walks instead of only the previous one: an estimate from a snapshot's stacks.
 
     python3 scripts/bench/reuse_depth.py SNAPSHOT.pickle [R ...]   (default R: 1 2 4 ... 512)
+    python3 scripts/bench/reuse_depth.py --paths SNAPSHOT.pickle [W]  (default W: 450)
 
 The native walk (src/capture/native.rs) unwinds a stack's frames from the innermost until it
 meets the previous walk in the same unwinder state, then takes the rest from it. A snapshot
@@ -12,6 +13,13 @@ depth minus the longest shared outer part with any of the R stacks before it. Py
 (those of .py files) are left out: the native walk does not see them. The first 512 stacks
 are skipped (they have fewer predecessors). Prints, per R: the mean frames unwound, the share
 of stacks that would unwind none, and the median.
+
+--paths: how many nodes the native walk's tree of paths (src/capture/native.rs: a node per
+frame and the path outside it) needs for these stacks: the distinct outer parts of the
+stacks' native frames (each frame with all the frames outside it), over the whole snapshot
+and per window of W consecutive stacks (a training step's worth: 450 in the transformer of
+scripts/gpu/step_time.py). A frame at the same place reached with another stack pointer is
+a node of its own in the walk, which a snapshot cannot show: a lower bound.
 """
 import pickle
 import statistics
@@ -39,7 +47,23 @@ def shared_outer(a, b):
     return n
 
 
+def distinct_paths(stacks):
+    """The distinct outer parts (a frame and every frame outside it) of `stacks`."""
+    return {s[k:] for s in stacks for k in range(len(s))}
+
+
+def paths_main(path, window):
+    stacks = native_stacks(path)
+    if len(stacks) < window:
+        raise SystemExit(f"{path}: {len(stacks)} stacks with native frames; at least {window} needed")
+    per_window = [len(distinct_paths(stacks[a:a + window])) for a in range(0, len(stacks) - window + 1, window)]
+    print(f"{len(stacks)} stacks with native frames: {len(distinct_paths(stacks))} distinct paths of frames; "
+          f"per window of {window} stacks: median {statistics.median(per_window):g}, max {max(per_window)}")
+
+
 def main(argv):
+    if len(argv) >= 3 and argv[1] == "--paths":
+        return paths_main(argv[2], int(argv[3]) if len(argv) > 3 else 450)
     if len(argv) < 2:
         raise SystemExit(__doc__)
     stacks = native_stacks(argv[1])
