@@ -359,12 +359,12 @@ mod imp {
             &self.nodes[id as usize % NODES]
         }
 
-        /// The newest node made in `state`.
+        /// The nodes made in `state` (one per path from there), newest first.
         #[inline(always)]
-        fn find(&self, state: State) -> Option<u32> {
+        fn find_all(&self, state: State) -> impl Iterator<Item = u32> + '_ {
             self.by_state
                 .candidates(state_hash(state))
-                .find(|&id| self.node(id).holds(state))
+                .filter(move |&id| self.node(id).holds(state))
         }
 
         /// The node of `state` whose step leads to `caller`.
@@ -413,10 +413,10 @@ mod imp {
                         id
                     }
                 };
-                let nodes = &self.nodes;
-                self.by_state.insert(state_hash(step.state), id, |old| {
-                    nodes[old as usize % NODES].state == step.state
-                });
+                // Nodes of one state with other callers stay filed beside it: a walk tries
+                // each one's piece.
+                self.by_state
+                    .insert(state_hash(step.state), id, |old| old == id);
                 caller = id;
             }
             if self.used > made_from && !self.make_piece(made_from) {
@@ -1107,20 +1107,14 @@ mod imp {
         let checks = paths
             .checks
             .get(view.checks_from as usize..view.checks_end as usize)?;
-        // The first words are the innermost frames' return addresses: where a path changed
-        // (another call site), it is usually there, so those are tested one by one.
-        let (head, rest) = checks.split_at(checks.len().min(4));
-        for check in head {
-            // SAFETY: every check is a read that a walk on this thread made in bounds (so
-            // below the same top of stack), at or above `lowest_read`, which is at or above
-            // this capture's stack pointer: this thread's live stack, mapped and readable.
-            if unsafe { std::ptr::read_unaligned(check.addr as *const u64) } != check.value {
-                return None;
-            }
+        if !head_holds(paths, start, bounds) {
+            return None;
         }
+        let rest = &checks[checks.len().min(HEAD)..];
         let mut differs = 0u64;
         for check in rest {
-            // SAFETY: as above.
+            // SAFETY: as in `head_holds`: a read a walk on this thread made in bounds, at or
+            // above `lowest_read`, which is at or above this capture's stack pointer.
             differs |= unsafe { std::ptr::read_unaligned(check.addr as *const u64) } ^ check.value;
         }
         if differs != 0 {
@@ -1145,6 +1139,31 @@ mod imp {
             return Some(false);
         }
         Some(true)
+    }
+
+    /// Words of a piece checked one by one before the rest ([`head_holds`]).
+    const HEAD: usize = 4;
+
+    /// Whether node `start`'s path has a piece whose first [`HEAD`] words still hold. They
+    /// are the innermost frames' return addresses: where a path changed (another call site),
+    /// it is usually there.
+    #[inline(always)]
+    fn head_holds(paths: &Paths, start: u32, bounds: Bounds) -> bool {
+        let view = &paths.views[start as usize % NODES];
+        if !view.whole || view.lowest_read < bounds.lo {
+            return false;
+        }
+        let end = (view.checks_end as usize).min(view.checks_from as usize + HEAD);
+        let Some(head) = paths.checks.get(view.checks_from as usize..end) else {
+            return false;
+        };
+        head.iter().all(|check| {
+            // SAFETY: every check is a read that a walk on this thread made in bounds (so
+            // below the same top of stack), at or above `lowest_read`, which is at or above
+            // this capture's stack pointer: this thread's live stack, mapped and readable.
+            let word = unsafe { std::ptr::read_unaligned(check.addr as *const u64) };
+            word == check.value
+        })
     }
 
     /// Why [`follow`]'s inner loop stopped.
@@ -1359,12 +1378,18 @@ mod imp {
         let mut hint = usize::MAX;
         // The node of an earlier path the walk took to its end (NONE: none), and whether
         // the walk reached the end of the stack.
-        let (tail, complete) = loop {
-            if let Some(start) = paths.find(state) {
-                if let Some(complete) = take_whole(paths, start, bounds, &mut steps, slot, &mut out)
-                {
-                    break (start, complete);
+        let (tail, complete) = 'walk: loop {
+            // The paths made from this state, newest first: the first whose piece still holds
+            // is taken whole (where a call site changed, a piece fails in its first words).
+            // If none does, the newest is followed to where it changed.
+            let mut newest = None;
+            for id in paths.find_all(state) {
+                newest = newest.or(Some(id));
+                if let Some(complete) = take_whole(paths, id, bounds, &mut steps, slot, &mut out) {
+                    break 'walk (id, complete);
                 }
+            }
+            if let Some(start) = newest {
                 let (taken, next, unwind_next) = match follow(
                     paths, start, state.bp, framehop, bounds, &mut steps, slot, &mut out,
                 ) {
@@ -1620,12 +1645,14 @@ mod imp {
             assert_eq!(paths.used, 4, "no node made for a path already made");
             // The innermost frame's step leaves bp as it was and the next step reads it: its
             // bp matters, the root's does not.
-            assert_eq!(paths.find(walk[0].state), Some(inner));
+            assert_eq!(paths.find_all(walk[0].state).next(), Some(inner));
             assert_eq!(
-                paths.find(State {
-                    bp: 0x1234,
-                    ..walk[0].state
-                }),
+                paths
+                    .find_all(State {
+                        bp: 0x1234,
+                        ..walk[0].state
+                    })
+                    .next(),
                 None,
                 "the next step reads bp, so this frame's bp matters"
             );
@@ -1660,12 +1687,38 @@ mod imp {
                 )
             );
             assert_eq!(
-                paths.find(State {
-                    bp: 0x7777,
-                    ..loads_bp[0].state
-                }),
+                paths
+                    .find_all(State {
+                        bp: 0x7777,
+                        ..loads_bp[0].state
+                    })
+                    .next(),
                 Some(id)
             );
+        }
+
+        #[test]
+        fn a_state_keeps_the_nodes_of_each_of_its_paths_newest_first() {
+            let mut paths = empty_paths();
+            // One frame (same state) called from two places: two paths from one state.
+            let root_a = paths
+                .link(&[end_step(0x3000, 0x140, 0)], NONE)
+                .expect("room");
+            let root_b = paths
+                .link(&[end_step(0x3100, 0x140, 0)], NONE)
+                .expect("room");
+            let inner = rule_step(0x1000, 0x100, 0, 0x140, false);
+            let via_a = paths.link(&[inner], root_a).expect("room");
+            let via_b = paths.link(&[inner], root_b).expect("room");
+            assert_ne!(via_a, via_b);
+            let found: Vec<u32> = paths.find_all(inner.state).collect();
+            assert_eq!(found, [via_b, via_a], "both paths, the newest first");
+            // Taking path a again makes it the newest, and makes no node.
+            let used = paths.used;
+            assert_eq!(paths.link(&[inner], root_a), Some(via_a));
+            assert_eq!(paths.used, used);
+            let found: Vec<u32> = paths.find_all(inner.state).collect();
+            assert_eq!(found, [via_a, via_b]);
         }
 
         #[test]
@@ -1675,13 +1728,13 @@ mod imp {
             let id = paths.link(&walk, NONE).expect("room");
             paths.use_table(1);
             assert_eq!(
-                paths.find(walk[0].state),
+                paths.find_all(walk[0].state).next(),
                 Some(id),
                 "the same table keeps them"
             );
             paths.use_table(2);
             assert_eq!(
-                paths.find(walk[0].state),
+                paths.find_all(walk[0].state).next(),
                 None,
                 "another table forgets them"
             );
@@ -1692,7 +1745,7 @@ mod imp {
                 None
             );
             assert_eq!(paths.used, 1, "all forgotten");
-            assert_eq!(paths.find(walk[0].state), None);
+            assert_eq!(paths.find_all(walk[0].state).next(), None);
         }
 
         #[test]
