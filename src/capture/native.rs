@@ -439,26 +439,20 @@ mod imp {
                 },
                 id => self.views[id as usize % NODES],
             };
-            let mut n_checks = (tail.checks_end - tail.checks_from) as usize;
-            let mut n_frames = (tail.frames_end - tail.frames_from) as usize;
-            for node in &self.nodes[from..to] {
-                match node.kind {
-                    Kind::Rule => n_checks += 1 + usize::from(self.checks_bp(node)),
-                    Kind::Framehop => {
-                        for view in &mut self.views[from..to] {
-                            view.whole = false;
-                        }
-                        return true;
-                    }
-                    Kind::End | Kind::UnknownModule => {}
-                }
-                n_frames += usize::from(node.emits);
-            }
-            if !tail.whole {
+            let new = &self.nodes[from..to];
+            if !tail.whole || new.iter().any(|node| node.kind == Kind::Framehop) {
                 for view in &mut self.views[from..to] {
                     view.whole = false;
                 }
                 return true;
+            }
+            let mut n_checks = (tail.checks_end - tail.checks_from) as usize;
+            let mut n_frames = (tail.frames_end - tail.frames_from) as usize;
+            for node in new {
+                if node.kind == Kind::Rule {
+                    n_checks += 1 + usize::from(self.checks_bp(node));
+                }
+                n_frames += usize::from(node.emits);
             }
             if self.checks_used + n_checks > CHECKS || self.frames_used + n_frames > PIECE_FRAMES {
                 return false;
@@ -1101,15 +1095,13 @@ mod imp {
         out: &mut Out,
     ) -> Option<bool> {
         let view = &paths.views[start as usize % NODES];
-        if !view.whole || view.lowest_read < bounds.lo || *steps + view.steps as usize > MAX_STEPS {
+        if *steps + view.steps as usize > MAX_STEPS || !head_holds(paths, start, bounds) {
             return None;
         }
+        // (`head_holds` found the piece whole and in bounds.)
         let checks = paths
             .checks
             .get(view.checks_from as usize..view.checks_end as usize)?;
-        if !head_holds(paths, start, bounds) {
-            return None;
-        }
         let rest = &checks[checks.len().min(HEAD)..];
         let mut differs = 0u64;
         for check in rest {
