@@ -299,8 +299,7 @@ impl StackSlot {
 
     /// [`Self::identity_hash`] from its two parts as the capture kept them up: the
     /// [`native_chain`] of `self.native()` (a walk that reused the previous one's outer
-    /// frames took their chain along) and the [`python_sum`] of `self.python()` (added up
-    /// by the Python walk as it wrote each record).
+    /// frames took their chain along) and the [`python_sum`] of `self.python()`.
     #[inline]
     pub fn identity_hash_from(&self, native_chain: u64, python_sum: u64) -> u64 {
         let shape = u64::from(self.n_native)
@@ -315,28 +314,20 @@ impl StackSlot {
 
 /// The Python part of a stack's hash: a sum of independent terms, one per word of each
 /// record, each word multiplied by an odd constant of its own position (mod 2^64). The
-/// multiplications do not wait for each other, and the Python walk adds a record's terms
-/// while its values are still in registers. A change of one word always changes the sum
+/// multiplications do not wait for each other. A change of one word always changes the sum
 /// (an odd multiplier is invertible mod 2^64); the final mix of
 /// [`StackSlot::identity_hash_from`] spreads every bit of it.
+#[inline]
 pub fn python_sum(python: &[PyFrameRaw]) -> u64 {
     python
         .iter()
-        .enumerate()
-        .fold(0u64, |sum, (i, p)| sum.wrapping_add(python_term(p, i)))
-}
-
-/// The terms of the Python record at `position` (innermost 0) in [`python_sum`].
-#[inline(always)]
-pub fn python_term(p: &PyFrameRaw, position: usize) -> u64 {
-    let Some(m) = PYTHON_MULTIPLIERS.get(position * 3..position * 3 + 3) else {
-        return 0;
-    };
-    let check_flags = (u64::from(p.check) << 32) | u64::from(p.flags);
-    (p.code ^ HASH_SEED)
-        .wrapping_mul(m[0])
-        .wrapping_add((p.instr ^ HASH_SEED).wrapping_mul(m[1]))
-        .wrapping_add((check_flags ^ HASH_SEED).wrapping_mul(m[2]))
+        .zip(PYTHON_MULTIPLIERS.chunks_exact(3))
+        .fold(0u64, |sum, (p, m)| {
+            let check_flags = (u64::from(p.check) << 32) | u64::from(p.flags);
+            sum.wrapping_add((p.code ^ HASH_SEED).wrapping_mul(m[0]))
+                .wrapping_add((p.instr ^ HASH_SEED).wrapping_mul(m[1]))
+                .wrapping_add((check_flags ^ HASH_SEED).wrapping_mul(m[2]))
+        })
 }
 
 /// Where a native chain starts (a stack without native frames has this chain).

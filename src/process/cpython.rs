@@ -184,14 +184,32 @@ pub const STACKREF_TAG_BITS_314: u64 = 3;
 /// `PyFrameRaw::flags` bit: the first frame its `_PyEval_EvalFrameDefault` call ran.
 pub const FLAG_ENTRY: u32 = 1;
 
-/// The check value of a code object: its first line mixed with the addresses of its
-/// `co_filename` and `co_name` and a serial: `co_version` on 3.12+, the name's cached
-/// hash on 3.10/3.11. Another code object that reuses a freed one's address (its strings
-/// may be recycled too) is then told apart. The writer recomputes it from the object.
+/// The check value of a code object, which ties a frame record to it: another code object
+/// that reuses a freed one's address is told apart. The writer recomputes it from the object.
+///
+/// On 3.12+ it is the object's serial (`co_version`, given once to each new code object by a
+/// counter of the interpreter) mixed with its first line: one field a frame reads from the
+/// code object beside the first line, on the same cache line as it three times in four
+/// (objects are 16-byte aligned, the two fields 24 bytes apart), where reading the
+/// addresses of `co_filename` and `co_name` too touched a second line for most objects.
+/// The counter stops at 0 after 2^32 code objects; from then on, and on 3.10/3.11 (no
+/// serial), `names` gives the addresses of `co_filename` and `co_name` and a serial of their
+/// own (3.10/3.11: the name's cached hash, which differs for different names even where a
+/// freed name's address is recycled; else 0), mixed with the first line. `None` when
+/// `names` could not read them.
 #[inline(always)]
-pub fn check_value(firstlineno: i32, filename: u64, name: u64, serial: u32) -> u32 {
+pub fn check_value(
+    firstlineno: i32,
+    serial: u32,
+    names: impl FnOnce() -> Option<(u64, u64, u32)>,
+) -> Option<u32> {
+    let mix = |serial: u32| (firstlineno as u32) ^ serial.wrapping_mul(0x9e37_79b1);
+    if serial != 0 {
+        return Some(mix(serial));
+    }
+    let (filename, name, name_serial) = names()?;
     let h = (name ^ filename.rotate_left(32)) >> 4;
-    (firstlineno as u32) ^ (h as u32) ^ ((h >> 32) as u32) ^ serial.wrapping_mul(0x9e37_79b1)
+    Some(mix(name_serial) ^ (h as u32) ^ ((h >> 32) as u32))
 }
 
 #[inline(always)]

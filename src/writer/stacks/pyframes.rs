@@ -174,14 +174,21 @@ impl PyResolver {
         }
         let ident = identity(layout, &head)?;
         let serial = match o.version {
-            // 3.10/3.11: no `co_version`; the hook used the name's cached hash instead.
-            0 => {
-                let hash = read_mem(ident[1].wrapping_add(t.str_.hash), 8)?;
-                fold(u64_at(&hash, 0)?)
-            }
+            0 => 0, // 3.10/3.11: none
             off => u32_at(&head, off)?,
         };
-        if check_value(i32_at(&head, o.firstlineno)?, ident[0], ident[1], serial) != check {
+        let names = || {
+            let name_serial = match o.version {
+                // 3.10/3.11: the hook used the name's cached hash instead.
+                0 => fold(u64_at(
+                    &read_mem(ident[1].wrapping_add(t.str_.hash), 8)?,
+                    0,
+                )?),
+                _ => 0,
+            };
+            Some((ident[0], ident[1], name_serial))
+        };
+        if check_value(i32_at(&head, o.firstlineno)?, serial, names)? != check {
             return None;
         }
         Some(head)
