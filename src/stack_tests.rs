@@ -407,6 +407,9 @@ fn capture_stats_count_the_walks_their_frames_and_their_reuse() {
         // Native stacks only, captured outside a hook: no Python walk, no send.
         assert_eq!(counted(Stat::PythonWalks), 0);
         assert_eq!(counted(Stat::StackEvents), 0);
+        // Each state a walk starts from, or goes on from, has one path here (other depths
+        // start at other stack pointers; depth 40 twice is one path), and it holds.
+        assert_eq!(counted(Stat::PathsNotHolding), 0);
         assert!(counted(Stat::NativeTicks) > 0);
         assert!(after[Stat::TicksPerMillisecond as usize] > 0);
     })

@@ -61,7 +61,7 @@ from torch_blocks import memsnap_dump  # noqa: E402
 STAT_NAMES = ["walks", "walks_reused", "steps_unwound", "steps_reused", "reads_checked", "whole_paths", "paths_left", "rule_misses",
               "rule_misses_cold", "rule_misses_conflict", "rule_misses_first_frame", "framehop_steps",
               "walks_at_step_limit", "native_frames", "native_truncated", "python_walks", "python_frames", "native_ticks", "python_ticks", "send_ticks", "stack_event_ticks", "stack_events",
-              "nodes_made", "path_resets", "ticks_per_ms"]
+              "nodes_made", "path_resets", "paths_not_holding", "ticks_per_ms"]
 
 
 def quartiles(values):
@@ -275,13 +275,13 @@ def table(doc):
                      f"{fmt(s.get('recorder_ns_per_event'))} | {fmt(s.get('recorder_pct'), 2)} |")
     if doc.get("stats"):
         lines += ["", "| route | stacks | events/step | walks | steps unwound/walk | steps reused/walk | "
-                  "walks reusing | whole paths/walk | paths left/walk | words checked/walk | nodes made/walk | path resets | "
+                  "walks reusing | whole paths/walk | paths not holding/walk | paths left/walk | words checked/walk | nodes made/walk | path resets | "
                   "rule misses/walk (cold, conflict, first frame) | framehop steps/walk | "
                   "at step limit | native frames/walk | truncated | Python frames/walk |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in doc["stats"]:
             if "error" in r:
-                lines.append(f"| {r['route']} | {r['stacks']} | ERROR |||||||||||||||")
+                lines.append(f"| {r['route']} | {r['stacks']} | ERROR ||||||||||||||||")
                 continue
             st, w = r["stats"], max(r["stats"]["walks"], 1)
             pw = max(st["python_walks"], 1)
@@ -289,7 +289,8 @@ def table(doc):
             lines.append(
                 f"| {r['route']} | {r['stacks']} | {(st['python_walks'] or st['walks']) / per:.0f} | {st['walks']} | "
                 f"{st['steps_unwound'] / w:.1f} | {st['steps_reused'] / w:.1f} | "
-                f"{100 * st['walks_reused'] / w:.0f}% | {st['whole_paths'] / w:.2f} | {st['paths_left'] / w:.2f} | "
+                f"{100 * st['walks_reused'] / w:.0f}% | {st['whole_paths'] / w:.2f} | "
+                f"{st['paths_not_holding'] / w:.2f} | {st['paths_left'] / w:.2f} | "
                 f"{st['reads_checked'] / w:.1f} | {st['nodes_made'] / w:.2f} | {st['path_resets']} | "
                 f"{st['rule_misses'] / w:.2f} ({st['rule_misses_cold'] / w:.2f}, {st['rule_misses_conflict'] / w:.2f}, "
                 f"{st['rule_misses_first_frame'] / w:.2f}) | {st['framehop_steps'] / w:.2f} | "

@@ -346,8 +346,12 @@ mod imp {
         #[inline(never)]
         fn reset(&mut self, table: usize) {
             count!(PathResets, 1);
-            self.by_state.clear();
-            self.by_caller.clear();
+            // Table 0: the zeroed pages of a thread's first capture, empty already (and
+            // not resident until written).
+            if self.table != 0 {
+                self.by_state.clear();
+                self.by_caller.clear();
+            }
             self.used = 1;
             self.checks_used = 0;
             self.frames_used = 0;
@@ -636,7 +640,9 @@ mod imp {
         #[cold]
         #[inline(never)]
         fn reset(&mut self, table: usize) {
-            self.keys = [[0; RULE_WAYS]; RULE_SETS];
+            if self.table != 0 {
+                self.keys = [[0; RULE_WAYS]; RULE_SETS];
+            }
             self.table = table;
         }
 
@@ -894,9 +900,9 @@ mod imp {
     unsafe extern "C" fn free_unwind(p: *mut libc::c_void) {
         UNWIND.with(|c| c.set(STATE_GONE));
         if !p.is_null() {
-            // SAFETY: `p` is the state allocated for this thread; the thread is exiting and
+            // SAFETY: `p` is the state mapped for this thread; the thread is exiting and
             // its TLS now says "gone", so no later capture on it can use the pointer.
-            unsafe { drop(Box::from_raw(p as *mut ThreadUnwind)) };
+            unsafe { crate::thread_state::free(p as *mut ThreadUnwind) };
         }
     }
 
@@ -914,11 +920,10 @@ mod imp {
         }
         // About 8.6 MiB of address space, nearly all of it the paths' pools, whose pages
         // become resident only as walks fill them (the caches allocate their own ~300 KiB).
-        // SAFETY: all-zero bytes are a valid record (no walk yet: `table` 0, which no
-        // module table has, so nothing is reused from it; `End::Stopped`), a valid scratch
-        // walk and valid rules (no module table yet: `table` 0, every key 0 an empty
-        // entry); the caches are written in place below, before any use. `free_unwind`
-        // frees a `ThreadUnwind`.
+        // SAFETY: all-zero bytes are valid paths and rules (no module table yet: `table`
+        // 0, which no module table has, so nothing is taken from them; every index entry
+        // and key 0 an empty one) and an empty list of pending nodes; the caches are
+        // written in place below, before any use. `free_unwind` frees a `ThreadUnwind`.
         let fresh: *mut ThreadUnwind = unsafe { UNWIND_KEY.alloc_zeroed(free_unwind) };
         if fresh.is_null() {
             return None;
@@ -1380,6 +1385,7 @@ mod imp {
                 if let Some(complete) = take_whole(paths, id, bounds, &mut steps, slot, &mut out) {
                     break 'walk (id, complete);
                 }
+                count!(PathsNotHolding, 1);
             }
             if let Some(start) = newest {
                 let (taken, next, unwind_next) = match follow(
@@ -1738,6 +1744,48 @@ mod imp {
             );
             assert_eq!(paths.used, 1, "all forgotten");
             assert_eq!(paths.find_all(walk[0].state).next(), None);
+        }
+
+        /// Bytes of `[start, start + len)` resident in memory (`mincore`).
+        fn resident_bytes(start: usize, len: usize) -> usize {
+            let page = 4096;
+            let (first, end) = (start / page * page, (start + len).div_ceil(page) * page);
+            let mut flags = vec![0u8; (end - first) / page];
+            // SAFETY: `first` is page-aligned, the range is one live mapping (the thread's
+            // state), and `flags` has a byte for each of its pages.
+            let rc = unsafe {
+                libc::mincore(first as *mut libc::c_void, end - first, flags.as_mut_ptr())
+            };
+            assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+            flags.iter().filter(|&&f| f & 1 != 0).count() * page
+        }
+
+        #[test]
+        fn a_threads_first_walk_makes_resident_only_the_pages_it_writes() {
+            let (size, resident) = std::thread::spawn(|| {
+                let mut slot = StackSlot::EMPTY;
+                crate::capture::capture(&mut slot, crate::config::Stacks::Native, 64);
+                assert!(slot.n_native > 0, "the walk found frames");
+                let state = UNWIND.with(|c| c.get());
+                assert!(
+                    !state.is_null() && state != STATE_GONE,
+                    "the thread has its state"
+                );
+                let size = std::mem::size_of::<ThreadUnwind>();
+                (size, resident_bytes(state as usize, size))
+            })
+            .join()
+            .expect("the capturing thread");
+            assert!(
+                size > 8 << 20,
+                "the state is {size} bytes: the tables changed size"
+            );
+            // Zeroing the state at allocation (what the allocator does for a type aligned
+            // above 16 bytes) would make all of it resident.
+            assert!(
+                resident < 1 << 20,
+                "{resident} of {size} bytes resident after one walk"
+            );
         }
 
         #[test]

@@ -62,6 +62,9 @@ pub enum Stat {
     NodesMade,
     /// Times a thread's nodes were all forgotten (full, or a new module table).
     PathResets,
+    /// Paths a walk tried to take whole whose piece no longer held (it tried the state's
+    /// next path, or followed the newest).
+    PathsNotHolding,
     /// Time-stamp-counter ticks per millisecond, measured when the counters are read.
     TicksPerMillisecond,
 }

@@ -55,9 +55,9 @@ static STATE_KEY: ExitKey = ExitKey::new();
 unsafe extern "C" fn free_state(p: *mut libc::c_void) {
     guard::with_thread(|t| t.stacks.set(STATE_GONE));
     if !p.is_null() {
-        // SAFETY: `p` is the state allocated for this thread; the thread is exiting and
+        // SAFETY: `p` is the state mapped for this thread; the thread is exiting and
         // its TLS says "gone", so no later hook on it uses the pointer.
-        unsafe { drop(Box::from_raw(p as *mut ThreadStacks)) };
+        unsafe { crate::thread_state::free(p as *mut ThreadStacks) };
     }
 }
 
