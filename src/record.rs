@@ -87,8 +87,15 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
             return;
         };
         capture::timed!(StackEventTicks, {
-            let hash = capture::capture(&mut thread.scratch, settings.stacks, settings.max_frames);
-            capture::timed!(SendTicks, rec.push_with_stack(ev, thread, hash));
+            let hash = capture::capture_unfinished(
+                &mut thread.scratch,
+                settings.stacks,
+                settings.max_frames,
+            );
+            capture::timed!(
+                SendTicks,
+                rec.push_with_stack(ev, thread, hash, capture::finish)
+            );
         });
         capture::count!(StackEvents, 1);
     } else {

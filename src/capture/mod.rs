@@ -68,7 +68,25 @@ pub fn prepare(stacks: Stacks) {
 /// carried over from the previous capture.
 #[inline(always)]
 pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) -> u64 {
-    capture_from(slot, stacks, max_frames, native::here())
+    let hash = capture_from(slot, stacks, max_frames, native::here(), false);
+    native::finish(slot);
+    hash
+}
+
+/// [`capture`] for a stack that is sent by its hash when this thread sent it before: the
+/// native frames of an earlier path the walk took whole may stay where the walk found them
+/// (a copy of 400 bytes or more an event, to a slot nobody reads) until [`finish`] puts
+/// them in `slot`. The caller must call [`finish`] before it reads `slot.native`, and
+/// before the thread captures again.
+#[inline(always)]
+pub fn capture_unfinished(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) -> u64 {
+    capture_from(slot, stacks, max_frames, native::here(), true)
+}
+
+/// Completes the slot of this thread's last [`capture_unfinished`] (see there).
+#[inline]
+pub fn finish(slot: &mut StackSlot) {
+    native::finish(slot);
 }
 
 #[inline(never)]
@@ -77,6 +95,7 @@ fn capture_from(
     stacks: Stacks,
     max_frames: usize,
     from: native::StartRegs,
+    defer: bool,
 ) -> u64 {
     let max = max_frames.min(FRAME_CAPACITY);
     slot.n_native = 0;
@@ -84,7 +103,7 @@ fn capture_from(
     slot.truncated = false;
     let (mut chain, mut python_sum) = (None, 0);
     if stacks.native() {
-        chain = timed!(NativeTicks, native::capture(slot, max, from));
+        chain = timed!(NativeTicks, native::capture(slot, max, from, defer));
     }
     if stacks.python() {
         python_sum = timed!(PythonTicks, python::capture(slot, max));

@@ -27,7 +27,7 @@
 //! frame limit. x86_64 only; elsewhere nothing is captured.
 
 #[cfg(target_arch = "x86_64")]
-pub use imp::{capture, capture_interrupted};
+pub use imp::{capture, capture_interrupted, finish};
 
 /// Where a walk starts: the instruction pointer, stack pointer and frame pointer of the code
 /// that asked for the stack (see [`here`]), or of the code a signal interrupted.
@@ -84,10 +84,17 @@ pub fn capture(
     slot: &mut crate::channel::event::StackSlot,
     max_frames: usize,
     from: StartRegs,
+    defer: bool,
 ) -> Option<u64> {
-    let _ = (max_frames, from);
+    let _ = (max_frames, from, defer);
     slot.n_native = 0;
     None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+pub fn finish(slot: &mut crate::channel::event::StackSlot) {
+    let _ = slot;
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -567,6 +574,8 @@ mod imp {
         rules: Rules,
         paths: Paths,
         pending: Pending,
+        /// Frames the last capture left in their piece ([`finish`]).
+        deferred: Deferred,
     }
 
     /// What a step does in the common case, found once per address by asking framehop
@@ -971,12 +980,46 @@ mod imp {
     /// native chain of what it wrote (`channel::event::native_chain`), kept up by the walk
     /// so that reused frames are not hashed again; `None` when the walk cannot tell (then
     /// the caller computes it).
+    ///
+    /// With `defer`, the frames of a whole earlier path the walk took may be left out of
+    /// `slot` (its count and chain include them) until [`finish`] copies them: the caller
+    /// must call it before it reads `slot.native`, and before this thread's next capture.
     #[inline(never)]
-    pub fn capture(slot: &mut StackSlot, max_frames: usize, from: super::StartRegs) -> Option<u64> {
+    pub fn capture(
+        slot: &mut StackSlot,
+        max_frames: usize,
+        from: super::StartRegs,
+        defer: bool,
+    ) -> Option<u64> {
         slot.n_native = 0;
         let state = thread_unwind()?;
         let bounds = stack_bounds()?;
-        capture_from(slot, max_frames, modules::ensure(), state, bounds, from)
+        capture_from(
+            slot,
+            max_frames,
+            modules::ensure(),
+            state,
+            bounds,
+            from,
+            defer,
+        )
+    }
+
+    /// Copies into `slot` the frames that this thread's last [`capture`] into it left in
+    /// their piece, if any.
+    #[inline]
+    pub fn finish(slot: &mut StackSlot) {
+        let p = UNWIND.with(|c| c.get());
+        if p.is_null() || p == STATE_GONE {
+            return;
+        }
+        // SAFETY: this thread's leaked state (see `thread_unwind`); `finish` runs inside
+        // the hook that captured (the nesting guard), never during another capture.
+        let state = unsafe { &mut *p };
+        if state.deferred.len != 0 {
+            copy_deferred(&state.paths, state.deferred, slot);
+            state.deferred = Deferred::default();
+        }
     }
 
     /// The stack of the code a signal interrupted, from the registers the kernel saved
@@ -1006,7 +1049,7 @@ mod imp {
         }
         // The walk yields return addresses; the interrupted instruction itself (the fault)
         // goes first.
-        let _ = capture_from(slot, max - 1, table, state, (bottom, top), regs);
+        let _ = capture_from(slot, max - 1, table, state, (bottom, top), regs, false);
         let n = slot.n_native as usize;
         slot.native.copy_within(0..n, 1);
         slot.native[0] = regs.ip;
@@ -1021,6 +1064,7 @@ mod imp {
         state: &mut ThreadUnwind,
         (bottom, top): (u64, u64),
         from: super::StartRegs,
+        defer: bool,
     ) -> Option<u64> {
         let max = max_frames.min(FRAME_CAPACITY);
         if max == 0 {
@@ -1031,6 +1075,12 @@ mod imp {
             // reads could not be bounded, so no native frames.
             return None;
         }
+        let mut out = Out {
+            n: 0,
+            max,
+            defer,
+            deferred: Deferred::default(),
+        };
         let chain = walk(
             &mut Framehop {
                 table,
@@ -1042,8 +1092,18 @@ mod imp {
             Bounds { lo: from.sp, top },
             from,
             slot,
-            max,
+            &mut out,
         );
+        // With `defer`, the frames of a whole path the walk took at its end may stay in
+        // their piece for `finish`: only where the walk's chain is known (else the caller
+        // hashes the frames in the slot). The piece stays as it is until the thread's next
+        // walk (`link` may forget every node at the walk's end, but not overwrite pieces).
+        if chain.is_some() {
+            state.deferred = out.deferred;
+        } else {
+            state.deferred = Deferred::default();
+            copy_deferred(&state.paths, out.deferred, slot);
+        }
         count!(Walks, 1);
         count!(NativeFrames, slot.n_native);
         count!(NativeTruncated, slot.truncated);
@@ -1129,7 +1189,15 @@ mod imp {
             .get(view.frames_from as usize..view.frames_end as usize)?;
         let room = out.max.min(slot.native.len()).saturating_sub(out.n);
         let take = frames.len().min(room);
-        slot.native[out.n..out.n + take].copy_from_slice(&frames[..take]);
+        if out.defer && take == frames.len() {
+            out.deferred = Deferred {
+                from: view.frames_from,
+                at: out.n as u16,
+                len: take as u16,
+            };
+        } else {
+            slot.native[out.n..out.n + take].copy_from_slice(&frames[..take]);
+        }
         out.n += take;
         if take < frames.len() {
             slot.truncated = true;
@@ -1342,6 +1410,22 @@ mod imp {
         }
     }
 
+    /// Copies the frames `deferred` names into `slot`.
+    #[inline]
+    fn copy_deferred(paths: &Paths, deferred: Deferred, slot: &mut StackSlot) {
+        let (from, at, len) = (
+            deferred.from as usize,
+            deferred.at as usize,
+            deferred.len as usize,
+        );
+        if let (Some(frames), Some(dst)) = (
+            paths.frames.get(from..from + len),
+            slot.native.get_mut(at..at + len),
+        ) {
+            dst.copy_from_slice(frames);
+        }
+    }
+
     /// One walk into `slot`. Wherever it reaches a state in which an earlier walk on this
     /// thread made a node, it takes that walk's path for as long as the path still holds
     /// ([`follow`]); elsewhere it makes the steps itself. Its own steps, and those of a
@@ -1358,14 +1442,14 @@ mod imp {
         bounds: Bounds,
         from: super::StartRegs,
         slot: &mut StackSlot,
-        max: usize,
+        out: &mut Out,
     ) -> Option<u64> {
         let table = framehop.table;
         let table_id = table as *const modules::ModuleTable as usize;
         rules.use_table(table_id);
         paths.use_table(table_id);
         pending.n = 0;
-        let mut out = Out { n: 0, max };
+        out.n = 0;
         let mut state = State {
             pc: from.ip | FIRST,
             sp: from.sp,
@@ -1382,14 +1466,14 @@ mod imp {
             let mut newest = None;
             for id in paths.find_all(state) {
                 newest = newest.or(Some(id));
-                if let Some(complete) = take_whole(paths, id, bounds, &mut steps, slot, &mut out) {
+                if let Some(complete) = take_whole(paths, id, bounds, &mut steps, slot, out) {
                     break 'walk (id, complete);
                 }
                 count!(PathsNotHolding, 1);
             }
             if let Some(start) = newest {
                 let (taken, next, unwind_next) = match follow(
-                    paths, start, state.bp, framehop, bounds, &mut steps, slot, &mut out,
+                    paths, start, state.bp, framehop, bounds, &mut steps, slot, out,
                 ) {
                     Left::AtItsEnd { complete } => break (start, complete),
                     Left::Elsewhere { taken, next } => (taken, next, false),
@@ -1527,6 +1611,19 @@ mod imp {
     struct Out {
         n: usize,
         max: usize,
+        /// The walk may leave the frames of a whole path taken at its end in their piece
+        /// ([`Deferred`]) instead of copying them.
+        defer: bool,
+        deferred: Deferred,
+    }
+
+    /// Frames of a walk that are still in a piece: `len` frames from `from` in the pool
+    /// belong at `at` in the slot. `len` 0: none. [`finish`] copies them.
+    #[derive(Clone, Copy, Default)]
+    struct Deferred {
+        from: u32,
+        at: u16,
+        len: u16,
     }
 
     impl Out {

@@ -216,7 +216,7 @@ fn produce(
         slot.n_native = depth as u16;
         slot.n_python = 0;
         let hash = slot.identity_hash();
-        rec.push_with_stack(ev, thread, hash);
+        rec.push_with_stack(ev, thread, hash, |_| {});
     }
 }
 
@@ -267,7 +267,7 @@ pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u3
         slot.n_native = depth as u16;
         slot.n_python = 0;
         let hash = slot.identity_hash();
-        rec.push_with_stack(ev, thread, hash);
+        rec.push_with_stack(ev, thread, hash, |_| {});
         let ev = rec.pop().expect("just sent");
         writer.apply(ev);
     }
