@@ -11,7 +11,8 @@
 //! to cache lines, and Rust's system allocator zeroes any allocation aligned above 16 bytes
 //! with a `memset` of its whole size: 9 million instructions on a thread's first capture and
 //! every page resident at once. Anonymous pages are zero already and become resident only
-//! when written, so a thread pays for the part of its tables its walks fill.
+//! when written (small pages, asked for whatever the huge-page policy), so a thread pays
+//! for the part of its tables its walks fill.
 
 use std::sync::OnceLock;
 
@@ -53,6 +54,11 @@ impl ExitKey {
         if fresh == libc::MAP_FAILED {
             return std::ptr::null_mut();
         }
+        // Small pages whatever the system's transparent-huge-page policy: with "always", a
+        // walk's first write into each 2 MiB of the tables would make all of it resident.
+        // (A hint: if the kernel refuses it, the state works the same.)
+        // SAFETY: advice on the mapping just made, nothing else.
+        unsafe { libc::madvise(fresh, std::mem::size_of::<T>(), libc::MADV_NOHUGEPAGE) };
         let fresh = fresh as *mut T;
         let key = self.key.get_or_init(|| {
             let mut key: libc::pthread_key_t = 0;

@@ -13,8 +13,8 @@
 //!
 //! Per thread: a table of [`SENT_TABLE_SLOTS`] hashes in sets of eight (a stack the table
 //! forgot is simply sent in full again) and a scratch stack the hook captures into before
-//! it knows whether the stack is new: 258 KiB, allocated on the thread's first stack and
-//! freed when the thread exits. No lock; no allocation or syscall afterwards.
+//! it knows whether the stack is new: 258 KiB of address space, mapped on the thread's first
+//! stack (resident as the table fills) and unmapped when the thread exits. No lock; no allocation or syscall afterwards.
 
 use crate::channel::event::{Event, StackRef, StackSlot};
 use crate::channel::queue::Recorder;
@@ -118,7 +118,10 @@ impl Recorder {
         if !thread.scratch.is_empty() {
             let channel = self as *const Recorder as usize;
             if thread.channel != channel {
-                thread.sent.fill([0; WAYS]);
+                // (0: the table is the thread's fresh zero pages: none to write.)
+                if thread.channel != 0 {
+                    thread.sent.fill([0; WAYS]);
+                }
                 thread.channel = channel;
             }
             let set = &mut thread.sent[hash as usize % SETS];
