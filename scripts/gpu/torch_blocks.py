@@ -391,6 +391,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=5000)
     ap.add_argument("--blocks", type=int, default=12)
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # a folder per library under $OUT, say
     if args.case:
         try:
             rec = CASES[args.case](args)
