@@ -34,6 +34,8 @@
 #   bash scripts/bench-hook-instructions.sh [LIB ...]   (default: this build's release library;
 #                                                        needs valgrind; ~3 min per library)
 #   ROUTES="c step python tracker" (default all four), ITERATIONS (C, 3000), PY_ITERATIONS (1000),
+#   C_DEPTH (route c's nesting, 26: 34 frames at cudaMallocAsync; 70: 78 frames, a stack cut at
+#   the 64-frame limit, as 29-32% of a real step's are),
 #   ROUNDS (tracker rounds of 64 blocks, C 100, Python 30), PYTHON (python3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -55,6 +57,7 @@ PY=${PYTHON:-python3}
 # it starts, and only that one.
 PY=$("$PY" -c 'import sys; print(sys.executable)')
 ITERATIONS=${ITERATIONS:-3000}
+C_DEPTH=${C_DEPTH:-26}
 PY_ITERATIONS=${PY_ITERATIONS:-1000}
 ROUTES=${ROUTES:-c step python tracker}
 LIBS=("$@")
@@ -102,7 +105,7 @@ for route in $ROUTES; do
         # In the shared runtime cudaMallocAsync is a jump to malloc_async (callgrind sees no
         # call of its own): count that.
         if [ "$route" = c ]; then
-            cmd=("$OUT/hook_cost" "$ITERATIONS" 26); what="C caller (scripts/bench/hook_cost.c)"
+            cmd=("$OUT/hook_cost" "$ITERATIONS" "$C_DEPTH"); what="C caller (scripts/bench/hook_cost.c)"
             f_malloc=cudaMallocAsync; f_free=cudaFreeAsync
         elif [ "$route" = step ]; then
             cmd=("$OUT/step_shape" "$ITERATIONS" 30); what="C caller, a training step's stack shape (scripts/bench/step_shape.c)"

@@ -355,6 +355,60 @@ fn walks_of_changing_depth_reuse_the_outer_frames_and_give_each_stack_exactly() 
     .unwrap();
 }
 
+/// A stack deeper than the frame limit, captured again and again as the hook does: each
+/// walk after the first takes the path whole and cuts it at the limit, and its hash is of
+/// the frames the slot keeps (no node's chain is: a node's covers its whole path). Slot and
+/// hash must be those of the stack every time.
+#[test]
+fn a_cut_stack_taken_again_keeps_its_frames_and_the_hash_of_them() {
+    let lib = clib(Which::Full);
+    std::thread::spawn(move || {
+        let depths = [90, 90, 90, 5, 90];
+        let mut captures = Captures {
+            slots: Vec::with_capacity(depths.len()),
+            hash_mismatches: 0,
+        };
+        (lib.depths)(
+            depths.as_ptr(),
+            depths.len() as libc::c_int,
+            capture_each_cb,
+            &mut captures as *mut Captures as *mut libc::c_void,
+        );
+        assert_eq!(captures.hash_mismatches, 0);
+        let first = &captures.slots[0];
+        assert!(first.truncated && first.n_native as usize == FRAME_CAPACITY);
+        for (i, slot) in captures
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| depths[i] == 90)
+        {
+            assert_eq!(slot.native(), first.native(), "capture {i}");
+            assert!(slot.truncated, "capture {i}");
+        }
+        assert!(!captures.slots[3].truncated);
+        // One path cut at other limits in turn.
+        let mut frames_at = Vec::new();
+        for max in [10, 24, 10, 24] {
+            let mut req = request(Stacks::Native, max);
+            req.repeat = 3;
+            (lib.recurse)(
+                40,
+                capture_cb,
+                &mut req as *mut Request as *mut libc::c_void,
+            );
+            assert_eq!(req.hash_mismatches, 0, "cut at {max}");
+            assert!(req.slot.truncated && req.slot.n_native as usize == max);
+            frames_at.push(req.slot.native().to_vec());
+        }
+        assert_eq!(frames_at[0], frames_at[2]);
+        assert_eq!(frames_at[1], frames_at[3]);
+        assert_eq!(frames_at[0][..], frames_at[1][..10]);
+    })
+    .join()
+    .unwrap();
+}
+
 /// The diagnostic counters of a `capture-stats` build count what the walks did. They are
 /// process-wide, so scripts/test.sh runs this test alone (`capture_stats_`).
 #[cfg(feature = "capture-stats")]
