@@ -110,7 +110,7 @@ pub fn capture_interrupted(
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use crate::capture::count;
-    use crate::channel::event::{NATIVE_CHAIN_SEED, StackSlot, native_chain_step};
+    use crate::channel::event::{NATIVE_CHAIN_SEED, StackSlot, native_chain, native_chain_step};
     use crate::config::FRAME_CAPACITY;
     use crate::process::modules;
     use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
@@ -298,6 +298,11 @@ mod imp {
         frames_end: u32,
         /// The lowest address the checks read.
         lowest_read: u64,
+        /// The native chain of the path's first `cut_len` frames (0: none yet): a stack cut
+        /// at the frame limit is hashed over the frames it keeps, which no node's chain is
+        /// ([`cut_chain`]).
+        cut_chain: u64,
+        cut_len: u16,
     }
 
     /// Stack words checked, over all pieces: 4 MiB of address space.
@@ -409,6 +414,9 @@ mod imp {
                         let keeps_bp = step.kind == Kind::Rule && step.bp_read_at == 0;
                         let id = self.used;
                         self.used += 1;
+                        // (The view of an id used before the last reset keeps its old chain
+                        // of a cut path.)
+                        self.views[id as usize % NODES].cut_len = 0;
                         self.nodes[id as usize % NODES] = Node {
                             caller,
                             chain: if step.emits {
@@ -1598,6 +1606,15 @@ mod imp {
             return None;
         }
         let innermost = paths.link(&pending.steps[..pending.n], tail)?;
+        if slot.truncated && tail != NONE {
+            // The walk's own frames (those of its steps before `tail`), then as many of the
+            // path's as the slot had room for.
+            let own = pending.steps[..pending.n]
+                .iter()
+                .filter(|s| s.emits)
+                .count();
+            return cut_chain(paths, tail, own.min(out.n), out.n, slot);
+        }
         if !complete || slot.truncated {
             return None;
         }
@@ -1605,6 +1622,39 @@ mod imp {
             NONE => NATIVE_CHAIN_SEED,
             id => paths.node(id).chain,
         })
+    }
+
+    /// The native chain of a slot cut at the frame limit whose frames are `own` frames of
+    /// the walk's own, then the first `n - own` frames of `tail`'s path: the chain of those
+    /// (made once per path and cut, and kept in its view: a path's frames never change)
+    /// with the own frames added on top. `None` when the slot has none of the path's frames
+    /// or the path has no piece (then the caller hashes the slot).
+    #[inline(never)]
+    fn cut_chain(
+        paths: &mut Paths,
+        tail: u32,
+        own: usize,
+        n: usize,
+        slot: &StackSlot,
+    ) -> Option<u64> {
+        let take = n.checked_sub(own).filter(|&take| take > 0)?;
+        let view = &mut paths.views[tail as usize % NODES];
+        // Only a path in one piece (the slot may not have its frames yet: see `Deferred`).
+        if !view.whole {
+            return None;
+        }
+        if usize::from(view.cut_len) != take {
+            let from = view.frames_from as usize;
+            view.cut_chain = native_chain(paths.frames.get(from..from + take)?);
+            view.cut_len = take as u16;
+        }
+        Some(
+            slot.native
+                .get(..own)?
+                .iter()
+                .rev()
+                .fold(view.cut_chain, |chain, &pc| native_chain_step(chain, pc)),
+        )
     }
 
     /// The frames written to the slot so far, at most `max`.
