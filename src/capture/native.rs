@@ -1197,7 +1197,7 @@ mod imp {
             .get(view.frames_from as usize..view.frames_end as usize)?;
         let room = out.max.min(slot.native.len()).saturating_sub(out.n);
         let take = frames.len().min(room);
-        if out.defer && take == frames.len() {
+        if out.defer {
             out.deferred = Deferred {
                 from: view.frames_from,
                 at: out.n as u16,
