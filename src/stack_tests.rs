@@ -279,6 +279,21 @@ struct Captures {
     hash_mismatches: u64,
 }
 
+/// One capture ([`capture_each_cb`]) at each of `depths`, from one loop of the C library.
+fn capture_at_depths(lib: &CLib, depths: &[libc::c_int]) -> Captures {
+    let mut captures = Captures {
+        slots: Vec::with_capacity(depths.len()),
+        hash_mismatches: 0,
+    };
+    (lib.depths)(
+        depths.as_ptr(),
+        depths.len() as libc::c_int,
+        capture_each_cb,
+        &mut captures as *mut Captures as *mut libc::c_void,
+    );
+    captures
+}
+
 /// Captures as a hook does: the frames of a path taken whole may stay where the walk found
 /// them until `finish` (which the hook calls only before a stack is sent in full).
 extern "C" fn capture_each_cb(arg: *mut libc::c_void) {
@@ -304,16 +319,7 @@ fn walks_of_changing_depth_reuse_the_outer_frames_and_give_each_stack_exactly() 
         let depths = [
             0, 5, 20, 3, 40, 40, 7, 2, 55, 1, 200, 30, 0, 61, 9, 130, 4, 4, 12,
         ];
-        let mut captures = Captures {
-            slots: Vec::with_capacity(depths.len()),
-            hash_mismatches: 0,
-        };
-        (lib.depths)(
-            depths.as_ptr(),
-            depths.len() as libc::c_int,
-            capture_each_cb,
-            &mut captures as *mut Captures as *mut libc::c_void,
-        );
+        let captures = capture_at_depths(lib, &depths);
         assert_eq!(captures.slots.len(), depths.len());
         assert_eq!(captures.hash_mismatches, 0);
         // The first capture (depth 0): the base case's call of the callback, then the frames
@@ -364,16 +370,7 @@ fn a_cut_stack_taken_again_keeps_its_frames_and_the_hash_of_them() {
     let lib = clib(Which::Full);
     std::thread::spawn(move || {
         let depths = [90, 90, 90, 5, 90];
-        let mut captures = Captures {
-            slots: Vec::with_capacity(depths.len()),
-            hash_mismatches: 0,
-        };
-        (lib.depths)(
-            depths.as_ptr(),
-            depths.len() as libc::c_int,
-            capture_each_cb,
-            &mut captures as *mut Captures as *mut libc::c_void,
-        );
+        let captures = capture_at_depths(lib, &depths);
         assert_eq!(captures.hash_mismatches, 0);
         let first = &captures.slots[0];
         assert!(first.truncated && first.n_native as usize == FRAME_CAPACITY);
@@ -419,18 +416,9 @@ fn capture_stats_count_the_walks_their_frames_and_their_reuse() {
     let lib = clib(Which::Full);
     std::thread::spawn(move || {
         let depths = [0, 5, 20, 3, 40, 40, 7, 2, 80, 1];
-        let mut captures = Captures {
-            slots: Vec::with_capacity(depths.len()),
-            hash_mismatches: 0,
-        };
         let before = stats::read();
         let reused_before = crate::capture::native::WALKS_REUSED.load(Relaxed);
-        (lib.depths)(
-            depths.as_ptr(),
-            depths.len() as libc::c_int,
-            capture_each_cb,
-            &mut captures as *mut Captures as *mut libc::c_void,
-        );
+        let captures = capture_at_depths(lib, &depths);
         let after = stats::read();
         let counted = |stat: Stat| after[stat as usize] - before[stat as usize];
         let slots = &captures.slots;
