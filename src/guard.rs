@@ -2,12 +2,15 @@
 //! is one record, whichever route it took), the thread's kernel id, and where its stack
 //! state lives.
 //!
+//! Its event lane (`channel::lanes`) is kept here too, with the channel it belongs to.
+//!
 //! Hot. `cudaMalloc` reaches `cuMemAlloc_v2` through a pointer we also hooked; only the
 //! outermost hooked call records. A `const` thread-local without destructor stays usable
 //! during thread teardown, allocates nothing, and can never fail. One thread-local for all
 //! of it: in a shared library each lookup is a call to `__tls_get_addr` (about 11
 //! instructions), and a hook makes one, in [`Scope::enter`]; the scope keeps the address.
 
+use crate::channel::lanes::{Lane, NO_LANE};
 use crate::channel::sent::ThreadStacks;
 use std::cell::Cell;
 
@@ -22,6 +25,12 @@ pub struct HookThread {
     /// This thread's stack state (`channel::sent`): null until its first stack, then the
     /// state, or `sent`'s "gone" mark once the thread-exit destructor freed it.
     pub(crate) stacks: Cell<*mut ThreadStacks>,
+    /// This thread's event lane, valid while `lane_channel` is the address of the channel
+    /// (a forked child's channel is another: its first event claims a lane there); null
+    /// until the first event, [`NO_LANE`] once given back at thread exit or when there was
+    /// none to claim.
+    lane: Cell<*const Lane>,
+    lane_channel: Cell<usize>,
 }
 
 thread_local! {
@@ -31,6 +40,8 @@ thread_local! {
             passing_through: Cell::new(false),
             tid: Cell::new(0),
             stacks: Cell::new(std::ptr::null_mut()),
+            lane: Cell::new(std::ptr::null()),
+            lane_channel: Cell::new(0),
         }
     };
 }
@@ -84,6 +95,34 @@ impl HookThread {
             return v;
         }
         self.tid_first()
+    }
+
+    /// This thread's lane on the channel at address `channel`, if it has one there.
+    #[inline(always)]
+    pub fn lane(&self, channel: usize) -> Option<&Lane> {
+        if self.lane_channel.get() != channel {
+            return None;
+        }
+        // SAFETY: set by `set_lane` to a lane of that channel (mapped for the life of the
+        // process), not given back yet (`go_without_lane` clears the channel).
+        unsafe { self.lane.get().as_ref() }
+    }
+
+    /// Whether the thread sends through the shared queue for the rest of its life.
+    pub fn without_lane(&self) -> bool {
+        self.lane.get() == NO_LANE
+    }
+
+    /// Notes the lane this thread claimed on the channel at address `channel`.
+    pub fn set_lane(&self, lane: &Lane, channel: usize) {
+        self.lane.set(lane);
+        self.lane_channel.set(channel);
+    }
+
+    /// From now on this thread's events go to the shared queue.
+    pub fn go_without_lane(&self) {
+        self.lane.set(NO_LANE);
+        self.lane_channel.set(0);
     }
 
     #[cold]

@@ -83,7 +83,7 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
             // A thread past its exit destructors, or no memory for its state: the event
             // goes without its stack, counted.
             rec.counters.lost_stacks.fetch_add(1, Relaxed);
-            rec.push(ev);
+            rec.push(by.thread, ev);
             return;
         };
         capture::timed!(StackEventTicks, {
@@ -94,12 +94,12 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
             );
             capture::timed!(
                 SendTicks,
-                rec.push_with_stack(ev, thread, hash, capture::finish)
+                rec.push_with_stack(by.thread, ev, thread, hash, capture::finish)
             );
         });
         capture::count!(StackEvents, 1);
     } else {
-        rec.push(ev);
+        rec.push(by.thread, ev);
     }
 }
 

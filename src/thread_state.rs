@@ -1,6 +1,7 @@
 //! Per-thread state that the hook side allocates on a thread's first use and that is freed
 //! when the thread exits (the native unwinder's caches and walks, the stacks a thread has
-//! sent).
+//! sent), and the thread-exit calls that free it (or give a thread's lane back:
+//! `channel::lanes`).
 //!
 //! Cold: runs once per thread. The state is mapped zeroed in place, never built on the
 //! hook's stack (which may be a small thread stack of the program's), and handed to a
@@ -60,6 +61,22 @@ impl ExitKey {
         // SAFETY: advice on the mapping just made, nothing else.
         unsafe { libc::madvise(fresh, std::mem::size_of::<T>(), libc::MADV_NOHUGEPAGE) };
         let fresh = fresh as *mut T;
+        // SAFETY: the caller's contract: `destructor` ends a `*mut T` mapped here.
+        unsafe { self.call_at_exit(fresh.cast(), destructor) };
+        fresh
+    }
+
+    /// Has `destructor` called with `value` when the calling thread exits (without a key,
+    /// never: the process ran out of them).
+    ///
+    /// # Safety
+    /// `destructor` must accept `value` at the thread's exit (one value per key and
+    /// thread: a second call replaces the first).
+    pub unsafe fn call_at_exit(
+        &self,
+        value: *mut libc::c_void,
+        destructor: unsafe extern "C" fn(*mut libc::c_void),
+    ) {
         let key = self.key.get_or_init(|| {
             let mut key: libc::pthread_key_t = 0;
             // SAFETY: plain key creation with a destructor of the right type.
@@ -72,9 +89,8 @@ impl ExitKey {
         });
         if *key != libc::pthread_key_t::MAX {
             // SAFETY: a valid key; the value is only read back by `destructor`.
-            unsafe { libc::pthread_setspecific(*key, fresh as *const libc::c_void) };
+            unsafe { libc::pthread_setspecific(*key, value) };
         }
-        fresh
     }
 }
 

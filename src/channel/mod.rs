@@ -9,5 +9,6 @@
 
 pub mod event;
 pub mod handshake;
+pub mod lanes;
 pub mod queue;
 pub mod sent;

@@ -1,14 +1,17 @@
 //! The bounded, lock-free, lossless path from hooks to the writer thread.
 //!
-//! Hot. Two pre-allocated structures, created once on the first CUDA event:
-//! - `events`: a crossbeam `ArrayQueue<Event>` (no allocation, no lock, no thread-local on
-//!   push; docs/DEPENDENCIES.md#crossbeam-queue);
+//! Hot. Pre-allocated structures, created once on the first CUDA event:
+//! - each recording thread's own ring ([`lanes`](super::lanes)), where the event clock
+//!   orders events across cores;
+//! - `events`: the shared queue, a crossbeam `ArrayQueue<Event>` (no allocation, no lock,
+//!   no thread-local on push; docs/DEPENDENCIES.md#crossbeam-queue), for threads without a
+//!   lane (another event clock, more threads than lanes, a thread past its exit);
 //! - a slab of [`StackSlot`]s with a free list (`ArrayQueue<u32>` of slot indices). A hook
 //!   sending a stack for the first time pops a slot, fills it and sends its index with the
 //!   event; the writer interns the stack and pushes the index back. (A repeated stack needs
 //!   no slot: see [`sent`](super::sent).)
 //!
-//! Lossless (docs/DESIGN.md, decision 5): when the queue or the slab is full, the hook
+//! Lossless (docs/DESIGN.md, decision 5): when a lane, the queue or the slab is full, the hook
 //! waits for the writer (a short spin, then it wakes the writer and yields, then sleeps
 //! in 50 µs steps) instead of dropping an event or its stack: the program slows down, the
 //! record stays exact. Waits are counted. Only when the writer is gone (a panic it caught,
@@ -16,7 +19,9 @@
 //! at exit. No allocation, no lock; syscalls only while waiting for the writer.
 
 use crate::channel::event::{Event, Kind, StackRef, StackSlot};
+use crate::channel::lanes::{self, Lane, Lanes};
 use crate::config::{Context, Stacks};
+use crate::guard::HookThread;
 use crossbeam_queue::ArrayQueue;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
@@ -49,7 +54,8 @@ pub struct Recorder {
     /// eventfd that wakes the writer (signal handler, OOM, control calls, exit); -1: none,
     /// the writer then polls.
     wake_fd: i32,
-    events: ArrayQueue<Event>,
+    pub(super) lanes: Lanes,
+    pub(super) events: ArrayQueue<Event>,
     slots: Box<[UnsafeCell<StackSlot>]>,
     free_slots: ArrayQueue<u32>,
     /// The stack of the thread that got the first crash signal (see `signals`).
@@ -70,10 +76,11 @@ unsafe impl Sync for Recorder {}
 /// nanoseconds go"); only waits and losses are counted on the hook side.
 #[derive(Default)]
 pub struct Counters {
-    /// Events the writer took off the queue and applied. Written by the writer thread
-    /// alone (a plain store, no locked add), read by tests and the writer's own reports.
+    /// Events the writer took off a lane or the shared queue (to apply them: an event
+    /// taken off the shared queue waits in the reader for its turn). Written by the writer
+    /// thread alone (a plain store, no locked add), read by tests and the writer's own reports.
     pub applied: AtomicU64,
-    /// Events that found the queue full and waited for the writer.
+    /// Events that found their lane or the shared queue full and waited for the writer.
     pub queue_waits: AtomicU64,
     /// Stacks that found every slot taken and waited for the writer.
     pub slot_waits: AtomicU64,
@@ -125,8 +132,11 @@ impl Backoff<'_> {
 }
 
 impl Recorder {
-    /// Allocates everything up front. Cold: called once, on the first CUDA event.
-    pub fn new(capacity: usize, settings: HookSettings, wake_fd: i32) -> Recorder {
+    /// Allocates everything up front but the lanes (mapped as threads claim them).
+    /// `capacity` events per lane and in the shared queue; `lanes`: whether threads get
+    /// lanes (the event clock orders events across cores). Cold: called once, on the
+    /// first CUDA event.
+    pub fn new(capacity: usize, settings: HookSettings, wake_fd: i32, lanes: bool) -> Recorder {
         let n_slots = capacity.clamp(1, MAX_STACK_SLOTS);
         let slots: Box<[UnsafeCell<StackSlot>]> = (0..n_slots)
             .map(|_| UnsafeCell::new(StackSlot::EMPTY))
@@ -138,6 +148,7 @@ impl Recorder {
         Recorder {
             settings,
             wake_fd,
+            lanes: Lanes::new(lanes, capacity),
             events: ArrayQueue::new(capacity.max(1)),
             slots,
             free_slots,
@@ -183,14 +194,66 @@ impl Recorder {
         }
     }
 
-    /// Sends an event, waiting for room while the writer is behind. Never allocates; an
-    /// event is lost (and counted) only when the writer is gone.
+    /// Sends an event from the thread whose hook state is `thread`, waiting for room while
+    /// the writer is behind. Never allocates; an event is lost (and counted) only when the
+    /// writer is gone.
     #[inline]
-    pub fn push(&self, event: Event) {
+    pub fn push(&self, thread: &HookThread, event: Event) {
+        if let Some(lane) = thread.lane(self.address()) {
+            // SAFETY: the thread's own lane of this channel.
+            if unsafe { self.lanes.try_push(lane, &event) } {
+                return;
+            }
+            return self.push_to_lane_slow(lane, event);
+        }
+        self.push_without_lane(thread, event)
+    }
+
+    /// This channel's identity for a thread's lane.
+    #[inline(always)]
+    fn address(&self) -> usize {
+        self as *const Recorder as usize
+    }
+
+    /// The thread's first event on this channel: claim a lane (given back at its exit);
+    /// with none to claim, the shared queue from now on.
+    #[cold]
+    #[inline(never)]
+    fn push_without_lane(&self, thread: &HookThread, event: Event) {
+        if !thread.without_lane() {
+            match self.lanes.claim() {
+                Some(lane) => {
+                    lanes::release_at_exit(lane);
+                    thread.set_lane(lane, self.address());
+                    return self.push(thread, event);
+                }
+                None => thread.go_without_lane(),
+            }
+        }
         match self.events.push(event) {
             Ok(()) => {}
             Err(back) => self.push_slow(back),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn push_to_lane_slow(&self, lane: &Lane, event: Event) {
+        self.counters.queue_waits.fetch_add(1, Relaxed);
+        let mut backoff = Backoff {
+            rec: self,
+            round: 0,
+        };
+        loop {
+            // SAFETY: as in `push`.
+            if unsafe { self.lanes.try_push(lane, &event) } {
+                return;
+            }
+            if !backoff.wait() {
+                break;
+            }
+        }
+        self.count_lost(&event);
     }
 
     #[cold]
@@ -210,6 +273,12 @@ impl Recorder {
                 break;
             }
         }
+        self.count_lost(&event);
+    }
+
+    /// An event the writer will never see (it is gone): counted by kind, its stack slot
+    /// given back.
+    fn count_lost(&self, event: &Event) {
         let counter = match event.kind {
             Kind::Alloc | Kind::AllocManaged | Kind::Map => &self.counters.lost_allocs,
             Kind::Free | Kind::Unmap => &self.counters.lost_frees,
@@ -239,16 +308,12 @@ impl Recorder {
         unsafe { &*self.crash_slot.get() }
     }
 
-    /// Writer side: the next event, if any, counted in [`Counters::applied`].
-    pub fn pop(&self) -> Option<Event> {
-        let ev = self.events.pop()?;
-        // The writer is the only thread that writes this counter: no locked add.
-        let applied = &self.counters.applied;
-        applied.store(applied.load(Relaxed) + 1, Relaxed);
-        Some(ev)
+    /// Events published and not yet taken by the writer, in lanes and the shared queue.
+    pub fn queued(&self) -> u64 {
+        self.lanes.queued() + self.events.len() as u64
     }
 
-    /// Writer side: the stack of a popped event. The caller must hand the index back with
+    /// Writer side: the stack of a taken event. The caller must hand the index back with
     /// [`Recorder::release_slot`] once done with the reference.
     pub fn slot(&self, idx: u32) -> Option<&StackSlot> {
         let cell = self.slots.get(idx as usize)?;
@@ -259,10 +324,6 @@ impl Recorder {
 
     pub fn release_slot(&self, idx: u32) {
         let _ = self.free_slots.push(idx);
-    }
-
-    pub fn queued(&self) -> usize {
-        self.events.len()
     }
 
     pub fn wake_fd(&self) -> i32 {
@@ -299,6 +360,8 @@ impl Recorder {
 mod tests {
     use super::*;
     use crate::channel::event::Api;
+    use crate::channel::lanes::Reader;
+    use crate::guard;
 
     const TEST_SETTINGS: HookSettings = HookSettings {
         stacks: Stacks::All,
@@ -307,86 +370,114 @@ mod tests {
         dump_on_oom: true,
     };
 
+    /// Runs `f` on a thread of its own (a thread keeps its lane, or its lack of one, for
+    /// its life), once with lanes and once with the shared queue alone.
+    fn with_and_without_lanes(f: fn(bool)) {
+        for lanes in [true, false] {
+            std::thread::spawn(move || f(lanes)).join().unwrap();
+        }
+    }
+
     #[test]
     fn with_the_writer_gone_a_full_queue_loses_events_by_kind_and_gives_slots_back() {
-        let rec = Recorder::new(16, TEST_SETTINGS, -1);
-        rec.writer_alive.store(false, Relaxed);
-        for i in 0..20u64 {
-            let kind = if i % 2 == 0 { Kind::Alloc } else { Kind::Free };
-            let mut ev = Event::new(kind, Api::CudaMalloc);
-            if let Some((index, slot)) = rec.take_slot() {
-                slot.n_native = 1;
-                ev.stack = StackRef::Slot { index, hash: 1 };
+        with_and_without_lanes(|lanes| {
+            let rec = Recorder::new(16, TEST_SETTINGS, -1, lanes);
+            rec.writer_alive.store(false, Relaxed);
+            guard::with_thread(|t| {
+                for i in 0..20u64 {
+                    let kind = if i % 2 == 0 { Kind::Alloc } else { Kind::Free };
+                    let mut ev = Event::new(kind, Api::CudaMalloc);
+                    if let Some((index, slot)) = rec.take_slot() {
+                        slot.n_native = 1;
+                        ev.stack = StackRef::Slot { index, hash: 1 };
+                    }
+                    ev.addr = i;
+                    rec.push(t, ev);
+                }
+            });
+            assert_eq!(rec.queued(), 16, "lanes {lanes}");
+            assert_eq!(
+                rec.events.len(),
+                if lanes { 0 } else { 16 },
+                "lanes {lanes}"
+            );
+            assert_eq!(rec.counters.lost_allocs.load(Relaxed), 2);
+            assert_eq!(rec.counters.lost_frees.load(Relaxed), 2);
+            // The 16 queued events hold all 16 slots: the four later events found none, and
+            // with no writer to give one back their stacks are lost too, and counted.
+            assert_eq!(rec.counters.lost_stacks.load(Relaxed), 4);
+            let mut reader = Reader::new();
+            let mut addrs = Vec::new();
+            while let Some(ev) = reader.next(&rec) {
+                let StackRef::Slot { index, .. } = ev.stack else {
+                    panic!("every queued event has its slot")
+                };
+                assert_eq!(rec.slot(index).map(|s| s.n_native), Some(1));
+                rec.release_slot(index);
+                addrs.push(ev.addr);
             }
-            ev.addr = i;
-            rec.push(ev);
-        }
-        assert_eq!(rec.queued(), 16);
-        assert_eq!(rec.counters.lost_allocs.load(Relaxed), 2);
-        assert_eq!(rec.counters.lost_frees.load(Relaxed), 2);
-        // The 16 queued events hold all 16 slots: the four later events found none, and
-        // with no writer to give one back their stacks are lost too, and counted.
-        assert_eq!(rec.counters.lost_stacks.load(Relaxed), 4);
-        let mut addrs = Vec::new();
-        while let Some(ev) = rec.pop() {
-            let StackRef::Slot { index, .. } = ev.stack else {
-                panic!("every queued event has its slot")
-            };
-            assert_eq!(rec.slot(index).map(|s| s.n_native), Some(1));
-            rec.release_slot(index);
-            addrs.push(ev.addr);
-        }
-        assert_eq!(addrs, (0..16).collect::<Vec<u64>>(), "FIFO, oldest kept");
+            assert_eq!(addrs, (0..16).collect::<Vec<u64>>(), "FIFO, oldest kept");
+        });
     }
 
     #[test]
     fn a_full_queue_waits_for_the_writer_and_loses_nothing() {
-        const EVENTS: u64 = 200_000;
-        let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(16, TEST_SETTINGS, -1)));
-        let producers: Vec<_> = (0..4u64)
-            .map(|t| {
-                std::thread::spawn(move || {
-                    for i in 0..EVENTS / 4 {
-                        let mut ev = Event::new(Kind::Alloc, Api::CudaMalloc);
-                        let (index, slot) = rec.take_slot().expect("the writer is alive");
-                        slot.n_native = 1;
-                        slot.native[0] = t << 32 | i;
-                        ev.stack = StackRef::Slot { index, hash: 1 };
-                        ev.addr = t << 32 | i;
-                        rec.push(ev);
-                    }
+        with_and_without_lanes(|lanes| {
+            const EVENTS: u64 = 200_000;
+            let rec: &'static Recorder =
+                Box::leak(Box::new(Recorder::new(16, TEST_SETTINGS, -1, lanes)));
+            let producers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    std::thread::spawn(move || {
+                        guard::with_thread(|thread| {
+                            for i in 0..EVENTS / 4 {
+                                let mut ev = Event::new(Kind::Alloc, Api::CudaMalloc);
+                                let (index, slot) = rec.take_slot().expect("the writer is alive");
+                                slot.n_native = 1;
+                                slot.native[0] = t << 32 | i;
+                                ev.stack = StackRef::Slot { index, hash: 1 };
+                                ev.addr = t << 32 | i;
+                                ev.time = crate::process::clock::now();
+                                rec.push(thread, ev);
+                            }
+                        })
+                    })
                 })
-            })
-            .collect();
-        // A slow writer: it pauses now and then, so the queue and the slab fill up.
-        let mut seen = [0u64; 4];
-        let mut received = 0;
-        while received < EVENTS {
-            match rec.pop() {
-                Some(ev) => {
-                    let StackRef::Slot { index, .. } = ev.stack else {
-                        panic!("every event has its stack")
-                    };
-                    let slot = rec.slot(index).expect("a valid slot");
-                    assert_eq!(slot.native[0], ev.addr, "the stack travels with its event");
-                    rec.release_slot(index);
-                    let (t, i) = ((ev.addr >> 32) as usize, ev.addr & 0xffff_ffff);
-                    assert_eq!(i, seen[t], "per-thread order kept");
-                    seen[t] += 1;
-                    received += 1;
-                    if received % 10_000 == 0 {
-                        std::thread::sleep(Duration::from_millis(2));
+                .collect();
+            // A slow writer: it pauses now and then, so the queue and the slab fill up.
+            let mut reader = Reader::new();
+            let mut seen = [0u64; 4];
+            let mut received = 0;
+            while received < EVENTS {
+                match reader.next(rec) {
+                    Some(ev) => {
+                        let StackRef::Slot { index, .. } = ev.stack else {
+                            panic!("every event has its stack")
+                        };
+                        let slot = rec.slot(index).expect("a valid slot");
+                        assert_eq!(slot.native[0], ev.addr, "the stack travels with its event");
+                        rec.release_slot(index);
+                        let (t, i) = ((ev.addr >> 32) as usize, ev.addr & 0xffff_ffff);
+                        assert_eq!(i, seen[t], "per-thread order kept");
+                        seen[t] += 1;
+                        received += 1;
+                        if received % 10_000 == 0 {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
                     }
+                    None => std::thread::yield_now(),
                 }
-                None => std::thread::yield_now(),
             }
-        }
-        for p in producers {
-            p.join().unwrap();
-        }
-        assert_eq!(rec.counters.applied.load(Relaxed), EVENTS);
-        assert_eq!(rec.counters.lost_total(), 0);
-        assert_eq!(rec.counters.lost_stacks.load(Relaxed), 0);
-        assert!(rec.counters.queue_waits.load(Relaxed) + rec.counters.slot_waits.load(Relaxed) > 0);
+            for p in producers {
+                p.join().unwrap();
+            }
+            assert_eq!(rec.counters.applied.load(Relaxed), EVENTS);
+            assert_eq!(rec.counters.lost_total(), 0);
+            assert_eq!(rec.counters.lost_stacks.load(Relaxed), 0);
+            assert!(
+                rec.counters.queue_waits.load(Relaxed) + rec.counters.slot_waits.load(Relaxed) > 0
+            );
+            assert_eq!(rec.queued(), 0);
+        });
     }
 }

@@ -101,7 +101,8 @@ fn first_use(thread: &HookThread) -> Option<&'static mut ThreadStacks> {
 }
 
 impl Recorder {
-    /// Sends `ev` with the stack captured in `thread.scratch`, whose
+    /// Sends `ev` from the thread whose hook state is `hook` with the stack captured in
+    /// `thread.scratch` (its stack state), whose
     /// [`StackSlot::identity_hash`] is `hash`: by the hash when this thread sent the same
     /// stack before on this channel, else in full in a stack slot (waiting for one while
     /// the writer is behind, like [`Recorder::push`]). `complete` fills in what the capture
@@ -110,6 +111,7 @@ impl Recorder {
     #[inline]
     pub fn push_with_stack(
         &self,
+        hook: &HookThread,
         mut ev: Event,
         thread: &mut ThreadStacks,
         hash: u64,
@@ -139,7 +141,7 @@ impl Recorder {
                 ev.stack = StackRef::Slot { index, hash };
             }
         }
-        self.push(ev);
+        self.push(hook, ev);
     }
 }
 
@@ -147,6 +149,7 @@ impl Recorder {
 mod tests {
     use super::*;
     use crate::channel::event::{Api, Kind};
+    use crate::channel::lanes::Reader;
     use crate::channel::queue::HookSettings;
     use crate::config::{Context, Stacks};
 
@@ -157,7 +160,7 @@ mod tests {
             max_frames: 64,
             dump_on_oom: false,
         };
-        Recorder::new(64, settings, -1)
+        Recorder::new(64, settings, -1, true)
     }
 
     /// Sends `frames` as a capture that left them out of the scratch stack for `complete`
@@ -169,13 +172,16 @@ mod tests {
         let hash = thread.scratch.identity_hash();
         thread.scratch.native[..frames.len()].fill(0);
         let complete = |slot: &mut StackSlot| slot.native[..frames.len()].copy_from_slice(frames);
-        rec.push_with_stack(
-            Event::new(Kind::Alloc, Api::CudaMalloc),
-            thread,
-            hash,
-            complete,
-        );
-        let ev = rec.pop().expect("sent");
+        guard::with_thread(|hook| {
+            rec.push_with_stack(
+                hook,
+                Event::new(Kind::Alloc, Api::CudaMalloc),
+                thread,
+                hash,
+                complete,
+            )
+        });
+        let ev = Reader::new().next(rec).expect("sent");
         if let StackRef::Slot { index, .. } = ev.stack {
             let slot = rec.slot(index).expect("slot");
             assert_eq!(slot.native(), frames, "the slot holds the captured stack");

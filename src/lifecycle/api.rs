@@ -15,7 +15,7 @@ use std::ffi::{CStr, c_char, c_int};
 /// `memsnap_step()`: marks the end of a training step. Cheap: one event on the queue.
 #[inline]
 pub fn step() -> c_int {
-    let _scope = Scope::enter();
+    let scope = Scope::enter();
     // A step in a process that has not made a CUDA allocation yet starts nothing.
     if !recording::is_active() {
         return -1;
@@ -25,7 +25,7 @@ pub fn step() -> c_int {
     };
     let mut ev = Event::new(Kind::Step, Api::Memsnap);
     ev.time = clock::now();
-    rec.push(ev);
+    rec.push(scope.thread(), ev);
     0
 }
 

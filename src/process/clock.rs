@@ -61,6 +61,19 @@ pub fn now() -> Stamp {
     Stamp(wall_micros())
 }
 
+/// Now, on the event clock, read before any load that follows it: the writer's watermark
+/// (`channel::lanes`). `rdtsc` alone may execute after later loads; `lfence` after it
+/// waits for it (Intel's and AMD's manuals). Writer side, once per pass.
+pub fn now_before_loads() -> Stamp {
+    let now = now();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `lfence` exists on every x86-64 processor and only orders instructions.
+    unsafe {
+        std::arch::x86_64::_mm_lfence()
+    };
+    now
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn time_stamp_counter() -> u64 {

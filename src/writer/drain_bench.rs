@@ -19,6 +19,7 @@ use crate::channel::event::{Api, Event, Kind, Payload};
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::channel::sent;
 use crate::config::{Config, Context, FRAME_CAPACITY, Stacks};
+use crate::guard;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Release};
 use std::time::Instant;
@@ -64,7 +65,7 @@ fn native_writer(depth: usize) -> (&'static Recorder, Writer) {
         max_frames: depth,
         dump_on_oom: false,
     };
-    let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 16, settings, -1)));
+    let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 16, settings, -1, true)));
     // The history kept per device is the library's own setting, `MEMSNAP_MAX_ENTRIES`
     // (default 100,000; a large value keeps the whole history, to measure its memory per
     // event), read by the one configuration parser.
@@ -91,7 +92,7 @@ pub fn run(events: u64, distinct_stacks: u32, depth: usize) -> DrainFigures {
     let start = Instant::now();
     let mut applied = 0;
     while applied < events {
-        match rec.pop() {
+        match writer.reader.next(rec) {
             Some(ev) => {
                 writer.apply(ev);
                 applied += 1;
@@ -135,7 +136,7 @@ fn bursts(events: u64, distinct_stacks: u32, depth: usize) -> u64 {
         // runs; it happens in the first bursts, while every stack's first send comes).
         let mut seen = (0, Instant::now());
         loop {
-            let queued = rec.queued() as u64;
+            let queued = rec.queued();
             if queued >= burst {
                 break;
             }
@@ -146,10 +147,12 @@ fn bursts(events: u64, distinct_stacks: u32, depth: usize) -> u64 {
             }
             std::hint::spin_loop();
         }
-        let queued = (rec.queued() as u64).min(burst);
+        let queued = rec.queued().min(burst);
         let start = Instant::now();
         for _ in 0..queued {
-            let Some(ev) = rec.pop() else { break };
+            let Some(ev) = writer.reader.next(rec) else {
+                break;
+            };
             writer.apply(ev);
             applied += 1;
         }
@@ -216,7 +219,7 @@ fn produce(
         slot.n_native = depth as u16;
         slot.n_python = 0;
         let hash = slot.identity_hash();
-        rec.push_with_stack(ev, thread, hash, |_| {});
+        guard::with_thread(|hook| rec.push_with_stack(hook, ev, thread, hash, |_| {}));
     }
 }
 
@@ -267,8 +270,8 @@ pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u3
         slot.n_native = depth as u16;
         slot.n_python = 0;
         let hash = slot.identity_hash();
-        rec.push_with_stack(ev, thread, hash, |_| {});
-        let ev = rec.pop().expect("just sent");
+        guard::with_thread(|hook| rec.push_with_stack(hook, ev, thread, hash, |_| {}));
+        let ev = writer.reader.next(rec).expect("just sent");
         writer.apply(ev);
     }
     let uid = writer.live.uid;

@@ -36,6 +36,7 @@ pub mod upload;
 
 use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
 use crate::channel::handshake::{EXIT_DONE, OOM_DUMPS};
+use crate::channel::lanes::Reader;
 use crate::channel::queue::Recorder;
 use crate::config::Config;
 use crate::process::clock::StampConverter;
@@ -75,6 +76,8 @@ const MODULE_REFRESH: Duration = Duration::from_millis(100);
 /// bookkeeping (each policy is an `impl Writer` in its own file).
 struct Writer {
     rec: &'static Recorder,
+    /// Takes the events of every thread's lane and of the shared queue in one order.
+    reader: Reader,
     cfg: Config,
     state: State,
     stacks: StackTable,
@@ -135,6 +138,7 @@ impl Writer {
         ack::forget_dead_processes(live::LiveServer::own_uid());
         Writer {
             rec,
+            reader: Reader::new(),
             state: State::new(cfg.max_entries),
             stacks: StackTable::new(&cfg),
             interner: FrameInterner::default(),
@@ -172,7 +176,9 @@ impl Writer {
             self.clock.refresh();
             let mut applied = 0;
             while applied < BATCH {
-                let Some(ev) = self.rec.pop() else { break };
+                let Some(ev) = self.reader.next(self.rec) else {
+                    break;
+                };
                 applied += 1;
                 if let Flow::Exit = self.apply(ev) {
                     return;
@@ -375,8 +381,10 @@ impl Writer {
 
     fn apply_queued(&mut self) -> Flow {
         self.clock.refresh();
-        for _ in 0..self.rec.queued() {
-            let Some(ev) = self.rec.pop() else { break };
+        for _ in 0..=self.rec.queued() {
+            let Some(ev) = self.reader.next(self.rec) else {
+                break;
+            };
             if let Flow::Exit = self.apply(ev) {
                 return Flow::Exit;
             }

@@ -1,0 +1,508 @@
+//! Each recording thread's own event ring (its lane), and the writer's merge of all lanes
+//! and the shared queue into one order.
+//!
+//! Hot, producer side ([`Lanes::try_push`]): the event is stored in the thread's ring and
+//! the ring's count published with one release store: no locked instruction, no cache line
+//! that another producer writes, and no load of a line the writer wrote except when the
+//! ring looked full. (The shared queue's push is a compare-and-swap on a line every
+//! producer and the writer touch, and 60 instructions: docs/HOT-PATH.md, "Per-thread
+//! lanes".) Cold: a thread claims a lane on its first event ([`Lanes::claim`]: one
+//! mapping, made once per lane) and gives it back at exit ([`release_at_exit`]); a later
+//! thread reuses it. Writer side: [`Reader`].
+//!
+//! The order across lanes. One queue orders events by itself: an event a thread sends
+//! after another thread's is behind it. Lanes do not, so the writer merges them by stamp,
+//! and stamps order events only where the event clock is the time-stamp counter, which the
+//! kernel keeps in step across cores (`process::clock`); elsewhere every thread uses the
+//! shared queue, as before lanes. What must not be reordered is an event and one that
+//! depended on it (a free recorded before the real free, then another thread's allocation
+//! that got the same address): the first was published before the second was even
+//! stamped. So each pass of the writer first reads the clock (its watermark) and only then
+//! the lanes' counts, and takes in stamp order the events stamped at or before the
+//! watermark: any event that one of them depended on was published before that stamp,
+//! hence before the counts were read, and is among them with an earlier stamp. Events
+//! stamped later wait for the next pass, and an event already seen at the previous pass is
+//! taken whatever its stamp (a stamp from another clock cannot hold the writer back).
+
+use crate::channel::event::Event;
+use crate::channel::queue::Recorder;
+use crate::thread_state::ExitKey;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+/// Lanes at most: threads recording at the same time beyond this many use the shared
+/// queue (their events are merged just the same).
+pub const MAX_LANES: usize = 256;
+
+/// Marks a thread that sends through the shared queue for the rest of its life: it gave
+/// its lane back at exit (other destructors may still free memory on it), or found none
+/// (lanes off, or all taken).
+pub const NO_LANE: *const Lane = std::ptr::without_provenance(1);
+
+/// One cache line.
+#[repr(C, align(64))]
+struct Line<T>(T);
+
+const FREE: u32 = 0;
+const TAKEN: u32 = 1;
+
+/// One thread's ring: a header of three cache lines (what the producer writes, what the
+/// writer writes, the claim), then the events.
+#[repr(C)]
+pub struct Lane {
+    /// Events ever published (the producer's; the writer reads it).
+    tail: Line<AtomicU64>,
+    /// Events ever taken (the writer's; the producer reads it when the ring looks full).
+    head: Line<AtomicU64>,
+    /// The producer's last reading of `head` (the producer's alone), and whether a thread
+    /// owns the lane.
+    claim: Line<(UnsafeCell<u64>, AtomicU32)>,
+}
+
+// SAFETY: `claim.0` is touched only by the thread that owns the lane (between its claim and
+// its release, which synchronize through `claim.1`); everything else is atomic; the
+// events after the header are written by the owner before its release store of `tail` and
+// read by the writer after its acquire load of it, and overwritten only after the writer's
+// release store of `head` says they were read.
+unsafe impl Sync for Lane {}
+
+impl Lane {
+    /// The event at position `at`.
+    fn slot(&self, at: u64, mask: u64) -> *mut Event {
+        let events = (self as *const Lane as *mut u8).wrapping_add(size_of::<Lane>());
+        (events as *mut Event).wrapping_add((at & mask) as usize)
+    }
+}
+
+/// Every lane of a channel, and how big each is.
+pub struct Lanes {
+    /// Whether threads get lanes (the event clock orders events across cores).
+    on: bool,
+    /// Events per lane minus one (a power of two minus one).
+    mask: u64,
+    /// Lanes mapped so far, claimed in order: the writer reads the first `mapped`.
+    table: Box<[AtomicPtr<Lane>]>,
+    mapped: AtomicUsize,
+}
+
+impl Lanes {
+    /// `capacity` events per lane (rounded up to a power of two). Cold.
+    pub fn new(on: bool, capacity: usize) -> Lanes {
+        Lanes {
+            on,
+            mask: capacity.max(2).next_power_of_two() as u64 - 1,
+            table: (0..MAX_LANES)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            mapped: AtomicUsize::new(0),
+        }
+    }
+
+    /// Events one lane holds.
+    pub fn capacity(&self) -> u64 {
+        self.mask + 1
+    }
+
+    fn bytes(&self) -> usize {
+        size_of::<Lane>() + self.capacity() as usize * size_of::<Event>()
+    }
+
+    /// Publishes `ev` in `lane`; `false` when the ring is full (the writer is behind).
+    ///
+    /// # Safety
+    /// `lane` is one of these lanes, owned by the calling thread.
+    #[inline(always)]
+    pub unsafe fn try_push(&self, lane: &Lane, ev: &Event) -> bool {
+        let tail = lane.tail.0.load(Relaxed);
+        // SAFETY: the owner's own field (caller's contract).
+        let head_seen = unsafe { &mut *lane.claim.0.0.get() };
+        if tail.wrapping_sub(*head_seen) > self.mask {
+            *head_seen = lane.head.0.load(Acquire);
+            if tail.wrapping_sub(*head_seen) > self.mask {
+                return false;
+            }
+        }
+        // SAFETY: position `tail` is inside the lane's mapping (masked) and free: the
+        // writer has taken every event up to `head_seen`, at most `mask + 1` behind.
+        unsafe { lane.slot(tail, self.mask).write(*ev) };
+        lane.tail.0.store(tail.wrapping_add(1), Release);
+        true
+    }
+
+    /// A lane for the calling thread: a free one, or a new mapping. `None` when lanes are
+    /// off, all [`MAX_LANES`] are owned, or the mapping failed. Cold: a thread's first
+    /// event.
+    #[cold]
+    pub fn claim(&self) -> Option<&Lane> {
+        if !self.on {
+            return None;
+        }
+        for entry in self.table.iter() {
+            let mut lane = entry.load(Acquire);
+            if lane.is_null() {
+                let fresh = self.map_lane()?;
+                match entry.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
+                    Ok(_) => {
+                        self.mapped.fetch_add(1, Release);
+                        // SAFETY: just mapped and published, owned by this thread.
+                        return Some(unsafe { &*fresh });
+                    }
+                    Err(other) => {
+                        // SAFETY: our mapping, never published.
+                        unsafe { libc::munmap(fresh.cast(), self.bytes()) };
+                        lane = other;
+                    }
+                }
+            }
+            // SAFETY: a published lane, never unmapped.
+            let lane = unsafe { &*lane };
+            if lane
+                .claim
+                .0
+                .1
+                .compare_exchange(FREE, TAKEN, Acquire, Relaxed)
+                .is_ok()
+            {
+                // SAFETY: this thread owns the lane now.
+                unsafe { *lane.claim.0.0.get() = lane.head.0.load(Acquire) };
+                return Some(lane);
+            }
+        }
+        None
+    }
+
+    /// A zeroed lane, owned by the calling thread. Cold.
+    fn map_lane(&self) -> Option<*mut Lane> {
+        // SAFETY: a fresh private anonymous mapping; nothing else is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                self.bytes(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let lane = p as *mut Lane;
+        // SAFETY: zero bytes are a valid header (counts 0, free); the mapping is ours.
+        unsafe { (*lane).claim.0.1.store(TAKEN, Relaxed) };
+        Some(lane)
+    }
+
+    /// Lane `index`, if mapped. Writer side.
+    fn get(&self, index: usize) -> Option<&Lane> {
+        let p = self.table.get(index)?.load(Acquire);
+        // SAFETY: a published lane, never unmapped.
+        unsafe { p.as_ref() }
+    }
+
+    /// Events published and not yet taken, over all lanes.
+    pub fn queued(&self) -> u64 {
+        (0..self.mapped.load(Acquire))
+            .filter_map(|i| self.get(i))
+            .map(|l| l.tail.0.load(Acquire).wrapping_sub(l.head.0.load(Relaxed)))
+            .sum()
+    }
+}
+
+static LANE_KEY: ExitKey = ExitKey::new();
+
+unsafe extern "C" fn release(p: *mut libc::c_void) {
+    crate::guard::with_thread(|t| t.go_without_lane());
+    if !p.is_null() {
+        // SAFETY: the lane this thread claimed (`release_at_exit`); it publishes nothing
+        // more into it (its hook state says "gone").
+        unsafe { (*(p as *const Lane)).claim.0.1.store(FREE, Release) };
+    }
+}
+
+/// Gives `lane` back when the calling thread exits. Cold.
+pub fn release_at_exit(lane: &Lane) {
+    // SAFETY: `release` takes a lane, and lanes are never unmapped.
+    unsafe { LANE_KEY.call_at_exit(lane as *const Lane as *mut libc::c_void, release) };
+}
+
+/// What the writer reads this pass from one lane.
+#[derive(Clone, Copy)]
+struct Source {
+    lane: usize,
+    /// The next event to take, and the end of those visible this pass.
+    next: u64,
+    end: u64,
+    /// Events before this were visible at the previous pass already.
+    seen_before: u64,
+}
+
+/// The writer's side: takes the events of every lane and of the shared queue in one
+/// order (see the module's text). Owned by the writer; cold relative to the hooks.
+#[derive(Default)]
+pub struct Reader {
+    /// Per lane: its count at the previous pass.
+    seen: Vec<u64>,
+    sources: Vec<Source>,
+    /// The shared queue's oldest event, taken off it to read its stamp, and whether it
+    /// was taken at an earlier pass.
+    shared_front: Option<(Event, bool)>,
+    /// This pass's watermark: events stamped after it wait for the next pass.
+    watermark: u64,
+}
+
+impl Reader {
+    pub fn new() -> Reader {
+        Reader::default()
+    }
+
+    /// The next event in order, if any is ready.
+    pub fn next(&mut self, rec: &Recorder) -> Option<Event> {
+        if let Some(ev) = self.take_earliest(rec) {
+            return Some(ev);
+        }
+        self.start_pass(rec);
+        self.take_earliest(rec)
+    }
+
+    fn start_pass(&mut self, rec: &Recorder) {
+        // First the clock, then the counts (see the module's text).
+        self.watermark = crate::process::clock::now_before_loads().0;
+        let lanes = &rec.lanes;
+        let mapped = lanes.mapped.load(Acquire);
+        if self.seen.len() < mapped {
+            self.seen.resize(mapped, 0);
+        }
+        self.sources.clear();
+        for (index, seen) in self.seen.iter_mut().enumerate().take(mapped) {
+            let Some(lane) = lanes.get(index) else {
+                continue;
+            };
+            let next = lane.head.0.load(Relaxed);
+            let end = lane.tail.0.load(Acquire);
+            if next != end {
+                self.sources.push(Source {
+                    lane: index,
+                    next,
+                    end,
+                    seen_before: (*seen).clamp(next, end),
+                });
+            }
+            *seen = end;
+        }
+        match &mut self.shared_front {
+            Some((_, seen_before)) => *seen_before = true,
+            None => self.shared_front = Self::pop_shared(rec).map(|ev| (ev, false)),
+        }
+    }
+
+    /// The shared queue's oldest event, counted in
+    /// [`Counters::applied`](crate::channel::queue::Counters::applied).
+    fn pop_shared(rec: &Recorder) -> Option<Event> {
+        let ev = rec.events.pop()?;
+        count_taken(rec);
+        Some(ev)
+    }
+
+    /// The earliest event of this pass that may be taken now.
+    fn take_earliest(&mut self, rec: &Recorder) -> Option<Event> {
+        let lanes = &rec.lanes;
+        let ready = |time: u64, seen_before: bool| seen_before || time <= self.watermark;
+        let mut best: Option<(usize, u64)> = None;
+        for (i, s) in self.sources.iter().enumerate() {
+            if s.next == s.end {
+                continue;
+            }
+            let lane = lanes.get(s.lane)?;
+            // SAFETY: `next` < `end`, the count read with acquire: published, not yet
+            // taken (only this reader takes).
+            let time = unsafe { (*lane.slot(s.next, lanes.mask)).time.0 };
+            if ready(time, s.next < s.seen_before) && best.is_none_or(|(_, t)| time < t) {
+                best = Some((i, time));
+            }
+        }
+        if let Some((ev, seen_before)) = self.shared_front
+            && ready(ev.time.0, seen_before)
+            && best.is_none_or(|(_, t)| ev.time.0 < t)
+        {
+            // The next one is new to this pass: taken by its stamp alone.
+            self.shared_front = Self::pop_shared(rec).map(|ev| (ev, false));
+            return Some(ev);
+        }
+        let (i, _) = best?;
+        let s = &mut self.sources[i];
+        let lane = lanes.get(s.lane)?;
+        // SAFETY: as above; read before `head` says the position may be written again.
+        let ev = unsafe { lane.slot(s.next, lanes.mask).read() };
+        s.next += 1;
+        lane.head.0.store(s.next, Release);
+        count_taken(rec);
+        Some(ev)
+    }
+}
+
+/// Counts an event taken off a lane or the shared queue in
+/// [`Counters::applied`](crate::channel::queue::Counters::applied). The reader's thread is
+/// the only one that writes it: no locked add.
+fn count_taken(rec: &Recorder) {
+    let applied = &rec.counters.applied;
+    applied.store(applied.load(Relaxed) + 1, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::event::{Api, Kind};
+    use crate::channel::queue::HookSettings;
+    use crate::config::{Context, Stacks};
+    use crate::guard;
+    use crate::process::clock::{self, Stamp};
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
+
+    fn channel(capacity: usize) -> &'static Recorder {
+        let settings = HookSettings {
+            stacks: Stacks::None,
+            context: Context::Alloc,
+            max_frames: 64,
+            dump_on_oom: false,
+        };
+        Box::leak(Box::new(Recorder::new(capacity, settings, -1, true)))
+    }
+
+    /// Sends one event stamped `time` (its address is the stamp too) from the calling
+    /// thread.
+    fn send(rec: &Recorder, time: u64) {
+        let mut ev = Event::new(Kind::Alloc, Api::CudaMalloc);
+        ev.time = Stamp(time);
+        ev.addr = time;
+        guard::with_thread(|t| rec.push(t, ev));
+    }
+
+    /// A thread that sends events stamped `times`, then waits on `hold` (keeping its lane)
+    /// before it exits.
+    fn sender(
+        rec: &'static Recorder,
+        times: Vec<u64>,
+        hold: Arc<Barrier>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            for t in times {
+                send(rec, t);
+            }
+            hold.wait();
+        })
+    }
+
+    fn wait_until_queued(rec: &Recorder, n: u64) {
+        while rec.queued() < n {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn lanes_are_merged_by_stamp_and_an_event_stamped_after_the_watermark_waits_a_pass() {
+        let rec = channel(16);
+        let now = clock::now().0;
+        let later = now + (1 << 50);
+        let hold = Arc::new(Barrier::new(4));
+        let a = sender(rec, vec![now - 30, now - 10], hold.clone());
+        wait_until_queued(rec, 2);
+        let b = sender(rec, vec![now - 20, later], hold.clone());
+        wait_until_queued(rec, 4);
+        let mut reader = Reader::new();
+        let mut taken: Vec<u64> = (0..3)
+            .filter_map(|_| reader.next(rec))
+            .map(|e| e.addr)
+            .collect();
+        assert_eq!(
+            taken,
+            [now - 30, now - 20, now - 10],
+            "one order across two lanes"
+        );
+        // Published after the first pass read the counts, stamped before `later`, which
+        // that pass saw already but held back: the next pass takes both, by stamp.
+        let c = sender(rec, vec![now - 5], hold.clone());
+        wait_until_queued(rec, 2);
+        taken.extend(std::iter::from_fn(|| reader.next(rec)).map(|e| e.addr));
+        assert_eq!(taken, [now - 30, now - 20, now - 10, now - 5, later]);
+        assert_eq!(
+            rec.lanes.mapped.load(Relaxed),
+            3,
+            "three threads alive, three lanes"
+        );
+        assert_eq!(rec.counters.applied.load(Relaxed), 5);
+        hold.wait();
+        for t in [a, b, c] {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_lane_given_back_at_exit_is_claimed_again_and_a_thread_without_one_uses_the_queue() {
+        let rec = channel(16);
+        let now = clock::now().0;
+        std::thread::spawn(move || send(rec, now - 3))
+            .join()
+            .unwrap();
+        std::thread::spawn(move || send(rec, now - 2))
+            .join()
+            .unwrap();
+        assert_eq!(
+            rec.lanes.mapped.load(Relaxed),
+            1,
+            "the second thread took the first's lane"
+        );
+        std::thread::spawn(move || {
+            // As after its exit destructor gave the lane back.
+            guard::with_thread(|t| t.go_without_lane());
+            send(rec, now - 1);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(rec.events.len(), 1, "the shared queue");
+        assert_eq!(rec.lanes.queued(), 2);
+        let mut reader = Reader::new();
+        let taken: Vec<u64> = std::iter::from_fn(|| reader.next(rec))
+            .map(|e| e.addr)
+            .collect();
+        assert_eq!(taken, [now - 3, now - 2, now - 1]);
+        assert_eq!(rec.queued(), 0);
+    }
+
+    #[test]
+    fn threads_beyond_the_lanes_use_the_shared_queue_in_the_same_order() {
+        const THREADS: usize = MAX_LANES + 4;
+        let rec = channel(16);
+        let base = clock::now().0 - 10_000;
+        let turn: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+        let hold = Arc::new(Barrier::new(THREADS + 1));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let hold = hold.clone();
+                std::thread::spawn(move || {
+                    // One after the other, so that the shared queue's order is the stamps'.
+                    while turn.load(Acquire) != i {
+                        std::thread::yield_now();
+                    }
+                    send(rec, base + i as u64);
+                    turn.store(i + 1, Release);
+                    hold.wait();
+                })
+            })
+            .collect();
+        wait_until_queued(rec, THREADS as u64);
+        assert_eq!(rec.lanes.mapped.load(Relaxed), MAX_LANES);
+        assert_eq!(rec.events.len(), THREADS - MAX_LANES);
+        let mut reader = Reader::new();
+        let taken: Vec<u64> = std::iter::from_fn(|| reader.next(rec))
+            .map(|e| e.addr)
+            .collect();
+        let expected: Vec<u64> = (0..THREADS as u64).map(|i| base + i).collect();
+        assert_eq!(taken, expected);
+        hold.wait();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}
