@@ -41,6 +41,18 @@ __attribute__((noinline)) int stk_recurse(int n, cb_t cb, void *arg) {
     KEEP();
     return r + 1;
 }
+/* The same recursion under two callers of the same code: only a return address beneath the
+ * recursion differs between the two. */
+__attribute__((noinline)) int stk_deep_x(int n, cb_t cb, void *arg) {
+    int r = stk_recurse(n, cb, arg); /* LINE_DX */
+    KEEP();
+    return r;
+}
+__attribute__((noinline)) int stk_deep_y(int n, cb_t cb, void *arg) {
+    int r = stk_recurse(n, cb, arg); /* LINE_DY */
+    KEEP();
+    return r;
+}
 /* The same with a frame pointer: every frame's unwinder state (rbp included) is then the same
  * at the same depth, so a walk can meet an earlier walk's path inside the recursion. */
 __attribute__((noinline, optimize("no-omit-frame-pointer")))
@@ -82,6 +94,9 @@ struct CLib {
     recurse: CallRecurse,
     /// `stk_depths`: `stk_recurse_fp` at each of several depths.
     depths: CallDepths,
+    /// `stk_deep_x` and `stk_deep_y`: `stk_recurse` under two callers.
+    deep_x: CallRecurse,
+    deep_y: CallRecurse,
 }
 
 /// Builds (once) and loads the C library; `stripped` loads a `strip --strip-all` copy.
@@ -106,13 +121,18 @@ fn load_raw(path: &Path) -> CLib {
         let x = libc::dlsym(h, c"stk_x".as_ptr());
         let y = libc::dlsym(h, c"stk_y".as_ptr());
         let fp = libc::dlsym(h, c"stk_depths".as_ptr());
+        let dx = libc::dlsym(h, c"stk_deep_x".as_ptr());
+        let dy = libc::dlsym(h, c"stk_deep_y".as_ptr());
         assert!(!a.is_null() && !r.is_null() && !x.is_null() && !y.is_null() && !fp.is_null());
+        assert!(!dx.is_null() && !dy.is_null());
         CLib {
             a: std::mem::transmute::<*mut libc::c_void, CallA>(a),
             x: std::mem::transmute::<*mut libc::c_void, CallA>(x),
             y: std::mem::transmute::<*mut libc::c_void, CallA>(y),
             recurse: std::mem::transmute::<*mut libc::c_void, CallRecurse>(r),
             depths: std::mem::transmute::<*mut libc::c_void, CallDepths>(fp),
+            deep_x: std::mem::transmute::<*mut libc::c_void, CallRecurse>(dx),
+            deep_y: std::mem::transmute::<*mut libc::c_void, CallRecurse>(dy),
         }
     }
 }
@@ -270,6 +290,45 @@ fn outer_frames_that_changed_at_the_same_depth_are_unwound_again() {
     // The repeated calls through the same function did reuse the previous walk.
     let reused = crate::capture::native::WALKS_REUSED.load(std::sync::atomic::Ordering::Relaxed);
     assert!(reused > reused_before, "no walk was reused");
+}
+
+/// A walk that takes a whole earlier path checks the stack words that path's steps read
+/// beyond its first few: under recursions of 4 to 11 frames, the words that tell
+/// `stk_deep_x` from `stk_deep_y` (its return address among them) fall at places 0 to 10 of
+/// those later checks, and captures alternating between the two callers must each name
+/// their own. (Fails when the later checks are left out.)
+#[test]
+fn a_return_address_that_changed_deep_under_a_path_is_seen() {
+    let lib = clib(Which::Full);
+    let deep = |depth: libc::c_int, via_y: bool| -> Vec<(String, i64)> {
+        let mut req = request(Stacks::Native, FRAME_CAPACITY);
+        let f = if via_y { lib.deep_y } else { lib.deep_x };
+        f(
+            depth,
+            capture_cb,
+            &mut req as *mut Request as *mut libc::c_void,
+        );
+        assert_eq!(req.hash_mismatches, 0, "{:?}", req.slot.native());
+        resolve(&req.slot)
+            .iter()
+            .map(|f| (f.name.clone(), f.line))
+            .filter(|(name, _)| name.starts_with("stk_deep_"))
+            .collect()
+    };
+    for depth in 4..12 {
+        for round in 0..3 {
+            assert_eq!(
+                deep(depth, false),
+                [("stk_deep_x".to_string(), line_of("LINE_DX"))],
+                "depth {depth}, round {round}"
+            );
+            assert_eq!(
+                deep(depth, true),
+                [("stk_deep_y".to_string(), line_of("LINE_DY"))],
+                "depth {depth}, round {round}"
+            );
+        }
+    }
 }
 
 /// The stacks of a run of captures, one after another on one thread.

@@ -1176,11 +1176,20 @@ mod imp {
             .checks
             .get(view.checks_from as usize..view.checks_end as usize)?;
         let rest = &checks[checks.len().min(HEAD)..];
+        // SAFETY: as in `head_holds`: a read a walk on this thread made in bounds, at or
+        // above `lowest_read`, which is at or above this capture's stack pointer.
+        let differs_at =
+            |check: &Check| unsafe { std::ptr::read_unaligned(check.addr as *const u64) } ^ check.value;
+        // Four words a round: the loop's own three instructions once per four words
+        // (callgrind, C loop of 34 frames: 7 instructions a word before, about 5 after).
+        let mut quads = rest.chunks_exact(4);
         let mut differs = 0u64;
-        for check in rest {
-            // SAFETY: as in `head_holds`: a read a walk on this thread made in bounds, at or
-            // above `lowest_read`, which is at or above this capture's stack pointer.
-            differs |= unsafe { std::ptr::read_unaligned(check.addr as *const u64) } ^ check.value;
+        for q in &mut quads {
+            differs |=
+                differs_at(&q[0]) | differs_at(&q[1]) | differs_at(&q[2]) | differs_at(&q[3]);
+        }
+        for check in quads.remainder() {
+            differs |= differs_at(check);
         }
         if differs != 0 {
             return None;
