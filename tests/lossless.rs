@@ -166,3 +166,38 @@ fn dump_oom_and_exit_are_served_while_eight_threads_allocate() {
         request_under_load(8, mode);
     }
 }
+
+/// Two threads hand one address back and forth (tests/programs/handoff.c): thread A frees
+/// it, then thread B allocates it, frees it, and A allocates it again, 5,000 times. Where
+/// each thread sends through a lane of its own, the writer merges the lanes by the events'
+/// stamps; the file must keep the threads' turns: every allocation after the other thread's
+/// free of the address, none repaired. (Merging the lanes one after another instead puts
+/// nearly 10,000 allocations out of turn.)
+#[test]
+fn an_address_handed_between_threads_keeps_their_order() {
+    const ROUNDS: u64 = 5000;
+    let env = [
+        ("MEMSNAP_STACKS", "native"),
+        ("MEMSNAP_MAX_ENTRIES", "10000000"),
+    ];
+    let run = run_program("handoff", &[&ROUNDS.to_string()], &env, true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(num(&r, "failed"), 0);
+    assert_eq!(
+        num(&r, "same_address"),
+        ROUNDS,
+        "B got the address A had just freed"
+    );
+    let exit = files_for(&run, "exit");
+    assert_eq!(exit.len(), 1, "one exit snapshot: {}", run.stderr);
+    let order: Value =
+        serde_json::from_str(&python_script("tests/python/handoff_order.py", &exit[0]))
+            .expect("handoff_order.py prints JSON");
+    assert_eq!(count(&order["allocs"]), 2 * ROUNDS + 1, "{order}");
+    assert_eq!(count(&order["by_b"]), ROUNDS + 1, "{order}");
+    assert_eq!(count(&order["out_of_turn"]), 0, "{order}");
+    let m = &ledger(&exit[0])["memsnap"];
+    assert_eq!(count(&m["repaired_overlaps"]), 0, "{m}");
+    assert_eq!(count(&m["dropped_events"]), 0, "{m}");
+}
