@@ -28,7 +28,7 @@ use crate::channel::event::Event;
 use crate::channel::queue::Recorder;
 use crate::thread_state::ExitKey;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// Lanes at most: threads recording at the same time beyond this many use the shared
 /// queue (their events are merged just the same).
@@ -80,9 +80,12 @@ pub struct Lanes {
     on: bool,
     /// Events per lane minus one (a power of two minus one).
     mask: u64,
-    /// Lanes mapped so far, claimed in order: the writer reads the first `mapped`.
+    /// The lanes mapped so far. A thread claims the first free one and maps a new one only
+    /// in the first empty entry, which it tries before any later one: the mapped lanes are
+    /// always the entries before the first empty one, with no gap (the writer reads up to
+    /// there: a count kept beside them would lag the entries for a moment, and a lane left
+    /// out of a pass could put an event after one that depended on it).
     table: Box<[AtomicPtr<Lane>]>,
-    mapped: AtomicUsize,
 }
 
 impl Lanes {
@@ -94,7 +97,6 @@ impl Lanes {
             table: (0..MAX_LANES)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
-            mapped: AtomicUsize::new(0),
         }
     }
 
@@ -143,7 +145,6 @@ impl Lanes {
                 let fresh = self.map_lane()?;
                 match entry.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
                     Ok(_) => {
-                        self.mapped.fetch_add(1, Release);
                         // SAFETY: just mapped and published, owned by this thread.
                         return Some(unsafe { &*fresh });
                     }
@@ -200,10 +201,14 @@ impl Lanes {
         unsafe { p.as_ref() }
     }
 
+    /// The mapped lanes, in order (see `table`).
+    fn mapped(&self) -> impl Iterator<Item = &Lane> {
+        (0..MAX_LANES).map_while(|i| self.get(i))
+    }
+
     /// Events published and not yet taken, over all lanes.
     pub fn queued(&self) -> u64 {
-        (0..self.mapped.load(Acquire))
-            .filter_map(|i| self.get(i))
+        self.mapped()
             .map(|l| l.tail.0.load(Acquire).wrapping_sub(l.head.0.load(Relaxed)))
             .sum()
     }
@@ -268,16 +273,12 @@ impl Reader {
     fn start_pass(&mut self, rec: &Recorder) {
         // First the clock, then the counts (see the module's text).
         self.watermark = crate::process::clock::now_before_loads().0;
-        let lanes = &rec.lanes;
-        let mapped = lanes.mapped.load(Acquire);
-        if self.seen.len() < mapped {
-            self.seen.resize(mapped, 0);
-        }
         self.sources.clear();
-        for (index, seen) in self.seen.iter_mut().enumerate().take(mapped) {
-            let Some(lane) = lanes.get(index) else {
-                continue;
-            };
+        for (index, lane) in rec.lanes.mapped().enumerate() {
+            if self.seen.len() <= index {
+                self.seen.push(0);
+            }
+            let seen = &mut self.seen[index];
             let next = lane.head.0.load(Relaxed);
             let end = lane.tail.0.load(Acquire);
             if next != end {
@@ -427,7 +428,7 @@ mod tests {
         taken.extend(std::iter::from_fn(|| reader.next(rec)).map(|e| e.addr));
         assert_eq!(taken, [now - 30, now - 20, now - 10, now - 5, later]);
         assert_eq!(
-            rec.lanes.mapped.load(Relaxed),
+            rec.lanes.mapped().count(),
             3,
             "three threads alive, three lanes"
         );
@@ -449,7 +450,7 @@ mod tests {
             .join()
             .unwrap();
         assert_eq!(
-            rec.lanes.mapped.load(Relaxed),
+            rec.lanes.mapped().count(),
             1,
             "the second thread took the first's lane"
         );
@@ -492,7 +493,7 @@ mod tests {
             })
             .collect();
         wait_until_queued(rec, THREADS as u64);
-        assert_eq!(rec.lanes.mapped.load(Relaxed), MAX_LANES);
+        assert_eq!(rec.lanes.mapped().count(), MAX_LANES);
         assert_eq!(rec.events.len(), THREADS - MAX_LANES);
         let mut reader = Reader::new();
         let taken: Vec<u64> = std::iter::from_fn(|| reader.next(rec))
