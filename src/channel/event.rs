@@ -186,7 +186,7 @@ pub enum StackRef {
     /// the same thread may refer to it later.
     Slot { index: u32, hash: u64 },
     /// The same stack as one this thread sent earlier in a [`StackRef::Slot`] with this
-    /// hash: the writer has it already (one queue, so the full send is drained first).
+    /// hash: the writer has it already (a thread's events reach it in the thread's order).
     Sent { hash: u64 },
 }
 

@@ -7,8 +7,10 @@
 //! operations on the shared free list) and no copy, and the writer one table lookup instead
 //! of reading a whole stack written on another core.
 //!
-//! Why the writer always has the stack a hash names: one queue carries both, in each
-//! thread's order, so a thread's full send is drained before its later references. Only
+//! Why the writer always has the stack a hash names: a thread's events reach the writer in
+//! the thread's order (its lane, or the shared queue: `queue`), so a thread's full send is
+//! taken before its later references. (A thread that moves from its lane to the shared
+//! queue at its exit keeps its order through the writer's merge by stamp: `lanes`.) Only
 //! the hashes this thread itself sent are in its table.
 //!
 //! Per thread: a table of [`SENT_TABLE_SLOTS`] hashes in sets of eight (a stack the table
