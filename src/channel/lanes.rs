@@ -2,13 +2,14 @@
 //! and the shared queue into one order.
 //!
 //! Hot, producer side ([`Lanes::try_push`]): the event is stored in the thread's ring and
-//! the ring's count published with one release store: no locked instruction, no cache line
+//! published by one release store of its slot's mark: no locked instruction, no cache line
 //! that another producer writes, and no load of a line the writer wrote except when the
 //! ring looked full. (The shared queue's push is a compare-and-swap on a line every
 //! producer and the writer touch, and 60 instructions: docs/HOT-PATH.md, "Per-thread
-//! lanes".) Cold: a thread claims a lane on its first event ([`Lanes::claim`]: one
-//! mapping, made once per lane) and gives it back at exit ([`release_at_exit`]); a later
-//! thread reuses it. Writer side: [`Reader`].
+//! lanes".) The writer reads the mark in the line it reads the event from, so while it
+//! keeps up with a thread no other line travels between the two. Cold: a thread claims a
+//! lane on its first event ([`Lanes::claim`]: one mapping, made once per lane) and gives it
+//! back at exit ([`release_at_exit`]); a later thread reuses it. Writer side: [`Reader`].
 //!
 //! The order across lanes. One queue orders events by itself: an event a thread sends
 //! after another thread's is behind it. Lanes do not, so the writer merges them by stamp,
@@ -18,11 +19,12 @@
 //! depended on it (a free recorded before the real free, then another thread's allocation
 //! that got the same address): the first was published before the second was even
 //! stamped. So each pass of the writer first reads the clock (its watermark) and only then
-//! the lanes' counts, and takes in stamp order the events stamped at or before the
+//! looks at the lanes, and takes in stamp order the events stamped at or before the
 //! watermark: any event that one of them depended on was published before that stamp,
-//! hence before the counts were read, and is among them with an earlier stamp. Events
-//! stamped later wait for the next pass, and an event already seen at the previous pass is
-//! taken whatever its stamp (a stamp from another clock cannot hold the writer back).
+//! hence before the writer looked, and is among the events it sees, with an earlier stamp.
+//! Events stamped later wait for the next pass, and an event already seen at an earlier
+//! pass is taken whatever its stamp (a stamp from another clock cannot hold the writer
+//! back).
 
 use crate::channel::event::Event;
 use crate::channel::queue::Recorder;
@@ -46,31 +48,54 @@ struct Line<T>(T);
 const FREE: u32 = 0;
 const TAKEN: u32 = 1;
 
-/// One thread's ring: a header of three cache lines (what the producer writes, what the
-/// writer writes, the claim), then the events.
+/// One thread's ring: a header of two cache lines (what the writer writes; what the
+/// producer keeps for itself and the claim), then the slots.
 #[repr(C)]
 pub struct Lane {
-    /// Events ever published (the producer's; the writer reads it).
-    tail: Line<AtomicU64>,
     /// Events ever taken (the writer's; the producer reads it when the ring looks full).
     head: Line<AtomicU64>,
-    /// The producer's last reading of `head` (the producer's alone), and whether a thread
-    /// owns the lane.
-    claim: Line<(UnsafeCell<u64>, AtomicU32)>,
+    /// The producer's own: events ever published, and its last reading of `head`; and
+    /// whether a thread owns the lane.
+    claim: Line<Producer>,
 }
 
-// SAFETY: `claim.0` is touched only by the thread that owns the lane (between its claim and
-// its release, which synchronize through `claim.1`); everything else is atomic; the
-// events after the header are written by the owner before its release store of `tail` and
-// read by the writer after its acquire load of it, and overwritten only after the writer's
-// release store of `head` says they were read.
+#[repr(C)]
+struct Producer {
+    tail: UnsafeCell<u64>,
+    head_seen: UnsafeCell<u64>,
+    owner: AtomicU32,
+}
+
+/// One event's place in a ring, and the mark that publishes it: position + 1 once the
+/// event at `position` is written. The writer reads the mark in the line it reads the
+/// event from: no count of the producer's to read (a line that would travel between the
+/// two cores on every event while the writer keeps up).
+#[repr(C)]
+struct Slot {
+    event: UnsafeCell<std::mem::MaybeUninit<Event>>,
+    published: AtomicU64,
+}
+
+// SAFETY: `claim.0`'s cells are touched only by the thread that owns the lane (between its
+// claim and its release, which synchronize through `owner`); everything else is atomic; a
+// slot's event is written by the owner before its release store of the slot's mark and read
+// by the writer after its acquire load of it, and overwritten only after the writer's
+// release store of `head` says it was read.
 unsafe impl Sync for Lane {}
 
 impl Lane {
-    /// The event at position `at`.
-    fn slot(&self, at: u64, mask: u64) -> *mut Event {
-        let events = (self as *const Lane as *mut u8).wrapping_add(size_of::<Lane>());
-        (events as *mut Event).wrapping_add((at & mask) as usize)
+    /// The slot of position `at`.
+    fn slot(&self, at: u64, mask: u64) -> &Slot {
+        let slots = (self as *const Lane as *const u8).wrapping_add(size_of::<Lane>());
+        // SAFETY: the lane's mapping holds `mask + 1` slots after the header (`Lanes::bytes`),
+        // zeroed when mapped (a valid `Slot`: no mark, an event not yet written).
+        unsafe { &*(slots as *const Slot).wrapping_add((at & mask) as usize) }
+    }
+
+    /// The event at position `at` if it is published (its mark read with acquire).
+    fn published(&self, at: u64, mask: u64) -> Option<&Slot> {
+        let slot = self.slot(at, mask);
+        (slot.published.load(Acquire) == at.wrapping_add(1)).then_some(slot)
     }
 }
 
@@ -106,7 +131,7 @@ impl Lanes {
     }
 
     fn bytes(&self) -> usize {
-        size_of::<Lane>() + self.capacity() as usize * size_of::<Event>()
+        size_of::<Lane>() + self.capacity() as usize * size_of::<Slot>()
     }
 
     /// Publishes `ev` in `lane`; `false` when the ring is full (the writer is behind).
@@ -115,19 +140,26 @@ impl Lanes {
     /// `lane` is one of these lanes, owned by the calling thread.
     #[inline(always)]
     pub unsafe fn try_push(&self, lane: &Lane, ev: &Event) -> bool {
-        let tail = lane.tail.0.load(Relaxed);
-        // SAFETY: the owner's own field (caller's contract).
-        let head_seen = unsafe { &mut *lane.claim.0.0.get() };
-        if tail.wrapping_sub(*head_seen) > self.mask {
+        // SAFETY: the owner's own fields (caller's contract).
+        let (tail, head_seen) = unsafe {
+            (
+                &mut *lane.claim.0.tail.get(),
+                &mut *lane.claim.0.head_seen.get(),
+            )
+        };
+        let at = *tail;
+        if at.wrapping_sub(*head_seen) > self.mask {
             *head_seen = lane.head.0.load(Acquire);
-            if tail.wrapping_sub(*head_seen) > self.mask {
+            if at.wrapping_sub(*head_seen) > self.mask {
                 return false;
             }
         }
-        // SAFETY: position `tail` is inside the lane's mapping (masked) and free: the
-        // writer has taken every event up to `head_seen`, at most `mask + 1` behind.
-        unsafe { lane.slot(tail, self.mask).write(*ev) };
-        lane.tail.0.store(tail.wrapping_add(1), Release);
+        let slot = lane.slot(at, self.mask);
+        // SAFETY: the slot of position `at` is free: the writer has taken every event up to
+        // `head_seen`, at most `mask + 1` behind, and only this thread writes the lane.
+        unsafe { (*slot.event.get()).write(*ev) };
+        slot.published.store(at.wrapping_add(1), Release);
+        *tail = at.wrapping_add(1);
         true
     }
 
@@ -160,12 +192,13 @@ impl Lanes {
             if lane
                 .claim
                 .0
-                .1
+                .owner
                 .compare_exchange(FREE, TAKEN, Acquire, Relaxed)
                 .is_ok()
             {
-                // SAFETY: this thread owns the lane now.
-                unsafe { *lane.claim.0.0.get() = lane.head.0.load(Acquire) };
+                // SAFETY: this thread owns the lane now (the previous owner's `tail` came
+                // with the claim).
+                unsafe { *lane.claim.0.head_seen.get() = lane.head.0.load(Acquire) };
                 return Some(lane);
             }
         }
@@ -189,8 +222,9 @@ impl Lanes {
             return None;
         }
         let lane = p as *mut Lane;
-        // SAFETY: zero bytes are a valid header (counts 0, free); the mapping is ours.
-        unsafe { (*lane).claim.0.1.store(TAKEN, Relaxed) };
+        // SAFETY: zero bytes are a valid header (counts 0, free) and valid slots (no mark);
+        // the mapping is ours.
+        unsafe { (*lane).claim.0.owner.store(TAKEN, Relaxed) };
         Some(lane)
     }
 
@@ -206,10 +240,15 @@ impl Lanes {
         (0..MAX_LANES).map_while(|i| self.get(i))
     }
 
-    /// Events published and not yet taken, over all lanes.
+    /// Events published and not yet taken, over all lanes (their marks counted).
     pub fn queued(&self) -> u64 {
         self.mapped()
-            .map(|l| l.tail.0.load(Acquire).wrapping_sub(l.head.0.load(Relaxed)))
+            .map(|lane| {
+                let head = lane.head.0.load(Acquire);
+                (head..head.wrapping_add(self.capacity()))
+                    .take_while(|&at| lane.published(at, self.mask).is_some())
+                    .count() as u64
+            })
             .sum()
     }
 }
@@ -221,7 +260,7 @@ unsafe extern "C" fn release(p: *mut libc::c_void) {
     if !p.is_null() {
         // SAFETY: the lane this thread claimed (`release_at_exit`); it publishes nothing
         // more into it (its hook state says "gone").
-        unsafe { (*(p as *const Lane)).claim.0.1.store(FREE, Release) };
+        unsafe { (*(p as *const Lane)).claim.0.owner.store(FREE, Release) };
     }
 }
 
@@ -231,24 +270,26 @@ pub fn release_at_exit(lane: &Lane) {
     unsafe { LANE_KEY.call_at_exit(lane as *const Lane as *mut libc::c_void, release) };
 }
 
-/// What the writer reads this pass from one lane.
-#[derive(Clone, Copy)]
-struct Source {
-    lane: usize,
-    /// The next event to take, and the end of those visible this pass.
+/// What the writer knows of one lane.
+#[derive(Clone, Copy, Default)]
+struct LaneReading {
+    /// The next position to take (the writer's copy of the lane's `head`).
     next: u64,
-    end: u64,
-    /// Events before this were visible at the previous pass already.
+    /// Positions before this were seen published at an earlier pass: taken whatever their
+    /// stamp.
     seen_before: u64,
+    /// Positions before this were seen published (this pass included).
+    seen: u64,
 }
 
 /// The writer's side: takes the events of every lane and of the shared queue in one
 /// order (see the module's text). Owned by the writer; cold relative to the hooks.
 #[derive(Default)]
 pub struct Reader {
-    /// Per lane: its count at the previous pass.
-    seen: Vec<u64>,
-    sources: Vec<Source>,
+    /// Per lane, by its index in the table.
+    lanes: Vec<LaneReading>,
+    /// The lanes that had an event published at the start of this pass.
+    active: Vec<usize>,
     /// The shared queue's oldest event, taken off it to read its stamp, and whether it
     /// was taken at an earlier pass.
     shared_front: Option<(Event, bool)>,
@@ -271,25 +312,25 @@ impl Reader {
     }
 
     fn start_pass(&mut self, rec: &Recorder) {
-        // First the clock, then the counts (see the module's text).
+        // First the clock, then the marks (see the module's text).
         self.watermark = crate::process::clock::now_before_loads().0;
-        self.sources.clear();
-        for (index, lane) in rec.lanes.mapped().enumerate() {
-            if self.seen.len() <= index {
-                self.seen.push(0);
-            }
-            let seen = &mut self.seen[index];
-            let next = lane.head.0.load(Relaxed);
-            let end = lane.tail.0.load(Acquire);
-            if next != end {
-                self.sources.push(Source {
-                    lane: index,
+        let lanes = &rec.lanes;
+        self.active.clear();
+        for (index, lane) in lanes.mapped().enumerate() {
+            if self.lanes.len() <= index {
+                let next = lane.head.0.load(Relaxed);
+                self.lanes.push(LaneReading {
                     next,
-                    end,
-                    seen_before: (*seen).clamp(next, end),
+                    seen_before: next,
+                    seen: next,
                 });
             }
-            *seen = end;
+            let reading = &mut self.lanes[index];
+            reading.seen_before = reading.seen;
+            if lane.published(reading.next, lanes.mask).is_some() {
+                reading.seen = reading.seen.max(reading.next + 1);
+                self.active.push(index);
+            }
         }
         match &mut self.shared_front {
             Some((_, seen_before)) => *seen_before = true,
@@ -308,18 +349,23 @@ impl Reader {
     /// The earliest event of this pass that may be taken now.
     fn take_earliest(&mut self, rec: &Recorder) -> Option<Event> {
         let lanes = &rec.lanes;
-        let ready = |time: u64, seen_before: bool| seen_before || time <= self.watermark;
+        let watermark = self.watermark;
+        let ready = |time: u64, seen_before: bool| seen_before || time <= watermark;
         let mut best: Option<(usize, u64)> = None;
-        for (i, s) in self.sources.iter().enumerate() {
-            if s.next == s.end {
+        for &index in &self.active {
+            let (Some(lane), Some(reading)) = (lanes.get(index), self.lanes.get_mut(index)) else {
                 continue;
-            }
-            let lane = lanes.get(s.lane)?;
-            // SAFETY: `next` < `end`, the count read with acquire: published, not yet
-            // taken (only this reader takes).
-            let time = unsafe { (*lane.slot(s.next, lanes.mask)).time.0 };
-            if ready(time, s.next < s.seen_before) && best.is_none_or(|(_, t)| time < t) {
-                best = Some((i, time));
+            };
+            let Some(slot) = lane.published(reading.next, lanes.mask) else {
+                continue;
+            };
+            reading.seen = reading.seen.max(reading.next + 1);
+            // SAFETY: published (its mark read with acquire) and not yet taken: only this
+            // reader takes, and the producer writes the slot again only after `head` passed it.
+            let time = unsafe { (*slot.event.get()).assume_init_ref().time.0 };
+            if ready(time, reading.next < reading.seen_before) && best.is_none_or(|(_, t)| time < t)
+            {
+                best = Some((index, time));
             }
         }
         if let Some((ev, seen_before)) = self.shared_front
@@ -330,13 +376,13 @@ impl Reader {
             self.shared_front = Self::pop_shared(rec).map(|ev| (ev, false));
             return Some(ev);
         }
-        let (i, _) = best?;
-        let s = &mut self.sources[i];
-        let lane = lanes.get(s.lane)?;
+        let (index, _) = best?;
+        let (lane, reading) = (lanes.get(index)?, self.lanes.get_mut(index)?);
+        let slot = lane.slot(reading.next, lanes.mask);
         // SAFETY: as above; read before `head` says the position may be written again.
-        let ev = unsafe { lane.slot(s.next, lanes.mask).read() };
-        s.next += 1;
-        lane.head.0.store(s.next, Release);
+        let ev = unsafe { (*slot.event.get()).assume_init_read() };
+        reading.next += 1;
+        lane.head.0.store(reading.next, Release);
         count_taken(rec);
         Some(ev)
     }
