@@ -1176,10 +1176,12 @@ mod imp {
             .checks
             .get(view.checks_from as usize..view.checks_end as usize)?;
         let rest = &checks[checks.len().min(HEAD)..];
-        // SAFETY: as in `head_holds`: a read a walk on this thread made in bounds, at or
-        // above `lowest_read`, which is at or above this capture's stack pointer.
-        let differs_at =
-            |check: &Check| unsafe { std::ptr::read_unaligned(check.addr as *const u64) } ^ check.value;
+        let differs_at = |check: &Check| {
+            // SAFETY: as in `head_holds`: a read a walk on this thread made in bounds, at or
+            // above `lowest_read`, which is at or above this capture's stack pointer.
+            let word = unsafe { std::ptr::read_unaligned(check.addr as *const u64) };
+            word ^ check.value
+        };
         // Four words a round: the loop's own three instructions once per four words
         // (callgrind, C loop of 34 frames: 7 instructions a word before, about 5 after).
         let mut quads = rest.chunks_exact(4);

@@ -314,8 +314,8 @@ fn framehop_module(c: &Collected, start: u64, end: u64) -> Option<framehop::Modu
         .find(|(s, e)| (*s..*e).contains(&eh_frame_start))?
         .1;
     let eh_len = usize::try_from(seg_end.checked_sub(eh_frame_start)?).ok()?;
-    // SAFETY: `[eh_frame_start, seg_end)` is inside one loaded segment of this module.
     let eh_frame: &'static [u8] =
+        // SAFETY: `[eh_frame_start, seg_end)` is inside one loaded segment of this module.
         unsafe { std::slice::from_raw_parts(eh_frame_start as *const u8, eh_len) };
     let svma = |a: u64| a.wrapping_sub(c.base);
     let info = framehop::ExplicitModuleSectionInfo {

@@ -92,8 +92,8 @@ pub fn find() -> Result<Allocator, Missing> {
     if unsafe { libc::dladdr(pointer, &mut info) } == 0 || info.dli_fname.is_null() {
         return Err(Missing::Unusable("libc10_cuda.so has no file name".into()));
     }
-    // SAFETY: dladdr's file name is a NUL-terminated string owned by the loader.
     let path = PathBuf::from(
+        // SAFETY: dladdr's file name is a NUL-terminated string owned by the loader.
         unsafe { CStr::from_ptr(info.dli_fname) }
             .to_string_lossy()
             .into_owned(),

@@ -128,9 +128,9 @@ fn handle(b: &Borrowed, sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
             }
         }
         handler if program.flags & libc::SA_SIGINFO != 0 => {
-            // SAFETY: installed with SA_SIGINFO, so it takes (int, siginfo_t *, void *);
-            // called with the kernel's own arguments.
             let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+                // SAFETY: installed with SA_SIGINFO, so it takes (int, siginfo_t *, void *);
+                // called with the kernel's own arguments.
                 unsafe { std::mem::transmute(handler) };
             f(sig, info, ctx);
         }
