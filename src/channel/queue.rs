@@ -19,7 +19,7 @@
 //! at exit. No allocation, no lock; syscalls only while waiting for the writer.
 
 use crate::channel::event::{Event, Kind, StackRef, StackSlot};
-use crate::channel::lanes::{self, Lane, Lanes};
+use crate::channel::lanes::{self, Lanes};
 use crate::config::{Context, Stacks};
 use crate::guard::HookThread;
 use crossbeam_queue::ArrayQueue;
@@ -204,7 +204,10 @@ impl Recorder {
             if unsafe { self.lanes.try_push(lane, &event) } {
                 return;
             }
-            return self.push_to_lane_slow(lane, event);
+            return self.push_waiting(event, |e| {
+                // SAFETY: as above.
+                unsafe { self.lanes.try_push(lane, &e) }
+            });
         }
         self.push_without_lane(thread, event)
     }
@@ -230,44 +233,24 @@ impl Recorder {
                 None => thread.go_without_lane(),
             }
         }
-        match self.events.push(event) {
-            Ok(()) => {}
-            Err(back) => self.push_slow(back),
+        if let Err(back) = self.events.push(event) {
+            self.push_waiting(back, |e| self.events.push(e).is_ok());
         }
     }
 
+    /// Waits until `try_push` takes `event` (the writer is behind), or counts it lost once
+    /// the writer is gone. One wait for a full lane and for the full shared queue.
     #[cold]
     #[inline(never)]
-    fn push_to_lane_slow(&self, lane: &Lane, event: Event) {
+    fn push_waiting(&self, event: Event, mut try_push: impl FnMut(Event) -> bool) {
         self.counters.queue_waits.fetch_add(1, Relaxed);
         let mut backoff = Backoff {
             rec: self,
             round: 0,
         };
         loop {
-            // SAFETY: as in `push`.
-            if unsafe { self.lanes.try_push(lane, &event) } {
+            if try_push(event) {
                 return;
-            }
-            if !backoff.wait() {
-                break;
-            }
-        }
-        self.count_lost(&event);
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn push_slow(&self, mut event: Event) {
-        self.counters.queue_waits.fetch_add(1, Relaxed);
-        let mut backoff = Backoff {
-            rec: self,
-            round: 0,
-        };
-        loop {
-            match self.events.push(event) {
-                Ok(()) => return,
-                Err(back) => event = back,
             }
             if !backoff.wait() {
                 break;
