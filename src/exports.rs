@@ -245,6 +245,19 @@ pub mod debug {
         unsafe { debug::bench_capture(stacks, max_frames, iterations, out) }
     }
 
+    /// Times `iterations` captures of the caller's stack, each after `evict_bytes` of other
+    /// memory were written (the caches as a real program leaves them between two events);
+    /// returns the nanoseconds spent in the captures alone.
+    #[unsafe(no_mangle)]
+    pub extern "C" fn memsnap_debug_bench_capture_cold(
+        stacks: libc::c_int,
+        max_frames: libc::c_int,
+        iterations: u64,
+        evict_bytes: u64,
+    ) -> u64 {
+        debug::bench_capture_cold(stacks, max_frames, iterations, evict_bytes)
+    }
+
     /// Counts what `iterations` captures do between two readings of `counter`.
     ///
     /// # Safety

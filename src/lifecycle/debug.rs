@@ -120,6 +120,37 @@ pub unsafe fn bench_capture(
     total
 }
 
+/// Benchmark entry point: `iterations` captures of the caller's stack, each after
+/// `evict_bytes` of a buffer were written, so that what the capture reads (the thread's
+/// frames, the code objects, the walk's own tables) comes from farther out in the cache
+/// hierarchy, as between two events of a real step. Returns the nanoseconds inside the
+/// captures, less the cost of reading the clock around an empty interval.
+#[inline(always)]
+pub fn bench_capture_cold(
+    stacks: libc::c_int,
+    max_frames: libc::c_int,
+    iterations: u64,
+    evict_bytes: u64,
+) -> u64 {
+    let (stacks, max) = debug_args(stacks, max_frames);
+    let mut slot = StackSlot::EMPTY;
+    capture(&mut slot, stacks, max);
+    let mut buffer = vec![0u64; (evict_bytes / 8).max(8) as usize];
+    let (mut inside, mut empty) = (0u64, 0u64);
+    for round in 0..iterations {
+        for line in buffer.chunks_exact_mut(8) {
+            line[0] = line[0].wrapping_add(round);
+        }
+        std::hint::black_box(&mut buffer);
+        let start = std::time::Instant::now();
+        capture(std::hint::black_box(&mut slot), stacks, max);
+        inside += start.elapsed().as_nanos() as u64;
+        let start = std::time::Instant::now();
+        empty += std::hint::black_box(start).elapsed().as_nanos() as u64;
+    }
+    inside.saturating_sub(empty)
+}
+
 /// Test entry point: one warm-up capture, then `iterations` captures between two calls of
 /// `counter` (a caller-supplied reading, e.g. of a malloc counter); returns the difference
 /// of the readings, so a test can prove the steady-state hot path allocates nothing.
