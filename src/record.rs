@@ -89,6 +89,7 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
         capture::timed!(StackEventTicks, {
             let hash = capture::capture_unfinished(
                 &mut thread.scratch,
+                &mut thread.trail,
                 settings.stacks,
                 settings.max_frames,
             );

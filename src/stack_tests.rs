@@ -1,7 +1,7 @@
 //! Stack capture and resolution together (capture in the hook, [`StackTable`] in the
 //! writer), against a small C library built with `cc` at test time.
 
-use crate::capture::capture;
+use crate::capture::{Trail, capture};
 use crate::channel::event::StackSlot;
 use crate::config::{FRAME_CAPACITY, Stacks};
 use crate::process::modules;
@@ -197,6 +197,7 @@ struct Request {
     max: usize,
     repeat: usize,
     slot: StackSlot,
+    trail: Trail,
     allocs_first: u64,
     allocs_after_first: u64,
     /// Captures whose returned hash (native part carried over by the walk) differed from
@@ -208,12 +209,12 @@ extern "C" fn capture_cb(arg: *mut libc::c_void) {
     // SAFETY: the tests pass a `&mut Request` through the C library.
     let req = unsafe { &mut *(arg as *mut Request) };
     let start = thread_allocs();
-    let hash = capture(&mut req.slot, req.stacks, req.max);
+    let hash = capture(&mut req.slot, &mut req.trail, req.stacks, req.max);
     req.allocs_first = thread_allocs() - start;
     req.hash_mismatches += u64::from(hash != req.slot.identity_hash());
     let before = thread_allocs();
     for _ in 1..req.repeat {
-        let hash = capture(&mut req.slot, req.stacks, req.max);
+        let hash = capture(&mut req.slot, &mut req.trail, req.stacks, req.max);
         req.hash_mismatches += u64::from(hash != req.slot.identity_hash());
     }
     req.allocs_after_first = thread_allocs() - before;
@@ -225,6 +226,7 @@ fn request(stacks: Stacks, max: usize) -> Request {
         max,
         repeat: 1,
         slot: StackSlot::EMPTY,
+        trail: Trail::EMPTY,
         allocs_first: 0,
         allocs_after_first: 0,
         hash_mismatches: 0,
@@ -358,8 +360,9 @@ fn capture_at_depths(lib: &CLib, depths: &[libc::c_int]) -> Captures {
 extern "C" fn capture_each_cb(arg: *mut libc::c_void) {
     // SAFETY: the test passes a `&mut Captures` through the C library.
     let captures = unsafe { &mut *(arg as *mut Captures) };
-    let mut slot = StackSlot::EMPTY;
-    let hash = crate::capture::capture_unfinished(&mut slot, Stacks::Native, FRAME_CAPACITY);
+    let (mut slot, mut trail) = (StackSlot::EMPTY, Trail::EMPTY);
+    let hash =
+        crate::capture::capture_unfinished(&mut slot, &mut trail, Stacks::Native, FRAME_CAPACITY);
     crate::capture::finish(&mut slot);
     captures.hash_mismatches += u64::from(hash != slot.identity_hash());
     captures.slots.push(slot);

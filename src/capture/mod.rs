@@ -43,6 +43,7 @@ pub(crate) use timed;
 use crate::channel::event::{StackSlot, native_chain};
 use crate::config::{FRAME_CAPACITY, Stacks};
 use crate::process::modules;
+pub use python::Trail;
 
 /// One-time setup the hooks may run at initialisation instead of on the first capture:
 /// builds the module table (`dl_iterate_phdr`, allocates) and looks up the CPython symbols
@@ -52,8 +53,8 @@ pub fn prepare(stacks: Stacks) {
         modules::ensure();
     }
     if stacks.python() {
-        let mut scratch = StackSlot::EMPTY;
-        let _ = python::capture(&mut scratch, 1);
+        let (mut scratch, mut trail) = (StackSlot::EMPTY, Trail::EMPTY);
+        let _ = python::capture(&mut scratch, &mut trail, 1);
     }
 }
 
@@ -62,13 +63,14 @@ pub fn prepare(stacks: Stacks) {
 /// first, from the calling thread's own frame chain (no GIL).
 ///
 /// The native walk starts from the registers here, in the caller's frame (this function
-/// is always inlined): see [`native::here`].
+/// is always inlined): see [`native::here`]. `trail` is the thread's: where its previous
+/// Python walk read ([`Trail`]).
 ///
 /// Returns the stack's [`StackSlot::identity_hash`], most of whose native part the walk
 /// carried over from the previous capture.
 #[inline(always)]
-pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) -> u64 {
-    let hash = capture_from(slot, stacks, max_frames, native::here(), false);
+pub fn capture(slot: &mut StackSlot, trail: &mut Trail, stacks: Stacks, max_frames: usize) -> u64 {
+    let hash = capture_from(slot, trail, stacks, max_frames, native::here(), false);
     native::finish(slot);
     hash
 }
@@ -79,8 +81,13 @@ pub fn capture(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) -> u64 {
 /// them in `slot`. The caller must call [`finish`] before it reads `slot.native`, and
 /// before the thread captures again.
 #[inline(always)]
-pub fn capture_unfinished(slot: &mut StackSlot, stacks: Stacks, max_frames: usize) -> u64 {
-    capture_from(slot, stacks, max_frames, native::here(), true)
+pub fn capture_unfinished(
+    slot: &mut StackSlot,
+    trail: &mut Trail,
+    stacks: Stacks,
+    max_frames: usize,
+) -> u64 {
+    capture_from(slot, trail, stacks, max_frames, native::here(), true)
 }
 
 /// Completes the slot of this thread's last [`capture_unfinished`] (see there).
@@ -92,6 +99,7 @@ pub fn finish(slot: &mut StackSlot) {
 #[inline(never)]
 fn capture_from(
     slot: &mut StackSlot,
+    trail: &mut Trail,
     stacks: Stacks,
     max_frames: usize,
     from: native::StartRegs,
@@ -102,11 +110,15 @@ fn capture_from(
     slot.n_python = 0;
     slot.truncated = false;
     let (mut chain, mut python_sum) = (None, 0);
+    if stacks.python() {
+        // First, so that the Python walk's lines arrive while the native walk runs.
+        python::prefetch(trail);
+    }
     if stacks.native() {
         chain = timed!(NativeTicks, native::capture(slot, max, from, defer));
     }
     if stacks.python() {
-        python_sum = timed!(PythonTicks, python::capture(slot, max));
+        python_sum = timed!(PythonTicks, python::capture(slot, trail, max));
     }
     let chain = chain.unwrap_or_else(|| native_chain(slot.native()));
     slot.identity_hash_from(chain, python_sum)
@@ -130,6 +142,9 @@ pub fn capture_interrupted(
         native::capture_interrupted(slot, max, regs);
     }
     if stacks.python() && crate::process::python::resolved() {
-        let _ = python::capture(slot, max);
+        // A trail of its own: the thread's may be the one the interrupted capture was
+        // writing, and a crash's stack is captured once.
+        let mut trail = Trail::EMPTY;
+        let _ = python::capture(slot, &mut trail, max);
     }
 }

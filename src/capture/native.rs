@@ -1921,8 +1921,9 @@ mod imp {
         #[test]
         fn a_threads_first_walk_makes_resident_only_the_pages_it_writes() {
             let (size, resident) = std::thread::spawn(|| {
-                let mut slot = StackSlot::EMPTY;
-                crate::capture::capture(&mut slot, crate::config::Stacks::Native, 64);
+                let (mut slot, mut trail) = (StackSlot::EMPTY, crate::capture::Trail::EMPTY);
+                let stacks = crate::config::Stacks::Native;
+                crate::capture::capture(&mut slot, &mut trail, stacks, 64);
                 assert!(slot.n_native > 0, "the walk found frames");
                 let state = UNWIND.with(|c| c.get());
                 assert!(

@@ -8,8 +8,11 @@
 //! ([`check_value`]); the writer turns them into file, function and line.
 //!
 //! Steady state: two calls into CPython that only read globals / a TSS key, then plain
-//! loads along the chain. No Python API that needs the GIL is ever called. The one-time
-//! lookup of the interpreter is `process::python`'s.
+//! loads along the chain. Before any of that, the capture asks for the cache lines of the
+//! frames the thread's previous walk visited ([`Trail`], [`prefetch`]): in a real program
+//! those lines are rarely in the nearer caches, and the chain's loads depend on each other.
+//! No Python API that needs the GIL is ever called. The one-time lookup of the interpreter
+//! is `process::python`'s.
 
 use crate::channel::event::{PyFrameRaw, StackSlot, python_sum};
 use crate::process::cpython::{
@@ -42,6 +45,82 @@ unsafe fn field<T: Copy>(base: u64, offset: u64) -> T {
     unsafe { std::ptr::read_unaligned(base.wrapping_add(offset) as *const T) }
 }
 
+/// Frames of a walk remembered for the next one's prefetch (the records' capacity).
+pub const TRAIL_FRAMES: usize = crate::config::FRAME_CAPACITY;
+
+/// Where a thread's previous walk read: the words the chain starts from and the frames it
+/// visited. The next capture asks for all those cache lines at once before either walk
+/// starts ([`prefetch`]). The walk is a chain of dependent loads (the thread state, then
+/// each frame's `previous`); in a real program, whose work between two events pushes these
+/// lines out of the nearer caches, each step would otherwise wait for its miss after the
+/// one before, and fetched together the waits overlap (docs/HOT-PATH.md, "The Python walk's
+/// cache misses"). The code objects are not asked for: their loads hang off the chain, not
+/// on it, and the processor already overlaps them. The addresses are only ever prefetched,
+/// never read through: a frame gone since costs one useless fetch, nothing else (a prefetch
+/// does not fault).
+///
+/// All zero is an empty trail (a thread's fresh state is zero pages).
+pub struct Trail {
+    /// The addresses the chain's first pointer was read from (3.11/3.12: the thread state's
+    /// `cframe` word, then the `_PyCFrame`'s frame pointer; elsewhere the first only).
+    head: [u64; 2],
+    /// Frames visited: the i-th at `i % TRAIL_FRAMES` (a deeper walk's outer frames take
+    /// the places of its inner ones; any frame of the chain is worth fetching).
+    frames: [u64; TRAIL_FRAMES],
+    /// How many places of `frames` hold a frame of the last walk.
+    n_frames: u32,
+}
+
+impl Trail {
+    pub const EMPTY: Trail = Trail {
+        head: [0; 2],
+        frames: [0; TRAIL_FRAMES],
+        n_frames: 0,
+    };
+}
+
+/// Asks for the cache lines the thread's previous walk read first in each structure
+/// ([`Trail`]).
+#[inline]
+pub fn prefetch(trail: &Trail) {
+    let Some(runtime) = python::runtime() else {
+        return;
+    };
+    // The line of each frame that holds the pointer to the next one (the chain's dependent
+    // load; the fields the walk reads besides are on it or the line after, which the
+    // processor's own prefetcher brings).
+    prefetch_chain(trail, runtime.layout.table().frame.back);
+}
+
+/// [`prefetch`] with the offset of a frame's pointer to the next one.
+#[inline(always)]
+fn prefetch_chain(trail: &Trail, back: u64) {
+    for &at in &trail.head {
+        prefetch_line(at);
+    }
+    for &frame in trail.frames.iter().take(trail.n_frames as usize) {
+        prefetch_line(frame.wrapping_add(back));
+    }
+}
+
+/// A hint to bring the line holding `addr` into the cache; no effect on any program state.
+#[inline(always)]
+fn prefetch_line(addr: u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees and never faults, whatever the
+    // address (Intel SDM, PREFETCHh: "does not affect program behavior").
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: as above (`PRFM` is a hint; it does not fault).
+    unsafe {
+        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) addr, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = addr;
+}
+
 /// Upper bound on frames skipped (those that are no Python function): with the records'
 /// bound, bounded work on any chain.
 const MAX_VISITS: usize = 1024;
@@ -49,8 +128,9 @@ const MAX_VISITS: usize = 1024;
 /// Fills `slot.python`, innermost first. Sets `slot.truncated` when frames were left out.
 /// Returns the records' [`python_sum`].
 #[inline]
-pub fn capture(slot: &mut StackSlot, max_frames: usize) -> u64 {
+pub fn capture(slot: &mut StackSlot, trail: &mut Trail, max_frames: usize) -> u64 {
     slot.n_python = 0;
+    trail.n_frames = 0;
     let Some(python::Runtime {
         layout,
         is_initialized: init,
@@ -82,11 +162,11 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) -> u64 {
     // we read. Offsets are those of the interpreter's version (checked against its headers).
     let (n, more) = unsafe {
         match layout {
-            Layout::Py310 => walk(Layout::Py310, tstate, out),
-            Layout::Py311 => walk(Layout::Py311, tstate, out),
-            Layout::Py312 => walk(Layout::Py312, tstate, out),
-            Layout::Py313 => walk(Layout::Py313, tstate, out),
-            Layout::Py314 => walk(Layout::Py314, tstate, out),
+            Layout::Py310 => walk(Layout::Py310, tstate, out, trail),
+            Layout::Py311 => walk(Layout::Py311, tstate, out, trail),
+            Layout::Py312 => walk(Layout::Py312, tstate, out, trail),
+            Layout::Py313 => walk(Layout::Py313, tstate, out, trail),
+            Layout::Py314 => walk(Layout::Py314, tstate, out, trail),
         }
     };
     slot.n_python = n as u16;
@@ -102,22 +182,28 @@ pub fn capture(slot: &mut StackSlot, max_frames: usize) -> u64 {
     python_sum(slot.python.get(..n).unwrap_or_default())
 }
 
-/// Walks the chain from `tstate` into `out`. Returns (frames written, more frames left out).
+/// Walks the chain from `tstate` into `out`, noting where it read in `trail`. Returns
+/// (frames written, more frames left out).
 ///
 /// # Safety
 /// `tstate` must be the calling thread's live `PyThreadState` of an interpreter with `layout`.
 #[inline(always)]
-unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, bool) {
+unsafe fn walk(
+    layout: Layout,
+    tstate: u64,
+    out: &mut [PyFrameRaw],
+    trail: &mut Trail,
+) -> (usize, bool) {
     let o = layout.table();
     // SAFETY: for the whole body: every address read is a field of a live structure of this thread
     // at an offset of this version's layout (caller's contract).
     unsafe {
+        trail.head[0] = tstate.wrapping_add(o.thread.frame);
         let mut frame: u64 = match layout {
-            Layout::Py310 | Layout::Py313 | Layout::Py314 => {
-                rd(tstate.wrapping_add(o.thread.frame)).unwrap_or(0)
-            }
+            Layout::Py310 | Layout::Py313 | Layout::Py314 => field(tstate, o.thread.frame),
             Layout::Py311 | Layout::Py312 => {
-                let cframe: u64 = rd(tstate.wrapping_add(o.thread.frame)).unwrap_or(0);
+                let cframe: u64 = field(tstate, o.thread.frame);
+                trail.head[1] = cframe.wrapping_add(o.thread.cframe_current);
                 rd(cframe.wrapping_add(o.thread.cframe_current))
                     .filter(|_| cframe != 0)
                     .unwrap_or(0)
@@ -133,6 +219,7 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
         let mut entries: u64 = 0;
         let mut more = false;
         while frame != 0 {
+            trail.frames[(n + skipped) % TRAIL_FRAMES] = frame;
             let back: u64 = field(frame, o.frame.back);
             let owner: u8 = match layout {
                 Layout::Py310 => 0,
@@ -203,6 +290,7 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
         if n > 0 && !more {
             entries |= 1u64.wrapping_shl((n - 1) as u32);
         }
+        trail.n_frames = (n + skipped).min(TRAIL_FRAMES) as u32;
         while entries != 0 {
             if let Some(record) = out.get_mut(entries.trailing_zeros() as usize) {
                 record.flags |= FLAG_ENTRY;
@@ -210,5 +298,170 @@ unsafe fn walk(layout: Layout, tstate: u64, out: &mut [PyFrameRaw]) -> (usize, b
             entries &= entries - 1;
         }
         (n, more || frame != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::cpython::FRAME_OWNED_BY_CSTACK;
+
+    /// Plain memory laid out as a 3.12 structure: `u64` words, written field by field.
+    struct Block(Box<[u64; 32]>);
+
+    impl Block {
+        fn new() -> Block {
+            Block(Box::new([0; 32]))
+        }
+        fn addr(&self) -> u64 {
+            self.0.as_ptr() as u64
+        }
+        fn put<T: Copy>(&mut self, offset: u64, value: T) {
+            assert!(offset as usize + size_of::<T>() <= 256);
+            // SAFETY: in bounds of the 256-byte block (checked above).
+            unsafe { std::ptr::write_unaligned(self.addr().wrapping_add(offset) as *mut T, value) };
+        }
+    }
+
+    /// A 3.12 thread state whose chain is `frames` (innermost first; each `(code, shim)`).
+    fn chain_312(frames: &[(Option<&Block>, bool)]) -> (Block, Block, Vec<Block>) {
+        let o = Layout::Py312.table();
+        let mut blocks: Vec<Block> = frames.iter().map(|_| Block::new()).collect();
+        for i in 0..blocks.len() {
+            let back = blocks.get(i + 1).map_or(0, Block::addr);
+            let (code, shim) = frames[i];
+            let code = code.map_or(0, Block::addr);
+            let b = &mut blocks[i];
+            b.put(o.frame.back, back);
+            b.put(o.frame.code, code);
+            b.put(o.frame.instr, code + o.code.code_adaptive + 2 * i as u64);
+            b.put(
+                o.frame.owner,
+                if shim { FRAME_OWNED_BY_CSTACK } else { 0u8 },
+            );
+        }
+        let mut cframe = Block::new();
+        cframe.put(
+            o.thread.cframe_current,
+            blocks.first().map_or(0, Block::addr),
+        );
+        let mut tstate = Block::new();
+        tstate.put(o.thread.frame, cframe.addr());
+        (tstate, cframe, blocks)
+    }
+
+    fn code_312(firstlineno: i32, serial: u32) -> Block {
+        let o = Layout::Py312.table();
+        let mut code = Block::new();
+        code.put(o.code.firstlineno, firstlineno);
+        code.put(o.code.version, serial);
+        code
+    }
+
+    #[test]
+    fn the_walk_notes_every_frame_it_visits_where_the_next_capture_prefetches() {
+        let o = Layout::Py312.table();
+        let codes = [code_312(10, 101), code_312(20, 102), code_312(30, 103)];
+        // Innermost first: two frames of one eval call, a shim, the outer call's frame.
+        let (tstate, cframe, frames) = chain_312(&[
+            (Some(&codes[0]), false),
+            (Some(&codes[1]), false),
+            (Some(&codes[2]), true),
+            (Some(&codes[2]), false),
+        ]);
+        let mut out = [PyFrameRaw::default(); 8];
+        let mut trail = Trail::EMPTY;
+        // SAFETY: every address on the chain is one of the blocks above, alive here.
+        let (n, more) = unsafe { walk(Layout::Py312, tstate.addr(), &mut out, &mut trail) };
+        assert_eq!((n, more), (3, false));
+        let written: Vec<(u64, u64, u32, u32)> = out[..n]
+            .iter()
+            .map(|r| (r.code, r.instr, r.check, r.flags))
+            .collect();
+        let check = |line, serial| check_value(line, serial, || None).expect("a serial");
+        let instr = |code: &Block, i: u64| code.addr() + o.code.code_adaptive + 2 * i;
+        assert_eq!(
+            written,
+            vec![
+                (codes[0].addr(), instr(&codes[0], 0), check(10, 101), 0),
+                // The frame below the shim began its eval call; so did the outermost.
+                (
+                    codes[1].addr(),
+                    instr(&codes[1], 1),
+                    check(20, 102),
+                    FLAG_ENTRY
+                ),
+                (
+                    codes[2].addr(),
+                    instr(&codes[2], 3),
+                    check(30, 103),
+                    FLAG_ENTRY
+                ),
+            ]
+        );
+        // Every frame visited, the shim included, and where the chain's first two
+        // pointers were read.
+        let visited: Vec<u64> = frames.iter().map(Block::addr).collect();
+        assert_eq!(&trail.frames[..trail.n_frames as usize], &visited[..]);
+        assert_eq!(
+            trail.head,
+            [
+                tstate.addr() + o.thread.frame,
+                cframe.addr() + o.thread.cframe_current
+            ]
+        );
+    }
+
+    #[test]
+    fn a_deeper_chain_than_the_trail_holds_leaves_frames_of_that_chain_in_every_place() {
+        let code = code_312(1, 7);
+        let shape: Vec<(Option<&Block>, bool)> = vec![(Some(&code), false); TRAIL_FRAMES + 9];
+        let (tstate, _cframe, frames) = chain_312(&shape);
+        let mut out = vec![PyFrameRaw::default(); TRAIL_FRAMES];
+        let mut trail = Trail::EMPTY;
+        // SAFETY: as above.
+        let (n, more) = unsafe { walk(Layout::Py312, tstate.addr(), &mut out, &mut trail) };
+        assert_eq!((n, more), (TRAIL_FRAMES, true));
+        assert_eq!(trail.n_frames as usize, TRAIL_FRAMES);
+        // The walk visited one frame more than it wrote (no room for its record): that
+        // frame took the first place; every other place holds the frame visited there.
+        let mut expected: Vec<u64> = frames.iter().take(TRAIL_FRAMES).map(Block::addr).collect();
+        expected[0] = frames[TRAIL_FRAMES].addr();
+        assert_eq!(&trail.frames[..], &expected[..]);
+    }
+
+    #[test]
+    fn a_prefetch_of_memory_gone_or_never_mapped_does_nothing() {
+        // A page mapped, then unmapped: its addresses are what a freed frame leaves behind.
+        // SAFETY: a fresh anonymous mapping, unmapped at once; its address is only prefetched.
+        let gone = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(libc::munmap(p, 4096), 0);
+            p as u64
+        };
+        let mut trail = Trail::EMPTY;
+        trail.head = [0, u64::MAX];
+        trail.frames[..4].copy_from_slice(&[gone, gone + 4000, 0xffff_8000_0000_0000, 8]);
+        trail.n_frames = 4;
+        for layout in [
+            Layout::Py310,
+            Layout::Py311,
+            Layout::Py312,
+            Layout::Py313,
+            Layout::Py314,
+        ] {
+            prefetch_chain(&trail, layout.table().frame.back);
+        }
+        // Still here: no fault. And nothing was written.
+        assert_eq!(trail.n_frames, 4);
+        assert_eq!(trail.frames[0], gone);
     }
 }

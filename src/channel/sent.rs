@@ -48,6 +48,8 @@ pub struct ThreadStacks {
     sent: [[u64; WAYS]; SETS],
     /// Where the hook captures the stack.
     pub scratch: StackSlot,
+    /// Where the thread's previous Python walk read, for the next one's prefetch.
+    pub trail: crate::capture::Trail,
     /// Stacks this thread sent by reference (tests read it).
     pub by_reference: u64,
 }

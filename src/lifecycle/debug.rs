@@ -5,7 +5,7 @@
 //! shipped library and the wheel leave off. Cold: they allocate and lock; never called by a
 //! hook.
 
-use crate::capture::capture;
+use crate::capture::{Trail, capture};
 use crate::channel::event::StackSlot;
 use crate::config::{FRAME_CAPACITY, Stacks};
 
@@ -55,8 +55,8 @@ pub unsafe fn capture_json(
     len: usize,
 ) -> isize {
     let (stacks, max) = debug_args(stacks, max_frames);
-    let mut slot = StackSlot::EMPTY;
-    capture(&mut slot, stacks, max);
+    let (mut slot, mut trail) = (StackSlot::EMPTY, Trail::EMPTY);
+    capture(&mut slot, &mut trail, stacks, max);
     let result = std::panic::catch_unwind(move || {
         let json = debug_resolve_json(&slot, stacks, max);
         let bytes = json.as_bytes();
@@ -85,11 +85,11 @@ pub unsafe fn bench_capture(
     out: *mut u64,
 ) -> u64 {
     let (stacks, max) = debug_args(stacks, max_frames);
-    let mut slot = StackSlot::EMPTY;
-    capture(&mut slot, stacks, max);
+    let (mut slot, mut trail) = (StackSlot::EMPTY, Trail::EMPTY);
+    capture(&mut slot, &mut trail, stacks, max);
     let start = std::time::Instant::now();
     for _ in 0..iterations {
-        capture(std::hint::black_box(&mut slot), stacks, max);
+        capture(std::hint::black_box(&mut slot), &mut trail, stacks, max);
     }
     let total = start.elapsed().as_nanos() as u64;
     let writer = std::panic::catch_unwind(|| {
@@ -133,8 +133,8 @@ pub fn bench_capture_cold(
     evict_bytes: u64,
 ) -> u64 {
     let (stacks, max) = debug_args(stacks, max_frames);
-    let mut slot = StackSlot::EMPTY;
-    capture(&mut slot, stacks, max);
+    let (mut slot, mut trail) = (StackSlot::EMPTY, Trail::EMPTY);
+    capture(&mut slot, &mut trail, stacks, max);
     let mut buffer = vec![0u64; (evict_bytes / 8).max(8) as usize];
     let (mut inside, mut empty) = (0u64, 0u64);
     for round in 0..iterations {
@@ -143,7 +143,7 @@ pub fn bench_capture_cold(
         }
         std::hint::black_box(&mut buffer);
         let start = std::time::Instant::now();
-        capture(std::hint::black_box(&mut slot), stacks, max);
+        capture(std::hint::black_box(&mut slot), &mut trail, stacks, max);
         inside += start.elapsed().as_nanos() as u64;
         let start = std::time::Instant::now();
         empty += std::hint::black_box(start).elapsed().as_nanos() as u64;
@@ -174,10 +174,16 @@ pub unsafe fn capture_counted(
         return u64::MAX;
     };
     let mut slot = StackSlot::EMPTY;
-    capture(&mut slot, stacks, FRAME_CAPACITY);
+    let mut trail = Trail::EMPTY;
+    capture(&mut slot, &mut trail, stacks, FRAME_CAPACITY);
     let before = counter();
     for _ in 0..iterations {
-        capture(std::hint::black_box(&mut slot), stacks, FRAME_CAPACITY);
+        capture(
+            std::hint::black_box(&mut slot),
+            &mut trail,
+            stacks,
+            FRAME_CAPACITY,
+        );
     }
     let after = counter();
     if !frames_out.is_null() {
