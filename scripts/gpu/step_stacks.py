@@ -2,7 +2,8 @@
 there: the in-process companion of scripts/gpu/step_time.py.
 
     python3 scripts/gpu/step_stacks.py --lib target/gpu-bin/final/libmemsnap.so \\
-        [--stats-lib target/gpu-bin/stats/libmemsnap.so] --out $OUT [--cycles 30] [--block 4]
+        [--stats-lib target/gpu-bin/stats/libmemsnap.so [--stats-lib-b OTHER_STATS.so]
+        [--stats-rounds 3]] --out $OUT [--cycles 30] [--block 4]
         [--routes tensor,default] [--stacks none,python,all] [--lib-b OTHER.so --label-b NAME]
 
 Why: step_time.py compares processes (what users feel), but the step time of one process
@@ -36,7 +37,10 @@ setting (python, all) records --stats-steps steps after the warm-up and reports,
 what the captures did (memsnap_debug_capture_stats: native steps unwound and taken from earlier
 paths, whole paths taken at once and paths left midway, stack words checked, nodes made, rule
 misses, frames, truncations; Python frames). Never timed: its counters
-are atomic adds.
+are atomic adds. --stats-lib-b: a second capture-stats build, its processes alternating with
+--stats-lib's (labelled --label-a and --label-b), --stats-rounds processes of each per route
+and stacks setting: the per-part times of two builds compared on one machine. Without --lib,
+only the stats processes run.
 
 Output: OUT/step_stacks.json and OUT/step_stacks.md (also printed).
 """
@@ -274,20 +278,21 @@ def table(doc):
         lines.append(f"| {r['label']} | {r['route']} | {r['stacks']} | {ev} | {fmt(s['off_ms'], 2)} | {mem} | {pct} | "
                      f"{fmt(s.get('recorder_ns_per_event'))} | {fmt(s.get('recorder_pct'), 2)} |")
     if doc.get("stats"):
-        lines += ["", "| route | stacks | events/step | walks | steps unwound/walk | steps reused/walk | "
+        lines += ["", "| build | route | stacks | events/step | walks | steps unwound/walk | steps reused/walk | "
                   "walks reusing | whole paths/walk | paths not holding/walk | paths left/walk | words checked/walk | nodes made/walk | path resets | "
                   "rule misses/walk (cold, conflict, first frame) | framehop steps/walk | "
                   "at step limit | native frames/walk | truncated | Python frames/walk |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in doc["stats"]:
             if "error" in r:
-                lines.append(f"| {r['route']} | {r['stacks']} | ERROR ||||||||||||||||")
+                lines.append(f"| {r.get('label', '')} | {r['route']} | {r['stacks']} | ERROR ||||||||||||||||")
                 continue
             st, w = r["stats"], max(r["stats"]["walks"], 1)
             pw = max(st["python_walks"], 1)
             per = r["stats_steps"]
             lines.append(
-                f"| {r['route']} | {r['stacks']} | {(st['python_walks'] or st['walks']) / per:.0f} | {st['walks']} | "
+                f"| {r.get('label', '')} | {r['route']} | {r['stacks']} | "
+                f"{(st['python_walks'] or st['walks']) / per:.0f} | {st['walks']} | "
                 f"{st['steps_unwound'] / w:.1f} | {st['steps_reused'] / w:.1f} | "
                 f"{100 * st['walks_reused'] / w:.0f}% | {st['whole_paths'] / w:.2f} | "
                 f"{st['paths_not_holding'] / w:.2f} | {st['paths_left'] / w:.2f} | "
@@ -300,15 +305,15 @@ def table(doc):
     if doc.get("stats"):
         lines += ["", "Time in the stack path (time-stamp counter around each part; the counter reads add about "
                   "20 ns to each figure):", "",
-                  "| route | stacks | stack path ns/event | native walk ns | Python walk ns | send ns |",
-                  "|---|---|---|---|---|---|"]
+                  "| build | route | stacks | stack path ns/event | native walk ns | Python walk ns | send ns |",
+                  "|---|---|---|---|---|---|---|"]
         for r in doc["stats"]:
             if "error" in r:
                 continue
             st = r["stats"]
             ns = 1e6 / max(st["ticks_per_ms"], 1)
             ev = max(st["stack_events"], 1)
-            lines.append(f"| {r['route']} | {r['stacks']} | {st['stack_event_ticks'] * ns / ev:.0f} | "
+            lines.append(f"| {r.get('label', '')} | {r['route']} | {r['stacks']} | {st['stack_event_ticks'] * ns / ev:.0f} | "
                          f"{st['native_ticks'] * ns / max(st['walks'], 1):.0f} | "
                          f"{st['python_ticks'] * ns / max(st['python_walks'], 1):.0f} | {st['send_ticks'] * ns / ev:.0f} |")
     for r in doc.get("stats") or []:
@@ -325,7 +330,7 @@ def drive(a):
                                     capture_output=True, text=True).stdout.strip()
     except OSError:
         doc["gpu"] = None
-    libs = [(a.label_a, a.lib)] + ([(a.label_b, a.lib_b)] if a.lib_b else [])
+    libs = ([(a.label_a, a.lib)] if a.lib else []) + ([(a.label_b, a.lib_b)] if a.lib and a.lib_b else [])
     n = 0
     for route in a.routes.split(","):
         for stacks in [s for s in a.stacks.split(",") if s]:
@@ -340,11 +345,20 @@ def drive(a):
                       f"{res.get('summary', {}).get('memsnap_ns_per_event') or res.get('error', '')[-200:]}",
                       file=sys.stderr, flush=True)
             n += 1
-    if a.stats_lib:
+    stats_libs = [(a.label_a, a.stats_lib)] if a.stats_lib else []
+    if a.stats_lib_b:
+        stats_libs.append((a.label_b, a.stats_lib_b))
+    for round_ in range(a.stats_rounds if stats_libs else 0):
+        # The two builds alternate process by process, and which goes first alternates by
+        # round: a machine that drifts moves both alike.
+        order = stats_libs if round_ % 2 == 0 else list(reversed(stats_libs))
         for route in a.routes.split(","):
             for stacks in ("python", "all"):
-                folder = os.path.join(a.out, "snapshots", f"stats-{route}-{stacks}")
-                doc["stats"].append(run_child(a, a.stats_lib, route, stacks, True, folder))
+                for label, lib in order:
+                    folder = os.path.join(a.out, "snapshots", f"stats-{label}-{route}-{stacks}-{round_}")
+                    res = run_child(a, lib, route, stacks, True, folder)
+                    res["label"] = label
+                    doc["stats"].append(res)
     md = table(doc)
     with open(os.path.join(a.out, "step_stacks.json"), "w") as f:
         json.dump(doc, f, indent=1)
@@ -367,6 +381,9 @@ def main():
     p.add_argument("--cycles", type=int, default=30)
     p.add_argument("--block", type=int, default=4)
     p.add_argument("--stats-steps", type=int, default=20)
+    p.add_argument("--stats-lib-b", help="a second capture-stats build, in processes of its own beside --stats-lib's "
+                   "(labelled --label-b)")
+    p.add_argument("--stats-rounds", type=int, default=1, help="processes per stats build, route and stacks")
     p.add_argument("--child-timeout", type=float, default=300)
     add_workload_args(p)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -378,8 +395,8 @@ def main():
         a.stacks = a.child_stacks
         child(a)
         return
-    if not a.lib:
-        p.error("--lib is required")
+    if not a.lib and not a.stats_lib:
+        p.error("--lib or --stats-lib is required")
     drive(a)
 
 
