@@ -86,9 +86,9 @@ pub fn prefetch(trail: &Trail) {
     let Some(runtime) = python::runtime() else {
         return;
     };
-    // The line of each frame that holds the pointer to the next one (the chain's dependent
-    // load; the fields the walk reads besides are on it or the line after, which the
-    // processor's own prefetcher brings).
+    // The line of each frame that holds the pointer to the next one: the chain's dependent
+    // load. The frame's other fields are on it or on the next line; asking for both lines
+    // did no better in the cold benchmark (docs/HOT-PATH.md).
     prefetch_chain(trail, runtime.layout.table().frame.back);
 }
 
@@ -107,8 +107,9 @@ fn prefetch_chain(trail: &Trail, back: u64) {
 #[inline(always)]
 fn prefetch_line(addr: u64) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing the program sees and never faults, whatever the
-    // address (Intel SDM, PREFETCHh: "does not affect program behavior").
+    // SAFETY: a prefetch is a hint: it changes no register or memory the program sees and
+    // does not fault, whatever the address (docs/HOT-PATH.md, "The Python walk's cache
+    // misses"; `a_prefetch_of_memory_gone_or_never_mapped_does_nothing`).
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
     };
