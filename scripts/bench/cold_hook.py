@@ -2,7 +2,7 @@
 simulated runtime from a Python caller 10 frames deep (through ctypes, the GIL released),
 each pair after a buffer was written, so that what the hook reads (the thread's stack state,
 its lane, the frames, memsnap's own tables) comes from farther out in the cache hierarchy, as
-between two events of a real training step. Only the two calls are timed. Compares builds,
+between two events of a real training step. Only the two calls are timed, after a warm-up of 40,000 pairs. Compares builds,
 interleaved process by process, against the same loop without memsnap.
 
     python3 scripts/bench/cold_hook.py [--rounds 5] [--evict 0,4096] [--stacks none,python]
@@ -24,7 +24,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
+WARM_UP_PAIRS = 40_000
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from snapshot_counts import read_counts  # noqa: E402
@@ -74,7 +76,13 @@ def child(helper, iterations, evict_kib):
     c.restype = ctypes.c_double
     c.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
     as_ptr = lambda fn: ctypes.cast(fn, ctypes.c_void_p)  # noqa: E731
-    python_deep(10, lambda: c(200, evict_kib * 1024, as_ptr(m), as_ptr(f)))  # warm-up
+    # Warm-up, nothing written between pairs: 80,000 events, past the first lap of a lane of
+    # the default 65,536 events, whose pages become resident as it is first written (a page
+    # fault every 42 events that a longer-running program pays once).
+    python_deep(10, lambda: c(WARM_UP_PAIRS, 0, as_ptr(m), as_ptr(f)))
+    # A warm-up that fast can fill the lane (with all stacks it outruns the writer): the
+    # writer drains it before the timed pairs, which then never wait for room.
+    time.sleep(1.0)
     ns = python_deep(10, lambda: c(iterations, evict_kib * 1024, as_ptr(m), as_ptr(f)))
     if ns < 0:
         sys.exit("cold_hook: a simulated CUDA call failed")
