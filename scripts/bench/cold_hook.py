@@ -2,7 +2,8 @@
 simulated runtime from a Python caller 10 frames deep (through ctypes, the GIL released),
 each pair after a buffer was written, so that what the hook reads (the thread's stack state,
 its lane, the frames, memsnap's own tables) comes from farther out in the cache hierarchy, as
-between two events of a real training step. Only the two calls are timed, after a warm-up of 40,000 pairs. Compares builds,
+between two events of a real training step. Only the two calls are timed, after a warm-up of
+40,000 pairs and a pause (past a lane's first lap, the writer caught up). Compares builds,
 interleaved process by process, against the same loop without memsnap.
 
     python3 scripts/bench/cold_hook.py [--rounds 5] [--evict 0,4096] [--stacks none,python]
