@@ -17,14 +17,14 @@ median over rounds of the mean per capture, with the lowest and highest round.
 Instruction counts do not see any of this (a cache miss is one instruction); this timing is
 paired with `bash scripts/bench-hook-instructions.sh` in docs/BENCHMARKS.md.
 """
-import argparse
 import ctypes
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cold_common import arguments, compile_helper, python_deep  # noqa: E402
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -41,27 +41,9 @@ __attribute__((noinline)) uint64_t bench_deep(int n, bench_t f, int stacks, int 
 STACKS = {"none": 0, "python": 1, "native": 2, "all": 3}
 
 
-def python_deep(n, call):
-    if n <= 1:
-        return call()
-    return python_deep(n - 1, call)
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("libs", nargs="+")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--evict", default="0,1024,4096", help="KiB written between two captures")
-    ap.add_argument("--stacks", default="python,all")
-    ap.add_argument("--iterations", type=int, default=3000)
-    a = ap.parse_args()
-    if shutil.which("cc") is None:
-        sys.exit("cold_capture: needs a C compiler (cc) for its caller")
-    tmp = tempfile.mkdtemp(prefix="memsnap-cold-")
-    src, deep_so = os.path.join(tmp, "deep.c"), os.path.join(tmp, "libdeep.so")
-    with open(src, "w") as f:
-        f.write(C_SOURCE)
-    subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-o", deep_so, src], check=True)
+    a = arguments(__doc__, "0,1024,4096", "python,all", "captures")
+    tmp, deep_so = compile_helper("cold_capture", C_SOURCE)
     deep = ctypes.CDLL(deep_so).bench_deep
     deep.restype = ctypes.c_uint64
     deep.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,

@@ -16,7 +16,6 @@ ns per pair (one allocation with its stack, one free without) over the same loop
 process without memsnap, median over rounds (lowest..highest round). Every memsnap process's
 exit snapshot must say 0 dropped and 0 stackless, else its figure is VOID.
 """
-import argparse
 import ctypes
 import json
 import os
@@ -24,12 +23,12 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 WARM_UP_PAIRS = 40_000
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from cold_common import arguments, compile_helper, python_deep  # noqa: E402
 from snapshot_counts import read_counts  # noqa: E402
 
 C_SOURCE = r"""
@@ -62,12 +61,6 @@ __attribute__((noinline)) double cold_pairs(long iterations, long evict_bytes, m
     return inside - empty;
 }
 """
-
-
-def python_deep(n, call):
-    if n <= 1:
-        return call()
-    return python_deep(n - 1, call)
 
 
 def child(helper, iterations, evict_kib):
@@ -111,22 +104,10 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         return
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("libs", nargs="+")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--evict", default="0,4096", help="KiB written between two pairs")
-    ap.add_argument("--stacks", default="none,python")
-    ap.add_argument("--iterations", type=int, default=3000)
-    a = ap.parse_args()
+    a = arguments(__doc__, "0,4096", "none,python", "pairs")
     if "FAKE_CUDART" not in os.environ:
         sys.exit("cold_hook: set FAKE_CUDART (see the docstring)")
-    if shutil.which("cc") is None:
-        sys.exit("cold_hook: needs a C compiler (cc) for its caller")
-    tmp = tempfile.mkdtemp(prefix="memsnap-cold-hook-")
-    src, helper = os.path.join(tmp, "pairs.c"), os.path.join(tmp, "libpairs.so")
-    with open(src, "w") as f:
-        f.write(C_SOURCE)
-    subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-o", helper, src], check=True)
+    tmp, helper = compile_helper("cold_hook", C_SOURCE)
     print(f"Python {sys.version.split()[0]}, {a.iterations} pairs per process, {a.rounds} rounds; "
           "ns per pair over the same loop without memsnap: median over rounds (lowest..highest)\n")
     print("| stacks | KiB written between pairs | without memsnap, ns per pair | "
