@@ -215,6 +215,13 @@ pub mod debug {
         debug::pass_through(on)
     }
 
+    /// [`memsnap_debug_pass_through`] for every thread of the process at once (a training
+    /// step's backward pass allocates on autograd's threads).
+    #[unsafe(no_mangle)]
+    pub extern "C" fn memsnap_debug_pass_through_every_thread(on: libc::c_int) {
+        debug::pass_through_every_thread(on)
+    }
+
     /// Captures the caller's stack and resolves it as the writer does, as JSON in `buf`.
     ///
     /// # Safety

@@ -13,6 +13,8 @@
 use crate::channel::lanes::{Lane, NO_LANE};
 use crate::channel::sent::ThreadStacks;
 use std::cell::Cell;
+#[cfg(feature = "bench-hooks")]
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// One thread's hook state.
 pub struct HookThread {
@@ -67,7 +69,7 @@ impl Scope {
         depth.set(v.wrapping_add(1));
         Scope {
             thread,
-            outermost: v == 0,
+            outermost: v == 0 && !every_thread_passing_through(),
         }
     }
 
@@ -173,6 +175,30 @@ pub fn set_pass_through(on: bool) {
     });
 }
 
+/// Benchmarks only: set by [`set_pass_through_every_thread`].
+#[cfg(feature = "bench-hooks")]
+static EVERY_THREAD_PASSING_THROUGH: AtomicBool = AtomicBool::new(false);
+
+/// Whether a benchmark asked every thread's hooked calls to pass through. Builds without
+/// the `bench-hooks` feature (the shipped library) fold this to `false`; with it, one
+/// relaxed load of a line that is only ever read between two switches.
+#[inline(always)]
+fn every_thread_passing_through() -> bool {
+    #[cfg(feature = "bench-hooks")]
+    return EVERY_THREAD_PASSING_THROUGH.load(Relaxed);
+    #[cfg(not(feature = "bench-hooks"))]
+    false
+}
+
+/// Benchmarks only: [`set_pass_through`] for every thread of the process at once, so that
+/// a training step, whose backward pass allocates on autograd's own threads, can be timed
+/// recorded and not recorded in one process (`scripts/gpu/step_time.py`). Calls already
+/// inside a hook finish as they started.
+#[cfg(feature = "bench-hooks")]
+pub fn set_pass_through_every_thread(on: bool) {
+    EVERY_THREAD_PASSING_THROUGH.store(on, Relaxed);
+}
+
 /// Marks the current thread as internal for its whole life (the writer thread).
 pub fn mark_thread_internal() {
     THREAD.with(|t| t.depth.set(INTERNAL));
@@ -202,6 +228,47 @@ mod tests {
         set_pass_through(false);
         set_pass_through(false);
         assert!(Scope::enter().outermost());
+    }
+
+    /// The switch is process-wide and the other tests of this binary expect to record: the
+    /// body runs in a child process of its own (this test binary, asked for this test only).
+    #[cfg(feature = "bench-hooks")]
+    #[test]
+    fn every_thread_passes_through_until_turned_off() {
+        const CHILD: &str = "MEMSNAP_TEST_GUARD_CHILD";
+        if std::env::var_os(CHILD).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "guard::tests::every_thread_passes_through_until_turned_off",
+                ])
+                .args(["--test-threads", "1", "--nocapture"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "child: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(text.contains("1 passed"), "the child ran no test: {text}");
+            return;
+        }
+        set_pass_through_every_thread(true);
+        let other = || {
+            std::thread::spawn(|| Scope::enter().outermost())
+                .join()
+                .unwrap()
+        };
+        assert!(!Scope::enter().outermost());
+        assert!(
+            !other(),
+            "another thread recorded while every thread passes through"
+        );
+        set_pass_through_every_thread(false);
+        assert!(Scope::enter().outermost());
+        assert!(other());
     }
 
     #[test]

@@ -29,15 +29,23 @@ Routes and configurations, one process each (memsnap is loaded by LD_PRELOAD at 
   no-memsnap process of the default route, whose recorder-off blocks are the route's baseline.
 memsnap processes: LD_PRELOAD=--lib, MEMSNAP_STACKS, MEMSNAP_CONTEXT (--memsnap-context; its
 default alloc is memsnap's own; PyTorch's recorder runs with context="all"), MEMSNAP_FOLDER a
-fresh folder per process, MEMSNAP_AT_EXIT=1, MEMSNAP_QUIET=1.
+fresh folder per process, MEMSNAP_AT_EXIT=1, MEMSNAP_QUIET=1. Each memsnap process is also
+measured against itself, as the recorder is: in its "pass" turns every thread's calls pass
+through memsnap unrecorded (memsnap_debug_pass_through_every_thread, so --lib must be built
+with --features bench-hooks), and the rows "on/off in process" pair its recording turns with
+those. Those rows leave out what differs from one process to the next (10-40% on the lent
+machines) and what memsnap costs while passing through (a few instructions a call: its
+guard); the rows against the no-memsnap process keep both. The record of such a process
+misses its passing-through steps by design: each step frees what it allocated, so its exit
+snapshot still balances and still must say 0 dropped, 0 stackless.
 
 Schedule: rounds. A round starts the six processes together (they import torch, build the
 model and do --warmup steps at the same time), then runs them in lock-step, one process at a
 time while the others wait on a pipe. A turn is one settling step (not counted: the GPU and the
 caches change hands) and --block timed steps. One cycle gives each of the 6 measured
 configurations (memsnap python and all in each route, the recorder with python and all stacks)
-a turn right beside a turn of its baseline (the same route's no-memsnap process, recorder off):
-12 turns; the order of the pairs rotates every cycle, and the baseline goes first in even
+a turn right beside a turn of its baseline (the same route's no-memsnap process, recorder off),
+and each memsnap process a recording turn beside a passing-through one: 20 turns; the order of the pairs rotates every cycle, and the baseline goes first in even
 cycles, second in odd ones. --cycles cycles, then the processes exit and write their snapshots.
 The step time of a shared virtual machine moves by tens of percent within a second (seen on an
 H200 machine here: one process's 10-step blocks ranged from 11 to 20 ms): a configuration and
@@ -66,7 +74,7 @@ the median over rounds of each process's median step. Goals: memsnap python <= 1
 <= 2% ("yes" when the whole interval is at or below the goal). Per event: the paired
 step-time difference (block medians, same cycles) / events per step, where events per step are
 the memsnap events recorded between two snapshots (memsnap_dump_path) taken right before the
-first and after the last cycle of the first round, over the steps in between; for the recorder,
+first and after the last cycle of the first round, over the steps in between that recorded; for the recorder,
 its trace entries in one step.
 
 Output: OUT/step_time.json (settings, machine, clocksource, every block's step times, every
@@ -115,17 +123,31 @@ CHILDREN = [
     ("default/memsnap-python", "default", "python", False),
     ("default/memsnap-all", "default", "all", False),
 ]
-# The table's rows, one turn per cycle each: name, process, recorder mode, kind, stacks.
+# The table's rows, one turn per cycle each: name, process, mode, kind, stacks, and the
+# baseline's process and mode (None for a baseline). Modes: "off" (PyTorch's recorder off;
+# memsnap, where loaded, recording), "python" / "all" (the recorder on with those stacks),
+# "pass" (memsnap loaded but every thread's calls passing through it unrecorded).
 ROWS = [
-    ("tensor/no-memsnap", "tensor/no-memsnap", "off", "base", None),
-    ("tensor/memsnap-python", "tensor/memsnap-python", "off", "memsnap", "python"),
-    ("tensor/memsnap-all", "tensor/memsnap-all", "off", "memsnap", "all"),
-    ("default/no-memsnap", "default/no-memsnap", "off", "base", None),
-    ("default/memsnap-python", "default/memsnap-python", "off", "memsnap", "python"),
-    ("default/memsnap-all", "default/memsnap-all", "off", "memsnap", "all"),
-    ("default/torch-recorder-python", "default/no-memsnap", "python", "recorder", "python"),
-    ("default/torch-recorder-all", "default/no-memsnap", "all", "recorder", "all"),
+    ("tensor/no-memsnap", "tensor/no-memsnap", "off", "base", None, None, None),
+    ("tensor/memsnap-python", "tensor/memsnap-python", "off", "memsnap", "python", "tensor/no-memsnap", "off"),
+    ("tensor/memsnap-all", "tensor/memsnap-all", "off", "memsnap", "all", "tensor/no-memsnap", "off"),
+    ("default/no-memsnap", "default/no-memsnap", "off", "base", None, None, None),
+    ("default/memsnap-python", "default/memsnap-python", "off", "memsnap", "python", "default/no-memsnap", "off"),
+    ("default/memsnap-all", "default/memsnap-all", "off", "memsnap", "all", "default/no-memsnap", "off"),
+    ("default/torch-recorder-python", "default/no-memsnap", "python", "recorder", "python", "default/no-memsnap", "off"),
+    ("default/torch-recorder-all", "default/no-memsnap", "all", "recorder", "all", "default/no-memsnap", "off"),
+    # Recording switched on and off inside the memsnap process, as the recorder is: the
+    # process-to-process spread (10-40% on the lent machines) leaves these rows.
+    ("tensor/memsnap-python, on/off in process", "tensor/memsnap-python", "off", "memsnap", "python",
+     "tensor/memsnap-python", "pass"),
+    ("tensor/memsnap-all, on/off in process", "tensor/memsnap-all", "off", "memsnap", "all",
+     "tensor/memsnap-all", "pass"),
+    ("default/memsnap-python, on/off in process", "default/memsnap-python", "off", "memsnap", "python",
+     "default/memsnap-python", "pass"),
+    ("default/memsnap-all, on/off in process", "default/memsnap-all", "off", "memsnap", "all",
+     "default/memsnap-all", "pass"),
 ]
+PASS_SYMBOL = "memsnap_debug_pass_through_every_thread"
 RECORDER_CHILD = "default/no-memsnap"
 # --dry-run: the fake step's overhead per configuration and recorder mode (fractions).
 FAKE_COST = {"tensor/memsnap-python": 0.004, "tensor/memsnap-all": 0.010, "default/memsnap-python": 0.003,
@@ -205,6 +227,12 @@ class TorchWorkload:
         """memsnap_dump_path of the preloaded library: the snapshot's path, or None."""
         return memsnap_dump(tag) if os.environ.get("LD_PRELOAD") else None
 
+    def pass_through(self, on):
+        """memsnap's calls pass through unrecorded on every thread (on) or record again."""
+        import ctypes
+
+        getattr(ctypes.CDLL(None), PASS_SYMBOL)(1 if on else 0)
+
     def recorder(self, mode, clear=False):
         """PyTorch's recorder off (mode None) or on with stacks=mode."""
         history = self.torch.cuda.memory._record_memory_history
@@ -242,7 +270,8 @@ class FakeWorkload:
         self.base = a.fake_step_ms / 1e3 * (1 + self.rng.gauss(0, 0.002))
         self.cost = float(os.environ.get("STEP_TIME_FAKE_COST", "0"))
         self.rec_cost = 0.0
-        self.i = 0
+        self.passing = False
+        self.i = self.recorded = 0
         self.events = int(os.environ.get("STEP_TIME_FAKE_EVENTS", "0"))
         self.async_ = ASYNC in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         if self.events:
@@ -254,9 +283,11 @@ class FakeWorkload:
 
     def step(self):
         self.i += 1
+        self.recorded += not self.passing
         drift = 1 + 0.08 * math.sin(2 * math.pi * time.time() / 7)
         noise = max(0.5, 1 + self.rng.gauss(0, 0.01))
-        end = time.perf_counter() + self.base * (1 + self.cost + self.rec_cost) * drift * noise
+        cost = 0.0 if self.passing else self.cost
+        end = time.perf_counter() + self.base * (1 + cost + self.rec_cost) * drift * noise
         while time.perf_counter() < end:
             pass
 
@@ -266,7 +297,7 @@ class FakeWorkload:
     def dump(self, tag):
         if not self.events:
             return None
-        meta = {"events_recorded": 50 + self.i * self.events, "events_without_stack": 0,
+        meta = {"events_recorded": 50 + self.recorded * self.events, "events_without_stack": 0,
                 "dropped_events": int(os.environ.get("STEP_TIME_FAKE_DROP", "0")),
                 "stacks": os.environ.get("MEMSNAP_STACKS"),
                 "torch_allocator": "tensors: dry run" if self.async_ else "blocks: dry run"}
@@ -276,6 +307,9 @@ class FakeWorkload:
         with open(path, "wb") as f:
             pickle.dump(snap, f)
         return path
+
+    def pass_through(self, on):
+        self.passing = on
 
     def recorder(self, mode, clear=False):
         self.rec_cost = FAKE_COST[mode] if mode else 0.0
@@ -316,34 +350,52 @@ def reply(tag, obj):
 
 def child_main(a):
     """Builds the workload, warms up, says READY, then serves the driver's requests, one a line:
-    RUN MODE N (recorder MODE, one settling step, N timed steps), DUMP TAG (a memsnap snapshot
-    now), CHECK (the recorder's check), EXIT. Each is answered by one DONE line of JSON."""
+    RUN MODE N (MODE as in ROWS, one settling step, N timed steps), DUMP TAG (a memsnap
+    snapshot now), CHECK (the recorder's check), EXIT. Each is answered by one DONE line of
+    JSON. DUMP answers with the steps taken and those taken while memsnap passed through."""
     t0 = time.perf_counter()
     wl = FakeWorkload(a) if a.dry_run else TorchWorkload(a)
     info = wl.info()
     info["pid"] = os.getpid()
+    if not a.dry_run and os.environ.get("LD_PRELOAD"):
+        import ctypes
+
+        info["pass_through"] = hasattr(ctypes.CDLL(None), PASS_SYMBOL)
     for _ in range(a.warmup):
         wl.step()
     info["setup_s"] = round(time.perf_counter() - t0, 2)  # build + warm-up
     info["pinned_cpu"] = None if a.no_pin else pin_main_thread()
     reply("READY", info)
-    mode = "off"
+    mode, passed = "off", 0
+
+    def switch(to):
+        if mode == "pass":
+            wl.pass_through(False)
+        elif mode != "off":
+            wl.recorder(None)
+        if to == "pass":
+            wl.pass_through(True)
+        elif to != "off":
+            wl.recorder(to)
+        return to
+
     for line in sys.stdin:
         cmd = line.split()
         if not cmd:
             continue
         if cmd[0] == "RUN":
             if cmd[1] != mode:
-                wl.recorder(None if cmd[1] == "off" else cmd[1])
-                mode = cmd[1]
+                mode = switch(cmd[1])
+            n = int(cmd[2])
+            passed += (1 + n) * (mode == "pass")
             settle = timed(wl)
-            reply("DONE", {"settle_s": settle, "steps_s": [timed(wl) for _ in range(int(cmd[2]))]})
+            reply("DONE", {"settle_s": settle, "steps_s": [timed(wl) for _ in range(n)]})
         elif cmd[0] == "DUMP":
-            reply("DONE", {"path": wl.dump(cmd[1]), "steps": wl.i, "allocations": wl.allocations()})
+            mode = switch("off")
+            reply("DONE", {"path": wl.dump(cmd[1]), "steps": wl.i, "steps_passed": passed,
+                           "allocations": wl.allocations()})
         elif cmd[0] == "CHECK":
-            if mode != "off":
-                wl.recorder(None)
-                mode = "off"
+            mode = switch("off")
             reply("DONE", {m: wl.recorder_check(m) for m in ("python", "all")})
         elif cmd[0] == "EXIT":
             reply("DONE", {})
@@ -475,10 +527,9 @@ def summarize(runs):
     rounds = sorted({r["round"] for recs in runs.values() for r in recs})
     ok = {(proc, r["round"]): r for proc, recs in runs.items() for r in recs if not r.get("error")}
     out = {}
-    for name, proc, mode, kind, stacks in ROWS:
-        row = {"process": proc, "recorder": mode, "kind": kind, "stacks": stacks,
+    for name, proc, mode, kind, stacks, base, base_mode in ROWS:
+        row = {"process": proc, "mode": mode, "kind": kind, "stacks": stacks, "baseline": [base, base_mode],
                "check": row_check(name, proc, kind, stacks, runs)}
-        base = name.split("/")[0] + "/no-memsnap"
         procs = [ok[(proc, r)]["mode_median_s"][mode] for r in rounds
                  if (proc, r) in ok and mode in ok[(proc, r)].get("mode_median_s", {})]
         if procs:
@@ -490,7 +541,7 @@ def summarize(runs):
             for r in rounds:
                 if (proc, r) not in ok or (base, r) not in ok:
                     continue
-                mine, theirs = block_medians(ok[(proc, r)], mode, name), block_medians(ok[(base, r)], "off", name)
+                mine, theirs = block_medians(ok[(proc, r)], mode, name), block_medians(ok[(base, r)], base_mode, name)
                 both = sorted(set(mine) & set(theirs))
                 if not both:
                     continue
@@ -570,12 +621,12 @@ def cycle_turns(cycle):
     """[(process, recorder mode, pair)]: each configuration's turn beside a turn of its
     baseline (pair: the configuration's name); the order of the pairs rotates every cycle, and
     within each pair the baseline goes first in even cycles, second in odd ones."""
-    pairs = [(name, proc, mode, name.split("/")[0] + "/no-memsnap") for name, proc, mode, kind, _ in ROWS
+    pairs = [(name, proc, mode, base, base_mode) for name, proc, mode, kind, _, base, base_mode in ROWS
              if kind != "base"]
     k = cycle % len(pairs)
     turns = []
-    for name, proc, mode, base in pairs[k:] + pairs[:k]:
-        two = [(base, "off", name), (proc, mode, name)]
+    for name, proc, mode, base, base_mode in pairs[k:] + pairs[:k]:
+        two = [(base, base_mode, name), (proc, mode, name)]
         turns += two if cycle % 2 == 0 else two[::-1]
     return turns
 
@@ -600,6 +651,8 @@ def run_round(a, rnd, t_start, estimate_cycle_s):
                 want = "cudaMallocAsync" if kid.route == "tensor" else "native"
                 if recs[name].get("allocator_backend") != want:
                     kid.error = f"allocator backend {recs[name].get('allocator_backend')!r}, not {want}"
+                elif recs[name].get("pass_through") is False:
+                    kid.error = f"--lib has no {PASS_SYMBOL}: build it with --features bench-hooks"
             except RuntimeError as e:
                 kid.error = str(e)
         ready_s = time.time() - t0
@@ -652,12 +705,13 @@ def run_round(a, rnd, t_start, estimate_cycle_s):
         if first and len(dumps.get(name, [])) == 2:
             start, end = dumps[name]
             steps = end["steps"] - start["steps"]
+            recorded = steps - (end["steps_passed"] - start["steps_passed"])
             if start["allocations"] is not None and end["allocations"] is not None:
                 rec["allocator_blocks_per_step"] = (end["allocations"] - start["allocations"]) / steps
             if kid.stacks:
                 if start["path"] and end["path"]:
                     before, after = snapshot_meta(start["path"]), snapshot_meta(end["path"])
-                    rec["events_per_step"] = (after["events_recorded"] - before["events_recorded"]) / steps
+                    rec["events_per_step"] = (after["events_recorded"] - before["events_recorded"]) / recorded
                 elif kid.error is None:
                     kid.error = "no snapshot from memsnap_dump_path around the cycles"
                 for d in (start, end):  # the exit snapshot must be the one left in the folder
@@ -721,8 +775,8 @@ def table(doc):
         f"date: {doc['date']}  GPU: {m.get('gpu') or any_run.get('gpu', '?')}"
         f"{', driver ' + m['driver'] if m.get('driver') else ''}; torch {any_run.get('torch', '?')}, "
         f"CUDA {any_run.get('cuda', '?')}, Python {m['python']}; {m['cpus']} CPUs, clocksource {m['clocksource']}",
-        f"workload: {workload}; {s['warmup']} warm-up steps per process, then cycles of 12 turns (each configuration "
-        f"beside its baseline), a turn 1 settling + {s['block']} timed steps; memsnap MEMSNAP_CONTEXT={s['memsnap_context']}, PyTorch's "
+        f"workload: {workload}; {s['warmup']} warm-up steps per process, then cycles of {len(cycle_turns(0))} turns "
+        f"(each configuration beside its baseline), a turn 1 settling + {s['block']} timed steps; memsnap MEMSNAP_CONTEXT={s['memsnap_context']}, PyTorch's "
         f"recorder context='all', max_entries={RECORDER_MAX_ENTRIES}",
         f"rounds: {doc['rounds_run']} ({doc['stop_reason']}), cycles per round: "
         f"{', '.join(str(c) for c in cycles) or '—'}; took {doc['elapsed_s']:.0f} s of a {s['budget_s']:.0f} s budget",
@@ -758,12 +812,14 @@ def table(doc):
         if ns:
             ns_txt = f"{ns['median']:.0f}" + (f" ({ns['ci'][0]:.0f}..{ns['ci'][1]:.0f})" if ns["ci"] else "")
         lines.append(f"| {name} | {step} | {spread} | {over} | {ci} | {span} | {goal} | {eps} | {ns_txt} | OK |")
-    blocks = {n: rows[n]["allocator_blocks_per_step"] for n, *_ in ROWS if rows[n].get("allocator_blocks_per_step")}
+    blocks = {proc: rows[n]["allocator_blocks_per_step"] for n, proc, *_ in ROWS
+              if rows[n].get("allocator_blocks_per_step")}
     lines += [
         "",
-        "step ms: median over rounds of each process's median step. overhead: per cycle, block median / the block "
-        "median of the baseline turn beside it (same route, no memsnap, recorder off) - 1; per round the median over "
-        "cycles; "
+        "step ms: median over rounds of each process's median step (in that row's mode). overhead: per cycle, block "
+        "median / the block median of the baseline turn beside it - 1 (the baseline: the same route without memsnap, "
+        "recorder off; for the rows \"on/off in process\", the same process with every thread's calls passing "
+        "through memsnap unrecorded); per round the median over cycles; "
         "shown: the median over rounds, a bootstrap 95% interval of it, min..max over rounds. events/step: memsnap "
         "events recorded per step (first round, snapshots before and after the cycles); recorder rows: its trace "
         "entries in one step. ns/event: paired step-time difference / events per step.",

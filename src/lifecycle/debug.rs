@@ -36,6 +36,15 @@ pub fn pass_through(on: libc::c_int) {
     crate::guard::set_pass_through(on != 0);
 }
 
+/// Benchmark entry point: [`pass_through`] for every thread of the process at once
+/// (`guard::set_pass_through_every_thread`), with the same warning: a benchmark must free
+/// in each phase what it allocated there. `scripts/gpu/step_time.py` times a training step
+/// both ways in one process with it.
+#[inline(always)]
+pub fn pass_through_every_thread(on: libc::c_int) {
+    crate::guard::set_pass_through_every_thread(on != 0);
+}
+
 /// Debug and test entry point: captures the caller's stack (`stacks`: 0 none, 1 python,
 /// 2 native, 3 all; `max_frames` 0 = the maximum), resolves it at once the way the writer
 /// does, and writes `{"frames": [{"name","filename","line"}, ...] (innermost first),
