@@ -6,10 +6,10 @@ there: the in-process companion of scripts/gpu/step_time.py.
         [--stats-rounds 3]] --out $OUT [--cycles 30] [--block 4]
         [--routes tensor,default] [--stacks none,python,all] [--lib-b OTHER.so --label-b NAME]
 
-Why: step_time.py compares processes (what users feel), but the step time of one process
-differs from another's by more than memsnap costs; and the loops of hook_cost_torch.py and
-torch_blocks.py call the allocator back to back with everything memsnap touches in the
-caches, at one stack. Here the workload is step_time.py's transformer step (its TorchWorkload,
+Why: step_time.py gives the step time users feel (memsnap against another process, and
+against itself passing through); this script gives the cost per event and, with a
+capture-stats build, its parts; the loops of hook_cost_torch.py and torch_blocks.py call the
+allocator back to back with everything memsnap touches in the caches, at one stack. Here the workload is step_time.py's transformer step (its TorchWorkload,
 same sizes), and recording is switched on and off inside one process
 (memsnap_debug_pass_through, a bench-hooks build), beside PyTorch's recorder switched on and
 off in the same process, so the per-event figure is a paired difference at the same machine
