@@ -9,8 +9,9 @@ there: the in-process companion of scripts/gpu/step_time.py.
 Why: step_time.py gives the step time users feel (memsnap against another process, and
 against itself passing through); this script gives the cost per event and, with a
 capture-stats build, its parts; the loops of hook_cost_torch.py and torch_blocks.py call the
-allocator back to back with everything memsnap touches in the caches, at one stack. Here the workload is step_time.py's transformer step (its TorchWorkload,
-same sizes), and recording is switched on and off inside one process
+allocator back to back with everything memsnap touches in the caches, at one stack. Here the
+workload is step_time.py's transformer step (its TorchWorkload, same sizes), and recording
+is switched on and off inside one process
 (memsnap_debug_pass_through, a bench-hooks build), beside PyTorch's recorder switched on and
 off in the same process, so the per-event figure is a paired difference at the same machine
 state. Autograd runs its backward pass on the calling thread

@@ -45,8 +45,9 @@ time while the others wait on a pipe. A turn is one settling step (not counted: 
 caches change hands) and --block timed steps. One cycle gives each of the 6 measured
 configurations (memsnap python and all in each route, the recorder with python and all stacks)
 a turn right beside a turn of its baseline (the same route's no-memsnap process, recorder off),
-and each memsnap process a recording turn beside a passing-through one: 20 turns; the order of the pairs rotates every cycle, and the baseline goes first in even
-cycles, second in odd ones. --cycles cycles, then the processes exit and write their snapshots.
+and each memsnap process a recording turn beside a passing-through one: 20 turns; the order
+of the pairs rotates every cycle, and the baseline goes first in even cycles, second in odd
+ones. --cycles cycles, then the processes exit and write their snapshots.
 The step time of a shared virtual machine moves by tens of percent within a second (seen on an
 H200 machine here: one process's 10-step blocks ranged from 11 to 20 ms): a configuration and
 the baseline turn beside it, about 100 ms apart, see nearly the same machine; the rounds, each
@@ -54,7 +55,8 @@ with fresh processes, carry what differs from one process to the next. Before ea
 from the rounds so far and starts it only if it ends within --budget-s; a round that reaches
 the budget stops after the cycle in progress and keeps its complete cycles.
 
-Checks (a configuration that fails one in any round prints VOID or ERROR instead of figures):
+Checks (a configuration that fails one in any round prints VOID or ERROR instead of figures;
+a memsnap process whose --lib lacks the pass-through switch is an ERROR):
 every memsnap process's exit snapshot, read with scripts/bench/snapshot_counts.py, must exist
 and say 0 dropped, 0 stackless and more than 0 events recorded, and its
 memsnap.torch_allocator line must start with "blocks" in the default route (the tracker
@@ -74,8 +76,8 @@ the median over rounds of each process's median step. Goals: memsnap python <= 1
 <= 2% ("yes" when the whole interval is at or below the goal). Per event: the paired
 step-time difference (block medians, same cycles) / events per step, where events per step are
 the memsnap events recorded between two snapshots (memsnap_dump_path) taken right before the
-first and after the last cycle of the first round, over the steps in between that recorded; for the recorder,
-its trace entries in one step.
+first and after the last cycle of the first round, over the steps in between that recorded;
+for the recorder, its trace entries in one step.
 
 Output: OUT/step_time.json (settings, machine, clocksource, every block's step times, every
 check, the summaries; rewritten after each round) and OUT/step_time.md, the Markdown table, also
@@ -618,7 +620,7 @@ def snapshot_meta(path):
 
 
 def cycle_turns(cycle):
-    """[(process, recorder mode, pair)]: each configuration's turn beside a turn of its
+    """[(process, mode, pair)]: each configuration's turn beside a turn of its
     baseline (pair: the configuration's name); the order of the pairs rotates every cycle, and
     within each pair the baseline goes first in even cycles, second in odd ones."""
     pairs = [(name, proc, mode, base, base_mode) for name, proc, mode, kind, _, base, base_mode in ROWS
