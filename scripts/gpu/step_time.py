@@ -21,9 +21,10 @@ step time (about 8-12 ms on an H200), so allocator costs show in it.
 
 Routes and configurations, one process each (memsnap is loaded by LD_PRELOAD at its start):
 - tensor mode (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: memsnap sees every tensor as a
-  CUDA call): no memsnap; memsnap MEMSNAP_STACKS=python; memsnap MEMSNAP_STACKS=all.
+  CUDA call): no memsnap; memsnap MEMSNAP_STACKS=python; memsnap MEMSNAP_STACKS=all; memsnap
+  MEMSNAP_STACKS=none (measured against itself only: the hook's floor in a real step).
 - default (PyTorch's caching allocator: memsnap sees its blocks through the allocator's trace
-  tracker): no memsnap; memsnap python; memsnap all. PyTorch's recorder,
+  tracker): no memsnap; memsnap python; memsnap all; memsnap none. PyTorch's recorder,
   torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python" or
   "all", max_entries=100000), records in this route only: it is switched on and off inside the
   no-memsnap process of the default route, whose recorder-off blocks are the route's baseline.
@@ -39,13 +40,13 @@ guard); the rows against the no-memsnap process keep both. The record of such a 
 misses its passing-through steps by design: each step frees what it allocated, so its exit
 snapshot still balances and still must say 0 dropped, 0 stackless.
 
-Schedule: rounds. A round starts the six processes together (they import torch, build the
+Schedule: rounds. A round starts the eight processes together (they import torch, build the
 model and do --warmup steps at the same time), then runs them in lock-step, one process at a
 time while the others wait on a pipe. A turn is one settling step (not counted: the GPU and the
 caches change hands) and --block timed steps. One cycle gives each of the 6 measured
 configurations (memsnap python and all in each route, the recorder with python and all stacks)
 a turn right beside a turn of its baseline (the same route's no-memsnap process, recorder off),
-and each memsnap process a recording turn beside a passing-through one: 20 turns; the order
+and each memsnap process a recording turn beside a passing-through one: 24 turns; the order
 of the pairs rotates every cycle, and the baseline goes first in even cycles, second in odd
 ones. --cycles cycles, then the processes exit and write their snapshots.
 The step time of a shared virtual machine moves by tens of percent within a second (seen on an
@@ -124,6 +125,8 @@ CHILDREN = [
     ("default/no-memsnap", "default", None, True),
     ("default/memsnap-python", "default", "python", False),
     ("default/memsnap-all", "default", "all", False),
+    ("tensor/memsnap-none", "tensor", "none", False),
+    ("default/memsnap-none", "default", "none", False),
 ]
 # The table's rows, one turn per cycle each: name, process, mode, kind, stacks, and the
 # baseline's process and mode (None for a baseline). Modes: "off" (PyTorch's recorder off;
@@ -148,11 +151,17 @@ ROWS = [
      "default/memsnap-python", "pass"),
     ("default/memsnap-all, on/off in process", "default/memsnap-all", "off", "memsnap", "all",
      "default/memsnap-all", "pass"),
+    # Without stacks: what an event costs before any stack (the hook's floor), in process only.
+    ("tensor/memsnap-none, on/off in process", "tensor/memsnap-none", "off", "memsnap", "none",
+     "tensor/memsnap-none", "pass"),
+    ("default/memsnap-none, on/off in process", "default/memsnap-none", "off", "memsnap", "none",
+     "default/memsnap-none", "pass"),
 ]
 PASS_SYMBOL = "memsnap_debug_pass_through_every_thread"
 RECORDER_CHILD = "default/no-memsnap"
 # --dry-run: the fake step's overhead per configuration and recorder mode (fractions).
-FAKE_COST = {"tensor/memsnap-python": 0.004, "tensor/memsnap-all": 0.010, "default/memsnap-python": 0.003,
+FAKE_COST = {"tensor/memsnap-none": 0.001, "default/memsnap-none": 0.001,
+             "tensor/memsnap-python": 0.004, "tensor/memsnap-all": 0.010, "default/memsnap-python": 0.003,
              "default/memsnap-all": 0.008, "python": 0.04, "all": 0.10}
 FAKE_EVENTS = {"tensor": 800, "default": 1200}
 
@@ -570,7 +579,7 @@ def summarize(runs):
             d, e = row["delta_s"], row["events_per_step"]
             row["ns_per_event"] = {"median": d["median"] / e * 1e9,
                                    "ci": [d["ci"][0] / e * 1e9, d["ci"][1] / e * 1e9] if d["ci"] else None}
-        if kind == "memsnap" and "overhead" in row:
+        if kind == "memsnap" and "overhead" in row and stacks in GOALS:
             o, goal = row["overhead"], GOALS[stacks]
             hi = o["ci"][1] * 100 if o["ci"] else o["max"] * 100
             row["goal_pct"] = goal
