@@ -181,7 +181,7 @@ static EVERY_THREAD_PASSING_THROUGH: AtomicBool = AtomicBool::new(false);
 
 /// Whether a benchmark asked every thread's hooked calls to pass through. Builds without
 /// the `bench-hooks` feature (the shipped library) fold this to `false`; with it, one
-/// relaxed load of a line that is only ever read between two switches.
+/// relaxed load of a line only the switch writes.
 #[inline(always)]
 fn every_thread_passing_through() -> bool {
     #[cfg(feature = "bench-hooks")]
@@ -235,7 +235,7 @@ mod tests {
     #[cfg(feature = "bench-hooks")]
     #[test]
     fn every_thread_passes_through_until_turned_off() {
-        const CHILD: &str = "MEMSNAP_TEST_GUARD_CHILD";
+        const CHILD: &str = "GUARD_TEST_CHILD_PROCESS";
         if std::env::var_os(CHILD).is_none() {
             let out = std::process::Command::new(std::env::current_exe().unwrap())
                 .args([
