@@ -141,22 +141,12 @@ ROWS = [
     ("default/memsnap-all", "default/memsnap-all", "off", "memsnap", "all", "default/no-memsnap", "off"),
     ("default/torch-recorder-python", "default/no-memsnap", "python", "recorder", "python", "default/no-memsnap", "off"),
     ("default/torch-recorder-all", "default/no-memsnap", "all", "recorder", "all", "default/no-memsnap", "off"),
-    # Recording switched on and off inside the memsnap process, as the recorder is: the
-    # process-to-process spread (10-40% on the lent machines) leaves these rows.
-    ("tensor/memsnap-python, on/off in process", "tensor/memsnap-python", "off", "memsnap", "python",
-     "tensor/memsnap-python", "pass"),
-    ("tensor/memsnap-all, on/off in process", "tensor/memsnap-all", "off", "memsnap", "all",
-     "tensor/memsnap-all", "pass"),
-    ("default/memsnap-python, on/off in process", "default/memsnap-python", "off", "memsnap", "python",
-     "default/memsnap-python", "pass"),
-    ("default/memsnap-all, on/off in process", "default/memsnap-all", "off", "memsnap", "all",
-     "default/memsnap-all", "pass"),
-    # Without stacks: what an event costs before any stack (the hook's floor), in process only.
-    ("tensor/memsnap-none, on/off in process", "tensor/memsnap-none", "off", "memsnap", "none",
-     "tensor/memsnap-none", "pass"),
-    ("default/memsnap-none, on/off in process", "default/memsnap-none", "off", "memsnap", "none",
-     "default/memsnap-none", "pass"),
 ]
+# Recording switched on and off inside each memsnap process, as the recorder is: the
+# process-to-process spread (10-40% on the lent machines) leaves these rows. The processes
+# without stacks have only these: what an event costs before any stack (the hook's floor).
+ROWS += [(f"{proc}, on/off in process", proc, "off", "memsnap", stacks, proc, "pass")
+         for proc, _, stacks, _ in CHILDREN if stacks]
 PASS_SYMBOL = "memsnap_debug_pass_through_every_thread"
 RECORDER_CHILD = "default/no-memsnap"
 # --dry-run: the fake step's overhead per configuration and recorder mode (fractions).
