@@ -303,15 +303,7 @@ fn outer_frames_that_changed_at_the_same_depth_are_unwound_again() {
 fn a_return_address_that_changed_deep_under_a_path_is_seen() {
     let lib = clib(Which::Full);
     let deep = |depth: libc::c_int, via_y: bool| -> Vec<(String, i64)> {
-        let mut req = request(Stacks::Native, FRAME_CAPACITY);
-        let f = if via_y { lib.deep_y } else { lib.deep_x };
-        f(
-            depth,
-            capture_cb,
-            &mut req as *mut Request as *mut libc::c_void,
-        );
-        assert_eq!(req.hash_mismatches, 0, "{:?}", req.slot.native());
-        resolve(&req.slot)
+        resolve(&deep_capture(lib, depth, via_y, FRAME_CAPACITY))
             .iter()
             .map(|f| (f.name.clone(), f.line))
             .filter(|(name, _)| name.starts_with("stk_deep_"))
@@ -468,6 +460,69 @@ fn a_cut_stack_taken_again_keeps_its_frames_and_the_hash_of_them() {
     .unwrap();
 }
 
+/// A capture through `stk_deep_x` or `stk_deep_y` (a recursion `depth` deep under either)
+/// with at most `max` frames, from this one call site: both reach the hook in the same
+/// state, and their stacks differ only in the callers' frame beneath the recursion.
+#[inline(never)]
+fn deep_capture(lib: &CLib, depth: libc::c_int, via_y: bool, max: usize) -> StackSlot {
+    let mut req = request(Stacks::Native, max);
+    let f = if via_y { lib.deep_y } else { lib.deep_x };
+    f(
+        depth,
+        capture_cb,
+        &mut req as *mut Request as *mut libc::c_void,
+    );
+    assert_eq!(req.hash_mismatches, 0, "{:?}", req.slot.native());
+    req.slot
+}
+
+/// The two stacks of [`deep_capture`] whole, and the place of the first frame in which
+/// they differ.
+fn deep_stacks(lib: &CLib, depth: libc::c_int) -> (Vec<u64>, Vec<u64>, usize) {
+    let x = deep_capture(lib, depth, false, FRAME_CAPACITY);
+    let y = deep_capture(lib, depth, true, FRAME_CAPACITY);
+    assert!(!x.truncated && !y.truncated && x.n_native == y.n_native);
+    let differs = x
+        .native()
+        .iter()
+        .zip(y.native())
+        .position(|(a, b)| a != b)
+        .expect("the callers' frames differ");
+    (x.native().to_vec(), y.native().to_vec(), differs)
+}
+
+/// A stack cut at the frame limit is checked only up to the cut: the steps to its last
+/// frame kept and to the next one (which says that the stack goes on). Captures alternating
+/// between two callers whose stacks differ at place `k`, cut at `k - 2` to `k + 2` frames:
+/// each must be its own stack's first frames, cut (a check that leaves out the step to the
+/// last frame kept takes the other caller's frame at `k` when the stack keeps it).
+#[test]
+fn a_cut_stack_is_checked_to_the_cut_and_is_exactly_its_first_frames() {
+    let lib = clib(Which::Full);
+    std::thread::spawn(move || {
+        let (x, y, k) = deep_stacks(lib, 20);
+        assert!(
+            k > 20 && k + 2 < x.len(),
+            "the callers' frame is beneath the recursion"
+        );
+        for max in k - 2..=k + 2 {
+            for round in 0..3 {
+                for (via_y, whole) in [(false, &x), (true, &y)] {
+                    let slot = deep_capture(lib, 20, via_y, max);
+                    assert_eq!(
+                        slot.native(),
+                        &whole[..max],
+                        "cut at {max}, round {round}, via_y {via_y}"
+                    );
+                    assert!(slot.truncated, "cut at {max}, round {round}");
+                }
+            }
+        }
+    })
+    .join()
+    .unwrap();
+}
+
 /// The diagnostic counters of a `capture-stats` build count what the walks did. They are
 /// process-wide, so scripts/test.sh runs this test alone (`capture_stats_`).
 #[cfg(feature = "capture-stats")]
@@ -519,6 +574,55 @@ fn capture_stats_count_the_walks_their_frames_and_their_reuse() {
         assert_eq!(counted(Stat::PathsNotHolding), 0);
         assert!(counted(Stat::NativeTicks) > 0);
         assert!(after[Stat::TicksPerMillisecond as usize] > 0);
+    })
+    .join()
+    .unwrap();
+}
+
+/// Captures whose stacks differ only beyond the frame limit take one path whole, each
+/// checking it only to the cut: no path fails its check, and fewer words are read than the
+/// whole path has. (Checked over the whole path, each capture would find the other
+/// caller's path failing beneath the cut.) Process-wide counters: scripts/test.sh runs the
+/// `capture_stats_` tests one at a time.
+#[cfg(feature = "capture-stats")]
+#[test]
+fn capture_stats_a_change_beyond_the_cut_fails_no_path() {
+    use crate::capture::stats::{self, Stat};
+    let lib = clib(Which::Full);
+    std::thread::spawn(move || {
+        let (_, _, k) = deep_stacks(lib, 20);
+        let rounds = 8u64;
+        let counted_over = |captures: &dyn Fn()| {
+            let before = stats::read();
+            captures();
+            let after = stats::read();
+            move |stat: Stat| after[stat as usize] - before[stat as usize]
+        };
+        // The whole path, uncut, taken again and again: the words its check reads.
+        let whole = counted_over(&|| {
+            for _ in 0..rounds {
+                assert!(!deep_capture(lib, 20, false, FRAME_CAPACITY).truncated);
+            }
+        });
+        assert_eq!(whole(Stat::WholePaths), rounds);
+        // Cut two frames before the callers differ, alternating between them.
+        let max = k - 2;
+        let cut = counted_over(&|| {
+            for _ in 0..rounds {
+                for via_y in [false, true] {
+                    let slot = deep_capture(lib, 20, via_y, max);
+                    assert!(slot.truncated && slot.n_native as usize == max);
+                }
+            }
+        });
+        assert_eq!(cut(Stat::Walks), 2 * rounds);
+        assert_eq!(cut(Stat::WholePaths), 2 * rounds);
+        assert_eq!(cut(Stat::PathsNotHolding), 0);
+        let (words_whole, words_cut) = (whole(Stat::ReadsChecked), cut(Stat::ReadsChecked) / 2);
+        assert!(
+            words_cut < words_whole,
+            "{rounds} walks read {words_cut} words cut, {words_whole} whole"
+        );
     })
     .join()
     .unwrap();

@@ -331,6 +331,9 @@ mod imp {
         checks: [Check; CHECKS],
         checks_used: usize,
         frames: [u64; PIECE_FRAMES],
+        /// For each frame of `frames`, where in `checks` the steps from its node begin: a
+        /// stack cut at the frame limit checks its path only that far ([`take_whole`]).
+        frame_checks: [u32; PIECE_FRAMES],
         frames_used: usize,
     }
 
@@ -484,6 +487,7 @@ mod imp {
                 self.views[id].frames_from = f as u32;
                 if node.emits {
                     self.frames[f] = node.state.pc;
+                    self.frame_checks[f] = c as u32;
                     f += 1;
                 }
                 if node.kind == Kind::Rule {
@@ -506,6 +510,10 @@ mod imp {
             let (tc_end, tf_end) = (tail.checks_end as usize, tail.frames_end as usize);
             self.checks.copy_within(tc..tc_end, c);
             self.frames.copy_within(tf..tf_end, f);
+            // The tail's frames are after the pool's used part: no overlap.
+            for i in 0..tf_end - tf {
+                self.frame_checks[f + i] = self.frame_checks[tf + i] - tc as u32 + c as u32;
+            }
             let (c_end, f_end) = (c + tc_end - tc, f + tf_end - tf);
             let (mut lowest, mut steps) = (tail.lowest_read, tail.steps);
             let mut unknown = tail.ends_unknown;
@@ -935,7 +943,7 @@ mod imp {
             // `capture` is not re-entered on one thread (the hooks' nesting guard).
             return Some(unsafe { &mut *p });
         }
-        // About 8.6 MiB of address space, nearly all of it the paths' pools, whose pages
+        // About 9.3 MiB of address space, nearly all of it the paths' pools, whose pages
         // become resident only as walks fill them (the caches allocate their own ~300 KiB).
         // SAFETY: all-zero bytes are valid paths and rules (no module table yet: `table`
         // 0, which no module table has, so nothing is taken from them; every index entry
@@ -1153,8 +1161,9 @@ mod imp {
     }
 
     /// Takes the whole path of node `start` (which holds this walk's state) at once when
-    /// every stack word its steps read still holds what it held: one pass over the path's
-    /// checks, its frames copied in one piece. Returns whether the walk reached the end of
+    /// every stack word its steps read still holds what it held (for a stack cut at the
+    /// frame limit, the steps to the cut): one pass over those checks, the path's frames
+    /// copied in one piece. Returns whether the walk reached the end of
     /// the stack within the frame limit, or `None` when the path has no piece, would pass
     /// the step limit or no longer holds (then [`follow`] takes it node by node and finds
     /// where it changed).
@@ -1171,10 +1180,20 @@ mod imp {
         if *steps + view.steps as usize > MAX_STEPS || !head_holds(paths, start, bounds) {
             return None;
         }
+        // A stack cut at the frame limit keeps the path's first `room` frames: only the
+        // steps up to the frame after them (which says that the stack goes on) must still
+        // hold, not the outer ones, whose stack words are the coldest of the walk.
+        let (frames_from, frames_end) = (view.frames_from as usize, view.frames_end as usize);
+        let room = out.max.min(slot.native.len()).saturating_sub(out.n);
+        // (Both are below `PIECE_FRAMES` and a stack's frames: no overflow.)
+        let cut = frames_from + room;
+        let checks_end = if cut < frames_end {
+            paths.frame_checks[cut % PIECE_FRAMES] as usize
+        } else {
+            view.checks_end as usize
+        };
         // (`head_holds` found the piece whole and in bounds.)
-        let checks = paths
-            .checks
-            .get(view.checks_from as usize..view.checks_end as usize)?;
+        let checks = paths.checks.get(view.checks_from as usize..checks_end)?;
         let rest = &checks[checks.len().min(HEAD)..];
         let differs_at = |check: &Check| {
             // SAFETY: as in `head_holds`: a read a walk on this thread made in bounds, at or
@@ -1203,10 +1222,7 @@ mod imp {
             modules::mark_stale();
         }
         *steps += view.steps as usize;
-        let frames = paths
-            .frames
-            .get(view.frames_from as usize..view.frames_end as usize)?;
-        let room = out.max.min(slot.native.len()).saturating_sub(out.n);
+        let frames = paths.frames.get(frames_from..frames_end)?;
         let take = frames.len().min(room);
         if out.defer {
             out.deferred = Deferred {
