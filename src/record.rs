@@ -86,6 +86,14 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
             rec.push(by.thread, ev);
             return;
         };
+        // The send's first lines (the thread's lane slot, its table's header) are asked
+        // for now, so that they arrive while the walks run: in a real step the work
+        // between two events has pushed them out of the nearer caches.
+        if let Some(lines) = rec.next_push_lines(by.thread) {
+            capture::prefetch_for_write(lines[0]);
+            capture::prefetch_for_write(lines[1]);
+        }
+        capture::prefetch(thread.send_line() as u64);
         capture::timed!(StackEventTicks, {
             let hash = capture::capture_unfinished(
                 &mut thread.scratch,

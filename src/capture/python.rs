@@ -105,7 +105,7 @@ fn prefetch_chain(trail: &Trail, back: u64) {
 
 /// A hint to bring the line holding `addr` into the cache; no effect on any program state.
 #[inline(always)]
-fn prefetch_line(addr: u64) {
+pub fn prefetch_line(addr: u64) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint: it changes no register or memory the program sees and
     // does not fault, whatever the address (docs/HOT-PATH.md, "The Python walk's cache

@@ -163,6 +163,23 @@ impl Lanes {
         true
     }
 
+    /// Where the next [`Lanes::try_push`] into `lane` writes: its slot's first byte and its
+    /// mark (the two lines a slot may span), for a caller that asks for those lines while
+    /// it does other work first.
+    ///
+    /// # Safety
+    /// `lane` is one of these lanes, owned by the calling thread.
+    #[inline(always)]
+    pub unsafe fn next_slot(&self, lane: &Lane) -> [usize; 2] {
+        // SAFETY: the owner's own field (caller's contract).
+        let at = unsafe { *lane.claim.0.tail.get() };
+        let slot = lane.slot(at, self.mask);
+        [
+            slot as *const Slot as usize,
+            &slot.published as *const AtomicU64 as usize,
+        ]
+    }
+
     /// A lane for the calling thread: a free one, or a new mapping. `None` when lanes are
     /// off, all [`MAX_LANES`] are owned, or the mapping failed. Cold: a thread's first
     /// event.

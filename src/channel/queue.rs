@@ -212,6 +212,15 @@ impl Recorder {
         self.push_without_lane(thread, event)
     }
 
+    /// The lines the calling thread's next [`Recorder::push`] writes first (its lane's next
+    /// slot), if it sends through a lane of this channel.
+    #[inline(always)]
+    pub fn next_push_lines(&self, thread: &HookThread) -> Option<[usize; 2]> {
+        let lane = thread.lane(self.address())?;
+        // SAFETY: the thread's own lane of this channel.
+        Some(unsafe { self.lanes.next_slot(lane) })
+    }
+
     /// This channel's identity for a thread's lane.
     #[inline(always)]
     fn address(&self) -> usize {

@@ -104,6 +104,14 @@ fn first_use(thread: &HookThread) -> Option<&'static mut ThreadStacks> {
     Some(unsafe { &mut *fresh })
 }
 
+impl ThreadStacks {
+    /// The line a send reads first (the channel its table's hashes were sent on).
+    #[inline(always)]
+    pub fn send_line(&self) -> usize {
+        &self.channel as *const usize as usize
+    }
+}
+
 impl Recorder {
     /// Sends `ev` from the thread whose hook state is `hook` with the stack captured in
     /// `thread.scratch` (its stack state), whose
