@@ -443,6 +443,36 @@ mod tests {
         guard::with_thread(|t| rec.push(t, ev));
     }
 
+    /// The lines a hook asks for before its walks are where its next push writes: the
+    /// event at the first address, its mark (position + 1) at the second, lap after lap.
+    #[test]
+    fn the_next_push_lines_are_where_the_next_push_writes() {
+        let rec = channel(4);
+        std::thread::spawn(move || {
+            send(rec, 1); // claims the thread's lane
+            assert_eq!(Reader::new().next(rec).map(|e| e.addr), Some(1));
+            for time in 2..12u64 {
+                let [event_at, mark_at] =
+                    guard::with_thread(|t| rec.next_push_lines(t)).expect("a lane");
+                send(rec, time);
+                // SAFETY: the slot of this thread's lane the push just wrote; the writer
+                // is not running and takes nothing from the lane while we read.
+                let (event, mark) = unsafe {
+                    (
+                        std::ptr::read(event_at as *const Event),
+                        (*(mark_at as *const AtomicU64)).load(Acquire),
+                    )
+                };
+                assert_eq!((event.addr, event.time), (time, Stamp(time)));
+                assert_eq!(mark, time, "position {} published", time - 1);
+                // Take it, so that the ring has room for the next lap.
+                assert_eq!(Reader::new().next(rec).map(|e| e.addr), Some(time));
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
     /// A thread that sends events stamped `times`, then waits on `hold` (keeping its lane)
     /// before it exits.
     fn sender(
