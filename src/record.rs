@@ -93,7 +93,7 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
             capture::prefetch_for_write(lines[0]);
             capture::prefetch_for_write(lines[1]);
         }
-        capture::prefetch(thread.send_line() as u64);
+        capture::prefetch_line(thread.send_line() as u64);
         capture::timed!(StackEventTicks, {
             let hash = capture::capture_unfinished(
                 &mut thread.scratch,

@@ -524,7 +524,7 @@ fn a_cut_stack_is_checked_to_the_cut_and_is_exactly_its_first_frames() {
 }
 
 /// The diagnostic counters of a `capture-stats` build count what the walks did. They are
-/// process-wide, so scripts/test.sh runs this test alone (`capture_stats_`).
+/// process-wide, so scripts/test.sh runs the `capture_stats_` tests alone, one at a time.
 #[cfg(feature = "capture-stats")]
 #[test]
 fn capture_stats_count_the_walks_their_frames_and_their_reuse() {

@@ -44,7 +44,7 @@ use crate::channel::event::{StackSlot, native_chain};
 use crate::config::{FRAME_CAPACITY, Stacks};
 use crate::process::modules;
 pub use python::Trail;
-pub use python::prefetch_line as prefetch;
+pub use python::prefetch_line;
 
 /// A hint to bring the line holding `addr` into the cache ready to be written
 /// (`prefetchw`; a no-op where the processor lacks it, and on other architectures a read
