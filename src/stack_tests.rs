@@ -523,6 +523,60 @@ fn a_cut_stack_is_checked_to_the_cut_and_is_exactly_its_first_frames() {
     .unwrap();
 }
 
+/// One capture ([`deep_capture`]) per `(depth, via_y, max)`, in order, on a thread of its own
+/// (the same code for every thread, so that each capture's frames outside the recursion are
+/// the same whichever thread makes it).
+fn deep_captures_on_a_new_thread(
+    lib: &'static CLib,
+    captures: Vec<(libc::c_int, bool, usize)>,
+) -> Vec<StackSlot> {
+    std::thread::spawn(move || {
+        captures
+            .iter()
+            .map(|&(depth, via_y, max)| deep_capture(lib, depth, via_y, max))
+            .collect()
+    })
+    .join()
+    .unwrap()
+}
+
+/// Walks that reuse every earlier walk's paths, cut or not, give exactly what a thread's
+/// first walk gives: 300 captures of random depth, caller and frame limit on one thread,
+/// each against the same capture made alone on a fresh thread (no path to take).
+#[test]
+fn reused_and_cut_walks_give_what_a_fresh_walk_gives() {
+    let lib = clib(Which::Full);
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |below: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % below
+    };
+    let captures: Vec<(libc::c_int, bool, usize)> = (0..300)
+        .map(|_| {
+            let depth = next(48) as libc::c_int;
+            let via_y = next(2) == 1;
+            // Half of them cut close to the callers' frame, the rest anywhere.
+            let max = if next(2) == 0 {
+                (depth as usize + next(6) as usize).clamp(1, FRAME_CAPACITY)
+            } else {
+                1 + next(FRAME_CAPACITY as u64) as usize
+            };
+            (depth, via_y, max)
+        })
+        .collect();
+    let reused = deep_captures_on_a_new_thread(lib, captures.clone());
+    let mut cut = 0;
+    for (i, (capture, slot)) in captures.iter().zip(&reused).enumerate() {
+        let fresh = &deep_captures_on_a_new_thread(lib, vec![*capture])[0];
+        assert_eq!(slot.native(), fresh.native(), "capture {i}: {capture:?}");
+        assert_eq!(slot.truncated, fresh.truncated, "capture {i}: {capture:?}");
+        cut += usize::from(fresh.truncated);
+    }
+    assert!(cut > 50 && cut < 280, "{cut} of 300 cut");
+}
+
 /// The diagnostic counters of a `capture-stats` build count what the walks did. They are
 /// process-wide, so scripts/test.sh runs the `capture_stats_` tests alone, one at a time.
 #[cfg(feature = "capture-stats")]
