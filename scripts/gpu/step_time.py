@@ -3,6 +3,7 @@ recording, against the same allocator without memsnap and against PyTorch's own 
 
     python3 scripts/gpu/step_time.py --lib target/gpu-bin/libmemsnap.so --cli target/gpu-bin/memsnap \\
         --out $OUT [--budget-s 520] [--cycles 60] [--block 5] [--warmup 30] [--memsnap-context alloc|all]
+        [--isolate] (every other thread of each process, memsnap's writer included, off the stepping CPU)
         [--dtype bf16|fp32] [--layers 4] [--d-model 512] [--heads 8] [--batch 16] [--seq 256] [--vocab 8192]
     python3 scripts/gpu/step_time.py --merge OUT1/step_time.json OUT2/step_time.json --out DIR
         (the rounds of several runs, e.g. several device commands of at most 600 s each, as one)
@@ -103,6 +104,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -328,20 +330,38 @@ def timed(wl):
     return time.perf_counter() - t0
 
 
-def pin_main_thread():
+def pin_main_thread(isolate=False):
     """The stepping thread on one core (the third it may use; the same in every process, and
     only one process steps at a time), after the warm-up: threads made earlier (autograd's,
-    memsnap's writer) keep the whole machine. Returns the core or None."""
+    memsnap's writer) keep the whole machine, or with `isolate` every core but that one.
+    Returns (the core or None, the names of the threads moved off it)."""
     if not hasattr(os, "sched_setaffinity"):
-        return None
+        return None, []
     try:
         allowed = sorted(os.sched_getaffinity(0))
         if len(allowed) < 4:
-            return None
+            return None, []
         os.sched_setaffinity(0, {allowed[2]})
-        return allowed[2]
     except OSError:
-        return None
+        return None, []
+    return allowed[2], keep_off(allowed[2], set(allowed) - {allowed[2]}) if isolate else []
+
+
+def keep_off(cpu, others):
+    """Every thread of this process but the calling one onto `others` (not `cpu`): nothing
+    else of the process (memsnap's writer, which wakes about once a millisecond while it
+    records; PyTorch's and CUDA's threads) runs on the stepping thread's core. Returns their names."""
+    me, moved = threading.get_native_id(), []
+    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
+        if tid == me:
+            continue
+        try:
+            os.sched_setaffinity(tid, others)
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                moved.append(f.read().strip())
+        except OSError:
+            pass  # the thread ended meanwhile
+    return moved
 
 
 def reply(tag, obj):
@@ -365,7 +385,7 @@ def child_main(a):
     for _ in range(a.warmup):
         wl.step()
     info["setup_s"] = round(time.perf_counter() - t0, 2)  # build + warm-up
-    info["pinned_cpu"] = None if a.no_pin else pin_main_thread()
+    info["pinned_cpu"], info["kept_off"] = (None, []) if a.no_pin else pin_main_thread(a.isolate)
     reply("READY", info)
     mode, passed = "off", 0
 
@@ -606,7 +626,7 @@ def child_argv(a):
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--warmup", str(a.warmup), "--dtype", a.dtype,
             "--layers", str(a.layers), "--d-model", str(a.d_model), "--heads", str(a.heads), "--batch",
             str(a.batch), "--seq", str(a.seq), "--vocab", str(a.vocab), "--fake-step-ms", str(a.fake_step_ms)]
-    for flag, on in (("--dry-run", a.dry_run), ("--no-pin", a.no_pin)):
+    for flag, on in (("--dry-run", a.dry_run), ("--no-pin", a.no_pin), ("--isolate", a.isolate)):
         if on:
             argv.append(flag)
     return argv
@@ -830,6 +850,9 @@ def table(doc):
                      + ", ".join(f"{n} {v:.0f}" for n, v in blocks.items()) + ".")
     if any_run.get("pinned_cpu") is not None:
         lines.append(f"Every process's stepping thread ran pinned to CPU {any_run['pinned_cpu']} after its warm-up.")
+        kept = sorted({name for runs in doc["runs"].values() for r in runs for name in r.get("kept_off", [])})
+        if kept:
+            lines.append("Every other thread of each process was kept off that CPU (--isolate): " + ", ".join(kept) + ".")
     errors = [(n, r) for n, recs in doc["runs"].items() for r in recs if r.get("error")]
     if errors:
         lines += ["", "Errors:"] + [f"- {n}, round {r['round'] + 1}: {r['error'].strip().splitlines()[-1][:300]}"
@@ -935,6 +958,8 @@ def main(argv):
     p.add_argument("--memsnap-context", choices=["alloc", "all"], default="alloc")
     add_workload_args(p)
     p.add_argument("--no-pin", action="store_true", help="leave the stepping threads unpinned")
+    p.add_argument("--isolate", action="store_true",
+                   help="also keep every other thread of each process (memsnap's writer, PyTorch's) off the stepping CPU")
     p.add_argument("--dry-run", action="store_true", help="fake workload: no torch, no GPU, no preload")
     p.add_argument("--dry-run-lose", action="append", default=[], metavar="CONFIG",
                    help="dry run: this configuration's fake snapshots report dropped events (shows VOID)")
