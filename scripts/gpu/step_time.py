@@ -344,13 +344,14 @@ def pin_main_thread(isolate=False):
         os.sched_setaffinity(0, {allowed[2]})
     except OSError:
         return None, []
-    return allowed[2], keep_off(allowed[2], set(allowed) - {allowed[2]}) if isolate else []
+    return allowed[2], keep_off(set(allowed) - {allowed[2]}) if isolate else []
 
 
-def keep_off(cpu, others):
-    """Every thread of this process but the calling one onto `others` (not `cpu`): nothing
-    else of the process (memsnap's writer, which wakes about once a millisecond while it
-    records; PyTorch's and CUDA's threads) runs on the stepping thread's core. Returns their names."""
+def keep_off(others):
+    """Every thread of this process but the calling one onto the CPUs `others` (all but the
+    stepping thread's): nothing else of the process (memsnap's writer, which wakes about once
+    a millisecond while it records; PyTorch's and CUDA's threads) runs on the stepping
+    thread's core. Returns their names."""
     me, moved = threading.get_native_id(), []
     for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
         if tid == me:
