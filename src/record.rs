@@ -150,11 +150,14 @@ pub fn allocation(
             if addr == 0 {
                 return; // zero-byte requests succeed without memory
             }
-            let device = devices.current();
-            note_device_total(devices, device);
-            let payload = Payload::Stream(stream);
-            let ev = by.event(now(), kind, api, device, addr, size, payload);
-            send(by, ev, true);
+            capture::timed!(EventTicks, {
+                let device = devices.current();
+                note_device_total(devices, device);
+                let payload = Payload::Stream(stream);
+                let ev = by.event(now(), kind, api, device, addr, size, payload);
+                send(by, ev, true);
+            });
+            capture::count!(Events, 1);
         }
         Outcome::OutOfMemory => out_of_memory(by, devices, api, size, stream),
         Outcome::Failed => {}
@@ -164,10 +167,13 @@ pub fn allocation(
 /// A free, recorded before the real call releases the address.
 #[inline(always)]
 pub fn release(by: Sender, kind: Kind, api: Api, addr: u64, size: u64, stream: u64) {
-    let with_stack = by.rec.settings.context == Context::All;
-    let payload = Payload::Stream(stream);
-    let ev = by.event(now(), kind, api, -1, addr, size, payload);
-    send(by, ev, with_stack);
+    capture::timed!(EventTicks, {
+        let with_stack = by.rec.settings.context == Context::All;
+        let payload = Payload::Stream(stream);
+        let ev = by.event(now(), kind, api, -1, addr, size, payload);
+        send(by, ev, with_stack);
+    });
+    capture::count!(Events, 1);
 }
 
 /// Virtual-memory bookkeeping (create/release/reserve/free): no stack needed.
@@ -256,22 +262,25 @@ fn oom_episode(by: Sender, api: Api, device: i32, free_bytes: Option<u64>, size:
 /// `device` and `time` come with the entry: no driver query, no clock read.
 #[inline(always)]
 pub fn block(by: Sender, kind: Kind, device: i32, addr: u64, size: u64, stream: u64, time: Stamp) {
-    let with_stack = match kind {
-        Kind::BlockAlloc => true,
-        Kind::BlockFreeRequested => by.rec.settings.context == Context::All,
-        _ => false,
-    };
-    let payload = Payload::Stream(stream);
-    let ev = by.event(
-        time,
-        kind,
-        Api::CachingAllocator,
-        device,
-        addr,
-        size,
-        payload,
-    );
-    send(by, ev, with_stack);
+    capture::timed!(EventTicks, {
+        let with_stack = match kind {
+            Kind::BlockAlloc => true,
+            Kind::BlockFreeRequested => by.rec.settings.context == Context::All,
+            _ => false,
+        };
+        let payload = Payload::Stream(stream);
+        let ev = by.event(
+            time,
+            kind,
+            Api::CachingAllocator,
+            device,
+            addr,
+            size,
+            payload,
+        );
+        send(by, ev, with_stack);
+    });
+    capture::count!(Events, 1);
 }
 
 /// PyTorch's caching allocator gave up on a request of `size` bytes (after freeing its

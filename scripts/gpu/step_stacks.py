@@ -3,7 +3,7 @@ there: the in-process companion of scripts/gpu/step_time.py.
 
     python3 scripts/gpu/step_stacks.py --lib target/gpu-bin/final/libmemsnap.so \\
         [--stats-lib target/gpu-bin/stats/libmemsnap.so [--stats-lib-b OTHER_STATS.so]
-        [--stats-rounds 3]] --out $OUT [--cycles 30] [--block 4]
+        [--stats-rounds 3] [--stats-stacks none,python,all]] --out $OUT [--cycles 30] [--block 4]
         [--routes tensor,default] [--stacks none,python,all] [--lib-b OTHER.so --label-b NAME]
 
 Why: step_time.py gives the step time users feel (memsnap against another process, and
@@ -34,10 +34,13 @@ Every memsnap process's snapshots must say 0 dropped and 0 stackless, else its f
 --lib's (process by process), for A/B comparisons of two builds.
 
 --stats-lib (a build with --features capture-stats): one more process per route and stacks
-setting (python, all) records --stats-steps steps after the warm-up and reports, per walk,
+setting (--stats-stacks: python and all unless told) records --stats-steps steps after the
+warm-up and reports, per walk,
 what the captures did (memsnap_debug_capture_stats: native steps unwound and taken from earlier
 paths, whole paths taken at once and paths left midway, stack words checked, nodes made, rule
-misses, frames, truncations; Python frames). Never timed: its counters
+misses, frames, truncations; Python frames), and the time-stamp-counter ticks of each part:
+the whole recording of every event (device query, clock, stack path, push: with stacks none,
+the hook's floor in the step), the stack path, the walks, the send. Not a step time: its counters
 are atomic adds. --stats-lib-b: a second capture-stats build, its processes alternating with
 --stats-lib's (labelled --label-a and --label-b), --stats-rounds processes of each per route
 and stacks setting: the per-part times of two builds compared on one machine. Without --lib,
@@ -66,7 +69,7 @@ from torch_blocks import memsnap_dump  # noqa: E402
 STAT_NAMES = ["walks", "walks_reused", "steps_unwound", "steps_reused", "reads_checked", "whole_paths", "paths_left", "rule_misses",
               "rule_misses_cold", "rule_misses_conflict", "rule_misses_first_frame", "framehop_steps",
               "walks_at_step_limit", "native_frames", "native_truncated", "python_walks", "python_frames", "native_ticks", "python_ticks", "send_ticks", "stack_event_ticks", "stack_events",
-              "nodes_made", "path_resets", "paths_not_holding", "ticks_per_ms"]
+              "nodes_made", "path_resets", "paths_not_holding", "event_ticks", "events", "ticks_per_ms"]
 
 
 def quartiles(values):
@@ -293,7 +296,7 @@ def table(doc):
             per = r["stats_steps"]
             lines.append(
                 f"| {r.get('label', '')} | {r['route']} | {r['stacks']} | "
-                f"{(st['python_walks'] or st['walks']) / per:.0f} | {st['walks']} | "
+                f"{st['events'] / per:.0f} | {st['walks']} | "
                 f"{st['steps_unwound'] / w:.1f} | {st['steps_reused'] / w:.1f} | "
                 f"{100 * st['walks_reused'] / w:.0f}% | {st['whole_paths'] / w:.2f} | "
                 f"{st['paths_not_holding'] / w:.2f} | {st['paths_left'] / w:.2f} | "
@@ -306,15 +309,17 @@ def table(doc):
     if doc.get("stats"):
         lines += ["", "Time in the stack path (time-stamp counter around each part; the counter reads add about "
                   "20 ns to each figure):", "",
-                  "| build | route | stacks | stack path ns/event | native walk ns | Python walk ns | send ns |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| build | route | stacks | recording ns/event (every event) | stack path ns/stacked event | "
+                  "native walk ns | Python walk ns | send ns |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in doc["stats"]:
             if "error" in r:
                 continue
             st = r["stats"]
             ns = 1e6 / max(st["ticks_per_ms"], 1)
             ev = max(st["stack_events"], 1)
-            lines.append(f"| {r.get('label', '')} | {r['route']} | {r['stacks']} | {st['stack_event_ticks'] * ns / ev:.0f} | "
+            lines.append(f"| {r.get('label', '')} | {r['route']} | {r['stacks']} | "
+                         f"{st['event_ticks'] * ns / max(st['events'], 1):.0f} | {st['stack_event_ticks'] * ns / ev:.0f} | "
                          f"{st['native_ticks'] * ns / max(st['walks'], 1):.0f} | "
                          f"{st['python_ticks'] * ns / max(st['python_walks'], 1):.0f} | {st['send_ticks'] * ns / ev:.0f} |")
     for r in doc.get("stats") or []:
@@ -354,7 +359,7 @@ def drive(a):
         # round: a machine that drifts moves both alike.
         order = stats_libs if round_ % 2 == 0 else list(reversed(stats_libs))
         for route in a.routes.split(","):
-            for stacks in ("python", "all"):
+            for stacks in [s for s in a.stats_stacks.split(",") if s]:
                 for label, lib in order:
                     folder = os.path.join(a.out, "snapshots", f"stats-{label}-{route}-{stacks}-{round_}")
                     res = run_child(a, lib, route, stacks, True, folder)
@@ -385,6 +390,8 @@ def main():
     p.add_argument("--stats-lib-b", help="a second capture-stats build, in processes of its own beside --stats-lib's "
                    "(labelled --label-b)")
     p.add_argument("--stats-rounds", type=int, default=1, help="processes per stats build, route and stacks")
+    p.add_argument("--stats-stacks", default="python,all",
+                   help="the stacks settings of the stats processes (none: the recording floor alone)")
     p.add_argument("--child-timeout", type=float, default=300)
     add_workload_args(p)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -3,7 +3,8 @@ recording, against the same allocator without memsnap and against PyTorch's own 
 
     python3 scripts/gpu/step_time.py --lib target/gpu-bin/libmemsnap.so --cli target/gpu-bin/memsnap \\
         --out $OUT [--budget-s 520] [--cycles 60] [--block 5] [--warmup 30] [--memsnap-context alloc|all]
-        [--isolate] (every other thread of each process, memsnap's writer included, off the stepping CPU)
+        [--isolate] (every other thread of each process, memsnap's writer included, off the stepping
+        thread's core and its SMT siblings)
         [--dtype bf16|fp32] [--layers 4] [--d-model 512] [--heads 8] [--batch 16] [--seq 256] [--vocab 8192]
     python3 scripts/gpu/step_time.py --merge OUT1/step_time.json OUT2/step_time.json --out DIR
         (the rounds of several runs, e.g. several device commands of at most 600 s each, as one)
@@ -344,14 +345,30 @@ def pin_main_thread(isolate=False):
         os.sched_setaffinity(0, {allowed[2]})
     except OSError:
         return None, []
-    return allowed[2], keep_off(set(allowed) - {allowed[2]}) if isolate else []
+    return allowed[2], keep_off(set(allowed) - core_of(allowed[2])) if isolate else []
+
+
+def core_of(cpu):
+    """`cpu` and the other hardware threads of its core (its SMT siblings, which share the
+    core's execution units and caches), from sysfs; `{cpu}` where sysfs does not say."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+    except OSError:
+        return {cpu}
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus | {cpu}
 
 
 def keep_off(others):
     """Every thread of this process but the calling one onto the CPUs `others` (all but the
-    stepping thread's): nothing else of the process (memsnap's writer, which wakes about once
-    a millisecond while it records; PyTorch's and CUDA's threads) runs on the stepping
-    thread's core. Returns their names."""
+    stepping thread's core, its SMT siblings included): nothing else of the process
+    (memsnap's writer, which wakes about once a millisecond while it records; PyTorch's and
+    CUDA's threads) runs on the stepping thread's core. Returns their names."""
     me, moved = threading.get_native_id(), []
     for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
         if tid == me:
@@ -387,6 +404,8 @@ def child_main(a):
         wl.step()
     info["setup_s"] = round(time.perf_counter() - t0, 2)  # build + warm-up
     info["pinned_cpu"], info["kept_off"] = (None, []) if a.no_pin else pin_main_thread(a.isolate)
+    if info["pinned_cpu"] is not None and a.isolate:
+        info["stepping_core"] = sorted(core_of(info["pinned_cpu"]))
     reply("READY", info)
     mode, passed = "off", 0
 
@@ -853,7 +872,9 @@ def table(doc):
         lines.append(f"Every process's stepping thread ran pinned to CPU {any_run['pinned_cpu']} after its warm-up.")
         kept = sorted({name for runs in doc["runs"].values() for r in runs for name in r.get("kept_off", [])})
         if kept:
-            lines.append("Every other thread of each process was kept off that CPU (--isolate): " + ", ".join(kept) + ".")
+            core = any_run.get("stepping_core") or [any_run["pinned_cpu"]]
+            lines.append(f"Every other thread of each process was kept off that core (CPUs "
+                         f"{', '.join(map(str, core))}; --isolate): " + ", ".join(kept) + ".")
     errors = [(n, r) for n, recs in doc["runs"].items() for r in recs if r.get("error")]
     if errors:
         lines += ["", "Errors:"] + [f"- {n}, round {r['round'] + 1}: {r['error'].strip().splitlines()[-1][:300]}"
@@ -960,7 +981,8 @@ def main(argv):
     add_workload_args(p)
     p.add_argument("--no-pin", action="store_true", help="leave the stepping threads unpinned")
     p.add_argument("--isolate", action="store_true",
-                   help="also keep every other thread of each process (memsnap's writer, PyTorch's) off the stepping CPU")
+                   help="also keep every other thread of each process (memsnap's writer, PyTorch's) off the "
+                        "stepping thread's core (its SMT siblings included)")
     p.add_argument("--dry-run", action="store_true", help="fake workload: no torch, no GPU, no preload")
     p.add_argument("--dry-run-lose", action="append", default=[], metavar="CONFIG",
                    help="dry run: this configuration's fake snapshots report dropped events (shows VOID)")

@@ -65,6 +65,13 @@ pub enum Stat {
     /// Paths a walk tried to take whole whose piece no longer held (it tried the state's
     /// next path, or followed the newest).
     PathsNotHolding,
+    /// Ticks spent recording an allocation, a free or a caching-allocator block, from the
+    /// hook's first step after the real call (or before it, for a free) to the event on the
+    /// channel: the device query and the clock where the hook makes them, the stack path
+    /// where there is one, the push. The hook's nesting guard and the real call are outside.
+    EventTicks,
+    /// Events those ticks are for (stackless ones included).
+    Events,
     /// Time-stamp-counter ticks per millisecond, measured when the counters are read.
     TicksPerMillisecond,
 }
