@@ -158,6 +158,7 @@ pub fn allocation(
                 send(by, ev, true);
             });
             capture::count!(Events, 1);
+            capture::timed!(TimerTicks, ());
         }
         Outcome::OutOfMemory => out_of_memory(by, devices, api, size, stream),
         Outcome::Failed => {}
@@ -174,6 +175,7 @@ pub fn release(by: Sender, kind: Kind, api: Api, addr: u64, size: u64, stream: u
         send(by, ev, with_stack);
     });
     capture::count!(Events, 1);
+    capture::timed!(TimerTicks, ());
 }
 
 /// Virtual-memory bookkeeping (create/release/reserve/free): no stack needed.
@@ -281,6 +283,7 @@ pub fn block(by: Sender, kind: Kind, device: i32, addr: u64, size: u64, stream: 
         send(by, ev, with_stack);
     });
     capture::count!(Events, 1);
+    capture::timed!(TimerTicks, ());
 }
 
 /// PyTorch's caching allocator gave up on a request of `size` bytes (after freeing its

@@ -72,6 +72,9 @@ pub enum Stat {
     EventTicks,
     /// Events those ticks are for (stackless ones included).
     Events,
+    /// Ticks of an empty timed region, once per event, next to the recording's: what the
+    /// counter reads themselves add to each timed part.
+    TimerTicks,
     /// Time-stamp-counter ticks per millisecond, measured when the counters are read.
     TicksPerMillisecond,
 }
