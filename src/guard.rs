@@ -10,40 +10,46 @@
 //! of it: in a shared library each lookup is a call to `__tls_get_addr` (about 11
 //! instructions), and a hook makes one, in [`Scope::enter`]; the scope keeps the address.
 
-use crate::channel::lanes::{Lane, NO_LANE};
+use crate::channel::lanes::Cursor;
 use crate::channel::sent::ThreadStacks;
 use std::cell::Cell;
 #[cfg(feature = "bench-hooks")]
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-/// One thread's hook state.
+/// One thread's hook state: one cache line, the only one of memsnap's own that a
+/// stackless event reads (besides the recorder's settings): its nesting depth and its hold
+/// on its lane are here.
+#[repr(C, align(64))]
 pub struct HookThread {
     /// The nesting depth.
     depth: Cell<u32>,
-    /// Set by [`set_pass_through`]: the depth holds one extra level.
-    passing_through: Cell<bool>,
     /// The kernel thread id, asked once (0: not yet).
     tid: Cell<u32>,
+    /// Set by [`set_pass_through`]: the depth holds one extra level.
+    passing_through: Cell<bool>,
+    /// The address of the channel `lane` belongs to (a forked child's channel is another:
+    /// its first event claims a lane there).
+    lane_channel: Cell<usize>,
     /// This thread's stack state (`channel::sent`): null until its first stack, then the
     /// state, or `sent`'s "gone" mark once the thread-exit destructor freed it.
     pub(crate) stacks: Cell<*mut ThreadStacks>,
-    /// This thread's event lane, valid while `lane_channel` is the address of the channel
-    /// (a forked child's channel is another: its first event claims a lane there); null
-    /// until the first event, [`NO_LANE`] once given back at thread exit or when there was
-    /// none to claim.
-    lane: Cell<*const Lane>,
-    lane_channel: Cell<usize>,
+    /// This thread's hold on its event lane (where it writes next), valid while
+    /// `lane_channel` is the channel's address; [`Cursor::NONE`] until the first event,
+    /// [`Cursor::NO_LANE`] once given back at thread exit or when there was none to claim.
+    lane: Cell<Cursor>,
 }
+
+const _: () = assert!(size_of::<HookThread>() == 64);
 
 thread_local! {
     static THREAD: HookThread = const {
         HookThread {
             depth: Cell::new(0),
-            passing_through: Cell::new(false),
             tid: Cell::new(0),
-            stacks: Cell::new(std::ptr::null_mut()),
-            lane: Cell::new(std::ptr::null()),
+            passing_through: Cell::new(false),
             lane_channel: Cell::new(0),
+            stacks: Cell::new(std::ptr::null_mut()),
+            lane: Cell::new(Cursor::NONE),
         }
     };
 }
@@ -99,32 +105,29 @@ impl HookThread {
         self.tid_first()
     }
 
-    /// This thread's lane on the channel at address `channel`, if it has one there.
+    /// This thread's hold on its lane of the channel at address `channel`, if it has one
+    /// there.
     #[inline(always)]
-    pub fn lane(&self, channel: usize) -> Option<&Lane> {
-        if self.lane_channel.get() != channel {
-            return None;
-        }
-        // SAFETY: set by `set_lane` to a lane of that channel (mapped for the life of the
-        // process), not given back yet (`go_without_lane` clears the channel).
-        unsafe { self.lane.get().as_ref() }
+    pub fn lane(&self, channel: usize) -> Option<&Cell<Cursor>> {
+        (self.lane_channel.get() == channel).then_some(&self.lane)
     }
 
     /// Whether the thread sends through the shared queue for the rest of its life.
     pub fn without_lane(&self) -> bool {
-        self.lane.get() == NO_LANE
+        self.lane.get().is_no_lane()
     }
 
     /// Notes the lane this thread claimed on the channel at address `channel`.
-    pub fn set_lane(&self, lane: &Lane, channel: usize) {
-        self.lane.set(lane);
+    pub fn set_lane(&self, cursor: Cursor, channel: usize) {
+        self.lane.set(cursor);
         self.lane_channel.set(channel);
     }
 
-    /// From now on this thread's events go to the shared queue.
-    pub fn go_without_lane(&self) {
-        self.lane.set(NO_LANE);
+    /// From now on this thread's events go to the shared queue. Returns its hold on the
+    /// lane it had (for the count its next owner goes on from).
+    pub fn go_without_lane(&self) -> Cursor {
         self.lane_channel.set(0);
+        self.lane.replace(Cursor::NO_LANE)
     }
 
     #[cold]

@@ -29,17 +29,12 @@
 use crate::channel::event::Event;
 use crate::channel::queue::Recorder;
 use crate::thread_state::ExitKey;
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// Lanes at most: threads recording at the same time beyond this many use the shared
 /// queue (their events are merged just the same).
 pub const MAX_LANES: usize = 256;
-
-/// Marks a thread that sends through the shared queue for the rest of its life: it gave
-/// its lane back at exit (other destructors may still free memory on it), or found none
-/// (lanes off, or all taken).
-pub const NO_LANE: *const Lane = std::ptr::without_provenance(1);
 
 /// One cache line.
 #[repr(C, align(64))]
@@ -48,22 +43,79 @@ struct Line<T>(T);
 const FREE: u32 = 0;
 const TAKEN: u32 = 1;
 
-/// One thread's ring: a header of two cache lines (what the writer writes; what the
-/// producer keeps for itself and the claim), then the slots.
+/// One thread's ring: a header of two cache lines (what the writer writes; whether a
+/// thread owns the lane, and where its last owner stopped), then the slots.
 #[repr(C)]
 pub struct Lane {
     /// Events ever taken (the writer's; the producer reads it when the ring looks full).
     head: Line<AtomicU64>,
-    /// The producer's own: events ever published, and its last reading of `head`; and
-    /// whether a thread owns the lane.
-    claim: Line<Producer>,
+    /// Whether a thread owns the lane, and the events its owners published before the
+    /// present one claimed it (the owner keeps its own count in its [`Cursor`] meanwhile).
+    claim: Line<Claim>,
 }
 
 #[repr(C)]
-struct Producer {
+struct Claim {
+    /// Written by an owner as it gives the lane back, read by the next as it claims it
+    /// (the two synchronize through `owner`).
     tail: UnsafeCell<u64>,
-    head_seen: UnsafeCell<u64>,
     owner: AtomicU32,
+}
+
+/// A thread's hold on the lane it claimed: where the slots are, and its positions. Kept
+/// in the thread's hook state (`guard::HookThread`), on the cache line the hook reads
+/// anyway, so that a push reads no other line before its stores: in a real program the
+/// work between two events pushes the lane's header out of the nearer caches, and reading
+/// the position from there made every event wait for it (docs/HOT-PATH.md, "The
+/// recording floor").
+#[derive(Clone, Copy)]
+pub struct Cursor {
+    /// The lane's first slot (the lane's header is right before it).
+    slots: *const Slot,
+    /// Events per lane minus one.
+    mask: u64,
+    /// Events ever published into the lane.
+    tail: u64,
+    /// The producer's last reading of the lane's `head`.
+    head_seen: u64,
+}
+
+impl Cursor {
+    /// No lane.
+    pub const NONE: Cursor = Cursor::marked(std::ptr::null());
+    /// A thread that sends through the shared queue for the rest of its life: it gave its
+    /// lane back at exit (other destructors may still free memory on it), or found none
+    /// (lanes off, or all taken).
+    pub const NO_LANE: Cursor = Cursor::marked(std::ptr::without_provenance(1));
+
+    const fn marked(slots: *const Slot) -> Cursor {
+        Cursor {
+            slots,
+            mask: 0,
+            tail: 0,
+            head_seen: 0,
+        }
+    }
+
+    /// Whether this is [`Cursor::NO_LANE`].
+    pub fn is_no_lane(&self) -> bool {
+        self.slots == Cursor::NO_LANE.slots
+    }
+
+    /// The lane (meaningful only for a cursor [`Lanes::claim`] returned).
+    fn lane(&self) -> *const Lane {
+        (self.slots as *const u8).wrapping_sub(size_of::<Lane>()) as *const Lane
+    }
+
+    /// The slot of position `at`.
+    ///
+    /// # Safety
+    /// `self` is a cursor [`Lanes::claim`] returned.
+    unsafe fn slot(&self, at: u64) -> &Slot {
+        // SAFETY: the lane's mapping holds `mask + 1` slots from `slots` on (caller's
+        // contract), never unmapped.
+        unsafe { &*self.slots.wrapping_add((at & self.mask) as usize) }
+    }
 }
 
 /// One event's place in a ring, and the mark that publishes it: position + 1 once the
@@ -76,20 +128,24 @@ struct Slot {
     published: AtomicU64,
 }
 
-// SAFETY: `claim.0`'s cells are touched only by the thread that owns the lane (between its
-// claim and its release, which synchronize through `owner`); everything else is atomic; a
+// SAFETY: `claim.0.tail` is touched only by a thread that owns the lane, as it claims it
+// and as it gives it back (the two synchronize through `owner`); everything else is atomic; a
 // slot's event is written by the owner before its release store of the slot's mark and read
 // by the writer after its acquire load of it, and overwritten only after the writer's
 // release store of `head` says it was read.
 unsafe impl Sync for Lane {}
 
 impl Lane {
+    /// The lane's first slot.
+    fn slots(&self) -> *const Slot {
+        (self as *const Lane as *const u8).wrapping_add(size_of::<Lane>()) as *const Slot
+    }
+
     /// The slot of position `at`.
     fn slot(&self, at: u64, mask: u64) -> &Slot {
-        let slots = (self as *const Lane as *const u8).wrapping_add(size_of::<Lane>());
         // SAFETY: the lane's mapping holds `mask + 1` slots after the header (`Lanes::bytes`),
         // zeroed when mapped (a valid `Slot`: no mark, an event not yet written).
-        unsafe { &*(slots as *const Slot).wrapping_add((at & mask) as usize) }
+        unsafe { &*self.slots().wrapping_add((at & mask) as usize) }
     }
 
     /// The event at position `at` if it is published (its mark read with acquire).
@@ -134,46 +190,45 @@ impl Lanes {
         size_of::<Lane>() + self.capacity() as usize * size_of::<Slot>()
     }
 
-    /// Publishes `ev` in `lane`; `false` when the ring is full (the writer is behind).
+    /// Publishes `ev` in the lane of `cursor`; `false` when the ring is full (the writer is
+    /// behind). Reads nothing but the cursor before its stores, except when the ring looks
+    /// full (then the lane's `head`).
     ///
     /// # Safety
-    /// `lane` is one of these lanes, owned by the calling thread.
+    /// `cursor` holds a cursor [`Lanes::claim`] returned, of a lane the calling thread owns.
     #[inline(always)]
-    pub unsafe fn try_push(&self, lane: &Lane, ev: &Event) -> bool {
-        // SAFETY: the owner's own fields (caller's contract).
-        let (tail, head_seen) = unsafe {
-            (
-                &mut *lane.claim.0.tail.get(),
-                &mut *lane.claim.0.head_seen.get(),
-            )
-        };
-        let at = *tail;
-        if at.wrapping_sub(*head_seen) > self.mask {
-            *head_seen = lane.head.0.load(Acquire);
-            if at.wrapping_sub(*head_seen) > self.mask {
+    pub unsafe fn try_push(cursor: &Cell<Cursor>, ev: &Event) -> bool {
+        let mut c = cursor.get();
+        let at = c.tail;
+        if at.wrapping_sub(c.head_seen) > c.mask {
+            // SAFETY: the cursor's lane, mapped for the life of the process.
+            c.head_seen = unsafe { (*c.lane()).head.0.load(Acquire) };
+            cursor.set(c);
+            if at.wrapping_sub(c.head_seen) > c.mask {
                 return false;
             }
         }
-        let slot = lane.slot(at, self.mask);
+        // SAFETY: the caller's contract.
+        let slot = unsafe { c.slot(at) };
         // SAFETY: the slot of position `at` is free: the writer has taken every event up to
-        // `head_seen`, at most `mask + 1` behind, and only this thread writes the lane.
+        // `head_seen`, at most `mask + 1` behind, and only the owner writes the lane.
         unsafe { (*slot.event.get()).write(*ev) };
         slot.published.store(at.wrapping_add(1), Release);
-        *tail = at.wrapping_add(1);
+        c.tail = at.wrapping_add(1);
+        cursor.set(c);
         true
     }
 
-    /// Where the next [`Lanes::try_push`] into `lane` writes: its slot's first byte and its
-    /// mark (the two lines a slot may span), for a caller that asks for those lines while
-    /// it does other work first.
+    /// Where the next [`Lanes::try_push`] with `cursor` writes: its slot's first byte and
+    /// its mark (the two lines a slot may span), for a caller that asks for those lines
+    /// while it does other work first.
     ///
     /// # Safety
-    /// `lane` is one of these lanes, owned by the calling thread.
+    /// As for [`Lanes::try_push`].
     #[inline(always)]
-    pub unsafe fn next_slot(&self, lane: &Lane) -> [usize; 2] {
-        // SAFETY: the owner's own field (caller's contract).
-        let at = unsafe { *lane.claim.0.tail.get() };
-        let slot = lane.slot(at, self.mask);
+    pub unsafe fn next_slot(cursor: &Cursor) -> [usize; 2] {
+        // SAFETY: the caller's contract.
+        let slot = unsafe { cursor.slot(cursor.tail) };
         [
             slot as *const Slot as usize,
             &slot.published as *const AtomicU64 as usize,
@@ -184,7 +239,19 @@ impl Lanes {
     /// off, all [`MAX_LANES`] are owned, or the mapping failed. Cold: a thread's first
     /// event.
     #[cold]
-    pub fn claim(&self) -> Option<&Lane> {
+    pub fn claim(&self) -> Option<Cursor> {
+        let lane = self.claim_lane()?;
+        Some(Cursor {
+            slots: lane.slots(),
+            mask: self.mask,
+            // SAFETY: this thread owns the lane now; the previous owner's `tail` came with
+            // the claim.
+            tail: unsafe { *lane.claim.0.tail.get() },
+            head_seen: lane.head.0.load(Acquire),
+        })
+    }
+
+    fn claim_lane(&self) -> Option<&Lane> {
         if !self.on {
             return None;
         }
@@ -213,9 +280,6 @@ impl Lanes {
                 .compare_exchange(FREE, TAKEN, Acquire, Relaxed)
                 .is_ok()
             {
-                // SAFETY: this thread owns the lane now (the previous owner's `tail` came
-                // with the claim).
-                unsafe { *lane.claim.0.head_seen.get() = lane.head.0.load(Acquire) };
                 return Some(lane);
             }
         }
@@ -273,18 +337,25 @@ impl Lanes {
 static LANE_KEY: ExitKey = ExitKey::new();
 
 unsafe extern "C" fn release(p: *mut libc::c_void) {
-    crate::guard::with_thread(|t| t.go_without_lane());
+    let cursor = crate::guard::with_thread(|t| t.go_without_lane());
     if !p.is_null() {
+        let lane = p as *const Lane;
         // SAFETY: the lane this thread claimed (`release_at_exit`); it publishes nothing
-        // more into it (its hook state says "gone").
-        unsafe { (*(p as *const Lane)).claim.0.owner.store(FREE, Release) };
+        // more into it (its hook state says "gone"). Its count goes to the lane for the
+        // next owner, before the release store that hands the lane over.
+        unsafe {
+            if cursor.lane() == lane {
+                *(*lane).claim.0.tail.get() = cursor.tail;
+            }
+            (*lane).claim.0.owner.store(FREE, Release);
+        }
     }
 }
 
 /// Gives `lane` back when the calling thread exits. Cold.
-pub fn release_at_exit(lane: &Lane) {
+pub fn release_at_exit(cursor: &Cursor) {
     // SAFETY: `release` takes a lane, and lanes are never unmapped.
-    unsafe { LANE_KEY.call_at_exit(lane as *const Lane as *mut libc::c_void, release) };
+    unsafe { LANE_KEY.call_at_exit(cursor.lane() as *mut libc::c_void, release) };
 }
 
 /// What the writer knows of one lane.

@@ -199,14 +199,14 @@ impl Recorder {
     /// writer is gone.
     #[inline]
     pub fn push(&self, thread: &HookThread, event: Event) {
-        if let Some(lane) = thread.lane(self.address()) {
-            // SAFETY: the thread's own lane of this channel.
-            if unsafe { self.lanes.try_push(lane, &event) } {
+        if let Some(cursor) = thread.lane(self.address()) {
+            // SAFETY: the thread's own hold on its lane of this channel.
+            if unsafe { Lanes::try_push(cursor, &event) } {
                 return;
             }
             return self.push_waiting(event, |e| {
                 // SAFETY: as above.
-                unsafe { self.lanes.try_push(lane, &e) }
+                unsafe { Lanes::try_push(cursor, &e) }
             });
         }
         self.push_without_lane(thread, event)
@@ -216,9 +216,9 @@ impl Recorder {
     /// slot), if it sends through a lane of this channel.
     #[inline(always)]
     pub fn next_push_lines(&self, thread: &HookThread) -> Option<[usize; 2]> {
-        let lane = thread.lane(self.address())?;
-        // SAFETY: the thread's own lane of this channel.
-        Some(unsafe { self.lanes.next_slot(lane) })
+        let cursor = thread.lane(self.address())?.get();
+        // SAFETY: the thread's own hold on its lane of this channel.
+        Some(unsafe { Lanes::next_slot(&cursor) })
     }
 
     /// This channel's identity for a thread's lane.
@@ -234,12 +234,14 @@ impl Recorder {
     fn push_without_lane(&self, thread: &HookThread, event: Event) {
         if !thread.without_lane() {
             match self.lanes.claim() {
-                Some(lane) => {
-                    lanes::release_at_exit(lane);
-                    thread.set_lane(lane, self.address());
+                Some(cursor) => {
+                    lanes::release_at_exit(&cursor);
+                    thread.set_lane(cursor, self.address());
                     return self.push(thread, event);
                 }
-                None => thread.go_without_lane(),
+                None => {
+                    thread.go_without_lane();
+                }
             }
         }
         if let Err(back) = self.events.push(event) {
