@@ -178,9 +178,11 @@ pub fn set_pass_through(on: bool) {
     });
 }
 
-/// Benchmarks only: set by [`set_pass_through_every_thread`].
+/// Benchmarks only: set by [`set_pass_through_every_thread`]; on the line every hooked
+/// call reads (`process::hook_line`).
 #[cfg(feature = "bench-hooks")]
-static EVERY_THREAD_PASSING_THROUGH: AtomicBool = AtomicBool::new(false);
+const EVERY_THREAD_PASSING_THROUGH: &AtomicBool =
+    &crate::process::hook_line::HOOK_LINE.every_thread_passing_through;
 
 /// Whether a benchmark asked every thread's hooked calls to pass through. Builds without
 /// the `bench-hooks` feature (the shipped library) fold this to `false`; with it, one

@@ -6,6 +6,7 @@
 //! may switch block events off ([`BLOCK_EVENTS`]) when the first ones fail its check; the
 //! tracker then returns at once. Not hot except [`block_events_on`] (one relaxed load).
 
+use super::hook_line::HOOK_LINE;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -24,8 +25,9 @@ pub enum AllocatorRoute {
 static ROUTE: OnceLock<AllocatorRoute> = OnceLock::new();
 
 /// Off once the writer found the allocator's events inconsistent with the CUDA calls it
-/// saw (a layout memsnap misread): the tracker then ignores every entry.
-pub static BLOCK_EVENTS: AtomicBool = AtomicBool::new(true);
+/// saw (a layout memsnap misread): the tracker then ignores every entry. On the line every
+/// hooked call reads (`process::hook_line`).
+pub const BLOCK_EVENTS: &AtomicBool = &HOOK_LINE.block_events;
 
 /// Records the decision (the first one wins; the hook side decides once per process).
 pub fn decide(route: AllocatorRoute) {

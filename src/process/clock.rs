@@ -11,6 +11,7 @@
 //! `clock_gettime`: docs/HOT-PATH.md, "Where the nanoseconds go"). Elsewhere (other clock
 //! sources, other architectures) a stamp is the wall clock in microseconds, as before.
 
+use super::hook_line::HOOK_LINE;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// A reading of the event clock: raw counter ticks or microseconds, by [`source`]. Only a
@@ -30,7 +31,9 @@ pub enum Source {
 const WALL: u8 = 0;
 const TSC: u8 = 1;
 
-static SOURCE: AtomicU8 = AtomicU8::new(WALL);
+/// The source, on the line every hooked call reads (`process::hook_line`).
+const SOURCE: &AtomicU8 = &HOOK_LINE.clock_source;
+const _: () = assert!(WALL == 0); // the line's initial value
 
 /// The event clock's source, as [`choose_source`] set it.
 pub fn source() -> Source {

@@ -16,11 +16,14 @@
 //!   the writer's conversion of its readings.
 //! - [`allocator_route`]: how PyTorch's caching allocator is seen (decided once by the hook
 //!   side, read by the writer for each snapshot), and the switch that sets its events aside.
+//! - [`hook_line`]: where the values above that every hooked call reads live: one cache
+//!   line.
 
 pub mod allocator_route;
 pub mod clock;
 pub mod cpython;
 pub mod dlsym;
+pub mod hook_line;
 pub mod modules;
 pub mod python;
 pub mod recording;

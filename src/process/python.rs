@@ -9,6 +9,7 @@
 //! changed (CPython may have been loaded since).
 
 use super::cpython::Layout;
+use super::hook_line::HOOK_LINE;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 /// Resolution state, in [`STATE`].
@@ -20,10 +21,12 @@ const UNSUPPORTED: u8 = 2;
 /// Resolved: [`LAYOUT`], [`GET_TSTATE`] and [`IS_INITIALIZED`] are set.
 const READY: u8 = 3;
 
-static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
-static LAYOUT: AtomicU8 = AtomicU8::new(0);
-static GET_TSTATE: AtomicUsize = AtomicUsize::new(0);
-static IS_INITIALIZED: AtomicUsize = AtomicUsize::new(0);
+// What a capture reads, on the line every hooked call reads (`process::hook_line`).
+const STATE: &AtomicU8 = &HOOK_LINE.python_state;
+const _: () = assert!(UNRESOLVED == 0); // the line's initial value
+const LAYOUT: &AtomicU8 = &HOOK_LINE.python_layout;
+const GET_TSTATE: &AtomicUsize = &HOOK_LINE.python_get_tstate;
+const IS_INITIALIZED: &AtomicUsize = &HOOK_LINE.python_is_initialized;
 /// `major << 8 | minor` of the interpreter found, for the writer's messages.
 static VERSION: AtomicUsize = AtomicUsize::new(0);
 static FREE_THREADED: AtomicBool = AtomicBool::new(false);

@@ -13,6 +13,7 @@
 //! compile time: no function pointer, nothing registered at run time, so a hook that runs
 //! before any library constructor still starts recording).
 
+use super::hook_line::HOOK_LINE;
 use crate::channel::queue::Recorder;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
 
@@ -21,8 +22,11 @@ const STARTING: u8 = 1;
 const ACTIVE: u8 = 2;
 const OFF: u8 = 3;
 
-static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-static RECORDER: AtomicPtr<Recorder> = AtomicPtr::new(std::ptr::null_mut());
+/// The switch's state (`HOOK_LINE.recording`) and the recorder (`HOOK_LINE.recorder`) live
+/// on the line every hooked call reads (`process::hook_line`).
+const STATE: &AtomicU8 = &HOOK_LINE.recording;
+const _: () = assert!(UNINIT == 0); // the line's initial value
+const RECORDER: &AtomicPtr<Recorder> = &HOOK_LINE.recorder;
 
 /// The recording switch, which the composition root knows how to turn on.
 pub struct Switch;

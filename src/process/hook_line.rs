@@ -1,0 +1,55 @@
+//! The process-wide values that hooked calls read on every event, gathered on one cache
+//! line: the recording switch and the recorder, the event clock's source, whether
+//! PyTorch's block events are recorded, the interpreter's resolved functions, and the
+//! benchmarks' pass-through switch.
+//!
+//! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
+//! module that gives it a meaning (`recording`, `clock`, `allocator_route`, `python`,
+//! `guard`), which reads and writes it only through its own functions; this room only
+//! decides where they live. Why one line: in a real program the work between two events
+//! pushes memsnap's lines out of the nearer caches, and each line an event reads is one
+//! more wait; as separate statics these values sat on three to five lines
+//! (docs/HOT-PATH.md, "The recording floor").
+
+use crate::channel::queue::Recorder;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize};
+
+/// The values; see the module's text. Written rarely (once per process, or at a switch),
+/// so the line stays shared in every core's cache.
+#[repr(C, align(64))]
+pub struct HookLine {
+    /// `recording`: the recorder hooks send on (null until published).
+    pub recorder: AtomicPtr<Recorder>,
+    /// `python`: `PyGILState_GetThisThreadState`, once resolved.
+    pub python_get_tstate: AtomicUsize,
+    /// `python`: `Py_IsInitialized`, once resolved.
+    pub python_is_initialized: AtomicUsize,
+    /// `recording`: the switch's state.
+    pub recording: AtomicU8,
+    /// `clock`: what a stamp counts.
+    pub clock_source: AtomicU8,
+    /// `python`: whether the interpreter was looked up and found.
+    pub python_state: AtomicU8,
+    /// `python`: the frame layout it is read with.
+    pub python_layout: AtomicU8,
+    /// `allocator_route`: whether the tracker records PyTorch's block events.
+    pub block_events: AtomicBool,
+    /// `guard` (benchmarks only): every thread's hooked calls pass through unrecorded.
+    pub every_thread_passing_through: AtomicBool,
+}
+
+const _: () = assert!(size_of::<HookLine>() == 64);
+
+/// The one line. Every value starts at its module's "nothing yet" (zero), except block
+/// events, recorded until the writer finds them inconsistent.
+pub static HOOK_LINE: HookLine = HookLine {
+    recorder: AtomicPtr::new(std::ptr::null_mut()),
+    python_get_tstate: AtomicUsize::new(0),
+    python_is_initialized: AtomicUsize::new(0),
+    recording: AtomicU8::new(0),
+    clock_source: AtomicU8::new(0),
+    python_state: AtomicU8::new(0),
+    python_layout: AtomicU8::new(0),
+    block_events: AtomicBool::new(true),
+    every_thread_passing_through: AtomicBool::new(false),
+};
