@@ -27,13 +27,25 @@
 #     caller.) The first round's segments (a few cudaMalloc calls) are in the BlockAlloc
 #     phase, spread over its entries.
 #
+#  4. Route "cache": the C caller of route 1 with its caches made cold before each
+#     allocation-free pair: the program writes EVICT bytes (4 MiB: twice the simulated last
+#     level) outside the calls, as a real step's work does between two events (its loop
+#     runs 1 to 2 MiB of its own data past the hook's lines: docs/HOT-PATH.md, "The
+#     recording floor"). Callgrind simulates a fixed cache (I1 and D1 32 KiB and 48 KiB,
+#     LL 2 MiB; not the host's, so that the figure is the same on any machine) and counts,
+#     inside cudaMallocAsync and cudaFreeAsync, the lines that missed the first level and
+#     the last level: per event over not loaded, the cache lines memsnap's hook reads and
+#     writes that the program's own work had pushed out. A timing on a real machine waits
+#     for those; this counts them exactly. Only the cold runs are collected (cold_loop).
+#
 # The writer thread is not in the hook figures; its own work is given apart: instructions of
 # `Writer::apply` per event applied (routes 1 and 2). Each run's exit snapshot must show
 # every event with its stack (0 dropped, 0 stackless), else the row says VOID.
 #
 #   bash scripts/bench-hook-instructions.sh [LIB ...]   (default: this build's release library;
 #                                                        needs valgrind; ~3 min per library)
-#   ROUTES="c step python tracker" (default all four), ITERATIONS (C, 3000), PY_ITERATIONS (1000),
+#   ROUTES="c step python tracker cache" (default the first four), ITERATIONS (C, 3000), ITERATIONS_CACHE (cache: 40, x 5 runs),
+#   EVICT (cache: bytes written before each pair, 4194304), PY_ITERATIONS (1000),
 #   C_DEPTH (route c's nesting, 26: 34 frames at cudaMallocAsync; 70: 78 frames, a stack cut at
 #   the 64-frame limit, as 29-32% of a real step's are),
 #   ROUNDS (tracker rounds of 64 blocks, C 100, Python 30), PYTHON (python3).
@@ -75,6 +87,23 @@ inclusive() {
         END { print max + 0 }'
 }
 
+# the events $3 (comma-separated) of the function named $2, inclusive, in callgrind output
+# $1, space-separated (the row with the most instructions, where two objects have one)
+inclusive_events() {
+    callgrind_annotate --inclusive=yes --threshold=100 --show="Ir,$3" "$1" 2>/dev/null | awk -v name="$2" '
+        $NF ~ "\\[" && index($0, ":" name " [") {
+            v = $1; gsub(",", "", v)
+            if (v + 0 >= max) {
+                max = v + 0; row = ""
+                for (i = 2; i <= NF && $i !~ /:/; i++) {
+                    if ($i ~ /^\(/ || $i ~ /%\)$/) continue # a percentage
+                    x = $i; gsub(",", "", x); if (x == ".") x = 0; row = row " " x
+                }
+            }
+        }
+        END { print max + 0 row }'
+}
+
 # all instructions collected in callgrind output $1
 total() { callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { v = $1; gsub(",", "", v); if (v == ".") v = 0; print v; done = 1 }'; }
 
@@ -92,6 +121,7 @@ run_cg() {
         env=(LD_PRELOAD="$lib" MEMSNAP_STACKS="$stacks" MEMSNAP_CONTEXT="$context" MEMSNAP_QUIET=1 MEMSNAP_FOLDER="$dir")
     fi
     [ -n "$toggle" ] && opts=(--toggle-collect="$toggle")
+    [ -n "${CG_CACHE:-}" ] && opts+=(--cache-sim=yes --I1=32768,8,64 --D1=49152,12,64 --LL=2097152,16,64)
     env "${env[@]}" valgrind --tool=callgrind "${opts[@]}" --callgrind-out-file="$dir/cg" "$@" 2>/dev/null
 }
 
@@ -198,6 +228,44 @@ for route in $ROUTES; do
             echo
             echo "($about.)"
         done
+        ;;
+    cache)
+        evict=${EVICT:-4194304}
+        cmd=("$OUT/hook_cost" "${ITERATIONS_CACHE:-40}" "$C_DEPTH" "$evict")
+        echo
+        echo "**C caller with cold caches** (scripts/bench/hook_cost.c, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): cache lines missed per call, inside cudaMallocAsync / cudaFreeAsync"
+        echo
+        echo "| library | memsnap | instructions per pair | D1 misses per pair (read + write) | LL misses per pair (read + write) | D1 misses per event over not loaded | LL misses per event over not loaded | dropped | stackless |"
+        echo "|---|---|---|---|---|---|---|---|---|"
+        base_d1=; base_ll=
+        for config in baseline none python native all; do
+            for lib in "${LIBS[@]}"; do
+                [ "$config" = baseline ] && [ "$lib" != "${LIBS[0]}" ] && continue
+                dir=$(mktemp -d "$WORK/run.XXXXXX")
+                CG_CACHE=1 run_cg "$dir" "$config" "$lib" cold_loop "${cmd[@]}" >/dev/null
+                pairs=$(( ${ITERATIONS_CACHE:-40} * 5 ))
+                read -r ir_m d1r_m d1w_m llr_m llw_m < <(inclusive_events "$dir/cg" cudaMallocAsync D1mr,D1mw,DLmr,DLmw)
+                read -r ir_f d1r_f d1w_f llr_f llw_f < <(inclusive_events "$dir/cg" cudaFreeAsync D1mr,D1mw,DLmr,DLmw)
+                ir=$(( (ir_m + ir_f) / pairs ))
+                d1=$(awk -v a="$d1r_m" -v b="$d1w_m" -v c="$d1r_f" -v d="$d1w_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
+                ll=$(awk -v a="$llr_m" -v b="$llw_m" -v c="$llr_f" -v d="$llw_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
+                name=${lib#"$PWD"/}
+                if [ "$config" = baseline ]; then
+                    base_d1=$d1; base_ll=$ll
+                    echo "| — | not loaded | $ir | $d1 | $ll | — | — | — | — |"
+                    continue
+                fi
+                read -r recorded dropped stackless < <(counts "$dir")
+                over_d1=$(awk -v a="$d1" -v b="$base_d1" 'BEGIN { printf "%.2f", (a - b) / 2 }')
+                over_ll=$(awk -v a="$ll" -v b="$base_ll" 'BEGIN { printf "%.2f", (a - b) / 2 }')
+                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
+                    over_d1="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"; over_ll=
+                fi
+                echo "| $name | MEMSNAP_STACKS=$config | $ir | $d1 | $ll | $over_d1 | $over_ll | $dropped | $stackless |"
+            done
+        done
+        echo
+        echo "($C_DEPTH nested calls: $(( C_DEPTH + 8 )) native frames at cudaMallocAsync; ${ITERATIONS_CACHE:-40} x 5 pairs collected.)"
         ;;
     esac
 done

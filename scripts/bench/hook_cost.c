@@ -8,7 +8,13 @@
  * frames. Run with and without libmemsnap.so preloaded: the difference / 2 is memsnap's
  * cost per event.
  *
- *   hook_cost [iterations=200000] [depth=26]
+ *   hook_cost [iterations=200000] [depth=26] [evict_bytes=0]
+ *
+ * With evict_bytes > 0 the five timed runs write that many bytes (one store per 64-byte
+ * line) before each iteration, outside the CUDA calls, so that what the calls read comes
+ * from farther out in the cache hierarchy, as between two events of a real training step;
+ * those runs go through cold_loop instead of timed_loop (the same frame depth), for a
+ * profiler to collect them alone (scripts/bench-hook-instructions.sh, CACHE=1).
  *
  * Prints one line: "<best-of-5 ns per iteration> <CUDA calls made> <native frames>", where
  * CUDA calls made counts every successful cudaMallocAsync and cudaFreeAsync of the process
@@ -57,9 +63,22 @@ __attribute__((noinline)) static double timed_loop(long iterations) {
     return (now_ns() - start) / iterations;
 }
 
+static volatile uint64_t *evict_buffer;
+static long evict_words; /* 0: no eviction */
+
+/* timed_loop with evict_words words written (one per line) before each iteration. */
+__attribute__((noinline)) static double cold_loop(long iterations) {
+    double start = now_ns();
+    for (long i = 0; i < iterations; i++) {
+        for (long w = 0; w < evict_words; w += 8) evict_buffer[w] += (uint64_t)i;
+        site[i % SITES](sizes[next_random() % N_SIZES]);
+    }
+    return (now_ns() - start) / iterations;
+}
+
 /* Not a tail call (the add after it), so every level is a real frame on the stack. */
 __attribute__((noinline)) static double nested(int depth, long iterations) {
-    if (depth <= 0) return timed_loop(iterations);
+    if (depth <= 0) return evict_buffer ? cold_loop(iterations) : timed_loop(iterations);
     double r = nested(depth - 1, iterations);
     sink += depth;
     return r;
@@ -91,6 +110,12 @@ int main(int argc, char **argv) {
      * makes the driver call memsnap hooks). */
     int frames = nested_count(depth) + 1 + 1;
     nested(depth, 20000); /* warm-up: first-use set-up of the runtime and of memsnap */
+    long evict_bytes = argc > 3 ? atol(argv[3]) : 0;
+    if (evict_bytes > 0) {
+        evict_words = evict_bytes / 8;
+        evict_buffer = calloc((size_t)evict_words, 8);
+        if (!evict_buffer) fail("calloc");
+    }
     double best = 1e18;
     for (int run = 0; run < 5; run++) {
         double ns = nested(depth, iterations);
