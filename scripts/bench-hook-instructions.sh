@@ -29,14 +29,16 @@
 #
 #  4. Route "cache": the C caller of route 1 with its caches made cold before each
 #     allocation-free pair: the program writes EVICT bytes (4 MiB: twice the simulated last
-#     level) outside the calls, as a real step's work does between two events (its loop
-#     runs 1 to 2 MiB of its own data past the hook's lines: docs/HOT-PATH.md, "The
+#     level) outside the calls, standing for the work a real step does between two events,
+#     which pushes the hook's lines out of the nearer caches (docs/HOT-PATH.md, "The
 #     recording floor"). Callgrind simulates a fixed cache (I1 and D1 32 KiB and 48 KiB,
 #     LL 2 MiB; not the host's, so that the figure is the same on any machine) and counts,
 #     inside cudaMallocAsync and cudaFreeAsync, the lines that missed the first level and
 #     the last level: per event over not loaded, the cache lines memsnap's hook reads and
-#     writes that the program's own work had pushed out. A timing on a real machine waits
-#     for those; this counts them exactly. Only the cold runs are collected (cold_loop).
+#     writes that the program's own work had pushed out. On a real machine each read among
+#     them is a wait; here they are counted, the same from run to run within a few
+#     hundredths of a line (the writer thread shares the simulated cache). Only the cold
+#     runs are collected (cold_loop).
 #
 # The writer thread is not in the hook figures; its own work is given apart: instructions of
 # `Writer::apply` per event applied (routes 1 and 2). Each run's exit snapshot must show
