@@ -16,9 +16,9 @@ use std::cell::Cell;
 #[cfg(feature = "bench-hooks")]
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-/// One thread's hook state: one cache line, the only one of memsnap's own that a
-/// stackless event reads (besides the recorder's settings): its nesting depth and its hold
-/// on its lane are here.
+/// One thread's hook state, on one cache line: everything a hooked call reads of its
+/// thread until a stack is captured (the nesting depth, the thread id, its hold on its
+/// lane) comes with one line.
 #[repr(C, align(64))]
 pub struct HookThread {
     /// The nesting depth.
