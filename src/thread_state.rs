@@ -8,7 +8,7 @@
 //! pthread key whose destructor frees it at thread exit; the owning module keeps the
 //! pointer in a `const` thread-local and marks it gone in that destructor.
 //!
-//! Why a mapping of its own and not the allocator: the unwinder's state is 9.3 MiB aligned
+//! Why a mapping of its own and not the allocator: the unwinder's state is 8.3 MiB aligned
 //! to cache lines, and Rust's system allocator zeroes any allocation aligned above 16 bytes
 //! with a `memset` of its whole size: 9 million instructions on a thread's first capture and
 //! every page resident at once. Anonymous pages are zero already and become resident only

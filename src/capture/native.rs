@@ -270,13 +270,6 @@ mod imp {
         }
     }
 
-    /// A stack word a path's step read, and what it must still hold for the path to be taken.
-    #[derive(Clone, Copy, Default)]
-    struct Check {
-        addr: u64,
-        value: u64,
-    }
-
     /// A node's path in one piece: the stack words its steps read, with the values they must
     /// still hold, and the frames it gives, each from this node to the path's end and
     /// contiguous, so that a walk that meets the node checks the path in one branch-free
@@ -305,7 +298,21 @@ mod imp {
         cut_len: u16,
     }
 
-    /// Stack words checked, over all pieces: 4 MiB of address space.
+    /// A stack word a path's step read, as an offset from the thread's anchor
+    /// ([`Paths::anchor`]), and what it must still hold for the path to be taken: twelve
+    /// bytes rather than sixteen, so that a walk checking a path of 85 words reads 16 lines
+    /// of the pool, not 21 (docs/HOT-PATH.md, "The recording floor"). The words are in this
+    /// thread's stack, far less than 2 GiB from one another on any stack seen; a piece with
+    /// a read beyond that reach of the anchor is made without checks (its nodes are
+    /// followed step by step, giving the same frames).
+    #[derive(Clone, Copy, Default)]
+    #[repr(C, packed(4))]
+    struct Check {
+        at: i32,
+        value: u64,
+    }
+
+    /// Stack words checked, over all pieces: 3 MiB of address space.
     const CHECKS: usize = 1 << 18;
     /// Frames, over all pieces: 1 MiB of address space.
     const PIECE_FRAMES: usize = 1 << 17;
@@ -329,6 +336,9 @@ mod imp {
         /// Each node's path in one piece, by node id.
         views: [View; NODES],
         checks: [Check; CHECKS],
+        /// The address the checks' offsets count from: the first word checked since the
+        /// nodes were last forgotten (0: none yet).
+        anchor: u64,
         checks_used: usize,
         frames: [u64; PIECE_FRAMES],
         /// For each frame of `frames`, where in `checks` the steps from its node begin: a
@@ -369,6 +379,7 @@ mod imp {
             }
             self.used = 1;
             self.checks_used = 0;
+            self.anchor = 0;
             self.frames_used = 0;
             self.table = table;
         }
@@ -479,6 +490,24 @@ mod imp {
             if self.checks_used + n_checks > CHECKS || self.frames_used + n_frames > PIECE_FRAMES {
                 return false;
             }
+            // Every word the new nodes' steps read, as an offset from the anchor (the first
+            // such word since the nodes were last forgotten).
+            let mut rules = new.iter().filter(|node| node.kind == Kind::Rule);
+            let anchor = match self.anchor {
+                0 => rules.clone().next().map_or(0, |node| node.next_sp - 8),
+                anchor => anchor,
+            };
+            let fits = |addr: u64| i32::try_from(addr.wrapping_sub(anchor) as i64).is_ok();
+            if !rules.all(|node| {
+                fits(node.next_sp - 8) && (!self.checks_bp(node) || fits(node.bp_read_at))
+            }) {
+                for view in &mut self.views[from..to] {
+                    view.whole = false;
+                }
+                return true;
+            }
+            self.anchor = anchor;
+            let at = |addr: u64| addr.wrapping_sub(anchor) as i64 as i32;
             // Innermost first: each node's own entries, then the path it hangs on.
             let (mut c, mut f) = (self.checks_used, self.frames_used);
             for id in (from..to).rev() {
@@ -493,13 +522,13 @@ mod imp {
                 if node.kind == Kind::Rule {
                     let caller = self.nodes[node.caller as usize % NODES].state;
                     self.checks[c] = Check {
-                        addr: node.next_sp - 8,
+                        at: at(node.next_sp - 8),
                         value: caller.pc,
                     };
                     c += 1;
                     if self.checks_bp(&node) {
                         self.checks[c] = Check {
-                            addr: node.bp_read_at,
+                            at: at(node.bp_read_at),
                             value: caller.bp,
                         };
                         c += 1;
@@ -943,7 +972,7 @@ mod imp {
             // `capture` is not re-entered on one thread (the hooks' nesting guard).
             return Some(unsafe { &mut *p });
         }
-        // About 9.3 MiB of address space, nearly all of it the paths' pools, whose pages
+        // About 8.3 MiB of address space, nearly all of it the paths' pools, whose pages
         // become resident only as walks fill them (the caches allocate their own ~300 KiB).
         // SAFETY: all-zero bytes are valid paths and rules (no module table yet: `table`
         // 0, which no module table has, so nothing is taken from them; every index entry
@@ -1195,11 +1224,13 @@ mod imp {
         // (`head_holds` found the piece whole and in bounds.)
         let checks = paths.checks.get(view.checks_from as usize..checks_end)?;
         let rest = &checks[checks.len().min(HEAD)..];
+        let anchor = paths.anchor;
         let differs_at = |check: &Check| {
+            let (offset, value) = (check.at, check.value);
             // SAFETY: as in `head_holds`: a read a walk on this thread made in bounds, at or
             // above `lowest_read`, which is at or above this capture's stack pointer.
-            let word = unsafe { std::ptr::read_unaligned(check.addr as *const u64) };
-            word ^ check.value
+            let word = unsafe { std::ptr::read_unaligned(word_at(anchor, offset)) };
+            word ^ value
         };
         // Four words a round: the loop's own three instructions once per four words
         // (callgrind, C loop of 34 frames: 7 instructions a word before, about 5 after).
@@ -1258,12 +1289,19 @@ mod imp {
             return false;
         };
         head.iter().all(|check| {
+            let (offset, value) = (check.at, check.value);
             // SAFETY: every check is a read that a walk on this thread made in bounds (so
             // below the same top of stack), at or above `lowest_read`, which is at or above
             // this capture's stack pointer: this thread's live stack, mapped and readable.
-            let word = unsafe { std::ptr::read_unaligned(check.addr as *const u64) };
-            word == check.value
+            let word = unsafe { std::ptr::read_unaligned(word_at(paths.anchor, offset)) };
+            word == value
         })
+    }
+
+    /// The stack word a check reads: `offset` bytes from `anchor` ([`Check`]).
+    #[inline(always)]
+    fn word_at(anchor: u64, offset: i32) -> *const u64 {
+        anchor.wrapping_add(offset as i64 as u64) as *const u64
     }
 
     /// Why [`follow`]'s inner loop stopped.
@@ -1773,6 +1811,41 @@ mod imp {
             }
         }
 
+        /// Checks are kept as 32-bit offsets from the first word checked: a piece with a
+        /// read beyond their reach gets none (its nodes are followed step by step, the
+        /// stack they give the same), one just within it gets its checks.
+        #[test]
+        fn a_piece_reading_beyond_the_offsets_reach_is_made_without_checks() {
+            let mut paths = empty_paths();
+            let first = [
+                rule_step(0x1000, 0x100, 0xdead, 0x120, false),
+                end_step(0x3000, 0x120, 0x300),
+            ];
+            let id = paths.link(&first, NONE).expect("room");
+            assert!(paths.views[id as usize].whole);
+            assert_eq!(paths.anchor, 0x118, "the first word checked");
+            // A path whose step reads the return address at `anchor + offset`.
+            let path_reading_at = |offset: u64, pc: u64| {
+                let next_sp = 0x118 + offset + 8;
+                [
+                    rule_step(pc, next_sp - 0x20, 0xdead, next_sp, false),
+                    end_step(pc + 0x10, next_sp, 0x300),
+                ]
+            };
+            let within = path_reading_at(i32::MAX as u64 - 7, 0x5000);
+            let id = paths.link(&within, NONE).expect("room");
+            let view = paths.views[id as usize];
+            assert!(view.whole, "just within reach: checked");
+            assert_eq!(
+                word_at(paths.anchor, paths.checks[view.checks_from as usize].at) as u64,
+                within[0].next_sp - 8
+            );
+            let beyond = path_reading_at(i32::MAX as u64 + 1, 0x6000);
+            let id = paths.link(&beyond, NONE).expect("room");
+            assert!(!paths.views[id as usize].whole, "beyond reach: no checks");
+            assert!(!paths.views[paths.node(id).caller as usize].whole);
+        }
+
         #[test]
         fn a_path_taken_again_finds_its_nodes_and_its_chain_is_that_of_its_frames() {
             let mut paths = empty_paths();
@@ -1794,10 +1867,10 @@ mod imp {
             // and the frames, innermost first.
             let piece = |paths: &Paths, id: u32| {
                 let view = paths.views[id as usize];
-                let checks: Vec<(u64, u64)> = paths.checks
-                    [view.checks_from as usize..view.checks_end as usize]
+                let range = view.checks_from as usize..view.checks_end as usize;
+                let checks: Vec<(u64, u64)> = paths.checks[range]
                     .iter()
-                    .map(|c| (c.addr, c.value))
+                    .map(|c| (word_at(paths.anchor, c.at) as u64, c.value))
                     .collect();
                 let frames =
                     paths.frames[view.frames_from as usize..view.frames_end as usize].to_vec();
