@@ -150,15 +150,13 @@ pub fn allocation(
             if addr == 0 {
                 return; // zero-byte requests succeed without memory
             }
-            capture::timed!(EventTicks, {
+            capture::timed_event!({
                 let device = devices.current();
                 note_device_total(devices, device);
                 let payload = Payload::Stream(stream);
                 let ev = by.event(now(), kind, api, device, addr, size, payload);
                 send(by, ev, true);
             });
-            capture::count!(Events, 1);
-            capture::timed!(TimerTicks, ());
         }
         Outcome::OutOfMemory => out_of_memory(by, devices, api, size, stream),
         Outcome::Failed => {}
@@ -168,14 +166,12 @@ pub fn allocation(
 /// A free, recorded before the real call releases the address.
 #[inline(always)]
 pub fn release(by: Sender, kind: Kind, api: Api, addr: u64, size: u64, stream: u64) {
-    capture::timed!(EventTicks, {
+    capture::timed_event!({
         let with_stack = by.rec.settings.context == Context::All;
         let payload = Payload::Stream(stream);
         let ev = by.event(now(), kind, api, -1, addr, size, payload);
         send(by, ev, with_stack);
     });
-    capture::count!(Events, 1);
-    capture::timed!(TimerTicks, ());
 }
 
 /// Virtual-memory bookkeeping (create/release/reserve/free): no stack needed.
@@ -264,7 +260,7 @@ fn oom_episode(by: Sender, api: Api, device: i32, free_bytes: Option<u64>, size:
 /// `device` and `time` come with the entry: no driver query, no clock read.
 #[inline(always)]
 pub fn block(by: Sender, kind: Kind, device: i32, addr: u64, size: u64, stream: u64, time: Stamp) {
-    capture::timed!(EventTicks, {
+    capture::timed_event!({
         let with_stack = match kind {
             Kind::BlockAlloc => true,
             Kind::BlockFreeRequested => by.rec.settings.context == Context::All,
@@ -282,8 +278,6 @@ pub fn block(by: Sender, kind: Kind, device: i32, addr: u64, size: u64, stream: 
         );
         send(by, ev, with_stack);
     });
-    capture::count!(Events, 1);
-    capture::timed!(TimerTicks, ());
 }
 
 /// PyTorch's caching allocator gave up on a request of `size` bytes (after freeing its

@@ -40,6 +40,19 @@ macro_rules! timed {
 }
 pub(crate) use timed;
 
+/// The recording of one event, `$e`: in a `capture-stats` build its ticks go to
+/// `EventTicks`, the event to `Events`, and an empty timed region beside it to `TimerTicks`
+/// (what the counter reads add to each timed part).
+macro_rules! timed_event {
+    ($e:expr) => {{
+        let value = $crate::capture::timed!(EventTicks, $e);
+        $crate::capture::count!(Events, 1);
+        $crate::capture::timed!(TimerTicks, ());
+        value
+    }};
+}
+pub(crate) use timed_event;
+
 use crate::channel::event::{StackSlot, native_chain};
 use crate::config::{FRAME_CAPACITY, Stacks};
 use crate::process::modules;
