@@ -79,20 +79,11 @@ LIBS=("$@")
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/memsnap-hook-ir.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-# inclusive instructions of the function named $2 in callgrind output $1 (the largest, where
-# two objects have one: memsnap's hook and the driver function it wraps)
-inclusive() {
-    local file=$1; shift
-    callgrind_annotate --inclusive=yes --threshold=100 "$file" 2>/dev/null | awk -v names="$*" '
-        BEGIN { n = split(names, want, " ") }
-        { for (i = 1; i <= n; i++) if ($NF ~ "\\[" && index($0, ":" want[i] " [") ) { v = $1; gsub(",", "", v); if (v + 0 > max) max = v + 0 } }
-        END { print max + 0 }'
-}
-
-# the events $3 (comma-separated) of the function named $2, inclusive, in callgrind output
-# $1, space-separated (the row with the most instructions, where two objects have one)
+# the instructions and the events $3 (comma-separated, or none) of the function named $2,
+# inclusive, in callgrind output $1, space-separated (the row with the most instructions,
+# where two objects have one: memsnap's hook and the driver function it wraps)
 inclusive_events() {
-    callgrind_annotate --inclusive=yes --threshold=100 --show="Ir,$3" "$1" 2>/dev/null | awk -v name="$2" '
+    callgrind_annotate --inclusive=yes --threshold=100 --show="Ir${3:+,$3}" "$1" 2>/dev/null | awk -v name="$2" '
         $NF ~ "\\[" && index($0, ":" name " [") {
             v = $1; gsub(",", "", v)
             if (v + 0 >= max) {
@@ -105,6 +96,9 @@ inclusive_events() {
         }
         END { print max + 0 row }'
 }
+
+# inclusive instructions of the function named $2 in callgrind output $1
+inclusive() { inclusive_events "$1" "$2" "" | awk '{ print $1 }'; }
 
 # all instructions collected in callgrind output $1
 total() { callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { v = $1; gsub(",", "", v); if (v == ".") v = 0; print v; done = 1 }'; }
