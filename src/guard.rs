@@ -7,8 +7,8 @@
 //! Hot. `cudaMalloc` reaches `cuMemAlloc_v2` through a pointer we also hooked; only the
 //! outermost hooked call records. A `const` thread-local without destructor stays usable
 //! during thread teardown, allocates nothing, and can never fail. One thread-local for all
-//! of it: in a shared library each lookup is a call to `__tls_get_addr` (about 11
-//! instructions), and a hook makes one, in [`Scope::enter`]; the scope keeps the address.
+//! of it, reached with one load from the thread pointer ([`crate::initial_exec`]); a hook
+//! looks it up once, in [`Scope::enter`], and the scope keeps the address.
 
 use crate::channel::lanes::Cursor;
 use crate::channel::sent::ThreadStacks;
@@ -41,17 +41,13 @@ pub struct HookThread {
 
 const _: () = assert!(size_of::<HookThread>() == 64);
 
-thread_local! {
-    static THREAD: HookThread = const {
-        HookThread {
-            depth: Cell::new(0),
-            tid: Cell::new(0),
-            passing_through: Cell::new(false),
-            lane_channel: Cell::new(0),
-            stacks: Cell::new(std::ptr::null_mut()),
-            lane: Cell::new(Cursor::NONE),
-        }
-    };
+// SAFETY: every field is zero at a thread's start: depth 0, no thread id yet, not passing
+// through, no channel, no stack state (null), and `Cursor::NONE` (all zero, checked below).
+unsafe impl crate::initial_exec::ZeroIsValid for HookThread {}
+const _: () = assert!(Cursor::NONE.is_all_zero());
+
+crate::initial_exec::initial_exec_thread_local! {
+    static THREAD: HookThread, symbol "memsnap_hook_thread";
 }
 
 /// Depth that marks a thread as memsnap's own (the writer): it never records.
@@ -68,7 +64,7 @@ pub struct Scope {
 impl Scope {
     #[inline(always)]
     pub fn enter() -> Scope {
-        let thread = THREAD.with(|t| t as *const HookThread);
+        let thread = THREAD.as_ptr();
         // SAFETY: this thread's own thread-local (see the field), used on this thread.
         let depth = unsafe { &(*thread).depth };
         let v = depth.get();

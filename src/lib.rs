@@ -11,6 +11,7 @@
 //!   are reported by a trace tracker memsnap attaches at run time.
 //! - [`signals`] (cold): the borrowed signals: libc hooks, the table, the handler.
 //! - [`guard`] (hot): the per-thread nesting guard.
+//! - [`initial_exec`] (hot): thread-locals reached from the thread pointer, without a call.
 //! - [`record`] (hot): a call's outcome as an event, with its stack, on the channel.
 //! - [`capture`] (hot): the native and Python stack walkers.
 //! - [`writer`] (cold): the one writer thread that owns all recorded state and writes
@@ -30,6 +31,7 @@ pub mod capture;
 pub mod channel;
 pub mod exports;
 pub mod guard;
+pub mod initial_exec;
 pub mod interpose;
 pub mod lifecycle;
 pub mod process;

@@ -943,10 +943,15 @@ mod imp {
         rule
     }
 
-    thread_local! {
-        static UNWIND: Cell<*mut ThreadUnwind> = const { Cell::new(std::ptr::null_mut()) };
+    crate::initial_exec::initial_exec_thread_local! {
+        /// This thread's unwind state: null until its first capture, then the state, or
+        /// `STATE_GONE` once its thread-exit destructor freed it.
+        static UNWIND: Cell<*mut ThreadUnwind>, symbol "memsnap_native_unwind";
+    }
+
+    crate::initial_exec::initial_exec_thread_local! {
         /// This thread's stack `[bottom, top)`; top 0 = not looked up yet, MAX = unknown.
-        static STACK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+        static STACK: Cell<(u64, u64)>, symbol "memsnap_native_stack";
     }
 
     static UNWIND_KEY: crate::thread_state::ExitKey = crate::thread_state::ExitKey::new();

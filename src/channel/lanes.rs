@@ -97,6 +97,12 @@ impl Cursor {
         }
     }
 
+    /// Whether every field is zero ([`Cursor::NONE`] must be: a thread's hook state starts
+    /// as zero bytes).
+    pub const fn is_all_zero(&self) -> bool {
+        self.slots.is_null() && self.mask == 0 && self.tail == 0 && self.head_seen == 0
+    }
+
     /// Whether this is [`Cursor::NO_LANE`].
     pub fn is_no_lane(&self) -> bool {
         self.slots == Cursor::NO_LANE.slots
