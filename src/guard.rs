@@ -7,8 +7,9 @@
 //! Hot. `cudaMalloc` reaches `cuMemAlloc_v2` through a pointer we also hooked; only the
 //! outermost hooked call records. A `const` thread-local without destructor stays usable
 //! during thread teardown, allocates nothing, and can never fail. One thread-local for all
-//! of it, reached with one load from the thread pointer ([`crate::initial_exec`]); a hook
-//! looks it up once, in [`Scope::enter`], and the scope keeps the address.
+//! of it, found from the thread pointer and its offset, which the hook line keeps
+//! ([`crate::initial_exec`], `process::hook_line`); a hook looks it up once, in
+//! [`Scope::enter`], and the scope keeps the address.
 
 use crate::channel::lanes::Cursor;
 use crate::channel::sent::ThreadStacks;
@@ -50,6 +51,12 @@ crate::initial_exec::initial_exec_thread_local! {
     static THREAD: HookThread, symbol "memsnap_hook_thread";
 }
 
+/// The hook state's offset from the thread pointer, kept on the line every hooked call reads
+/// (`process::hook_line`), so that finding the hook state reads no line of the global
+/// offset table.
+const THREAD_OFFSET: &std::sync::atomic::AtomicIsize =
+    &crate::process::hook_line::HOOK_LINE.hook_thread_offset;
+
 /// Depth that marks a thread as memsnap's own (the writer): it never records.
 const INTERNAL: u32 = 1 << 30;
 
@@ -64,7 +71,7 @@ pub struct Scope {
 impl Scope {
     #[inline(always)]
     pub fn enter() -> Scope {
-        let thread = THREAD.as_ptr();
+        let thread = THREAD.as_ptr_through(THREAD_OFFSET);
         // SAFETY: this thread's own thread-local (see the field), used on this thread.
         let depth = unsafe { &(*thread).depth };
         let v = depth.get();

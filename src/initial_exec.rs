@@ -18,6 +18,7 @@
 //! uses the model; elsewhere the same declaration is a `thread_local!`.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 
 /// A type whose all-zero bytes are a valid value: an initial-exec variable starts as zero
 /// bytes (the loader zeroes each thread's block), like a `.bss` static.
@@ -54,15 +55,27 @@ pub struct ThreadLocal<T: 'static> {
     /// The calling thread's copy (the declaration's accessor; a constant of the static, so
     /// the call is inlined).
     address: fn() -> *const T,
+    /// The variable's offset from the thread pointer, read from the global offset table
+    /// (never 0: the static block lies below the thread pointer).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    offset: fn() -> isize,
 }
 
 impl<T: 'static> ThreadLocal<T> {
     /// # Safety
     /// `address` must return the calling thread's copy of the variable: memory holding a
-    /// valid `T` for the thread's whole life, used by no other thread.
+    /// valid `T` for the thread's whole life, used by no other thread; `offset`, that
+    /// copy's distance from the thread pointer.
     #[doc(hidden)]
-    pub const unsafe fn new(address: fn() -> *const T) -> ThreadLocal<T> {
-        ThreadLocal { address }
+    pub const unsafe fn new(
+        address: fn() -> *const T,
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))] offset: fn() -> isize,
+    ) -> ThreadLocal<T> {
+        ThreadLocal {
+            address,
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            offset,
+        }
     }
 
     /// Runs `f` with the calling thread's value.
@@ -79,6 +92,47 @@ impl<T: 'static> ThreadLocal<T> {
     pub fn as_ptr(&'static self) -> *const T {
         (self.address)()
     }
+
+    /// [`ThreadLocal::as_ptr`] without reading the global offset table: the variable's
+    /// offset from the thread pointer (the same for every thread of the process) is read
+    /// from the table once and kept in `offset`, which its caller places on a cache line
+    /// it reads anyway (0: not read yet; only this variable's offset may be stored there).
+    /// Elsewhere than x86-64 Linux, `as_ptr`.
+    #[inline(always)]
+    pub fn as_ptr_through(&'static self, offset: &AtomicIsize) -> *const T {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            let mut at = offset.load(Relaxed);
+            if at == 0 {
+                at = (self.offset)();
+                offset.store(at, Relaxed);
+            }
+            thread_pointer().wrapping_offset(at) as *const T
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            let _ = offset;
+            self.as_ptr()
+        }
+    }
+}
+
+/// The thread pointer: the address the thread control block holds in its first word (the
+/// x86-64 ELF TLS ABI), from which every static thread-local is at a fixed offset.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+fn thread_pointer() -> *const u8 {
+    let at: *const u8;
+    // SAFETY: reads the first word of the thread control block, which `fs` addresses on
+    // every x86-64 Linux thread. Reads only; no stack, no flags.
+    unsafe {
+        std::arch::asm!(
+            "mov {at}, qword ptr fs:[0]",
+            at = out(reg) at,
+            options(pure, readonly, nostack, preserves_flags),
+        )
+    };
+    at
 }
 
 /// Declares a per-thread `static NAME: ThreadLocal<TYPE>`, zero bytes at each thread's
@@ -108,13 +162,29 @@ macro_rules! initial_exec_thread_local {
 
             #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
             #[inline(always)]
+            fn offset() -> isize {
+                let at: isize;
+                // SAFETY: reads the variable's offset from the thread pointer, which the
+                // loader wrote into the global offset table (a `R_X86_64_TPOFF64`
+                // relocation). Reads only; no stack, no flags.
+                unsafe {
+                    ::core::arch::asm!(
+                        concat!("mov {at}, qword ptr [rip + ", $sym, "@GOTTPOFF]"),
+                        at = out(reg) at,
+                        options(pure, readonly, nostack, preserves_flags),
+                    )
+                };
+                at
+            }
+
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            #[inline(always)]
             fn address() -> *const $ty {
                 let at: *const $ty;
                 // SAFETY: reads the thread pointer's first word (the thread control block
                 // points to itself there, as the x86-64 ELF TLS ABI requires) and the
-                // variable's offset from it, which the loader wrote into the global offset
-                // table (a `R_X86_64_TPOFF64` relocation); their sum is this thread's copy
-                // in its static TLS block. Reads only; no stack, no other register.
+                // variable's offset from it (see `offset`); their sum is this thread's
+                // copy in its static TLS block. Reads only; no stack, no other register.
                 unsafe {
                     ::core::arch::asm!(
                         "mov {at}, qword ptr fs:[0]",
@@ -137,8 +207,15 @@ macro_rules! initial_exec_thread_local {
             }
 
             // SAFETY: `address` gives the calling thread's own copy, zero bytes at the
-            // thread's start (a valid value: `check`), for the thread's whole life.
-            unsafe { $crate::initial_exec::ThreadLocal::new(address) }
+            // thread's start (a valid value: `check`), for the thread's whole life, and
+            // `offset` its distance from the thread pointer.
+            unsafe {
+                $crate::initial_exec::ThreadLocal::new(
+                    address,
+                    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+                    offset,
+                )
+            }
         };
     };
 }
@@ -180,6 +257,30 @@ mod tests {
             "two threads, one address"
         );
         assert_ne!(COUNTER.as_ptr() as usize, PAIR.as_ptr() as usize);
+    }
+
+    #[test]
+    fn the_address_through_a_kept_offset_is_each_threads_own() {
+        static OFFSET: AtomicIsize = AtomicIsize::new(0);
+        let here = COUNTER.as_ptr_through(&OFFSET);
+        assert_eq!(here, COUNTER.as_ptr());
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        assert_ne!(OFFSET.load(Relaxed), 0, "the offset was kept");
+        let kept = OFFSET.load(Relaxed);
+        let other = std::thread::spawn(|| {
+            (
+                COUNTER.as_ptr_through(&OFFSET) as usize,
+                COUNTER.as_ptr() as usize,
+            )
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            other.0, other.1,
+            "another thread's copy, through the kept offset"
+        );
+        assert_ne!(other.0, here as usize);
+        assert_eq!(OFFSET.load(Relaxed), kept, "read from the table once");
     }
 
     #[repr(C, align(64))]

@@ -1,7 +1,8 @@
 //! The process-wide values that hooked calls read on every event, gathered on one cache
 //! line: the recording switch and the recorder, the event clock's source, whether
-//! PyTorch's block events are recorded, the interpreter's resolved functions, and the
-//! benchmarks' pass-through switch.
+//! PyTorch's block events are recorded, the interpreter's resolved functions, where each
+//! thread's hook state lies from its thread pointer, and the benchmarks' pass-through
+//! switch.
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
 //! module that gives it a meaning (`recording`, `clock`, `allocator_route`, `python`,
@@ -12,7 +13,7 @@
 //! (docs/HOT-PATH.md, "The recording floor").
 
 use crate::channel::queue::Recorder;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize};
 
 /// The values; see the module's text. Written rarely (once per process, or at a switch),
 /// so the line stays shared in every core's cache.
@@ -24,6 +25,9 @@ pub struct HookLine {
     pub python_get_tstate: AtomicUsize,
     /// `python`: `Py_IsInitialized`, once resolved.
     pub python_is_initialized: AtomicUsize,
+    /// `guard`: the hook state's offset from the thread pointer (0 until the first hooked
+    /// call reads it from the global offset table: `initial_exec`).
+    pub hook_thread_offset: AtomicIsize,
     /// `recording`: the switch's state.
     pub recording: AtomicU8,
     /// `clock`: what a stamp counts.
@@ -46,6 +50,7 @@ pub static HOOK_LINE: HookLine = HookLine {
     recorder: AtomicPtr::new(std::ptr::null_mut()),
     python_get_tstate: AtomicUsize::new(0),
     python_is_initialized: AtomicUsize::new(0),
+    hook_thread_offset: AtomicIsize::new(0),
     recording: AtomicU8::new(0),
     clock_source: AtomicU8::new(0),
     python_state: AtomicU8::new(0),
