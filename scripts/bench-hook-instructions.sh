@@ -39,6 +39,10 @@
 #     them is a wait; here they are counted, the same from run to run within a few
 #     hundredths of a line (the writer thread shares the simulated cache). Only the cold
 #     runs are collected (cold_loop).
+#  4b. Route "tracker-cache": the same count for PyTorch's caching allocator, the tracker of
+#     route 3 driven from C, after two warm-up rounds, with EVICT bytes written before each
+#     block allocation (outside it): cache lines missed per BlockAlloc entry (inside
+#     standin_malloc), with memsnap minus without it.
 #
 # The writer thread is not in the hook figures; its own work is given apart: instructions of
 # `Writer::apply` per event applied (routes 1 and 2). Each run's exit snapshot must show
@@ -46,7 +50,8 @@
 #
 #   bash scripts/bench-hook-instructions.sh [LIB ...]   (default: this build's release library;
 #                                                        needs valgrind; ~3 min per library)
-#   ROUTES="c step python tracker cache" (default the first four), ITERATIONS (C, 3000), ITERATIONS_CACHE (cache: 40, x 5 runs),
+#   ROUTES="c step python tracker cache tracker-cache" (default the first four), ITERATIONS (C, 3000), ITERATIONS_CACHE (cache: 40, x 5 runs),
+#   ROUNDS_CACHE (tracker-cache: rounds of 64 blocks after 2 warm-up rounds, 5),
 #   EVICT (cache: bytes written before each pair, 4194304), PY_ITERATIONS (1000),
 #   C_DEPTH (route c's nesting, 26: 34 frames at cudaMallocAsync; 70: 78 frames, a stack cut at
 #   the 64-frame limit, as 29-32% of a real step's are),
@@ -224,6 +229,41 @@ for route in $ROUTES; do
             echo
             echo "($about.)"
         done
+        ;;
+    tracker-cache)
+        evict=${EVICT:-4194304}
+        rounds=${ROUNDS_CACHE:-5}
+        cmd=("$OUT/tracker_cost" "$rounds" 26 "$STANDIN_LIB" "$evict")
+        echo
+        echo "**PyTorch tracker with cold caches** (scripts/bench/tracker_cost.c, $evict bytes written before each block allocation; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): per BlockAlloc entry (standin_malloc), with memsnap minus without it"
+        echo
+        echo "| library | memsnap | instructions over not loaded | D1 misses over not loaded (read + write) | LL misses over not loaded (read + write) | dropped | stackless |"
+        echo "|---|---|---|---|---|---|---|"
+        # Without memsnap no tracker is attached and the program counts no entries: the
+        # baseline's totals are divided by the entries of the run beside it.
+        dir=$(mktemp -d "$WORK/run.XXXXXX")
+        CG_CACHE=1 run_cg "$dir" baseline "" cold_rounds "${cmd[@]}" >/dev/null
+        read -r ir_b d1r_b d1w_b llr_b llw_b < <(inclusive_events "$dir/cg" standin_malloc D1mr,D1mw,DLmr,DLmw)
+        for config in none python native all; do
+            for lib in "${LIBS[@]}"; do
+                dir=$(mktemp -d "$WORK/run.XXXXXX")
+                # (the whole output first: a `read` from a process substitution would return
+                # before callgrind has written its file)
+                out=$(CG_CACHE=1 run_cg "$dir" "$config" "$lib" cold_rounds "${cmd[@]}")
+                read -r n_malloc _ _ frames <<<"$out"
+                read -r ir d1r d1w llr llw < <(inclusive_events "$dir/cg" standin_malloc D1mr,D1mw,DLmr,DLmw)
+                over() { awk -v a="$1" -v b="$2" -v c="$3" -v d="$4" -v n="$n_malloc" 'BEGIN { printf "%.2f", (a + b - c - d) / n }'; }
+                over_ir=$(( (ir - ir_b) / n_malloc ))
+                over_d1=$(over "$d1r" "$d1w" "$d1r_b" "$d1w_b"); over_ll=$(over "$llr" "$llw" "$llr_b" "$llw_b")
+                read -r recorded dropped stackless < <(counts "$dir")
+                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
+                    over_d1="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"; over_ll=
+                fi
+                echo "| ${lib#"$PWD"/} | MEMSNAP_STACKS=$config | $over_ir | $over_d1 | $over_ll | $dropped | $stackless |"
+            done
+        done
+        echo
+        echo "($frames native frames at the allocation; $rounds rounds of 64 blocks after 2 not collected: $n_malloc entries; not loaded: $(( ir_b / n_malloc )) instructions, $(awk -v a="$llr_b" -v b="$llw_b" -v n="$n_malloc" 'BEGIN { printf "%.2f", (a + b) / n }') LL misses an entry.)"
         ;;
     cache)
         evict=${EVICT:-4194304}

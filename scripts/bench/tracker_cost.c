@@ -2,7 +2,7 @@
  * 2.11 stand-in (tests/fake_torch, built by scripts/build-fake-cuda.sh), for
  * scripts/bench-hook-instructions.sh (callgrind counts the tracker's instructions).
  *
- *   tracker_cost ROUNDS DEPTH [LIBC10_CUDA]
+ *   tracker_cost ROUNDS DEPTH [LIBC10_CUDA [EVICT_BYTES]]
  *
  * One cudaMalloc + cudaFree first (a preloaded memsnap starts on it), then the stand-in is
  * loaded and initialized (one device). Each round, under DEPTH nested native frames, from
@@ -14,6 +14,13 @@
  *   - all completed (standin_process_events: one FREE_COMPLETED each).
  * So each phase is one C entry point of the stand-in, which callgrind can collect alone
  * (--toggle-collect=standin_malloc, ...).
+ *
+ * With EVICT_BYTES > 0, WARM_ROUNDS rounds run first as above (the segments, each site's
+ * first walks), then ROUNDS rounds in cold_rounds, which write that many bytes (one store per
+ * 64-byte line) before each standin_malloc call, outside it: the work a real step does
+ * between two allocations, which pushes the tracker's lines out of the nearer caches (the
+ * route "tracker-cache" of scripts/bench-hook-instructions.sh collects cold_rounds alone and
+ * counts the lines the tracker misses). The counts printed are then cold_rounds' own.
  *
  * Prints one line: "<tracker calls under standin_malloc> <under standin_free> <under
  * standin_process_events> <native frames at the call site>". */
@@ -29,6 +36,7 @@
 #define SITES 6
 #define BATCH 64
 #define SIDE_STREAM ((uintptr_t)0x7001)
+#define WARM_ROUNDS 2
 
 static standin_malloc_fn s_malloc;
 static standin_free_fn s_free;
@@ -38,6 +46,8 @@ static standin_count_fn s_tracker_calls;
 static unsigned long long calls_malloc, calls_free, calls_complete;
 static void *blocks[BATCH];
 static volatile long sink;
+static volatile uint64_t *evict_buffer;
+static long evict_words; /* 0: no eviction */
 
 static void *must(void *lib, const char *name) {
     void *fn = dlsym(lib, name);
@@ -74,6 +84,7 @@ static void (*const free_at[SITES])(void *) = {free0, free1, free2, free3, free4
 __attribute__((noinline)) static void rounds(long n) {
     for (long r = 0; r < n; r++) {
         for (int i = 0; i < BATCH; i++) {
+            for (long w = 0; w < evict_words; w += 8) evict_buffer[w] += (uint64_t)i;
             blocks[i] = alloc_at[i % SITES](512 + (size_t)(i * 7 % 32) * 512);
             if (!blocks[i]) {
                 fprintf(stderr, "tracker_cost: standin_malloc failed\n");
@@ -88,9 +99,24 @@ __attribute__((noinline)) static void rounds(long n) {
     }
 }
 
+/* rounds() with the eviction on, after the warm-up (collected alone by callgrind). */
+__attribute__((noinline)) static void cold_rounds(long n) {
+    rounds(n);
+    sink += n;
+}
+
 __attribute__((noinline)) static int nested(int depth, long n) {
     if (depth <= 0) {
-        rounds(n);
+        if (evict_words > 0) {
+            long words = evict_words;
+            evict_words = 0;
+            rounds(WARM_ROUNDS);
+            calls_malloc = calls_free = calls_complete = 0;
+            evict_words = words;
+            cold_rounds(n);
+        } else {
+            rounds(n);
+        }
         void *frames[256];
         /* backtrace here stands where alloc<n> stands, + 1 for standin_malloc */
         return backtrace(frames, 256) + 1;
@@ -114,6 +140,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tracker_cost: cannot load the stand-in (argv[3] or $STANDIN_LIB): %s\n",
                 path ? dlerror() : "not given");
         return 1;
+    }
+    long evict_bytes = argc > 4 ? atol(argv[4]) : 0;
+    if (evict_bytes > 0) {
+        evict_words = evict_bytes / 8;
+        evict_buffer = calloc((size_t)evict_words, 8);
+        if (!evict_buffer) {
+            fprintf(stderr, "tracker_cost: calloc failed\n");
+            return 1;
+        }
     }
     standin_init_fn init = (standin_init_fn)must(lib, "standin_init");
     s_malloc = (standin_malloc_fn)must(lib, "standin_malloc");
