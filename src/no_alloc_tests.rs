@@ -129,8 +129,9 @@ fn hooks_do_not_allocate_in_steady_state() {
 
     // PyTorch's caching-allocator tracker: a block handed out, freed and completed, as
     // PyTorch calls it (an entry of its 2.11 layout on the stack), with stacks.
-    let layout = crate::pytorch::layout::for_version("2.11.0").expect("2.11 is known");
-    crate::pytorch::set_layout_for_test(layout);
+    let number = crate::pytorch::layout::number_for_version("2.11.0").expect("2.11 is known");
+    crate::pytorch::set_layout_for_test(number);
+    let layout = crate::pytorch::layout::by_number(number).expect("its layout");
     let entry = |action: u32, addr: u64| {
         let mut e = [0u8; 136];
         e[layout.action..layout.action + 4].copy_from_slice(&action.to_ne_bytes());

@@ -1,12 +1,12 @@
 //! The process-wide values that hooked calls read on every event, gathered on one cache
 //! line: the recording switch and the recorder, the event clock's source, whether
-//! PyTorch's block events are recorded, the interpreter's resolved functions, where each
-//! thread's hook state lies from its thread pointer, and the benchmarks' pass-through
-//! switch.
+//! PyTorch's block events are recorded and where its trace entries hold what the tracker
+//! reads, the interpreter's resolved functions, where each thread's hook state lies from
+//! its thread pointer, and the benchmarks' pass-through switch.
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
 //! module that gives it a meaning (`recording`, `clock`, `allocator_route`, `python`,
-//! `guard`), which reads and writes it only through its own functions; this room only
+//! `guard`, `pytorch`), which reads and writes it only through its own functions; this room only
 //! decides where they live. Why one line: in a real program the work between two events
 //! pushes memsnap's lines out of the nearer caches, and each line an event reads is one
 //! more wait; as separate statics these values sat on three to five lines
@@ -38,6 +38,9 @@ pub struct HookLine {
     pub python_layout: AtomicU8,
     /// `allocator_route`: whether the tracker records PyTorch's block events.
     pub block_events: AtomicBool,
+    /// `pytorch`: the number of the trace entries' layout the tracker reads them with
+    /// (`pytorch::layout::by_number`; 0 until the tracker is attached).
+    pub trace_entry_layout: AtomicU8,
     /// `guard` (benchmarks only): every thread's hooked calls pass through unrecorded.
     pub every_thread_passing_through: AtomicBool,
 }
@@ -56,5 +59,6 @@ pub static HOOK_LINE: HookLine = HookLine {
     python_state: AtomicU8::new(0),
     python_layout: AtomicU8::new(0),
     block_events: AtomicBool::new(true),
+    trace_entry_layout: AtomicU8::new(0),
     every_thread_passing_through: AtomicBool::new(false),
 };

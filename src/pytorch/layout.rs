@@ -89,13 +89,28 @@ const KNOWN: &[Releases] = &[Releases {
     layout: FROM_2_8,
 }];
 
-/// The layout for PyTorch `version` (`"2.11.0+cu130"`, `"2.12.0a0+git..."`), if known.
-pub fn for_version(version: &str) -> Option<TraceEntryLayout> {
+/// The number of the layout for PyTorch `version` (`"2.11.0+cu130"`, `"2.12.0a0+git..."`),
+/// if known: its place in the table of known layouts plus one, so that 0 is "none". The
+/// tracker's line keeps this number (`process::hook_line`), and [`by_number`] gives the
+/// layout back with its offsets as constants (no table read while there is one layout).
+pub fn number_for_version(version: &str) -> Option<u8> {
     let release = major_minor(version)?;
-    KNOWN
+    let at = KNOWN
         .iter()
-        .find(|r| r.from <= release && release <= r.to)
-        .map(|r| r.layout)
+        .position(|r| r.from <= release && release <= r.to)?;
+    u8::try_from(at + 1).ok()
+}
+
+/// The layout numbered `number` ([`number_for_version`]); `None` for 0.
+#[inline(always)]
+pub fn by_number(number: u8) -> Option<TraceEntryLayout> {
+    let at = usize::from(number).checked_sub(1)?;
+    KNOWN.get(at).map(|r| r.layout)
+}
+
+/// The layout for PyTorch `version`, if known.
+pub fn for_version(version: &str) -> Option<TraceEntryLayout> {
+    by_number(number_for_version(version)?)
 }
 
 /// `(major, minor)` of a version string.
@@ -124,6 +139,15 @@ pub fn version_from_py(text: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layouts_number_gives_it_back() {
+        assert_eq!(number_for_version("2.11.0+cu130"), Some(1));
+        assert_eq!(by_number(1), Some(FROM_2_8));
+        assert_eq!(by_number(0), None, "0 is no layout");
+        assert_eq!(by_number(KNOWN.len() as u8 + 1), None);
+        assert_eq!(number_for_version("2.7.1"), None);
+    }
 
     #[test]
     fn versions_map_to_layouts() {

@@ -23,7 +23,7 @@ use crate::process::clock;
 use crate::process::dlsym::real_dlsym;
 use crate::process::recording;
 use crate::record;
-use layout::{Action, TraceEntryLayout};
+use layout::Action;
 use library::{Allocator, Missing};
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -42,8 +42,10 @@ static STATE: AtomicU8 = AtomicU8::new(LOOKING);
 /// `libraries_loaded()` at the last probe that found no PyTorch.
 static LIBRARIES_AT_LAST_PROBE: AtomicU64 = AtomicU64::new(0);
 static FOUND: OnceLock<Allocator> = OnceLock::new();
-/// Set once, before the tracker is attached; read by every call of the tracker.
-static LAYOUT: OnceLock<TraceEntryLayout> = OnceLock::new();
+/// The number of the trace entries' layout (`layout::number_for_version`): set once, before
+/// the tracker is attached; read by every call of the tracker, on the line it reads anyway
+/// (`process::hook_line`; in a static of its own it was one more cache line an event).
+const LAYOUT: &AtomicU8 = &crate::process::hook_line::HOOK_LINE.trace_entry_layout;
 
 /// Called by the segment-level allocation hooks (`cudaMalloc`, `cuMemAlloc`, and for
 /// expandable segments `cuMemAddressReserve` and `cuMemCreate`) before the real call:
@@ -138,7 +140,7 @@ fn try_attach() -> Option<AllocatorRoute> {
         // allocator, and there are none before `init`.
         return None;
     }
-    let Some(layout) = layout::for_version(&version) else {
+    let Some(layout) = layout::number_for_version(&version) else {
         return Some(AllocatorRoute::SegmentsOnly {
             reason: format!(
                 "PyTorch {version}: this memsnap knows the allocator's trace entries of \
@@ -146,7 +148,7 @@ fn try_attach() -> Option<AllocatorRoute> {
             ),
         });
     };
-    let _ = LAYOUT.set(layout);
+    LAYOUT.store(layout, Release);
     // PyTorch's libraries may have been loaded since the unwinder's module table was
     // built: without them the first blocks' native stacks would stop at the tracker.
     crate::process::modules::refresh();
@@ -164,10 +166,11 @@ fn try_attach() -> Option<AllocatorRoute> {
     Some(AllocatorRoute::Blocks { version })
 }
 
-/// Tests: the layout the tracker reads with, as an attach would set it.
+/// Tests: the layout the tracker reads with, as an attach would set it (its number:
+/// `layout::number_for_version`).
 #[cfg(test)]
-pub fn set_layout_for_test(layout: TraceEntryLayout) {
-    let _ = LAYOUT.set(layout);
+pub fn set_layout_for_test(number: u8) {
+    LAYOUT.store(number, Release);
 }
 
 /// The tracker: PyTorch calls it for every trace entry, on the thread that allocates or
@@ -179,7 +182,9 @@ pub(crate) unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: 
     if !allocator_route::block_events_on() {
         return;
     }
-    let Some(layout) = LAYOUT.get() else { return };
+    let Some(layout) = layout::by_number(LAYOUT.load(Acquire)) else {
+        return;
+    };
     // One allocation is one record, and memsnap's own threads and benchmarks' passing-
     // through threads record nothing, exactly as in the CUDA hooks.
     let scope = Scope::enter();
