@@ -71,7 +71,8 @@ pub struct Scope {
 impl Scope {
     #[inline(always)]
     pub fn enter() -> Scope {
-        let thread = THREAD.as_ptr_through(THREAD_OFFSET);
+        // SAFETY: THREAD_OFFSET keeps THREAD's offset and nothing else's.
+        let thread = unsafe { THREAD.as_ptr_through(THREAD_OFFSET) };
         // SAFETY: this thread's own thread-local (see the field), used on this thread.
         let depth = unsafe { &(*thread).depth };
         let v = depth.get();

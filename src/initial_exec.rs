@@ -96,10 +96,13 @@ impl<T: 'static> ThreadLocal<T> {
     /// [`ThreadLocal::as_ptr`] without reading the global offset table: the variable's
     /// offset from the thread pointer (the same for every thread of the process) is read
     /// from the table once and kept in `offset`, which its caller places on a cache line
-    /// it reads anyway (0: not read yet; only this variable's offset may be stored there).
-    /// Elsewhere than x86-64 Linux, `as_ptr`.
+    /// it reads anyway (0: not read yet). Elsewhere than x86-64 Linux, `as_ptr`.
+    ///
+    /// # Safety
+    /// `offset` must be this variable's keeper alone: 0, or what this function stored there
+    /// for this variable.
     #[inline(always)]
-    pub fn as_ptr_through(&'static self, offset: &AtomicIsize) -> *const T {
+    pub unsafe fn as_ptr_through(&'static self, offset: &AtomicIsize) -> *const T {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         {
             let mut at = offset.load(Relaxed);
@@ -262,14 +265,16 @@ mod tests {
     #[test]
     fn the_address_through_a_kept_offset_is_each_threads_own() {
         static OFFSET: AtomicIsize = AtomicIsize::new(0);
-        let here = COUNTER.as_ptr_through(&OFFSET);
+        // SAFETY: OFFSET keeps COUNTER's offset alone (here and below).
+        let here = unsafe { COUNTER.as_ptr_through(&OFFSET) };
         assert_eq!(here, COUNTER.as_ptr());
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         assert_ne!(OFFSET.load(Relaxed), 0, "the offset was kept");
         let kept = OFFSET.load(Relaxed);
         let other = std::thread::spawn(|| {
             (
-                COUNTER.as_ptr_through(&OFFSET) as usize,
+                // SAFETY: as above.
+                unsafe { COUNTER.as_ptr_through(&OFFSET) } as usize,
                 COUNTER.as_ptr() as usize,
             )
         })
