@@ -36,8 +36,9 @@
 #     inside cudaMallocAsync and cudaFreeAsync, the lines that missed the first level and
 #     the last level: per event over not loaded, the cache lines memsnap's hook reads and
 #     writes that the program's own work had pushed out. On a real machine each read among
-#     them is a wait; here they are counted, the same from run to run within a few
-#     hundredths of a line (the writer thread shares the simulated cache). Only the cold
+#     them is a wait; here they are counted. Between two runs of one library they move by
+#     up to a line an event (the writer thread shares the simulated cache, and when it wakes
+#     follows the clock): compare two builds within one run, and repeat. Only the cold
 #     runs are collected (cold_loop).
 #  4b. Route "tracker-cache": the same count for PyTorch's caching allocator, the tracker of
 #     route 3 driven from C, after two warm-up rounds, with EVICT bytes written before each
