@@ -6,8 +6,8 @@
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
 //! module that gives it a meaning (`recording`, `clock`, `allocator_route`, `python`,
-//! `guard`, `pytorch`), which reads and writes it only through its own functions; this room only
-//! decides where they live. Why one line: in a real program the work between two events
+//! `guard`, `pytorch`), which reads and writes it only through its own functions; this
+//! room only decides where they live. Why one line: in a real program the work between two events
 //! pushes memsnap's lines out of the nearer caches, and each line an event reads is one
 //! more wait; as separate statics these values sat on three to five lines
 //! (docs/HOT-PATH.md, "The recording floor").
