@@ -139,11 +139,13 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
                     chosen.push(t.pid);
                     targets.push(t);
                 }
-                Err(Prepare::Excluded | Prepare::Gone(_)) => {}
+                // The scan found memsnap loaded in each of them: one without it now has
+                // exited or replaced its program since, and is no longer a target.
+                Err(Prepare::Excluded | Prepare::Gone(_) | Prepare::NoMemsnap(_)) => {}
                 // Launchers (torchrun's agent) and helpers that never touch CUDA load the
                 // library too: skipping them is not a failure.
                 Err(Prepare::NotRecording(msg)) => eprintln!("memsnap: skipping: {msg}"),
-                Err(Prepare::Failed(msg) | Prepare::NoMemsnap(msg)) => {
+                Err(Prepare::Failed(msg)) => {
                     eprintln!("memsnap: {msg}");
                     failed += 1;
                 }
@@ -579,6 +581,10 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
             Prepare::Gone(format!("no process {pid} ({e})"))
         }
     })?;
+    if maps.is_empty() {
+        // A process that is exiting, or exited and not yet reaped, has no memory left to map.
+        return Err(Prepare::Gone(format!("pid {pid} has exited")));
+    }
     if !has_memsnap(&maps) {
         return Err(Prepare::NoMemsnap(format!(
             "pid {pid} does not have memsnap loaded (start it with `memsnap run -- ...` or LD_PRELOAD=libmemsnap.so)"
@@ -797,6 +803,36 @@ mod tests {
             "7f00-7f10 r-xp 00000000 08:01 123 /usr/lib/libmemsnap.so.bak\n"
         ));
         assert!(!has_memsnap("7f00-7f10 rw-p 00000000 00:00 0 \n"));
+    }
+
+    /// A process that has exited but is not yet reaped still has its /proc entry, with no
+    /// mappings: `--all` met one while other jobs' processes exited beside it, and called it
+    /// a process without memsnap (a failure) instead of one that is gone.
+    #[test]
+    fn an_exited_process_not_yet_reaped_is_gone() {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("run true");
+        let pid = child.id();
+        let stat = PathBuf::from(format!("/proc/{pid}/stat"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&stat).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        }) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pid {pid} never exited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let uid = std::fs::metadata("/proc/self").unwrap().uid();
+        assert!(
+            matches!(prepare(pid, uid, None), Err(Prepare::Gone(_))),
+            "an exited process"
+        );
+        child.wait().unwrap();
     }
 
     #[test]
