@@ -28,13 +28,7 @@ use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 pub unsafe trait ZeroIsValid {}
 
 // SAFETY: zero is a valid integer.
-unsafe impl ZeroIsValid for u32 {}
-// SAFETY: zero is a valid integer.
 unsafe impl ZeroIsValid for u64 {}
-// SAFETY: zero is a valid integer.
-unsafe impl ZeroIsValid for usize {}
-// SAFETY: zero is `false`.
-unsafe impl ZeroIsValid for bool {}
 // SAFETY: zero is the null pointer, a valid raw pointer.
 unsafe impl<T> ZeroIsValid for *mut T {}
 // SAFETY: a `Cell` has the layout and valid values of what it holds.

@@ -108,11 +108,6 @@ pub fn by_number(number: u8) -> Option<TraceEntryLayout> {
     KNOWN.get(at).map(|r| r.layout)
 }
 
-/// The layout for PyTorch `version`, if known.
-pub fn for_version(version: &str) -> Option<TraceEntryLayout> {
-    by_number(number_for_version(version)?)
-}
-
 /// `(major, minor)` of a version string.
 pub fn major_minor(version: &str) -> Option<(u32, u32)> {
     let mut parts = version.trim().split('.');
@@ -139,6 +134,11 @@ pub fn version_from_py(text: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout for PyTorch `version`, if known.
+    fn for_version(version: &str) -> Option<TraceEntryLayout> {
+        by_number(number_for_version(version)?)
+    }
 
     #[test]
     fn a_layouts_number_gives_it_back() {
