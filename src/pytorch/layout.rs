@@ -21,20 +21,6 @@ pub enum Action {
     Other,
 }
 
-/// `TraceEntry::Action`'s values from 2.1 on (`USER_DEFINED`, added later, comes last and
-/// is not read).
-const ACTIONS: [Action; 9] = [
-    Action::Alloc,
-    Action::FreeRequested,
-    Action::FreeCompleted,
-    Action::SegmentAlloc,
-    Action::SegmentFree,
-    Action::SegmentMap,
-    Action::SegmentUnmap,
-    Action::Snapshot,
-    Action::Oom,
-];
-
 /// Byte offsets of the fields memsnap reads in one `TraceEntry`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceEntryLayout {
@@ -57,9 +43,19 @@ pub struct TraceEntryLayout {
 }
 
 impl TraceEntryLayout {
+    /// The action of `code`, `TraceEntry::Action`'s value (the same from 2.1 on;
+    /// `USER_DEFINED`, added later, comes last and is not read). Comparisons for the three
+    /// actions of nearly every entry, the others out of line: an array of actions, and the
+    /// jump table the tracker's `match` on its result became, were two cache lines every
+    /// entry read (docs/HOT-PATH.md, "The tracker's lines").
     #[inline(always)]
     pub fn action(&self, code: u32) -> Action {
-        ACTIONS.get(code as usize).copied().unwrap_or(Action::Other)
+        match code {
+            0 => Action::Alloc,
+            1 => Action::FreeRequested,
+            2 => Action::FreeCompleted,
+            _ => rare_action(code),
+        }
     }
 }
 
@@ -74,6 +70,21 @@ const FROM_2_8: TraceEntryLayout = TraceEntryLayout {
     size: 40,
     time: 64,
 };
+
+/// [`TraceEntryLayout::action`] past the three actions of nearly every entry.
+#[cold]
+#[inline(never)]
+fn rare_action(code: u32) -> Action {
+    match code {
+        3 => Action::SegmentAlloc,
+        4 => Action::SegmentFree,
+        5 => Action::SegmentMap,
+        6 => Action::SegmentUnmap,
+        7 => Action::Snapshot,
+        8 => Action::Oom,
+        _ => Action::Other,
+    }
+}
 
 /// A range of releases, `(major, minor)` to `(major, minor)` inclusive, with one layout.
 struct Releases {
@@ -175,11 +186,21 @@ mod tests {
     #[test]
     fn actions_follow_pytorchs_order() {
         let l = FROM_2_8;
-        assert_eq!(l.action(0), Action::Alloc);
-        assert_eq!(l.action(3), Action::SegmentAlloc);
-        assert_eq!(l.action(5), Action::SegmentMap);
-        assert_eq!(l.action(8), Action::Oom);
-        assert_eq!(l.action(9), Action::Other);
+        let order = [
+            Action::Alloc,
+            Action::FreeRequested,
+            Action::FreeCompleted,
+            Action::SegmentAlloc,
+            Action::SegmentFree,
+            Action::SegmentMap,
+            Action::SegmentUnmap,
+            Action::Snapshot,
+            Action::Oom,
+        ];
+        for (code, action) in order.into_iter().enumerate() {
+            assert_eq!(l.action(code as u32), action, "code {code}");
+        }
+        assert_eq!(l.action(9), Action::Other, "USER_DEFINED is not read");
         assert_eq!(l.action(u32::MAX), Action::Other);
     }
 }
