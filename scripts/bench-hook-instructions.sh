@@ -44,6 +44,11 @@
 #     route 3 driven from C, after two warm-up rounds, with EVICT bytes written before each
 #     block allocation (outside it): cache lines missed per BlockAlloc entry (inside
 #     standin_malloc), with memsnap minus without it.
+#  4c. Route "python-cache": the same count for a Python caller (scripts/bench/cold_hook.py
+#     --one: 10 Python frames deep, through ctypes; a C loop writes EVICT bytes before each
+#     cudaMallocAsync + cudaFreeAsync pair, after 40,000 warm pairs, and only that loop is
+#     collected, by callgrind's client requests; needs valgrind's headers): the lines the Python walk and the rest of the hook miss, per
+#     event over not loaded. PAIRS_CACHE pairs (200).
 #
 # The writer thread is not in the hook figures; its own work is given apart: instructions of
 # `Writer::apply` per event applied (routes 1 and 2). Each run's exit snapshot must show
@@ -51,7 +56,7 @@
 #
 #   bash scripts/bench-hook-instructions.sh [LIB ...]   (default: this build's release library;
 #                                                        needs valgrind; ~3 min per library)
-#   ROUTES="c step python tracker cache tracker-cache" (default the first four), ITERATIONS (C, 3000), ITERATIONS_CACHE (cache: 40, x 5 runs),
+#   ROUTES="c step python tracker cache tracker-cache python-cache" (default the first four), ITERATIONS (C, 3000), ITERATIONS_CACHE (cache: 40, x 5 runs),
 #   ROUNDS_CACHE (tracker-cache: rounds of 64 blocks after 2 warm-up rounds, 5),
 #   EVICT (cache: bytes written before each pair, 4194304), PY_ITERATIONS (1000),
 #   C_DEPTH (route c's nesting, 26: 34 frames at cudaMallocAsync; 70: 78 frames, a stack cut at
@@ -303,6 +308,47 @@ for route in $ROUTES; do
         done
         echo
         echo "($C_DEPTH nested calls: $(( C_DEPTH + 8 )) native frames at cudaMallocAsync; ${ITERATIONS_CACHE:-40} x 5 pairs collected.)"
+        ;;
+    python-cache)
+        evict=${EVICT:-4194304}
+        pairs=${PAIRS_CACHE:-200}
+        cmd=("$PY" scripts/bench/cold_hook.py --one "$pairs" $(( evict / 1024 )))
+        echo
+        echo "**Python caller with cold caches** (scripts/bench/cold_hook.py --one: 10 Python frames deep through ctypes, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): cache lines missed inside cudaMallocAsync / cudaFreeAsync"
+        echo
+        echo "| library | memsnap | instructions per pair | LL misses per pair (read + write) | D1 misses per event over not loaded | LL misses per event over not loaded | dropped | stackless |"
+        echo "|---|---|---|---|---|---|---|---|"
+        base_d1=; base_ll=
+        for config in baseline none python native all; do
+            for lib in "${LIBS[@]}"; do
+                [ "$config" = baseline ] && [ "$lib" != "${LIBS[0]}" ] && continue
+                dir=$(mktemp -d "$WORK/run.XXXXXX")
+                # (collection starts off; the helper's cold loop turns it on and off itself)
+                CG_CACHE=1 run_cg "$dir" "$config" "$lib" "" --collect-atstart=no "${cmd[@]}" >/dev/null
+                # (cudaMallocAsync: its inner malloc_async; cudaFreeAsync: a jump to the driver's
+                # cuMemFreeAsync, as in route python)
+                read -r ir_m d1r_m d1w_m llr_m llw_m < <(inclusive_events "$dir/cg" malloc_async D1mr,D1mw,DLmr,DLmw)
+                read -r ir_f d1r_f d1w_f llr_f llw_f < <(inclusive_events "$dir/cg" cuMemFreeAsync D1mr,D1mw,DLmr,DLmw)
+                ir=$(( (ir_m + ir_f) / pairs ))
+                d1=$(awk -v a="$d1r_m" -v b="$d1w_m" -v c="$d1r_f" -v d="$d1w_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
+                ll=$(awk -v a="$llr_m" -v b="$llw_m" -v c="$llr_f" -v d="$llw_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
+                name=${lib#"$PWD"/}
+                if [ "$config" = baseline ]; then
+                    base_d1=$d1; base_ll=$ll
+                    echo "| — | not loaded | $ir | $ll | — | — | — | — |"
+                    continue
+                fi
+                read -r recorded dropped stackless < <(counts "$dir")
+                over_d1=$(awk -v a="$d1" -v b="$base_d1" 'BEGIN { printf "%.2f", (a - b) / 2 }')
+                over_ll=$(awk -v a="$ll" -v b="$base_ll" 'BEGIN { printf "%.2f", (a - b) / 2 }')
+                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
+                    over_d1="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"; over_ll=
+                fi
+                echo "| $name | MEMSNAP_STACKS=$config | $ir | $ll | $over_d1 | $over_ll | $dropped | $stackless |"
+            done
+        done
+        echo
+        echo "(10 Python frames at the call, under the interpreter's and libffi's native frames; $pairs pairs collected after 40,000 warm ones.)"
         ;;
     esac
 done

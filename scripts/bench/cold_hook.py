@@ -8,6 +8,10 @@ interleaved process by process, against the same loop without memsnap.
 
     python3 scripts/bench/cold_hook.py [--rounds 5] [--evict 0,4096] [--stacks none,python]
         [--iterations 3000] LIB.so [LIB.so ...]
+    python3 scripts/bench/cold_hook.py --one PAIRS KIB
+        (one process with whatever LD_PRELOAD and MEMSNAP_* it was given: the warm-up, then
+        PAIRS pairs with KIB written before each; run under valgrind --tool=callgrind
+        --collect-atstart=no, only those pairs are collected)
 
 Needs a C compiler (cc) and the simulated runtime: `bash scripts/build-fake-cuda.sh DIR`,
 then FAKE_CUDART=DIR/lib/libcudart.so.13 and LD_LIBRARY_PATH=DIR/lib in the environment
@@ -35,6 +39,24 @@ C_SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+/* Under callgrind (--collect-atstart=no) only the cold pairs are collected: the loop of
+   cold_pairs turns collection on and off with callgrind's client requests, which are a few
+   instructions that do nothing outside valgrind. (Callgrind does not name this helper's
+   functions when Python loads it through ctypes, so --toggle-collect cannot find them.) */
+#if defined(__has_include)
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define COLLECT_TOGGLE() CALLGRIND_TOGGLE_COLLECT
+#endif
+#endif
+#ifndef COLLECT_TOGGLE
+#define COLLECT_TOGGLE() ((void)0)
+#define COLLECT_TOGGLES 0
+#else
+#define COLLECT_TOGGLES 1
+#endif
+/* 1 where the helper was built with callgrind's client requests. */
+int collect_toggles(void) { return COLLECT_TOGGLES; }
 typedef int (*malloc_t)(void **, size_t, void *);
 typedef int (*free_t)(void *, void *);
 static double now_ns(void) {
@@ -42,11 +64,20 @@ static double now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1e9 + t.tv_nsec;
 }
+/* The warm-up's pairs: nothing written between them, nothing timed, nothing collected. */
+__attribute__((noinline)) int warm_pairs(long iterations, malloc_t m, free_t f) {
+    for (long i = 0; i < iterations; i++) {
+        void *p = 0;
+        if (m(&p, 1 << 20, 0) != 0 || f(p, 0) != 0) return -1;
+    }
+    return 0;
+}
 /* ns inside the calls over `iterations` pairs, less the cost of an empty timed interval. */
 __attribute__((noinline)) double cold_pairs(long iterations, long evict_bytes, malloc_t m, free_t f) {
     long words = evict_bytes / 8 > 8 ? evict_bytes / 8 : 8;
     volatile uint64_t *buffer = calloc(words, 8);
     double inside = 0, empty = 0;
+    COLLECT_TOGGLE();
     for (long i = 0; i < iterations; i++) {
         for (long w = 0; w < words; w += 8) buffer[w] += i;
         void *p = 0;
@@ -57,6 +88,7 @@ __attribute__((noinline)) double cold_pairs(long iterations, long evict_bytes, m
         double t2 = now_ns();
         empty += now_ns() - t2;
     }
+    COLLECT_TOGGLE();
     free((void *)buffer);
     return inside - empty;
 }
@@ -66,14 +98,18 @@ __attribute__((noinline)) double cold_pairs(long iterations, long evict_bytes, m
 def child(helper, iterations, evict_kib):
     rt = ctypes.CDLL(os.environ["FAKE_CUDART"])
     m, f = rt.cudaMallocAsync, rt.cudaFreeAsync
-    c = ctypes.CDLL(helper).cold_pairs
+    h = ctypes.CDLL(helper)
+    c, warm = h.cold_pairs, h.warm_pairs
     c.restype = ctypes.c_double
     c.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    warm.restype = ctypes.c_int
+    warm.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
     as_ptr = lambda fn: ctypes.cast(fn, ctypes.c_void_p)  # noqa: E731
     # Warm-up, nothing written between pairs: 80,000 events, past the first lap of a lane of
     # the default 65,536 events, whose pages become resident as it is first written (a page
     # fault every 42 events that a longer-running program pays once).
-    python_deep(10, lambda: c(WARM_UP_PAIRS, 0, as_ptr(m), as_ptr(f)))
+    if python_deep(10, lambda: warm(WARM_UP_PAIRS, as_ptr(m), as_ptr(f))) != 0:
+        sys.exit("cold_hook: a simulated CUDA call failed")
     # A warm-up that fast can fill the lane (with all stacks it outruns the writer): the
     # writer drains it before the timed pairs, which then never wait for room.
     time.sleep(1.0)
@@ -103,6 +139,18 @@ def run(helper, lib, stacks, iterations, kib, folder):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        # One process, the caller of its own run, helper built here: what
+        # scripts/bench-hook-instructions.sh runs under callgrind (route python-cache).
+        tmp, helper = compile_helper("cold_hook", C_SOURCE)
+        try:
+            if ctypes.CDLL(helper).collect_toggles() != 1:
+                sys.exit("cold_hook --one: needs valgrind's headers (valgrind/callgrind.h) to "
+                         "collect the cold pairs alone")
+            child(helper, int(sys.argv[2]), int(sys.argv[3]))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return
     a = arguments(__doc__, "0,4096", "none,python", "pairs")
     if "FAKE_CUDART" not in os.environ:
