@@ -83,13 +83,14 @@ impl Trail {
 /// ([`Trail`]).
 #[inline]
 pub fn prefetch(trail: &Trail) {
-    let Some(runtime) = python::runtime() else {
+    // (Before the first capture has resolved the interpreter the trail is empty anyway.)
+    let Some(back) = python::frame_back() else {
         return;
     };
     // The line of each frame that holds the pointer to the next one: the chain's dependent
     // load. The frame's other fields are on it or on the next line; asking for both lines
     // did no better in the cold benchmark (docs/HOT-PATH.md).
-    prefetch_chain(trail, runtime.layout.table().frame.back);
+    prefetch_chain(trail, back);
 }
 
 /// [`prefetch`] with the offset of a frame's pointer to the next one.

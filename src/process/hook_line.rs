@@ -1,7 +1,7 @@
 //! The process-wide values that hooked calls read on every event, gathered on one cache
 //! line: the recording switch and the recorder, the event clock's source, whether
 //! PyTorch's block events are recorded and where its trace entries hold what the tracker
-//! reads, the interpreter's resolved functions, where each thread's hook state lies from
+//! reads, the interpreter's resolved functions and frame layout, where each thread's hook state lies from
 //! its thread pointer, and the benchmarks' pass-through switch.
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
@@ -36,6 +36,9 @@ pub struct HookLine {
     pub python_state: AtomicU8,
     /// `python`: the frame layout it is read with.
     pub python_layout: AtomicU8,
+    /// `python`: where that layout's frames keep their pointer to the next frame (the
+    /// prefetch before a walk reads no table of offsets for it).
+    pub python_frame_back: AtomicU8,
     /// `allocator_route`: whether the tracker records PyTorch's block events.
     pub block_events: AtomicBool,
     /// `pytorch`: the number of the trace entries' layout the tracker reads them with
@@ -58,6 +61,7 @@ pub static HOOK_LINE: HookLine = HookLine {
     clock_source: AtomicU8::new(0),
     python_state: AtomicU8::new(0),
     python_layout: AtomicU8::new(0),
+    python_frame_back: AtomicU8::new(0),
     block_events: AtomicBool::new(true),
     trace_entry_layout: AtomicU8::new(0),
     every_thread_passing_through: AtomicBool::new(false),

@@ -25,6 +25,7 @@ const READY: u8 = 3;
 const STATE: &AtomicU8 = &HOOK_LINE.python_state;
 const _: () = assert!(UNRESOLVED == 0); // the line's initial value
 const LAYOUT: &AtomicU8 = &HOOK_LINE.python_layout;
+const FRAME_BACK: &AtomicU8 = &HOOK_LINE.python_frame_back;
 const GET_TSTATE: &AtomicUsize = &HOOK_LINE.python_get_tstate;
 const IS_INITIALIZED: &AtomicUsize = &HOOK_LINE.python_is_initialized;
 /// `major << 8 | minor` of the interpreter found, for the writer's messages.
@@ -95,6 +96,7 @@ fn resolve() {
     match Layout::from_version(major, minor).filter(|_| !free_threaded) {
         Some(layout) => {
             LAYOUT.store(layout as u8, Ordering::Relaxed);
+            FRAME_BACK.store(frame_back_of(layout), Ordering::Relaxed);
             GET_TSTATE.store(get, Ordering::Relaxed);
             IS_INITIALIZED.store(init, Ordering::Relaxed);
             STATE.store(READY, Ordering::Release);
@@ -136,6 +138,23 @@ pub fn resolved() -> bool {
     STATE.load(Ordering::Acquire) != UNRESOLVED
 }
 
+/// `layout`'s offset of a frame's pointer to the next frame, as the hook line keeps it
+/// (every supported layout's fits a byte: `every_layouts_frame_back_fits_the_hook_line`).
+fn frame_back_of(layout: Layout) -> u8 {
+    u8::try_from(layout.table().frame.back).unwrap_or(0)
+}
+
+/// For the prefetch before a walk: the offset of a frame's pointer to the next one in the
+/// resolved interpreter's layout, or `None` before the interpreter is resolved (the first
+/// capture resolves it) and where there is none. Two loads of the hook line.
+#[inline(always)]
+pub fn frame_back() -> Option<u64> {
+    if STATE.load(Ordering::Acquire) != READY {
+        return None;
+    }
+    Some(u64::from(FRAME_BACK.load(Ordering::Relaxed)))
+}
+
 /// What a capture needs of a resolved interpreter: its layout and the addresses of
 /// `Py_IsInitialized` and `PyGILState_GetThisThreadState`.
 #[derive(Clone, Copy)]
@@ -163,4 +182,23 @@ pub fn runtime() -> Option<Runtime> {
         is_initialized: IS_INITIALIZED.load(Ordering::Relaxed),
         get_tstate: GET_TSTATE.load(Ordering::Relaxed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_layouts_frame_back_fits_the_hook_line() {
+        for layout in [
+            Layout::Py310,
+            Layout::Py311,
+            Layout::Py312,
+            Layout::Py313,
+            Layout::Py314,
+        ] {
+            let back = layout.table().frame.back;
+            assert_eq!(u64::from(frame_back_of(layout)), back, "{layout:?}");
+        }
+    }
 }
