@@ -132,6 +132,44 @@ run_cg() {
     env "${env[@]}" valgrind --tool=callgrind "${opts[@]}" --callgrind-out-file="$dir/cg" "$@" 2>/dev/null
 }
 
+# cold_pairs_table PAIRS F_MALLOC F_FREE TOGGLE CMD...: the rows of a cold-cache route over
+# allocation-free pairs, one per library and stack mode after the run without memsnap:
+# instructions and D1 / LL misses per pair inside F_MALLOC and F_FREE (inclusive), and per
+# event over not loaded. TOGGLE: the function callgrind collects alone ("" for a command that
+# switches collection itself); CMD may start with valgrind options.
+cold_pairs_table() {
+    local pairs=$1 f_malloc=$2 f_free=$3 toggle=$4; shift 4
+    echo "| library | memsnap | instructions per pair | D1 misses per pair (read + write) | LL misses per pair (read + write) | D1 misses per event over not loaded | LL misses per event over not loaded | dropped | stackless |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    local base_d1= base_ll= config lib dir ir d1 ll name recorded dropped stackless over_d1 over_ll
+    local ir_m d1r_m d1w_m llr_m llw_m ir_f d1r_f d1w_f llr_f llw_f
+    for config in baseline none python native all; do
+        for lib in "${LIBS[@]}"; do
+            [ "$config" = baseline ] && [ "$lib" != "${LIBS[0]}" ] && continue
+            dir=$(mktemp -d "$WORK/run.XXXXXX")
+            CG_CACHE=1 run_cg "$dir" "$config" "$lib" "$toggle" "$@" >/dev/null
+            read -r ir_m d1r_m d1w_m llr_m llw_m < <(inclusive_events "$dir/cg" "$f_malloc" D1mr,D1mw,DLmr,DLmw)
+            read -r ir_f d1r_f d1w_f llr_f llw_f < <(inclusive_events "$dir/cg" "$f_free" D1mr,D1mw,DLmr,DLmw)
+            ir=$(( (ir_m + ir_f) / pairs ))
+            d1=$(awk -v a="$d1r_m" -v b="$d1w_m" -v c="$d1r_f" -v d="$d1w_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
+            ll=$(awk -v a="$llr_m" -v b="$llw_m" -v c="$llr_f" -v d="$llw_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
+            name=${lib#"$PWD"/}
+            if [ "$config" = baseline ]; then
+                base_d1=$d1; base_ll=$ll
+                echo "| — | not loaded | $ir | $d1 | $ll | — | — | — | — |"
+                continue
+            fi
+            read -r recorded dropped stackless < <(counts "$dir")
+            over_d1=$(awk -v a="$d1" -v b="$base_d1" 'BEGIN { printf "%.2f", (a - b) / 2 }')
+            over_ll=$(awk -v a="$ll" -v b="$base_ll" 'BEGIN { printf "%.2f", (a - b) / 2 }')
+            if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
+                over_d1="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"; over_ll=
+            fi
+            echo "| $name | MEMSNAP_STACKS=$config | $ir | $d1 | $ll | $over_d1 | $over_ll | $dropped | $stackless |"
+        done
+    done
+}
+
 echo "command: bash scripts/bench-hook-instructions.sh ${*:-}"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m); $(valgrind --version); python: $($PY --version 2>&1)"
 echo "memsnap: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (+ uncommitted src changes)')"
@@ -273,80 +311,25 @@ for route in $ROUTES; do
         ;;
     cache)
         evict=${EVICT:-4194304}
-        cmd=("$OUT/hook_cost" "${ITERATIONS_CACHE:-40}" "$C_DEPTH" "$evict")
         echo
         echo "**C caller with cold caches** (scripts/bench/hook_cost.c, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): cache lines missed per call, inside cudaMallocAsync / cudaFreeAsync"
         echo
-        echo "| library | memsnap | instructions per pair | D1 misses per pair (read + write) | LL misses per pair (read + write) | D1 misses per event over not loaded | LL misses per event over not loaded | dropped | stackless |"
-        echo "|---|---|---|---|---|---|---|---|---|"
-        base_d1=; base_ll=
-        for config in baseline none python native all; do
-            for lib in "${LIBS[@]}"; do
-                [ "$config" = baseline ] && [ "$lib" != "${LIBS[0]}" ] && continue
-                dir=$(mktemp -d "$WORK/run.XXXXXX")
-                CG_CACHE=1 run_cg "$dir" "$config" "$lib" cold_loop "${cmd[@]}" >/dev/null
-                pairs=$(( ${ITERATIONS_CACHE:-40} * 5 ))
-                read -r ir_m d1r_m d1w_m llr_m llw_m < <(inclusive_events "$dir/cg" cudaMallocAsync D1mr,D1mw,DLmr,DLmw)
-                read -r ir_f d1r_f d1w_f llr_f llw_f < <(inclusive_events "$dir/cg" cudaFreeAsync D1mr,D1mw,DLmr,DLmw)
-                ir=$(( (ir_m + ir_f) / pairs ))
-                d1=$(awk -v a="$d1r_m" -v b="$d1w_m" -v c="$d1r_f" -v d="$d1w_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
-                ll=$(awk -v a="$llr_m" -v b="$llw_m" -v c="$llr_f" -v d="$llw_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
-                name=${lib#"$PWD"/}
-                if [ "$config" = baseline ]; then
-                    base_d1=$d1; base_ll=$ll
-                    echo "| — | not loaded | $ir | $d1 | $ll | — | — | — | — |"
-                    continue
-                fi
-                read -r recorded dropped stackless < <(counts "$dir")
-                over_d1=$(awk -v a="$d1" -v b="$base_d1" 'BEGIN { printf "%.2f", (a - b) / 2 }')
-                over_ll=$(awk -v a="$ll" -v b="$base_ll" 'BEGIN { printf "%.2f", (a - b) / 2 }')
-                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
-                    over_d1="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"; over_ll=
-                fi
-                echo "| $name | MEMSNAP_STACKS=$config | $ir | $d1 | $ll | $over_d1 | $over_ll | $dropped | $stackless |"
-            done
-        done
+        cold_pairs_table $(( ${ITERATIONS_CACHE:-40} * 5 )) cudaMallocAsync cudaFreeAsync cold_loop \
+            "$OUT/hook_cost" "${ITERATIONS_CACHE:-40}" "$C_DEPTH" "$evict"
         echo
         echo "($C_DEPTH nested calls: $(( C_DEPTH + 8 )) native frames at cudaMallocAsync; ${ITERATIONS_CACHE:-40} x 5 pairs collected.)"
         ;;
     python-cache)
         evict=${EVICT:-4194304}
         pairs=${PAIRS_CACHE:-200}
-        cmd=("$PY" scripts/bench/cold_hook.py --one "$pairs" $(( evict / 1024 )))
         echo
         echo "**Python caller with cold caches** (scripts/bench/cold_hook.py --one: 10 Python frames deep through ctypes, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): cache lines missed inside cudaMallocAsync / cudaFreeAsync"
         echo
-        echo "| library | memsnap | instructions per pair | LL misses per pair (read + write) | D1 misses per event over not loaded | LL misses per event over not loaded | dropped | stackless |"
-        echo "|---|---|---|---|---|---|---|---|"
-        base_d1=; base_ll=
-        for config in baseline none python native all; do
-            for lib in "${LIBS[@]}"; do
-                [ "$config" = baseline ] && [ "$lib" != "${LIBS[0]}" ] && continue
-                dir=$(mktemp -d "$WORK/run.XXXXXX")
-                # (collection starts off; the helper's cold loop turns it on and off itself)
-                CG_CACHE=1 run_cg "$dir" "$config" "$lib" "" --collect-atstart=no "${cmd[@]}" >/dev/null
-                # (cudaMallocAsync: its inner malloc_async; cudaFreeAsync: a jump to the driver's
-                # cuMemFreeAsync, as in route python)
-                read -r ir_m d1r_m d1w_m llr_m llw_m < <(inclusive_events "$dir/cg" malloc_async D1mr,D1mw,DLmr,DLmw)
-                read -r ir_f d1r_f d1w_f llr_f llw_f < <(inclusive_events "$dir/cg" cuMemFreeAsync D1mr,D1mw,DLmr,DLmw)
-                ir=$(( (ir_m + ir_f) / pairs ))
-                d1=$(awk -v a="$d1r_m" -v b="$d1w_m" -v c="$d1r_f" -v d="$d1w_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
-                ll=$(awk -v a="$llr_m" -v b="$llw_m" -v c="$llr_f" -v d="$llw_f" -v n="$pairs" 'BEGIN { printf "%.2f", (a + b + c + d) / n }')
-                name=${lib#"$PWD"/}
-                if [ "$config" = baseline ]; then
-                    base_d1=$d1; base_ll=$ll
-                    echo "| — | not loaded | $ir | $ll | — | — | — | — |"
-                    continue
-                fi
-                read -r recorded dropped stackless < <(counts "$dir")
-                over_d1=$(awk -v a="$d1" -v b="$base_d1" 'BEGIN { printf "%.2f", (a - b) / 2 }')
-                over_ll=$(awk -v a="$ll" -v b="$base_ll" 'BEGIN { printf "%.2f", (a - b) / 2 }')
-                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
-                    over_d1="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"; over_ll=
-                fi
-                echo "| $name | MEMSNAP_STACKS=$config | $ir | $ll | $over_d1 | $over_ll | $dropped | $stackless |"
-            done
-        done
+        # (cudaMallocAsync: its inner malloc_async; cudaFreeAsync: a jump to the driver's
+        # cuMemFreeAsync, as in route python. Collection starts off; the helper's cold loop
+        # turns it on and off itself.)
+        cold_pairs_table "$pairs" malloc_async cuMemFreeAsync "" \
+            --collect-atstart=no "$PY" scripts/bench/cold_hook.py --one "$pairs" $(( evict / 1024 ))
         echo
         echo "(10 Python frames at the call, under the interpreter's and libffi's native frames; $pairs pairs collected after 40,000 warm ones.)"
         ;;
