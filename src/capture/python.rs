@@ -453,13 +453,7 @@ mod tests {
         trail.head = [0, u64::MAX];
         trail.frames[..4].copy_from_slice(&[gone, gone + 4000, 0xffff_8000_0000_0000, 8]);
         trail.n_frames = 4;
-        for layout in [
-            Layout::Py310,
-            Layout::Py311,
-            Layout::Py312,
-            Layout::Py313,
-            Layout::Py314,
-        ] {
+        for layout in Layout::ALL {
             prefetch_chain(&trail, layout.table().frame.back);
         }
         // The hook's prefetch for writing (its lane slot) too.

@@ -28,6 +28,15 @@ pub enum Layout {
 }
 
 impl Layout {
+    /// Every supported version's layout, oldest first.
+    pub const ALL: [Layout; 5] = [
+        Layout::Py310,
+        Layout::Py311,
+        Layout::Py312,
+        Layout::Py313,
+        Layout::Py314,
+    ];
+
     pub fn from_version(major: u32, minor: u32) -> Option<Layout> {
         match (major, minor) {
             (3, 10) => Some(Layout::Py310),

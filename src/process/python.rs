@@ -190,13 +190,7 @@ mod tests {
 
     #[test]
     fn every_layouts_frame_back_fits_the_hook_line() {
-        for layout in [
-            Layout::Py310,
-            Layout::Py311,
-            Layout::Py312,
-            Layout::Py313,
-            Layout::Py314,
-        ] {
+        for layout in Layout::ALL {
             let back = layout.table().frame.back;
             assert_eq!(u64::from(frame_back_of(layout)), back, "{layout:?}");
         }
