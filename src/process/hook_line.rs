@@ -1,8 +1,8 @@
 //! The process-wide values that hooked calls read on every event, gathered on one cache
 //! line: the recording switch and the recorder, the event clock's source, whether
 //! PyTorch's block events are recorded and where its trace entries hold what the tracker
-//! reads, the interpreter's resolved functions and frame layout, where each thread's hook state lies from
-//! its thread pointer, and the benchmarks' pass-through switch.
+//! reads, the interpreter's resolved functions and frame layout, where each thread's hook
+//! state lies from its thread pointer, and the benchmarks' pass-through switch.
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
 //! module that gives it a meaning (`recording`, `clock`, `allocator_route`, `python`,
