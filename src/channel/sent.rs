@@ -178,14 +178,20 @@ mod tests {
         Recorder::new(64, settings, -1, true)
     }
 
+    /// The hash of the native stack `frames`.
+    fn hash_of(frames: &[u64]) -> u64 {
+        let mut slot = StackSlot::EMPTY;
+        slot.native[..frames.len()].copy_from_slice(frames);
+        slot.n_native = frames.len() as u16;
+        slot.identity_hash()
+    }
+
     /// Sends `frames` as a capture that left them out of the scratch stack for `complete`
     /// to fill in (its count and hash already whole).
     fn send(rec: &Recorder, thread: &mut ThreadStacks, frames: &[u64]) -> StackRef {
+        let hash = hash_of(frames);
         thread.scratch = StackSlot::EMPTY;
-        thread.scratch.native[..frames.len()].copy_from_slice(frames);
         thread.scratch.n_native = frames.len() as u16;
-        let hash = thread.scratch.identity_hash();
-        thread.scratch.native[..frames.len()].fill(0);
         let complete = |slot: &mut StackSlot| slot.native[..frames.len()].copy_from_slice(frames);
         guard::with_thread(|hook| {
             rec.push_with_stack(
@@ -231,14 +237,6 @@ mod tests {
             send(&rec, thread, &[1, 2, 3]),
             StackRef::Slot { .. }
         ));
-    }
-
-    /// The hash of the native stack `frames`.
-    fn hash_of(frames: &[u64]) -> u64 {
-        let mut slot = StackSlot::EMPTY;
-        slot.native[..frames.len()].copy_from_slice(frames);
-        slot.n_native = frames.len() as u16;
-        slot.identity_hash()
     }
 
     #[test]
