@@ -72,6 +72,17 @@ impl Stacks {
     pub fn native(self) -> bool {
         self as u8 & Stacks::NATIVE_BIT != 0
     }
+
+    /// The value whose bits are the low two of `bits` (the inverse of `as u8`).
+    #[inline(always)]
+    pub fn from_bits(bits: u8) -> Stacks {
+        match bits & (Stacks::PYTHON_BIT | Stacks::NATIVE_BIT) {
+            Stacks::PYTHON_BIT => Stacks::Python,
+            Stacks::NATIVE_BIT => Stacks::Native,
+            0 => Stacks::None,
+            _ => Stacks::All,
+        }
+    }
 }
 
 /// Whether frees carry their own stack (`all`) or reuse the allocation's (`alloc`).
@@ -662,6 +673,11 @@ mod tests {
         assert_eq!(kinds(Stacks::Python), (true, false));
         assert_eq!(kinds(Stacks::Native), (false, true));
         assert_eq!(kinds(Stacks::All), (true, true));
+        for s in [Stacks::None, Stacks::Python, Stacks::Native, Stacks::All] {
+            assert_eq!(Stacks::from_bits(s as u8), s);
+            // Bits above the two kinds are not the mode's.
+            assert_eq!(Stacks::from_bits(s as u8 | 0xf0), s);
+        }
     }
 
     #[test]
