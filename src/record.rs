@@ -15,6 +15,8 @@ use crate::channel::sent;
 use crate::config::{Context, Stacks};
 use crate::guard::HookThread;
 use crate::process::clock::{self, Stamp, now};
+use crate::process::hook_line::HOOK_LINE;
+use crate::process::recording;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 
@@ -36,7 +38,8 @@ pub enum Outcome {
 }
 
 /// Who sends: the recorder and the calling thread's hook state (from its nesting guard,
-/// so that the hook looks its thread-local up once).
+/// so that the hook looks its thread-local up once). The recorder's settings are read
+/// where they are needed, from the hook line (`recording::stacks` and the others).
 #[derive(Clone, Copy)]
 pub struct Sender<'a> {
     pub rec: &'static Recorder,
@@ -77,8 +80,10 @@ impl Sender<'_> {
 #[inline(always)]
 fn send(by: Sender, ev: Event, with_stack: bool) {
     let rec = by.rec;
-    let settings = rec.settings;
-    if with_stack && settings.stacks != Stacks::None {
+    // The recorder's settings from the hook line (its own copy is on a line an event
+    // would wait for).
+    let stacks = recording::stacks();
+    if with_stack && stacks != Stacks::None {
         let Some(thread) = sent::of(by.thread) else {
             // A thread past its exit destructors, or no memory for its state: the event
             // goes without its stack, counted.
@@ -98,8 +103,8 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
             let hash = capture::capture_unfinished(
                 &mut thread.scratch,
                 &mut thread.trail,
-                settings.stacks,
-                settings.max_frames,
+                stacks,
+                recording::max_frames(),
             );
             capture::timed!(
                 SendTicks,
@@ -112,22 +117,35 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
     }
 }
 
+/// Devices whose total memory is remembered, one bit each, on the line every hooked call
+/// reads (`process::hook_line`): the handshake's slots are on lines of their own, which
+/// each allocation would otherwise wait for.
+const DEVICES_WITH_TOTAL: &AtomicU64 = &HOOK_LINE.devices_with_total;
+const _: () = assert!(handshake::MAX_DEVICES <= 64);
+
 /// Remembers device `device`'s total memory the first time it allocates (one extra
 /// memory query per device per process), for the stats' utilization column.
 #[inline]
 fn note_device_total(devices: &impl Devices, device: i32) {
-    if let Some(slot) = handshake::device_total_slot(device)
-        && slot.load(Relaxed) == 0
-    {
-        note_device_total_slow(devices, slot);
+    let known = u32::try_from(device)
+        .ok()
+        .and_then(|d| 1u64.checked_shl(d))
+        .is_none_or(|bit| DEVICES_WITH_TOTAL.load(Relaxed) & bit != 0);
+    if !known {
+        note_device_total_slow(devices, device);
     }
 }
 
 #[cold]
 #[inline(never)]
-fn note_device_total_slow(devices: &impl Devices, slot: &AtomicU64) {
+fn note_device_total_slow(devices: &impl Devices, device: i32) {
+    let Some(slot) = handshake::device_total_slot(device) else {
+        return;
+    };
     if let Some((_, total)) = devices.memory() {
         slot.store(total, Relaxed);
+        // Only after the total: a bit set means the slot holds it.
+        DEVICES_WITH_TOTAL.fetch_or(1 << device, Relaxed);
     }
 }
 
@@ -167,7 +185,7 @@ pub fn allocation(
 #[inline(always)]
 pub fn release(by: Sender, kind: Kind, api: Api, addr: u64, size: u64, stream: u64) {
     capture::timed_event!({
-        let with_stack = by.rec.settings.context == Context::All;
+        let with_stack = recording::context() == Context::All;
         let payload = Payload::Stream(stream);
         let ev = by.event(now(), kind, api, -1, addr, size, payload);
         send(by, ev, with_stack);
@@ -187,7 +205,7 @@ pub fn vmm(by: Sender, kind: Kind, api: Api, device: i32, addr: u64, size: u64, 
 pub fn mapping(by: Sender, kind: Kind, addr: u64, size: u64, handle: u64) {
     let (api, with_stack) = match kind {
         Kind::Map => (Api::CuMemMap, true),
-        _ => (Api::CuMemUnmap, by.rec.settings.context == Context::All),
+        _ => (Api::CuMemUnmap, recording::context() == Context::All),
     };
     let payload = Payload::Handle(handle);
     let ev = by.event(now(), kind, api, -1, addr, size, payload);
@@ -263,7 +281,7 @@ pub fn block(by: Sender, kind: Kind, device: i32, addr: u64, size: u64, stream: 
     capture::timed_event!({
         let with_stack = match kind {
             Kind::BlockAlloc => true,
-            Kind::BlockFreeRequested => by.rec.settings.context == Context::All,
+            Kind::BlockFreeRequested => recording::context() == Context::All,
             _ => false,
         };
         let payload = Payload::Stream(stream);
@@ -293,4 +311,64 @@ pub fn allocator_oom(by: Sender, device: i32, size: u64, free_bytes: u64, stream
         size,
         stream,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A driver that answers the memory query `answers` (or not), counting the queries.
+    struct Counted {
+        answers: bool,
+        queries: Cell<u32>,
+    }
+
+    impl Devices for Counted {
+        fn current(&self) -> i32 {
+            0
+        }
+        fn memory(&self) -> Option<(u64, u64)> {
+            self.queries.set(self.queries.get() + 1);
+            self.answers.then_some((1, 7 << 30))
+        }
+    }
+
+    // The devices here are numbers no other test of this process allocates on: the bits
+    // and the slots are the process's.
+    #[test]
+    fn a_devices_total_is_asked_for_until_the_driver_answers_then_never_again() {
+        let silent = Counted {
+            answers: false,
+            queries: Cell::new(0),
+        };
+        note_device_total(&silent, 62);
+        note_device_total(&silent, 62);
+        assert_eq!(silent.queries.get(), 2, "no answer yet: asked again");
+        assert_eq!(handshake::device_total(62), 0);
+        let driver = Counted {
+            answers: true,
+            queries: Cell::new(0),
+        };
+        for _ in 0..3 {
+            note_device_total(&driver, 62);
+            note_device_total(&driver, 63);
+        }
+        assert_eq!(driver.queries.get(), 2, "once per device");
+        assert_eq!(handshake::device_total(62), 7 << 30);
+        assert_eq!(handshake::device_total(63), 7 << 30);
+        assert_ne!(DEVICES_WITH_TOTAL.load(Relaxed) & (3 << 62), 0);
+    }
+
+    #[test]
+    fn a_device_without_a_slot_is_never_asked_about() {
+        let driver = Counted {
+            answers: true,
+            queries: Cell::new(0),
+        };
+        for device in [-1, 64, 65, i32::MAX, i32::MIN] {
+            note_device_total(&driver, device);
+        }
+        assert_eq!(driver.queries.get(), 0);
+    }
 }

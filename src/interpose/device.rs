@@ -7,12 +7,15 @@
 
 use super::ffi::{CUDA_SUCCESS, CuDevice, FnCuCtxGetDevice, FnCuMemGetInfo};
 use crate::process::dlsym::real_dlsym;
+use crate::process::hook_line::HOOK_LINE;
 use crate::record::Devices;
 use std::ffi::c_void;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
-static REAL_CTX_GET_DEVICE: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+/// On the line every hooked call reads (`process::hook_line`): the query runs on every
+/// recorded allocation.
+const REAL_CTX_GET_DEVICE: &AtomicPtr<c_void> = &HOOK_LINE.device_query;
 static REAL_MEM_GET_INFO: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
 
 /// Looks the query functions up in the driver library behind `handle`.
@@ -21,7 +24,7 @@ static REAL_MEM_GET_INFO: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
 /// `handle` is a live handle returned by `dlopen`.
 pub unsafe fn find_in_driver(handle: *mut c_void) {
     for (slot, name) in [
-        (&REAL_CTX_GET_DEVICE, c"cuCtxGetDevice"),
+        (REAL_CTX_GET_DEVICE, c"cuCtxGetDevice"),
         (&REAL_MEM_GET_INFO, c"cuMemGetInfo_v2"),
     ] {
         // SAFETY: the caller's live handle and a C string.

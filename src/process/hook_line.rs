@@ -1,19 +1,23 @@
 //! The process-wide values that hooked calls read on every event, gathered on one cache
-//! line: the recording switch and the recorder, the event clock's source, whether
+//! line: the recording switch, the recorder and its settings, the event clock's source,
+//! the driver's device query and the devices whose total memory is known, whether
 //! PyTorch's block events are recorded and where its trace entries hold what the tracker
 //! reads, the interpreter's resolved functions and frame layout, where each thread's hook
 //! state lies from its thread pointer, and the benchmarks' pass-through switch.
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
-//! module that gives it a meaning (`recording`, `clock`, `allocator_route`, `python`,
-//! `guard`, `pytorch`), which reads and writes it only through its own functions; this
-//! room only decides where they live. Why one line: in a real program the work between two events
-//! pushes memsnap's lines out of the nearer caches, and each line an event reads is one
-//! more wait; as separate statics these values sat on three to five lines
-//! (docs/HOT-PATH.md, "The recording floor").
+//! module that gives it a meaning (`recording`, `clock`, `interpose::device`, `record`,
+//! `allocator_route`, `python`, `guard`, `pytorch`), which reads and writes it only
+//! through its own functions; this room only decides where they live. Why one line: in a
+//! real program the work between two events pushes memsnap's lines out of the nearer
+//! caches, and each line an event reads is one more wait; as separate statics these values
+//! sat on three to five lines, and the recorder's settings, the device query and the
+//! device totals on three more (docs/HOT-PATH.md, "The recording floor", "The lines of a
+//! stackless event").
 
 use crate::channel::queue::Recorder;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicUsize};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize};
 
 /// The values; see the module's text. Written rarely (once per process, or at a switch),
 /// so the line stays shared in every core's cache.
@@ -28,6 +32,17 @@ pub struct HookLine {
     /// `guard`: the hook state's offset from the thread pointer (0 until the first hooked
     /// call reads it from the global offset table: `initial_exec`).
     pub hook_thread_offset: AtomicIsize,
+    /// `interpose::device`: the driver's `cuCtxGetDevice`, once found (the device query
+    /// every recorded CUDA allocation makes).
+    pub device_query: AtomicPtr<c_void>,
+    /// `record`: bit `d` set once device `d`'s total memory is remembered (for devices
+    /// 0-63: the handshake's slots).
+    pub devices_with_total: AtomicU64,
+    /// `recording`: the recorder's stack mode, frame limit and context, stored before the
+    /// recorder is published (its own copy is on a line of its own).
+    pub recorder_stacks: AtomicU8,
+    pub recorder_max_frames: AtomicU8,
+    pub recorder_context_all: AtomicBool,
     /// `recording`: the switch's state.
     pub recording: AtomicU8,
     /// `clock`: what a stamp counts.
@@ -57,6 +72,11 @@ pub static HOOK_LINE: HookLine = HookLine {
     python_get_tstate: AtomicUsize::new(0),
     python_is_initialized: AtomicUsize::new(0),
     hook_thread_offset: AtomicIsize::new(0),
+    device_query: AtomicPtr::new(std::ptr::null_mut()),
+    devices_with_total: AtomicU64::new(0),
+    recorder_stacks: AtomicU8::new(0),
+    recorder_max_frames: AtomicU8::new(0),
+    recorder_context_all: AtomicBool::new(false),
     recording: AtomicU8::new(0),
     clock_source: AtomicU8::new(0),
     python_state: AtomicU8::new(0),

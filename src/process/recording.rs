@@ -15,7 +15,8 @@
 
 use super::hook_line::HOOK_LINE;
 use crate::channel::queue::Recorder;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
+use crate::config::{Context, FRAME_CAPACITY, Stacks};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
 
 const UNINIT: u8 = 0;
 const STARTING: u8 = 1;
@@ -27,6 +28,13 @@ const OFF: u8 = 3;
 const STATE: &AtomicU8 = &HOOK_LINE.recording;
 const _: () = assert!(UNINIT == 0); // the line's initial value
 const RECORDER: &AtomicPtr<Recorder> = &HOOK_LINE.recorder;
+/// The recorder's settings the hooks read, beside it on the hook line (its own copy,
+/// `Recorder::settings`, is on a line of its own: one more line for every event to wait
+/// for; docs/HOT-PATH.md, "The lines of a stackless event"). A byte each: a hook reads the
+/// one it tests.
+const STACKS: &AtomicU8 = &HOOK_LINE.recorder_stacks;
+const MAX_FRAMES: &AtomicU8 = &HOOK_LINE.recorder_max_frames;
+const CONTEXT_ALL: &AtomicBool = &HOOK_LINE.recorder_context_all;
 
 /// The recording switch, which the composition root knows how to turn on.
 pub struct Switch;
@@ -89,9 +97,40 @@ pub fn never_started() -> bool {
     STATE.load(Relaxed) == UNINIT
 }
 
-/// [`Start::start`]: the recorder hooks will send on; published before [`activate`].
+/// [`Start::start`]: the recorder hooks will send on; published before [`activate`], the
+/// settings hooks read before it.
 pub fn publish(rec: &'static Recorder) {
+    let settings = rec.settings;
+    STACKS.store(settings.stacks as u8, Relaxed);
+    // A limit above the slots' capacity is what a capture takes of it: the capacity.
+    MAX_FRAMES.store(settings.max_frames.min(FRAME_CAPACITY) as u8, Relaxed);
+    CONTEXT_ALL.store(settings.context == Context::All, Relaxed);
     RECORDER.store(rec as *const Recorder as *mut Recorder, Release);
+}
+
+// The settings of the recorder that [`recorder`] returned, each read after it (the release
+// that published the recorder covers them).
+
+/// The recorder's stack mode.
+#[inline(always)]
+pub fn stacks() -> Stacks {
+    Stacks::from_bits(STACKS.load(Relaxed))
+}
+
+/// The recorder's frame limit (at most the slots' capacity).
+#[inline(always)]
+pub fn max_frames() -> usize {
+    usize::from(MAX_FRAMES.load(Relaxed))
+}
+
+/// The recorder's context: whether frees carry stacks of their own.
+#[inline(always)]
+pub fn context() -> Context {
+    if CONTEXT_ALL.load(Relaxed) {
+        Context::All
+    } else {
+        Context::Alloc
+    }
 }
 
 /// [`Start::start`] succeeded: hooks record from now on.
