@@ -40,6 +40,13 @@
 #     up to a line an event (the writer thread shares the simulated cache, and when it wakes
 #     follows the clock): compare two builds within one run, and repeat. Only the cold
 #     runs are collected (cold_loop).
+#  4a. Route "runtime-cache": route 4 with the program linked to the simulated shared runtime
+#     instead of a static one, as PyTorch's cudaMallocAsync mode calls it: memsnap's runtime
+#     hooks (cudaMallocAsync / cudaFreeAsync) record, and the driver calls the runtime makes
+#     underneath, through the driver entry points it looked up (cuGetProcAddress), reach
+#     memsnap's driver hooks, which pass them through. What memsnap's own instructions run
+#     and miss, per pair, counted instruction by instruction (scripts/bench/
+#     lines_by_instruction.py; the hooks' inclusive counts are not usable there: see the route).
 #  4b. Route "tracker-cache": the same count for PyTorch's caching allocator, the tracker of
 #     route 3 driven from C, after two warm-up rounds, with EVICT bytes written before each
 #     block allocation (outside it): cache lines missed per BlockAlloc entry (inside
@@ -56,7 +63,7 @@
 #
 #   bash scripts/bench-hook-instructions.sh [LIB ...]   (default: this build's release library;
 #                                                        needs valgrind; ~3 min per library)
-#   ROUTES="c step python tracker cache tracker-cache python-cache" (default the first four), ITERATIONS (C, 3000), ITERATIONS_CACHE (cache: 40, x 5 runs),
+#   ROUTES="c step python tracker cache runtime-cache tracker-cache python-cache" (default the first four), ITERATIONS (C, 3000), ITERATIONS_CACHE (cache: 40, x 5 runs),
 #   ROUNDS_CACHE (tracker-cache: rounds of 64 blocks after 2 warm-up rounds, 5),
 #   EVICT (cache: bytes written before each pair, 4194304), PY_ITERATIONS (1000),
 #   C_DEPTH (route c's nesting, 26: 34 frames at cudaMallocAsync; 70: 78 frames, a stack cut at
@@ -70,6 +77,8 @@ OUT=target/bench-hooks
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
 cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" scripts/bench/hook_cost.c \
     -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
+cc -std=gnu11 -O2 -g -o "$OUT/hook_cost_runtime" scripts/bench/hook_cost.c \
+    -L"$OUT/fake-cuda/lib" -lcudart -ldl -lpthread
 cc -std=gnu11 -O2 -g -o "$OUT/step_shape" scripts/bench/step_shape.c \
     -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
 cc -std=gnu11 -O2 -g -o "$OUT/tracker_cost" scripts/bench/tracker_cost.c \
@@ -129,6 +138,7 @@ run_cg() {
     fi
     [ -n "$toggle" ] && opts=(--toggle-collect="$toggle")
     [ -n "${CG_CACHE:-}" ] && opts+=(--cache-sim=yes --I1=32768,8,64 --D1=49152,12,64 --LL=2097152,16,64)
+    [ -n "${CG_INSTR:-}" ] && opts+=(--dump-instr=yes)
     env "${env[@]}" valgrind --tool=callgrind "${opts[@]}" --callgrind-out-file="$dir/cg" "$@" 2>/dev/null
 }
 
@@ -318,6 +328,34 @@ for route in $ROUTES; do
             "$OUT/hook_cost" "${ITERATIONS_CACHE:-40}" "$C_DEPTH" "$evict"
         echo
         echo "($C_DEPTH nested calls: $(( C_DEPTH + 8 )) native frames at cudaMallocAsync; ${ITERATIONS_CACHE:-40} x 5 pairs collected.)"
+        ;;
+    runtime-cache)
+        # Counted instruction by instruction (scripts/bench/lines_by_instruction.py): the
+        # hooks' inclusive counts are not usable here, callgrind taking the runtime's own
+        # cudaMallocAsync, called from memsnap's of the same name, for a recursion.
+        evict=${EVICT:-4194304}
+        pairs=$(( ${ITERATIONS_CACHE:-40} * 5 ))
+        echo
+        echo "**C caller through the shared runtime, cold caches** (scripts/bench/hook_cost.c linked to the simulated libcudart, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): what memsnap's own instructions run and miss per allocation-free pair"
+        echo
+        echo "| library | memsnap | instructions per pair | D1 misses per pair: read | written | LL misses per pair: read | written | dropped | stackless |"
+        echo "|---|---|---|---|---|---|---|---|---|"
+        for config in none python native all; do
+            for lib in "${LIBS[@]}"; do
+                dir=$(mktemp -d "$WORK/run.XXXXXX")
+                CG_CACHE=1 CG_INSTR=1 run_cg "$dir" "$config" "$lib" cold_loop \
+                    "$OUT/hook_cost_runtime" "${ITERATIONS_CACHE:-40}" "$C_DEPTH" "$evict" >/dev/null
+                row=$("$PY" scripts/bench/lines_by_instruction.py "$dir/cg" "$lib" "$pairs" \
+                    --events Ir,D1mr,D1mw,DLmr,DLmw | awk '{ printf "%d | %s | %s | %s | %s", $1, $2, $3, $4, $5 }')
+                read -r recorded dropped stackless < <(counts "$dir")
+                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
+                    row="VOID (recorded $recorded, dropped $dropped, stackless $stackless) | | | |"
+                fi
+                echo "| ${lib#"$PWD"/} | MEMSNAP_STACKS=$config | $row | $dropped | $stackless |"
+            done
+        done
+        echo
+        echo "($C_DEPTH nested calls; ${ITERATIONS_CACHE:-40} x 5 pairs collected. Counted over every instruction of memsnap's library while the loop is collected, the writer thread's included when it runs then; not over memsnap not loaded: the lines of the program's own that memsnap's pushes out are not in it.)"
         ;;
     python-cache)
         evict=${EVICT:-4194304}
