@@ -113,7 +113,8 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
         });
         capture::count!(StackEvents, 1);
     } else {
-        rec.push(by.thread, ev);
+        capture::timed!(PushTicks, rec.push(by.thread, ev));
+        capture::count!(Pushes, 1);
     }
 }
 
@@ -169,7 +170,8 @@ pub fn allocation(
                 return; // zero-byte requests succeed without memory
             }
             capture::timed_event!({
-                let device = devices.current();
+                let device = capture::timed!(DeviceTicks, devices.current());
+                capture::count!(DeviceQueries, 1);
                 note_device_total(devices, device);
                 let payload = Payload::Stream(stream);
                 let ev = by.event(now(), kind, api, device, addr, size, payload);

@@ -40,7 +40,8 @@ what the captures did (memsnap_debug_capture_stats: native steps unwound and tak
 paths, whole paths taken at once and paths left midway, stack words checked, nodes made, rule
 misses, frames, truncations; Python frames), and the time-stamp-counter ticks of each part:
 the whole recording of every event (device query, clock, stack path, push: with stacks none,
-the hook's floor in the step), the stack path, the walks, the send. Not a step time: its counters
+the hook's floor in the step), the stack path, the walks, the send, and alone the device query
+of an allocation and the push of a stackless event. Not a step time: its counters
 are atomic adds. --stats-lib-b: a second capture-stats build, its processes alternating with
 --stats-lib's (labelled --label-a and --label-b), --stats-rounds processes of each per route
 and stacks setting: the per-part times of two builds compared on one machine. Without --lib,
@@ -69,7 +70,8 @@ from torch_blocks import memsnap_dump  # noqa: E402
 STAT_NAMES = ["walks", "walks_reused", "steps_unwound", "steps_reused", "reads_checked", "whole_paths", "paths_left", "rule_misses",
               "rule_misses_cold", "rule_misses_conflict", "rule_misses_first_frame", "framehop_steps",
               "walks_at_step_limit", "native_frames", "native_truncated", "python_walks", "python_frames", "native_ticks", "python_ticks", "send_ticks", "stack_event_ticks", "stack_events",
-              "nodes_made", "path_resets", "paths_not_holding", "event_ticks", "events", "timer_ticks", "ticks_per_ms"]
+              "nodes_made", "path_resets", "paths_not_holding", "event_ticks", "events", "timer_ticks",
+              "device_ticks", "device_queries", "push_ticks", "pushes", "ticks_per_ms"]
 
 
 def quartiles(values):
@@ -102,8 +104,8 @@ def capture_stats(calls):
     fn = calls["memsnap_debug_capture_stats"]
     fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
     fn.restype = ctypes.c_size_t
-    buf = (ctypes.c_uint64 * 64)()
-    n = min(fn(buf, 64), 64)
+    buf = (ctypes.c_uint64 * 128)()
+    n = min(fn(buf, 128), 128)
     stats = {name: int(buf[i]) for i, name in enumerate(STAT_NAMES)}
     stats["missed"] = [int(buf[i]) for i in range(len(STAT_NAMES), n) if buf[i]]
     return stats
@@ -310,8 +312,9 @@ def table(doc):
         lines += ["", "Time in the recording and its parts (time-stamp counter around each part; \"counter "
                   "reads\": an empty timed region once per event, what the reads add to each figure):", "",
                   "| build | route | stacks | recording ns/event (every event) | counter reads ns | "
-                  "stack path ns/stacked event | native walk ns | Python walk ns | send ns |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "stack path ns/stacked event | native walk ns | Python walk ns | send ns | "
+                  "device query ns | stackless push ns |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in doc["stats"]:
             if "error" in r:
                 continue
@@ -322,7 +325,9 @@ def table(doc):
                          f"{st['event_ticks'] * ns / max(st['events'], 1):.0f} | "
                          f"{st['timer_ticks'] * ns / max(st['events'], 1):.0f} | {st['stack_event_ticks'] * ns / ev:.0f} | "
                          f"{st['native_ticks'] * ns / max(st['walks'], 1):.0f} | "
-                         f"{st['python_ticks'] * ns / max(st['python_walks'], 1):.0f} | {st['send_ticks'] * ns / ev:.0f} |")
+                         f"{st['python_ticks'] * ns / max(st['python_walks'], 1):.0f} | {st['send_ticks'] * ns / ev:.0f} | "
+                         f"{st.get('device_ticks', 0) * ns / max(st.get('device_queries', 0), 1):.0f} | "
+                         f"{st.get('push_ticks', 0) * ns / max(st.get('pushes', 0), 1):.0f} |")
     for r in doc.get("stats") or []:
         if r.get("missed"):
             lines.append(f"\n{r['route']}/{r['stacks']}: latest rule misses at " + ", ".join(r["missed"]))

@@ -75,6 +75,15 @@ pub enum Stat {
     /// Ticks of an empty timed region, once per event, next to the recording's: what the
     /// counter reads themselves add to each timed part.
     TimerTicks,
+    /// Ticks spent in the device query of recorded allocations (`cuCtxGetDevice` through
+    /// the real driver, in the caller's context).
+    DeviceTicks,
+    /// Device queries those ticks are for.
+    DeviceQueries,
+    /// Ticks spent putting a stackless event on the channel (its lane, or the shared queue).
+    PushTicks,
+    /// Stackless events those ticks are for.
+    Pushes,
     /// Time-stamp-counter ticks per millisecond, measured when the counters are read.
     TicksPerMillisecond,
 }
@@ -124,4 +133,55 @@ pub fn read() -> [u64; STATS + MISSED_KEPT] {
         None => COUNTERS[i].load(Relaxed),
         Some(k) => MISSED[k].load(Relaxed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The variants of [`Stat`], in order, as this file declares them.
+    fn declared() -> Vec<String> {
+        let source = include_str!("stats.rs");
+        let body = source
+            .split_once("pub enum Stat {")
+            .and_then(|(_, rest)| rest.split_once("\n}"))
+            .map(|(body, _)| body)
+            .expect("the enum");
+        body.lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with("//") && l.ends_with(','))
+            .map(|l| l.trim_end_matches(',').to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_gpu_script_names_every_counter_in_order() {
+        let script = include_str!("../../scripts/gpu/step_stacks.py");
+        let list = script
+            .split_once("STAT_NAMES = [")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(list, _)| list)
+            .expect("STAT_NAMES in the script");
+        let named: Vec<String> = list
+            .split(',')
+            .map(|n| n.trim().trim_matches('"').to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        // The script's names are the variants' in snake case, the rate shortened.
+        let expected: Vec<String> = declared()
+            .iter()
+            .map(|v| match v.as_str() {
+                "TicksPerMillisecond" => "ticks_per_ms".to_string(),
+                v => v.chars().fold(String::new(), |mut s, c| {
+                    if c.is_ascii_uppercase() && !s.is_empty() {
+                        s.push('_');
+                    }
+                    s.push(c.to_ascii_lowercase());
+                    s
+                }),
+            })
+            .collect();
+        assert_eq!(expected.len(), STATS);
+        assert_eq!(named, expected);
+    }
 }
