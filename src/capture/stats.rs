@@ -139,15 +139,16 @@ pub fn read() -> [u64; STATS + MISSED_KEPT] {
 mod tests {
     use super::*;
 
+    /// The text of `text` between the first `start` and the next `end`.
+    fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+        let (_, rest) = text.split_once(start).expect(start);
+        rest.split_once(end).map_or(rest, |(inside, _)| inside)
+    }
+
     /// The variants of [`Stat`], in order, as this file declares them.
     fn declared() -> Vec<String> {
-        let source = include_str!("stats.rs");
-        let body = source
-            .split_once("pub enum Stat {")
-            .and_then(|(_, rest)| rest.split_once("\n}"))
-            .map(|(body, _)| body)
-            .expect("the enum");
-        body.lines()
+        between(include_str!("stats.rs"), "pub enum Stat {", "\n}")
+            .lines()
             .map(str::trim)
             .filter(|l| !l.starts_with("//") && l.ends_with(','))
             .map(|l| l.trim_end_matches(',').to_string())
@@ -157,12 +158,7 @@ mod tests {
     #[test]
     fn the_gpu_script_names_every_counter_in_order() {
         let script = include_str!("../../scripts/gpu/step_stacks.py");
-        let list = script
-            .split_once("STAT_NAMES = [")
-            .and_then(|(_, rest)| rest.split_once(']'))
-            .map(|(list, _)| list)
-            .expect("STAT_NAMES in the script");
-        let named: Vec<String> = list
+        let named: Vec<String> = between(script, "STAT_NAMES = [", "]")
             .split(',')
             .map(|n| n.trim().trim_matches('"').to_string())
             .filter(|n| !n.is_empty())
