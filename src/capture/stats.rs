@@ -156,7 +156,7 @@ mod tests {
     }
 
     #[test]
-    fn the_gpu_script_names_every_counter_in_order() {
+    fn capture_stats_the_gpu_script_names_every_counter_in_order() {
         let script = include_str!("../../scripts/gpu/step_stacks.py");
         let named: Vec<String> = between(script, "STAT_NAMES = [", "]")
             .split(',')
