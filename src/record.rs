@@ -122,7 +122,9 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
 /// reads (`process::hook_line`): the handshake's slots are on lines of their own, which
 /// each allocation would otherwise wait for.
 const DEVICES_WITH_TOTAL: &AtomicU64 = &HOOK_LINE.devices_with_total;
-const _: () = assert!(handshake::MAX_DEVICES <= 64);
+// One bit for each of the handshake's slots, and a slot for each bit: a device with a bit
+// and no slot would take the slow path on every allocation.
+const _: () = assert!(handshake::MAX_DEVICES == 64);
 
 /// Remembers device `device`'s total memory the first time it allocates (one extra
 /// memory query per device per process), for the stats' utilization column.
@@ -359,7 +361,7 @@ mod tests {
         assert_eq!(driver.queries.get(), 2, "once per device");
         assert_eq!(handshake::device_total(62), 7 << 30);
         assert_eq!(handshake::device_total(63), 7 << 30);
-        assert_ne!(DEVICES_WITH_TOTAL.load(Relaxed) & (3 << 62), 0);
+        assert_eq!(DEVICES_WITH_TOTAL.load(Relaxed) & (3 << 62), 3 << 62);
     }
 
     #[test]

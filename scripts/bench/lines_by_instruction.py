@@ -33,7 +33,8 @@ def counts(path, library, events):
     out = defaultdict(lambda: [0] * len(events))
 
     def name(kind, value):
-        # Compressed names: "(id) name" defines, "(id)" refers back.
+        # Compressed names: "(id) name" defines, "(id)" refers back. Only objects' names
+        # are needed; other lines with names are no cost lines and are passed over below.
         m = re.match(r"\((\d+)\)(?: (.*))?$", value)
         if not m:
             return value
@@ -58,13 +59,7 @@ def counts(path, library, events):
                 in_library = os.path.realpath(name("ob", value)) == library
                 continue
             if key == "cob":
-                name("ob", value)
-                continue
-            if key in ("fl", "fi", "fe", "cfi", "cfl"):
-                name("fl", value)
-                continue
-            if key in ("fn", "cfn"):
-                name("fn", value)
+                name("ob", value)  # may define a name a later "ob=" refers back to
                 continue
             if key == "calls":
                 after_calls = True  # the next cost line is the call's inclusive cost
