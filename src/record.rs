@@ -2,8 +2,9 @@
 //!
 //! Hot. Called only from the outermost hooked call of a thread, after the real call (for
 //! allocations) or before it (for frees). No allocation, no lock, no panic; the only extra
-//! driver call is the device query (`cuCtxGetDevice`, a thread-local read in the driver),
-//! which the interposition layer supplies through [`Devices`]. The out-of-memory path is
+//! driver call is an allocation's device query (`cuCtxGetDevice`, a thread-local read in
+//! the driver; not made in a process that sees one device), which the interposition layer
+//! supplies through [`Devices`]. The out-of-memory path is
 //! cold: it asks the driver for free memory and waits, bounded, for the writer to persist
 //! the snapshot before the failing call returns.
 
@@ -26,6 +27,10 @@ pub trait Devices {
     fn current(&self) -> i32;
     /// `(free, total)` bytes of the current device, if the driver answers.
     fn memory(&self) -> Option<(u64, u64)>;
+    /// Asks how many devices the process sees, so that [`Devices::current`] can answer
+    /// without the driver when there is one. Cold: called at a device's first recorded
+    /// allocation, when the driver is known to be initialized (the count is fixed then).
+    fn count_devices(&self);
 }
 
 /// The outcome of a call, as the wrapper saw it.
@@ -127,7 +132,9 @@ const DEVICES_WITH_TOTAL: &AtomicU64 = &HOOK_LINE.devices_with_total;
 const _: () = assert!(handshake::MAX_DEVICES == 64);
 
 /// Remembers device `device`'s total memory the first time it allocates (one extra
-/// memory query per device per process), for the stats' utilization column.
+/// memory query per device per process), for the stats' utilization column, and lets the
+/// driver count the devices then (a device query saved on every later allocation of a
+/// process that sees one).
 #[inline]
 fn note_device_total(devices: &impl Devices, device: i32) {
     let known = u32::try_from(device)
@@ -145,6 +152,7 @@ fn note_device_total_slow(devices: &impl Devices, device: i32) {
     let Some(slot) = handshake::device_total_slot(device) else {
         return;
     };
+    devices.count_devices();
     if let Some((_, total)) = devices.memory() {
         slot.store(total, Relaxed);
         // Only after the total: a bit set means the slot holds it.
@@ -322,10 +330,22 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    /// A driver that answers the memory query `answers` (or not), counting the queries.
+    /// A driver that answers the memory query `answers` (or not), counting the memory
+    /// queries and the device counts.
     struct Counted {
         answers: bool,
         queries: Cell<u32>,
+        counts: Cell<u32>,
+    }
+
+    impl Counted {
+        fn new(answers: bool) -> Counted {
+            Counted {
+                answers,
+                queries: Cell::new(0),
+                counts: Cell::new(0),
+            }
+        }
     }
 
     impl Devices for Counted {
@@ -336,29 +356,31 @@ mod tests {
             self.queries.set(self.queries.get() + 1);
             self.answers.then_some((1, 7 << 30))
         }
+        fn count_devices(&self) {
+            self.counts.set(self.counts.get() + 1);
+        }
     }
 
     // The devices here are numbers no other test of this process allocates on: the bits
     // and the slots are the process's.
     #[test]
     fn a_devices_total_is_asked_for_until_the_driver_answers_then_never_again() {
-        let silent = Counted {
-            answers: false,
-            queries: Cell::new(0),
-        };
+        let silent = Counted::new(false);
         note_device_total(&silent, 62);
         note_device_total(&silent, 62);
         assert_eq!(silent.queries.get(), 2, "no answer yet: asked again");
         assert_eq!(handshake::device_total(62), 0);
-        let driver = Counted {
-            answers: true,
-            queries: Cell::new(0),
-        };
+        let driver = Counted::new(true);
         for _ in 0..3 {
             note_device_total(&driver, 62);
             note_device_total(&driver, 63);
         }
         assert_eq!(driver.queries.get(), 2, "once per device");
+        assert_eq!(
+            driver.counts.get(),
+            2,
+            "devices counted at each one's first allocation"
+        );
         assert_eq!(handshake::device_total(62), 7 << 30);
         assert_eq!(handshake::device_total(63), 7 << 30);
         assert_eq!(DEVICES_WITH_TOTAL.load(Relaxed) & (3 << 62), 3 << 62);
@@ -366,13 +388,11 @@ mod tests {
 
     #[test]
     fn a_device_without_a_slot_is_never_asked_about() {
-        let driver = Counted {
-            answers: true,
-            queries: Cell::new(0),
-        };
+        let driver = Counted::new(true);
         for device in [-1, 64, 65, i32::MAX, i32::MIN] {
             note_device_total(&driver, device);
         }
         assert_eq!(driver.queries.get(), 0);
+        assert_eq!(driver.counts.get(), 0);
     }
 }

@@ -158,6 +158,37 @@ fn direct_driver_calls_through_the_plt() {
     );
 }
 
+/// A process that sees one device has every allocation on device 0: the driver is asked
+/// for the device once (the first allocation, before memsnap has counted the devices),
+/// where with two it is asked at every allocation (driver_direct makes seven).
+#[test]
+fn a_process_that_sees_one_device_is_not_asked_for_the_device_at_every_allocation() {
+    for (devices, queries) in [("1", 1), ("2", 7)] {
+        let run = run_program(
+            "driver_direct",
+            &[],
+            &[("FAKE_CUDA_DEVICES", devices)],
+            true,
+        );
+        run.assert_success();
+        let r = run.results();
+        assert_eq!(
+            num(&r, "cuCtxGetDevice_calls"),
+            queries,
+            "{devices} device(s)"
+        );
+        let snap = python_load_json(&file_for(&run, "exit"));
+        let live = live_by_device(&snap);
+        assert_eq!(
+            live.get(&0).copied(),
+            Some((num(&r, "expected_live_bytes"), 3)),
+            "{devices} device(s): every allocation on device 0"
+        );
+        assert_eq!(live.len(), 1, "{devices} device(s): {live:?}");
+        assert_eq!(meta(&snap, "dropped_events"), 0);
+    }
+}
+
 #[test]
 fn expandable_segments_route_records_mappings_as_segment_map() {
     for args in [&[][..], &["legacy"][..]] {

@@ -61,6 +61,8 @@ pub struct CudaExtent {
     pub depth: usize,
 }
 
-/// `cuCtxGetDevice` and `cuMemGetInfo_v2`: called by memsnap, never hooked.
+/// `cuCtxGetDevice`, `cuMemGetInfo_v2` and `cuDeviceGetCount`: called by memsnap, never
+/// hooked.
 pub type FnCuCtxGetDevice = unsafe extern "C" fn(*mut CuDevice) -> CuResult;
 pub type FnCuMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult;
+pub type FnCuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CuResult;

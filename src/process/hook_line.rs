@@ -1,9 +1,10 @@
 //! The process-wide values that hooked calls read on every event, gathered on one cache
 //! line: the recording switch, the recorder and its settings, the event clock's source,
-//! the driver's device query and the devices whose total memory is known, whether
-//! PyTorch's block events are recorded and where its trace entries hold what the tracker
-//! reads, the interpreter's resolved functions and frame layout, where each thread's hook
-//! state lies from its thread pointer, and the benchmarks' pass-through switch.
+//! the driver's device query, whether the process sees one device only, the devices whose
+//! total memory is known, whether PyTorch's block events are recorded and where its trace
+//! entries hold what the tracker reads, the interpreter's resolved functions and frame
+//! layout, where each thread's hook state lies from its thread pointer, and the
+//! benchmarks' pass-through switch.
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
 //! module that gives it a meaning (`recording`, `clock`, `interpose::device`, `record`,
@@ -38,6 +39,9 @@ pub struct HookLine {
     /// `record`: bit `d` set once device `d`'s total memory is remembered (for devices
     /// 0-63: the handshake's slots).
     pub devices_with_total: AtomicU64,
+    /// `interpose::device`: the driver said the process sees one device (so every
+    /// allocation is on device 0, and the device query is not made).
+    pub one_device: AtomicBool,
     /// `recording`: the recorder's stack mode, frame limit and context, stored before the
     /// recorder is published (its own copy is on a line of its own).
     pub recorder_stacks: AtomicU8,
@@ -74,6 +78,7 @@ pub static HOOK_LINE: HookLine = HookLine {
     hook_thread_offset: AtomicIsize::new(0),
     device_query: AtomicPtr::new(std::ptr::null_mut()),
     devices_with_total: AtomicU64::new(0),
+    one_device: AtomicBool::new(false),
     recorder_stacks: AtomicU8::new(0),
     recorder_max_frames: AtomicU8::new(0),
     recorder_context_all: AtomicBool::new(false),

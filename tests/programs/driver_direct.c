@@ -78,6 +78,7 @@ int main(void) {
     printf("result mem_total=%zu\n", total_bytes);
     printf("result cuMemAlloc_v2_calls=%llu\n", fake_calls("cuMemAlloc_v2"));
     printf("result cuMemFree_v2_calls=%llu\n", fake_calls("cuMemFree_v2"));
+    printf("result cuCtxGetDevice_calls=%llu\n", fake_calls("cuCtxGetDevice"));
     print_truth();
     return 0;
 }
