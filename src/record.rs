@@ -9,7 +9,7 @@
 //! the snapshot before the failing call returns.
 
 use crate::capture;
-use crate::channel::event::{Api, Event, Kind, Payload};
+use crate::channel::event::{Api, Event, Kind, MAX_OOM_DUMPS, Payload};
 use crate::channel::handshake::{self, OOM_DUMPS};
 use crate::channel::queue::Recorder;
 use crate::channel::sent;
@@ -68,9 +68,9 @@ impl Sender<'_> {
         let mut ev = Event::new(kind, api);
         ev.device = device;
         ev.tid = self.thread.tid();
-        ev.addr = addr;
+        ev.set_addr(addr);
         ev.size = size;
-        ev.payload = payload;
+        ev.set_payload(payload);
         ev.time = time;
         ev
     }
@@ -99,9 +99,8 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
         // The send's first lines (the thread's lane slot, its table's header) are asked
         // for now, so that they arrive while the walks run: in a real step the work
         // between two events has pushed them out of the nearer caches.
-        if let Some(lines) = rec.next_push_lines(by.thread) {
-            capture::prefetch_for_write(lines[0]);
-            capture::prefetch_for_write(lines[1]);
+        if let Some(line) = rec.next_push_line(by.thread) {
+            capture::prefetch_for_write(line);
         }
         capture::prefetch_line(thread.send_line() as u64);
         capture::timed!(StackEventTicks, {
@@ -227,15 +226,14 @@ pub fn mapping(by: Sender, kind: Kind, addr: u64, size: u64, handle: u64) {
 /// PyTorch frees its cache and retries after an OOM: the retry's failure within this
 /// window belongs to the same episode and does not dump again.
 const OOM_DEBOUNCE_US: u64 = 2_000_000;
-/// A program that OOMs in a loop gets at most this many OOM snapshots.
-const MAX_OOM_DUMPS: u64 = 16;
 /// Longest an OOM-ing call waits for its snapshot.
 const OOM_WAIT: Duration = Duration::from_secs(30);
 /// When the current OOM episode was last extended (0: none yet).
 static OOM_LAST_US: AtomicU64 = AtomicU64::new(0);
 
-/// A non-zero ticket when this OOM should be dumped (first of an episode), else 0.
-fn oom_dump_ticket(rec: &Recorder) -> u64 {
+/// A non-zero ticket when this OOM should be dumped (first of an episode, while fewer than
+/// [`MAX_OOM_DUMPS`] were), else 0.
+fn oom_dump_ticket(rec: &Recorder) -> u8 {
     if !rec.settings.dump_on_oom {
         return 0;
     }
@@ -250,8 +248,10 @@ fn oom_dump_ticket(rec: &Recorder) -> u64 {
     {
         return 0; // another thread's OOM opened this episode
     }
-    let ticket = OOM_DUMPS.ask();
-    if ticket > MAX_OOM_DUMPS { 0 } else { ticket }
+    u8::try_from(OOM_DUMPS.ask())
+        .ok()
+        .filter(|&ticket| ticket <= MAX_OOM_DUMPS)
+        .unwrap_or(0)
 }
 
 /// Out of memory: record the request with free memory and the stack, and if this OOM
@@ -278,7 +278,7 @@ fn oom_episode(by: Sender, api: Api, device: i32, free_bytes: Option<u64>, size:
     send(by, ev, true);
     if dump_ticket != 0 {
         rec.wake_writer();
-        rec.wait_for(|| OOM_DUMPS.is_done(dump_ticket), OOM_WAIT);
+        rec.wait_for(|| OOM_DUMPS.is_done(u64::from(dump_ticket)), OOM_WAIT);
         // The episode ends when the caller gets its error back, not when it asked.
         OOM_LAST_US.store(clock::wall_micros(), Release);
     }

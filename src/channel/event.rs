@@ -67,10 +67,15 @@ pub enum Payload {
         /// Free bytes on the device from cuMemGetInfo, when the driver answered.
         free_bytes: Option<u64>,
         stream: u64,
-        /// Non-zero: the failing call waits for this out-of-memory snapshot ticket.
-        dump_ticket: u64,
+        /// Non-zero: the failing call waits for this out-of-memory snapshot ticket (at
+        /// most [`MAX_OOM_DUMPS`]).
+        dump_ticket: u8,
     },
 }
+
+/// A program that runs out of memory in a loop gets at most this many out-of-memory
+/// snapshots (`record`): the tickets are 1 to this, and travel in a byte.
+pub const MAX_OOM_DUMPS: u8 = 16;
 
 impl Payload {
     /// The stream of an allocation, free or failed allocation (0 for other payloads).
@@ -184,26 +189,84 @@ pub enum StackRef {
     None,
     /// In full, in stack slot `index`; `hash` is its [`StackSlot::identity_hash`], by which
     /// the same thread may refer to it later.
-    Slot { index: u32, hash: u64 },
+    Slot { index: StackSlotIndex, hash: u64 },
     /// The same stack as one this thread sent earlier in a [`StackRef::Slot`] with this
     /// hash: the writer has it already (a thread's events reach it in the thread's order).
     Sent { hash: u64 },
 }
 
+/// The number of a stack slot (`channel::queue::MAX_STACK_SLOTS` of them at most).
+pub type StackSlotIndex = u16;
+
+/// Which [`StackRef`] an event holds (its compact form's tag).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum StackForm {
+    None,
+    Slot,
+    Sent,
+}
+
+/// One event, as it travels through a thread's lane: 56 bytes, so that with the lane's
+/// 8-byte publication mark an event fills one cache line of its own (an event of 88 bytes
+/// wrote one and a half: docs/HOT-PATH.md, "One line an event"). The stack reference and
+/// the payload are kept in a compact form of their own and read and written only through
+/// [`Event::stack`], [`Event::payload`], [`Event::addr`] and their setters: an
+/// out-of-memory event has no address, and its payload's free memory is kept in the
+/// address's place (`u64::MAX`: the driver did not answer), the only field two kinds use
+/// differently.
 #[derive(Clone, Copy, Debug)]
 pub struct Event {
     pub kind: Kind,
     pub api: Api,
+    stack_form: StackForm,
+    /// [`Payload::Oom`]'s ticket (0 for every other payload).
+    oom_dump_ticket: u8,
+    stack_slot: StackSlotIndex,
     pub device: i32,
     /// Kernel thread id of the caller.
     pub tid: u32,
-    pub stack: StackRef,
-    pub addr: u64,
+    stack_hash: u64,
+    /// The address, or an out-of-memory event's free memory (see the type's text).
+    addr_or_free: u64,
     pub size: u64,
-    pub payload: Payload,
+    /// [`Payload::Stream`], [`Payload::Handle`] or [`Payload::Oom`]'s stream (0 for
+    /// [`Payload::None`]: [`Event::payload`] tells them apart by the kind).
+    payload_word: u64,
     /// When it happened, on the event clock (the writer converts it to microseconds since
     /// the Unix epoch).
     pub time: Stamp,
+}
+
+/// Which payload each kind carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PayloadForm {
+    None,
+    Stream,
+    Handle,
+    Oom,
+}
+
+impl Kind {
+    #[inline(always)]
+    const fn payload_form(self) -> PayloadForm {
+        match self {
+            Kind::Alloc
+            | Kind::Free
+            | Kind::AllocManaged
+            | Kind::BlockAlloc
+            | Kind::BlockFreeRequested
+            | Kind::BlockFreeCompleted => PayloadForm::Stream,
+            Kind::MemCreate | Kind::MemRelease | Kind::Map => PayloadForm::Handle,
+            Kind::Oom => PayloadForm::Oom,
+            Kind::Unmap
+            | Kind::Reserve
+            | Kind::ReserveFree
+            | Kind::CacheSegment
+            | Kind::CacheSegmentMap
+            | Kind::Step => PayloadForm::None,
+        }
+    }
 }
 
 impl Event {
@@ -211,13 +274,94 @@ impl Event {
         Event {
             kind,
             api,
+            stack_form: StackForm::None,
+            oom_dump_ticket: 0,
+            stack_slot: 0,
             device: 0,
             tid: 0,
-            stack: StackRef::None,
-            addr: 0,
+            stack_hash: 0,
+            addr_or_free: 0,
             size: 0,
-            payload: Payload::None,
+            payload_word: 0,
             time: Stamp(0),
+        }
+    }
+
+    /// The address (0 for an out-of-memory event, which has none).
+    #[inline(always)]
+    pub fn addr(&self) -> u64 {
+        if self.kind == Kind::Oom {
+            0
+        } else {
+            self.addr_or_free
+        }
+    }
+
+    /// Sets the address (ignored for an out-of-memory event, whose payload holds its
+    /// place).
+    #[inline(always)]
+    pub fn set_addr(&mut self, addr: u64) {
+        if self.kind != Kind::Oom {
+            self.addr_or_free = addr;
+        }
+    }
+
+    #[inline(always)]
+    pub fn stack(&self) -> StackRef {
+        match self.stack_form {
+            StackForm::None => StackRef::None,
+            StackForm::Slot => StackRef::Slot {
+                index: self.stack_slot,
+                hash: self.stack_hash,
+            },
+            StackForm::Sent => StackRef::Sent {
+                hash: self.stack_hash,
+            },
+        }
+    }
+
+    #[inline(always)]
+    pub fn set_stack(&mut self, stack: StackRef) {
+        (self.stack_form, self.stack_slot, self.stack_hash) = match stack {
+            StackRef::None => (StackForm::None, 0, 0),
+            StackRef::Slot { index, hash } => (StackForm::Slot, index, hash),
+            StackRef::Sent { hash } => (StackForm::Sent, 0, hash),
+        };
+    }
+
+    /// The payload, as the kind says it is kept.
+    #[inline]
+    pub fn payload(&self) -> Payload {
+        match self.kind.payload_form() {
+            PayloadForm::None => Payload::None,
+            PayloadForm::Stream => Payload::Stream(self.payload_word),
+            PayloadForm::Handle => Payload::Handle(self.payload_word),
+            PayloadForm::Oom => Payload::Oom {
+                free_bytes: (self.addr_or_free != u64::MAX).then_some(self.addr_or_free),
+                stream: self.payload_word,
+                dump_ticket: self.oom_dump_ticket,
+            },
+        }
+    }
+
+    /// Sets the payload, which must be the one the event's kind carries (`Kind`'s text;
+    /// [`Event::payload`] reads it back as that one).
+    #[inline(always)]
+    pub fn set_payload(&mut self, payload: Payload) {
+        match payload {
+            Payload::None => self.payload_word = 0,
+            Payload::Stream(word) | Payload::Handle(word) => self.payload_word = word,
+            Payload::Oom {
+                free_bytes,
+                stream,
+                dump_ticket,
+            } => {
+                self.payload_word = stream;
+                if self.kind == Kind::Oom {
+                    self.addr_or_free = free_bytes.unwrap_or(u64::MAX);
+                    self.oom_dump_ticket = dump_ticket;
+                }
+            }
         }
     }
 }
@@ -385,9 +529,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_stay_small() {
-        // The queue holds MEMSNAP_QUEUE_CAPACITY of these; stacks live in separate slots.
-        assert_eq!(size_of::<Event>(), 88);
+    fn an_event_and_its_mark_fill_one_cache_line() {
+        // The lanes and the queue hold MEMSNAP_QUEUE_CAPACITY of these each; stacks live in
+        // separate slots.
+        assert_eq!(size_of::<Event>(), 56);
+    }
+
+    #[test]
+    fn every_stack_and_payload_comes_back_as_it_was_set() {
+        let stacks = [
+            StackRef::None,
+            StackRef::Slot {
+                index: 4095,
+                hash: u64::MAX,
+            },
+            StackRef::Sent { hash: 7 },
+        ];
+        for stack in stacks {
+            let mut ev = Event::new(Kind::BlockAlloc, Api::CachingAllocator);
+            ev.set_stack(stack);
+            assert_eq!(ev.stack(), stack);
+        }
+        let cases = [
+            (Kind::Alloc, Payload::Stream(0x5010)),
+            (Kind::BlockFreeCompleted, Payload::Stream(u64::MAX)),
+            (Kind::Map, Payload::Handle(42)),
+            (Kind::Unmap, Payload::None),
+            (Kind::Step, Payload::None),
+            (
+                Kind::Oom,
+                Payload::Oom {
+                    free_bytes: Some(3 << 30),
+                    stream: 9,
+                    dump_ticket: MAX_OOM_DUMPS,
+                },
+            ),
+            (
+                Kind::Oom,
+                Payload::Oom {
+                    free_bytes: None,
+                    stream: 0,
+                    dump_ticket: 0,
+                },
+            ),
+        ];
+        for (kind, payload) in cases {
+            let mut ev = Event::new(kind, Api::CudaMalloc);
+            ev.set_addr(0x7000_0000);
+            ev.set_payload(payload);
+            ev.set_stack(StackRef::Sent { hash: 1 });
+            assert_eq!(ev.payload(), payload, "{kind:?}");
+            assert_eq!(ev.stack(), StackRef::Sent { hash: 1 });
+            let addr = if kind == Kind::Oom { 0 } else { 0x7000_0000 };
+            assert_eq!(
+                ev.addr(),
+                addr,
+                "{kind:?}: an out-of-memory event has no address"
+            );
+        }
     }
 
     fn stack(native: &[u64], python: &[(u64, u64)]) -> StackSlot {

@@ -127,12 +127,16 @@ impl Cursor {
 /// One event's place in a ring, and the mark that publishes it: position + 1 once the
 /// event at `position` is written. The writer reads the mark in the line it reads the
 /// event from: no count of the producer's to read (a line that would travel between the
-/// two cores on every event while the writer keeps up).
-#[repr(C)]
+/// two cores on every event while the writer keeps up). One cache line: a push writes
+/// one line and shares it with no other event (the lane's header is two lines, so the
+/// slots start on a line).
+#[repr(C, align(64))]
 struct Slot {
     event: UnsafeCell<std::mem::MaybeUninit<Event>>,
     published: AtomicU64,
 }
+
+const _: () = assert!(size_of::<Slot>() == 64 && size_of::<Lane>().is_multiple_of(64));
 
 // SAFETY: `claim.0.tail` is touched only by a thread that owns the lane, as it claims it
 // and as it gives it back (the two synchronize through `owner`); everything else is atomic; a
@@ -225,20 +229,15 @@ impl Lanes {
         true
     }
 
-    /// Where the next [`Lanes::try_push`] with `cursor` writes: its slot's first byte and
-    /// its mark (the two lines a slot may span), for a caller that asks for those lines
-    /// while it does other work first.
+    /// The line the next [`Lanes::try_push`] with `cursor` writes (its slot: the event
+    /// and its mark), for a caller that asks for it while it does other work first.
     ///
     /// # Safety
     /// As for [`Lanes::try_push`].
     #[inline(always)]
-    pub unsafe fn next_slot(cursor: &Cursor) -> [usize; 2] {
+    pub unsafe fn next_slot(cursor: &Cursor) -> usize {
         // SAFETY: the caller's contract.
-        let slot = unsafe { cursor.slot(cursor.tail) };
-        [
-            slot as *const Slot as usize,
-            &slot.published as *const AtomicU64 as usize,
-        ]
+        unsafe { cursor.slot(cursor.tail) as *const Slot as usize }
     }
 
     /// A lane for the calling thread: a free one, or a new mapping. `None` when lanes are
@@ -516,21 +515,22 @@ mod tests {
     fn send(rec: &Recorder, time: u64) {
         let mut ev = Event::new(Kind::Alloc, Api::CudaMalloc);
         ev.time = Stamp(time);
-        ev.addr = time;
+        ev.set_addr(time);
         guard::with_thread(|t| rec.push(t, ev));
     }
 
-    /// The lines a hook asks for before its walks are where its next push writes: the
-    /// event at the first address, its mark (position + 1) at the second, lap after lap.
+    /// The line a hook asks for before its walks is where its next push writes: the event
+    /// at its start, its mark (position + 1) in its last 8 bytes, lap after lap.
     #[test]
-    fn the_next_push_lines_are_where_the_next_push_writes() {
+    fn the_next_push_line_is_where_the_next_push_writes() {
         let rec = channel(4);
         std::thread::spawn(move || {
             send(rec, 1); // claims the thread's lane
-            assert_eq!(Reader::new().next(rec).map(|e| e.addr), Some(1));
+            assert_eq!(Reader::new().next(rec).map(|e| e.addr()), Some(1));
             for time in 2..12u64 {
-                let [event_at, mark_at] =
-                    guard::with_thread(|t| rec.next_push_lines(t)).expect("a lane");
+                let line = guard::with_thread(|t| rec.next_push_line(t)).expect("a lane");
+                assert_eq!(line % 64, 0, "a slot is a line of its own");
+                let (event_at, mark_at) = (line, line + 56);
                 send(rec, time);
                 // SAFETY: the slot of this thread's lane the push just wrote; the writer
                 // is not running and takes nothing from the lane while we read.
@@ -540,10 +540,10 @@ mod tests {
                         (*(mark_at as *const AtomicU64)).load(Acquire),
                     )
                 };
-                assert_eq!((event.addr, event.time), (time, Stamp(time)));
+                assert_eq!((event.addr(), event.time), (time, Stamp(time)));
                 assert_eq!(mark, time, "position {} published", time - 1);
                 // Take it, so that the ring has room for the next lap.
-                assert_eq!(Reader::new().next(rec).map(|e| e.addr), Some(time));
+                assert_eq!(Reader::new().next(rec).map(|e| e.addr()), Some(time));
             }
         })
         .join()
@@ -584,7 +584,7 @@ mod tests {
         let mut reader = Reader::new();
         let mut taken: Vec<u64> = (0..3)
             .filter_map(|_| reader.next(rec))
-            .map(|e| e.addr)
+            .map(|e| e.addr())
             .collect();
         assert_eq!(
             taken,
@@ -595,7 +595,7 @@ mod tests {
         // that pass saw already but held back: the next pass takes both, by stamp.
         let c = sender(rec, vec![now - 5], hold.clone());
         wait_until_queued(rec, 2);
-        taken.extend(std::iter::from_fn(|| reader.next(rec)).map(|e| e.addr));
+        taken.extend(std::iter::from_fn(|| reader.next(rec)).map(|e| e.addr()));
         assert_eq!(taken, [now - 30, now - 20, now - 10, now - 5, later]);
         assert_eq!(
             rec.lanes.mapped().count(),
@@ -635,7 +635,7 @@ mod tests {
         assert_eq!(rec.lanes.queued(), 2);
         let mut reader = Reader::new();
         let taken: Vec<u64> = std::iter::from_fn(|| reader.next(rec))
-            .map(|e| e.addr)
+            .map(|e| e.addr())
             .collect();
         assert_eq!(taken, [now - 3, now - 2, now - 1]);
         assert_eq!(rec.queued(), 0);
@@ -667,7 +667,7 @@ mod tests {
         assert_eq!(rec.events.len(), THREADS - MAX_LANES);
         let mut reader = Reader::new();
         let taken: Vec<u64> = std::iter::from_fn(|| reader.next(rec))
-            .map(|e| e.addr)
+            .map(|e| e.addr())
             .collect();
         let expected: Vec<u64> = (0..THREADS as u64).map(|i| base + i).collect();
         assert_eq!(taken, expected);

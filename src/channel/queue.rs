@@ -18,7 +18,7 @@
 //! process teardown) does an event go unrecorded; those are counted by kind and reported
 //! at exit. No allocation, no lock; syscalls only while waiting for the writer.
 
-use crate::channel::event::{Event, Kind, StackRef, StackSlot};
+use crate::channel::event::{Event, Kind, StackRef, StackSlot, StackSlotIndex};
 use crate::channel::lanes::{self, Lanes};
 use crate::config::{Context, Stacks};
 use crate::guard::HookThread;
@@ -30,6 +30,8 @@ use std::time::Duration;
 /// Upper bound on stack slots: the writer drains within milliseconds, so a few thousand
 /// in flight is plenty, and each slot is ~2 KiB (8 MiB for the whole slab).
 pub const MAX_STACK_SLOTS: usize = 4096;
+// An event names its slot in a `StackSlotIndex`.
+const _: () = assert!(MAX_STACK_SLOTS <= StackSlotIndex::MAX as usize + 1);
 
 /// Spins on a full queue or slab before the first syscall (a few µs): absorbs short
 /// bursts while the writer is busy.
@@ -57,7 +59,7 @@ pub struct Recorder {
     pub(super) lanes: Lanes,
     pub(super) events: ArrayQueue<Event>,
     slots: Box<[UnsafeCell<StackSlot>]>,
-    free_slots: ArrayQueue<u32>,
+    free_slots: ArrayQueue<StackSlotIndex>,
     /// The stack of the thread that got the first crash signal (see `signals`).
     crash_slot: UnsafeCell<StackSlot>,
     /// Cleared when the writer thread is gone (exit, panic): hooks then stop spinning.
@@ -142,8 +144,8 @@ impl Recorder {
             .map(|_| UnsafeCell::new(StackSlot::EMPTY))
             .collect();
         let free_slots = ArrayQueue::new(n_slots);
-        for i in 0..n_slots {
-            let _ = free_slots.push(i as u32);
+        for i in (0..).take(n_slots) {
+            let _ = free_slots.push(i);
         }
         Recorder {
             settings,
@@ -164,7 +166,7 @@ impl Recorder {
     // what lets hooks on many threads fill slots without a lock.
     #[allow(clippy::mut_from_ref)]
     #[inline]
-    pub fn take_slot(&self) -> Option<(u32, &mut StackSlot)> {
+    pub fn take_slot(&self) -> Option<(StackSlotIndex, &mut StackSlot)> {
         let idx = match self.free_slots.pop() {
             Some(idx) => idx,
             None => self.take_slot_slow()?,
@@ -177,7 +179,7 @@ impl Recorder {
 
     #[cold]
     #[inline(never)]
-    fn take_slot_slow(&self) -> Option<u32> {
+    fn take_slot_slow(&self) -> Option<StackSlotIndex> {
         self.counters.slot_waits.fetch_add(1, Relaxed);
         let mut backoff = Backoff {
             rec: self,
@@ -212,10 +214,10 @@ impl Recorder {
         self.push_without_lane(thread, event)
     }
 
-    /// The lines the calling thread's next [`Recorder::push`] writes first (its lane's next
+    /// The line the calling thread's next [`Recorder::push`] writes (its lane's next
     /// slot), if it sends through a lane of this channel.
     #[inline(always)]
-    pub fn next_push_lines(&self, thread: &HookThread) -> Option<[usize; 2]> {
+    pub fn next_push_line(&self, thread: &HookThread) -> Option<usize> {
         let cursor = thread.lane(self.address())?.get();
         // SAFETY: the thread's own hold on its lane of this channel.
         Some(unsafe { Lanes::next_slot(&cursor) })
@@ -279,7 +281,7 @@ impl Recorder {
             _ => &self.counters.lost_other,
         };
         counter.fetch_add(1, Relaxed);
-        if let StackRef::Slot { index, .. } = event.stack {
+        if let StackRef::Slot { index, .. } = event.stack() {
             let _ = self.free_slots.push(index);
         }
     }
@@ -309,14 +311,14 @@ impl Recorder {
 
     /// Writer side: the stack of a taken event. The caller must hand the index back with
     /// [`Recorder::release_slot`] once done with the reference.
-    pub fn slot(&self, idx: u32) -> Option<&StackSlot> {
+    pub fn slot(&self, idx: StackSlotIndex) -> Option<&StackSlot> {
         let cell = self.slots.get(idx as usize)?;
         // SAFETY: the event naming `idx` was popped by the (single) writer, so the hook that
         // filled the slot is done with it and nobody else can take it until it is released.
         Some(unsafe { &*cell.get() })
     }
 
-    pub fn release_slot(&self, idx: u32) {
+    pub fn release_slot(&self, idx: StackSlotIndex) {
         let _ = self.free_slots.push(idx);
     }
 
@@ -383,9 +385,9 @@ mod tests {
                     let mut ev = Event::new(kind, Api::CudaMalloc);
                     if let Some((index, slot)) = rec.take_slot() {
                         slot.n_native = 1;
-                        ev.stack = StackRef::Slot { index, hash: 1 };
+                        ev.set_stack(StackRef::Slot { index, hash: 1 });
                     }
-                    ev.addr = i;
+                    ev.set_addr(i);
                     rec.push(t, ev);
                 }
             });
@@ -403,12 +405,12 @@ mod tests {
             let mut reader = Reader::new();
             let mut addrs = Vec::new();
             while let Some(ev) = reader.next(&rec) {
-                let StackRef::Slot { index, .. } = ev.stack else {
+                let StackRef::Slot { index, .. } = ev.stack() else {
                     panic!("every queued event has its slot")
                 };
                 assert_eq!(rec.slot(index).map(|s| s.n_native), Some(1));
                 rec.release_slot(index);
-                addrs.push(ev.addr);
+                addrs.push(ev.addr());
             }
             assert_eq!(addrs, (0..16).collect::<Vec<u64>>(), "FIFO, oldest kept");
         });
@@ -429,8 +431,8 @@ mod tests {
                                 let (index, slot) = rec.take_slot().expect("the writer is alive");
                                 slot.n_native = 1;
                                 slot.native[0] = t << 32 | i;
-                                ev.stack = StackRef::Slot { index, hash: 1 };
-                                ev.addr = t << 32 | i;
+                                ev.set_stack(StackRef::Slot { index, hash: 1 });
+                                ev.set_addr(t << 32 | i);
                                 ev.time = crate::process::clock::now();
                                 rec.push(thread, ev);
                             }
@@ -445,13 +447,17 @@ mod tests {
             while received < EVENTS {
                 match reader.next(rec) {
                     Some(ev) => {
-                        let StackRef::Slot { index, .. } = ev.stack else {
+                        let StackRef::Slot { index, .. } = ev.stack() else {
                             panic!("every event has its stack")
                         };
                         let slot = rec.slot(index).expect("a valid slot");
-                        assert_eq!(slot.native[0], ev.addr, "the stack travels with its event");
+                        assert_eq!(
+                            slot.native[0],
+                            ev.addr(),
+                            "the stack travels with its event"
+                        );
                         rec.release_slot(index);
-                        let (t, i) = ((ev.addr >> 32) as usize, ev.addr & 0xffff_ffff);
+                        let (t, i) = ((ev.addr() >> 32) as usize, ev.addr() & 0xffff_ffff);
                         assert_eq!(i, seen[t], "per-thread order kept");
                         seen[t] += 1;
                         received += 1;

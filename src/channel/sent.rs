@@ -143,7 +143,7 @@ impl Recorder {
             // sends again and again (callgrind: 4 to 42 instructions fewer an allocation with
             // a stack in the benchmarks' loops, docs/BENCHMARKS.md).
             if (set[0] == hash || set[1..].contains(&hash)) && hash != 0 {
-                ev.stack = StackRef::Sent { hash };
+                ev.set_stack(StackRef::Sent { hash });
                 thread.by_reference += 1;
             } else if let Some((index, slot)) = self.take_slot() {
                 complete(&mut thread.scratch);
@@ -153,7 +153,7 @@ impl Recorder {
                 slot.copy_from(&thread.scratch);
                 set.copy_within(..WAYS - 1, 1);
                 set[0] = hash;
-                ev.stack = StackRef::Slot { index, hash };
+                ev.set_stack(StackRef::Slot { index, hash });
             }
         }
         self.push(hook, ev);
@@ -203,12 +203,12 @@ mod tests {
             )
         });
         let ev = Reader::new().next(rec).expect("sent");
-        if let StackRef::Slot { index, .. } = ev.stack {
+        if let StackRef::Slot { index, .. } = ev.stack() {
             let slot = rec.slot(index).expect("slot");
             assert_eq!(slot.native(), frames, "the slot holds the captured stack");
             rec.release_slot(index);
         }
-        ev.stack
+        ev.stack()
     }
 
     #[test]

@@ -193,9 +193,9 @@ fn produce(
             (Kind::Alloc, 0x7e00_0000_0000 + pair * SPACING)
         };
         let mut ev = Event::new(kind, Api::CudaMallocAsync);
-        ev.addr = addr;
+        ev.set_addr(addr);
         ev.size = 512 << (next(&mut rng) % 256 / 16);
-        ev.payload = Payload::Stream(0);
+        ev.set_payload(Payload::Stream(0));
         ev.time = crate::process::clock::now();
         // Hot stacks: a quarter of the stacks take three quarters of the events.
         let r = next(&mut rng);
@@ -251,9 +251,9 @@ pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u3
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     for i in 0..live {
         let mut ev = Event::new(Kind::Alloc, Api::CudaMallocAsync);
-        ev.addr = 0x7f00_0000_0000 + i * 0x1000;
+        ev.set_addr(0x7f00_0000_0000 + i * 0x1000);
         ev.size = 512 << (next(&mut rng) % 8);
-        ev.payload = Payload::Stream(0);
+        ev.set_payload(Payload::Stream(0));
         ev.time = crate::process::clock::now();
         let id = next(&mut rng) % u64::from(distinct_stacks.max(1));
         let thread = sent::this_thread().expect("per-thread state");

@@ -245,7 +245,7 @@ impl Writer {
     }
 
     fn take_stack(&mut self, ev: &Event) -> Option<stacks::RawStackId> {
-        match ev.stack {
+        match ev.stack() {
             StackRef::None => None,
             StackRef::Slot { index, hash } => {
                 let id = self
@@ -278,41 +278,41 @@ impl Writer {
         }
         let live = Live {
             size: ev.size,
-            stream: ev.payload.stream(),
+            stream: ev.payload().stream(),
             api: ev.api,
             stack,
             time_us,
             handle: 0,
         };
         match ev.kind {
-            Kind::Alloc => self.state.alloc(ev.device, ev.addr, ev.size, live),
-            Kind::AllocManaged => self.state.managed_alloc(ev.addr, live),
+            Kind::Alloc => self.state.alloc(ev.device, ev.addr(), ev.size, live),
+            Kind::AllocManaged => self.state.managed_alloc(ev.addr(), live),
             Kind::Free => {
-                let stream = ev.payload.stream();
-                self.state.free(ev.addr, ev.api, stream, time_us, stack)
+                let stream = ev.payload().stream();
+                self.state.free(ev.addr(), ev.api, stream, time_us, stack)
             }
             Kind::MemCreate => self
                 .state
-                .mem_create(ev.payload.handle(), ev.size, ev.device),
-            Kind::MemRelease => self.state.mem_release(ev.payload.handle()),
+                .mem_create(ev.payload().handle(), ev.size, ev.device),
+            Kind::MemRelease => self.state.mem_release(ev.payload().handle()),
             Kind::Map => self.state.map(
-                ev.addr,
+                ev.addr(),
                 ev.size,
                 Live {
-                    handle: ev.payload.handle(),
+                    handle: ev.payload().handle(),
                     stream: 0,
                     ..live
                 },
             ),
-            Kind::Unmap => self.state.unmap(ev.addr, ev.size, time_us, stack),
-            Kind::Reserve => self.state.reserve(ev.addr, ev.size),
-            Kind::ReserveFree => self.state.reserve_free(ev.addr),
+            Kind::Unmap => self.state.unmap(ev.addr(), ev.size, time_us, stack),
+            Kind::Reserve => self.state.reserve(ev.addr(), ev.size),
+            Kind::ReserveFree => self.state.reserve_free(ev.addr()),
             Kind::Oom => {
                 if let Payload::Oom {
                     free_bytes,
                     stream,
                     dump_ticket,
-                } = ev.payload
+                } = ev.payload()
                 {
                     let free = free_bytes.map_or(-1, |b| b as i64);
                     let (device, size, time) = (ev.device, ev.size, time_us);
@@ -326,29 +326,30 @@ impl Writer {
                     });
                     if dump_ticket != 0 {
                         let _ = self.dump(Reason::Oom, "");
-                        OOM_DUMPS.complete(dump_ticket);
+                        OOM_DUMPS.complete(u64::from(dump_ticket));
                     }
                 }
             }
             Kind::BlockAlloc => {
-                let (stream, time) = (ev.payload.stream(), time_us);
+                let (stream, time) = (ev.payload().stream(), time_us);
                 self.state
-                    .cache_block_alloc(ev.device, ev.addr, ev.size, stream, time, stack)
+                    .cache_block_alloc(ev.device, ev.addr(), ev.size, stream, time, stack)
             }
             Kind::BlockFreeRequested => {
-                let (stream, time) = (ev.payload.stream(), time_us);
+                let (stream, time) = (ev.payload().stream(), time_us);
                 self.state
-                    .cache_block_free_requested(ev.device, ev.addr, stream, time, stack)
+                    .cache_block_free_requested(ev.device, ev.addr(), stream, time, stack)
             }
-            Kind::BlockFreeCompleted => self
-                .state
-                .cache_block_free_completed(ev.device, ev.addr, time_us, stack),
+            Kind::BlockFreeCompleted => {
+                self.state
+                    .cache_block_free_completed(ev.device, ev.addr(), time_us, stack)
+            }
             Kind::CacheSegment => {
-                let matched = self.state.cache_segment(ev.device, ev.addr, ev.size);
+                let matched = self.state.cache_segment(ev.device, ev.addr(), ev.size);
                 self.state.check_first_cache_segment(matched);
             }
             Kind::CacheSegmentMap => {
-                let matched = self.state.cache_segment_map(ev.device, ev.addr, ev.size);
+                let matched = self.state.cache_segment_map(ev.device, ev.addr(), ev.size);
                 self.state.check_first_cache_segment(matched);
             }
             Kind::Step => {
