@@ -238,7 +238,9 @@ pub struct Event {
     pub time: Stamp,
 }
 
-/// Which payload each kind carries.
+/// Which payload each kind carries: what `record` and the tracker send with it (the
+/// virtual-memory calls a handle, 0 where the call has none; the allocator's segments the
+/// stream its trace entry named).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PayloadForm {
     None,
@@ -256,15 +258,17 @@ impl Kind {
             | Kind::AllocManaged
             | Kind::BlockAlloc
             | Kind::BlockFreeRequested
-            | Kind::BlockFreeCompleted => PayloadForm::Stream,
-            Kind::MemCreate | Kind::MemRelease | Kind::Map => PayloadForm::Handle,
-            Kind::Oom => PayloadForm::Oom,
-            Kind::Unmap
-            | Kind::Reserve
-            | Kind::ReserveFree
+            | Kind::BlockFreeCompleted
             | Kind::CacheSegment
-            | Kind::CacheSegmentMap
-            | Kind::Step => PayloadForm::None,
+            | Kind::CacheSegmentMap => PayloadForm::Stream,
+            Kind::MemCreate
+            | Kind::MemRelease
+            | Kind::Map
+            | Kind::Unmap
+            | Kind::Reserve
+            | Kind::ReserveFree => PayloadForm::Handle,
+            Kind::Oom => PayloadForm::Oom,
+            Kind::Step => PayloadForm::None,
         }
     }
 }
@@ -554,7 +558,8 @@ mod tests {
             (Kind::Alloc, Payload::Stream(0x5010)),
             (Kind::BlockFreeCompleted, Payload::Stream(u64::MAX)),
             (Kind::Map, Payload::Handle(42)),
-            (Kind::Unmap, Payload::None),
+            (Kind::Unmap, Payload::Handle(0)),
+            (Kind::CacheSegment, Payload::Stream(7)),
             (Kind::Step, Payload::None),
             (
                 Kind::Oom,
