@@ -65,14 +65,8 @@ impl Sender<'_> {
         size: u64,
         payload: Payload,
     ) -> Event {
-        let mut ev = Event::new(kind, api);
-        ev.device = device;
-        ev.tid = self.thread.tid();
-        ev.set_addr(addr);
-        ev.size = size;
-        ev.set_payload(payload);
-        ev.time = time;
-        ev
+        let tid = self.thread.tid();
+        Event::stackless(kind, api, device, tid, addr, size, payload, time)
     }
 }
 

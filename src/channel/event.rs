@@ -291,6 +291,46 @@ impl Event {
         }
     }
 
+    /// An event without a stack, every field given: each is written once (an event made
+    /// with [`Event::new`] and then set is written twice where the hooks build it).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn stackless(
+        kind: Kind,
+        api: Api,
+        device: i32,
+        tid: u32,
+        addr: u64,
+        size: u64,
+        payload: Payload,
+        time: Stamp,
+    ) -> Event {
+        let (payload_word, free, oom_dump_ticket) = match payload {
+            Payload::None => (0, None, 0),
+            Payload::Stream(word) | Payload::Handle(word) => (word, None, 0),
+            Payload::Oom {
+                free_bytes,
+                stream,
+                dump_ticket,
+            } => (stream, free_bytes, dump_ticket),
+        };
+        let oom = kind == Kind::Oom;
+        Event {
+            kind,
+            api,
+            stack_form: StackForm::None,
+            oom_dump_ticket: if oom { oom_dump_ticket } else { 0 },
+            stack_slot: 0,
+            device,
+            tid,
+            stack_hash: 0,
+            addr_or_free: if oom { free.unwrap_or(u64::MAX) } else { addr },
+            size,
+            payload_word,
+            time,
+        }
+    }
+
     /// The address (0 for an out-of-memory event, which has none).
     #[inline(always)]
     pub fn addr(&self) -> u64 {
@@ -590,6 +630,25 @@ mod tests {
                 ev.addr(),
                 addr,
                 "{kind:?}: an out-of-memory event has no address"
+            );
+            // Made at once, the same event.
+            let (device, tid, size, time) = (3, 77, 4096, Stamp(5));
+            let made = Event::stackless(
+                kind,
+                Api::CudaMalloc,
+                device,
+                tid,
+                0x7000_0000,
+                size,
+                payload,
+                time,
+            );
+            assert_eq!(made.payload(), payload, "{kind:?}");
+            assert_eq!(made.addr(), addr);
+            assert_eq!(made.stack(), StackRef::None);
+            assert_eq!(
+                (made.device, made.tid, made.size, made.time),
+                (device, tid, size, time)
             );
         }
     }

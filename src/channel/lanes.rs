@@ -224,8 +224,9 @@ impl Lanes {
         // `head_seen`, at most `mask + 1` behind, and only the owner writes the lane.
         unsafe { (*slot.event.get()).write(*ev) };
         slot.published.store(at.wrapping_add(1), Release);
-        c.tail = at.wrapping_add(1);
-        cursor.set(c);
+        // Only the count changed: one store, not the whole cursor's four.
+        // SAFETY: the calling thread's own cell (not `Sync`), no reference into it held.
+        unsafe { (*cursor.as_ptr()).tail = at.wrapping_add(1) };
         true
     }
 
