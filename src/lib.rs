@@ -14,6 +14,7 @@
 //! - [`initial_exec`] (hot): thread-locals reached from the thread pointer, without a call.
 //! - [`record`] (hot): a call's outcome as an event, with its stack, on the channel.
 //! - [`capture`] (hot): the native and Python stack walkers.
+//! - [`prefetch`] (hot): cache hints, for the walks and the channel.
 //! - [`writer`] (cold): the one writer thread that owns all recorded state and writes
 //!   snapshots.
 //! - [`channel`] (hot): what travels from the hook side to the writer: events, the queue,
@@ -34,6 +35,7 @@ pub mod guard;
 pub mod initial_exec;
 pub mod interpose;
 pub mod lifecycle;
+pub mod prefetch;
 pub mod process;
 pub mod pytorch;
 pub mod record;

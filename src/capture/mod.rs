@@ -55,24 +55,9 @@ pub(crate) use timed_event;
 
 use crate::channel::event::{StackSlot, native_chain};
 use crate::config::{FRAME_CAPACITY, Stacks};
+pub use crate::prefetch::{prefetch_for_write, prefetch_line};
 use crate::process::modules;
 pub use python::Trail;
-pub use python::prefetch_line;
-
-/// A hint to bring the line holding `addr` into the cache ready to be written
-/// (`prefetchw`; a no-op where the processor lacks it, and on other architectures a read
-/// prefetch). Like any prefetch it changes nothing the program sees and never faults.
-#[inline(always)]
-pub fn prefetch_for_write(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a hint: no register, flag or memory the program sees changes, and it does not
-    // fault whatever the address (x86's PREFETCHW; older processors run it as a no-op).
-    unsafe {
-        std::arch::asm!("prefetchw [{0}]", in(reg) addr, options(nostack, readonly, preserves_flags))
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    python::prefetch_line(addr as u64);
-}
 
 /// One-time setup the hooks may run at initialisation instead of on the first capture:
 /// builds the module table (`dl_iterate_phdr`, allocates) and looks up the CPython symbols

@@ -15,6 +15,7 @@
 //! is `process::python`'s.
 
 use crate::channel::event::{PyFrameRaw, StackSlot, python_sum};
+use crate::prefetch::prefetch_line;
 use crate::process::cpython::{
     FLAG_ENTRY, FRAME_OWNED_BY_CSTACK, FRAME_OWNED_BY_INTERPRETER_314, Layout,
     STACKREF_TAG_BITS_314, check_value, fold,
@@ -102,25 +103,6 @@ fn prefetch_chain(trail: &Trail, back: u64) {
     for &frame in trail.frames.iter().take(trail.n_frames as usize) {
         prefetch_line(frame.wrapping_add(back));
     }
-}
-
-/// A hint to bring the line holding `addr` into the cache; no effect on any program state.
-#[inline(always)]
-pub fn prefetch_line(addr: u64) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it changes no register or memory the program sees and
-    // does not fault, whatever the address (docs/HOT-PATH.md, "The Python walk's cache
-    // misses"; `a_prefetch_of_memory_gone_or_never_mapped_does_nothing`).
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
-    };
-    #[cfg(target_arch = "aarch64")]
-    // SAFETY: as above (`PRFM` is a hint; it does not fault).
-    unsafe {
-        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) addr, options(nostack, readonly, preserves_flags))
-    };
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    let _ = addr;
 }
 
 /// Upper bound on frames skipped (those that are no Python function): with the records'

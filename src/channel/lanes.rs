@@ -4,7 +4,7 @@
 //! Hot, producer side ([`Lanes::try_push`]): the event is stored in the thread's ring and
 //! published by one release store of its slot's mark: no locked instruction, no cache line
 //! that another producer writes, and no load of a line the writer wrote except when the
-//! ring looked full. (The shared queue's push is a compare-and-swap on a line every
+//! ring looked full; then the next slot's line is asked for. (The shared queue's push is a compare-and-swap on a line every
 //! producer and the writer touch, and 60 instructions: docs/HOT-PATH.md, "Per-thread
 //! lanes".) The writer reads the mark in the line it reads the event from, so while it
 //! keeps up with a thread no other line travels between the two. Cold: a thread claims a
@@ -28,6 +28,7 @@
 
 use crate::channel::event::Event;
 use crate::channel::queue::Recorder;
+use crate::prefetch::prefetch_for_write;
 use crate::thread_state::ExitKey;
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
@@ -227,6 +228,12 @@ impl Lanes {
         // Only the count changed: one store, not the whole cursor's four.
         // SAFETY: the calling thread's own cell (not `Sync`), no reference into it held.
         unsafe { (*cursor.as_ptr()).tail = at.wrapping_add(1) };
+        // The next event's line, asked for now: it was last written one turn of the ring
+        // ago and the program's work until the next event gives it time to arrive; its
+        // store then waits for nothing (docs/HOT-PATH.md, "The next slot asked for").
+        // SAFETY: the caller's contract (any position has a slot).
+        let next = unsafe { c.slot(at.wrapping_add(1)) };
+        prefetch_for_write(next as *const Slot as usize);
         true
     }
 
