@@ -4,12 +4,13 @@
 //! Hot, producer side ([`Lanes::try_push`]): the event is stored in the thread's ring and
 //! published by one release store of its slot's mark: no locked instruction, no cache line
 //! that another producer writes, and no load of a line the writer wrote except when the
-//! ring looked full; then the next slot's line is asked for. (The shared queue's push is a compare-and-swap on a line every
-//! producer and the writer touch, and 60 instructions: docs/HOT-PATH.md, "Per-thread
-//! lanes".) The writer reads the mark in the line it reads the event from, so while it
-//! keeps up with a thread no other line travels between the two. Cold: a thread claims a
-//! lane on its first event ([`Lanes::claim`]: one mapping, made once per lane) and gives it
-//! back at exit ([`release_at_exit`]); a later thread reuses it. Writer side: [`Reader`].
+//! ring looked full; then the next slot's line is asked for. (The shared queue's push is
+//! a compare-and-swap on a line every producer and the writer touch, and 60 instructions:
+//! docs/HOT-PATH.md, "Per-thread lanes".) The writer reads the mark in the line it reads
+//! the event from, so while it keeps up with a thread no other line travels between the
+//! two. Cold: a thread claims a lane on its first event ([`Lanes::claim`]: one mapping,
+//! made once per lane) and gives it back at exit ([`release_at_exit`]); a later thread
+//! reuses it. Writer side: [`Reader`].
 //!
 //! The order across lanes. One queue orders events by itself: an event a thread sends
 //! after another thread's is behind it. Lanes do not, so the writer merges them by stamp,
