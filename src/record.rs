@@ -92,7 +92,9 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
         };
         // The send's first lines (the thread's lane slot, its table's header) are asked
         // for now, so that they arrive while the walks run: in a real step the work
-        // between two events has pushed them out of the nearer caches.
+        // between two events has pushed them out of the nearer caches. (The previous push
+        // asked for the slot too, but the writer, once caught up, reads its mark and takes
+        // the line back; a walk is time enough to bring it again.)
         if let Some(line) = rec.next_push_line(by.thread) {
             capture::prefetch_for_write(line);
         }

@@ -210,8 +210,9 @@ enum StackForm {
 /// One event, as it travels through a thread's lane: 56 bytes, so that with the lane's
 /// 8-byte publication mark an event fills one cache line of its own (an event of 88 bytes
 /// wrote one and a half: docs/HOT-PATH.md, "One line an event"). The stack reference and
-/// the payload are kept in a compact form of their own and read and written only through
-/// [`Event::stack`], [`Event::payload`], [`Event::addr`] and their setters: an
+/// the payload are kept in a compact form of their own, written by [`Event::stackless`]
+/// (and [`Event::set_stack`], [`Event::set_addr`]) and read through [`Event::stack`],
+/// [`Event::payload`] and [`Event::addr`]: an
 /// out-of-memory event has no address, and its payload's free memory is kept in the
 /// address's place (`u64::MAX`: the driver did not answer), the only field two kinds use
 /// differently.
@@ -385,27 +386,6 @@ impl Event {
                 stream: self.payload_word,
                 dump_ticket: self.oom_dump_ticket,
             },
-        }
-    }
-
-    /// Sets the payload, which must be the one the event's kind carries (`Kind`'s text;
-    /// [`Event::payload`] reads it back as that one).
-    #[inline(always)]
-    pub fn set_payload(&mut self, payload: Payload) {
-        match payload {
-            Payload::None => self.payload_word = 0,
-            Payload::Stream(word) | Payload::Handle(word) => self.payload_word = word,
-            Payload::Oom {
-                free_bytes,
-                stream,
-                dump_ticket,
-            } => {
-                self.payload_word = stream;
-                if self.kind == Kind::Oom {
-                    self.addr_or_free = free_bytes.unwrap_or(u64::MAX);
-                    self.oom_dump_ticket = dump_ticket;
-                }
-            }
         }
     }
 }
@@ -619,21 +599,8 @@ mod tests {
             ),
         ];
         for (kind, payload) in cases {
-            let mut ev = Event::new(kind, Api::CudaMalloc);
-            ev.set_addr(0x7000_0000);
-            ev.set_payload(payload);
-            ev.set_stack(StackRef::Sent { hash: 1 });
-            assert_eq!(ev.payload(), payload, "{kind:?}");
-            assert_eq!(ev.stack(), StackRef::Sent { hash: 1 });
-            let addr = if kind == Kind::Oom { 0 } else { 0x7000_0000 };
-            assert_eq!(
-                ev.addr(),
-                addr,
-                "{kind:?}: an out-of-memory event has no address"
-            );
-            // Made at once, the same event.
             let (device, tid, size, time) = (3, 77, 4096, Stamp(5));
-            let made = Event::stackless(
+            let mut ev = Event::stackless(
                 kind,
                 Api::CudaMalloc,
                 device,
@@ -643,11 +610,18 @@ mod tests {
                 payload,
                 time,
             );
-            assert_eq!(made.payload(), payload, "{kind:?}");
-            assert_eq!(made.addr(), addr);
-            assert_eq!(made.stack(), StackRef::None);
+            assert_eq!(ev.stack(), StackRef::None);
+            ev.set_stack(StackRef::Sent { hash: 1 });
+            assert_eq!(ev.payload(), payload, "{kind:?}");
+            assert_eq!(ev.stack(), StackRef::Sent { hash: 1 });
+            let addr = if kind == Kind::Oom { 0 } else { 0x7000_0000 };
             assert_eq!(
-                (made.device, made.tid, made.size, made.time),
+                ev.addr(),
+                addr,
+                "{kind:?}: an out-of-memory event has no address"
+            );
+            assert_eq!(
+                (ev.device, ev.tid, ev.size, ev.time),
                 (device, tid, size, time)
             );
         }

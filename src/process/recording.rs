@@ -35,6 +35,8 @@ const RECORDER: &AtomicPtr<Recorder> = &HOOK_LINE.recorder;
 const STACKS: &AtomicU8 = &HOOK_LINE.recorder_stacks;
 const MAX_FRAMES: &AtomicU8 = &HOOK_LINE.recorder_max_frames;
 const CONTEXT_ALL: &AtomicBool = &HOOK_LINE.recorder_context_all;
+// The frame limit is kept in a byte, at most the slots' capacity.
+const _: () = assert!(FRAME_CAPACITY <= u8::MAX as usize);
 
 /// The recording switch, which the composition root knows how to turn on.
 pub struct Switch;

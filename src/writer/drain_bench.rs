@@ -192,11 +192,9 @@ fn produce(
         } else {
             (Kind::Alloc, 0x7e00_0000_0000 + pair * SPACING)
         };
-        let mut ev = Event::new(kind, Api::CudaMallocAsync);
-        ev.set_addr(addr);
-        ev.size = 512 << (next(&mut rng) % 256 / 16);
-        ev.set_payload(Payload::Stream(0));
-        ev.time = crate::process::clock::now();
+        let size = 512 << (next(&mut rng) % 256 / 16);
+        let (api, now) = (Api::CudaMallocAsync, crate::process::clock::now());
+        let ev = Event::stackless(kind, api, 0, 0, addr, size, Payload::Stream(0), now);
         // Hot stacks: a quarter of the stacks take three quarters of the events.
         let r = next(&mut rng);
         let id = if !r.is_multiple_of(4) {
@@ -250,11 +248,9 @@ pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u3
     let (text, text_len) = own_code().unwrap_or((0x5500_0000, 1 << 20));
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     for i in 0..live {
-        let mut ev = Event::new(Kind::Alloc, Api::CudaMallocAsync);
-        ev.set_addr(0x7f00_0000_0000 + i * 0x1000);
-        ev.size = 512 << (next(&mut rng) % 8);
-        ev.set_payload(Payload::Stream(0));
-        ev.time = crate::process::clock::now();
+        let (addr, size) = (0x7f00_0000_0000 + i * 0x1000, 512 << (next(&mut rng) % 8));
+        let (api, now) = (Api::CudaMallocAsync, crate::process::clock::now());
+        let ev = Event::stackless(Kind::Alloc, api, 0, 0, addr, size, Payload::Stream(0), now);
         let id = next(&mut rng) % u64::from(distinct_stacks.max(1));
         let thread = sent::this_thread().expect("per-thread state");
         let slot = &mut thread.scratch;
