@@ -1,7 +1,7 @@
 """PyTorch's default caching allocator on a real GPU: memsnap's blocks against PyTorch's own.
 
     python3 scripts/gpu/torch_blocks.py --lib target/gpu/libmemsnap.so --cli target/gpu/memsnap \
-        --out $OUT [--cases compare,expandable,leak,oom,cost] [--cost-rounds 3] [--blocks 12]
+        --out $OUT [--cases compare,expandable,leak,oom,cost,cost-async] [--cost-rounds 3] [--blocks 12]
 
 Each case runs in its own process with libmemsnap.so preloaded (no allocator switch, no code
 change) and writes one JSON record; the driver prints a table and writes results.json:
@@ -27,6 +27,16 @@ change) and writes one JSON record; the driver prints a table and writes results
   the unrecorded block beside it; per process: median, quartiles and every paired difference,
   and the median on/off ratio; over processes (torch_blocks_cost.json and the printed table):
   the median and IQR of the per-process medians, and PyTorch's recorder over memsnap per round.
+  Checked: memsnap's snapshot says 0 dropped, 0 without a stack, and its
+  memsnap.torch_allocator line starts with "blocks" (the tracker saw the blocks).
+- cost-async: the same loop and the same paired blocks with
+  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (tensor mode: every tensor one
+  cudaMallocAsync and one cudaFreeAsync that memsnap's CUDA hooks record, two events an
+  iteration), memsnap only: PyTorch's recorder records only its native allocator, so the
+  ratio is taken against the recorder rows of the cost case of the same rounds (run both).
+  Checked as above, with "tensors" on the allocator line and PyTorch on its cudaMallocAsync
+  backend. This is the paired-block median of tensor mode that
+  scripts/gpu/hook_cost_torch.py's best-of-five loops give only as a best.
 """
 import argparse
 import ctypes
@@ -281,8 +291,10 @@ def cost_summary(results):
     and the per-round ratio of PyTorch's recorder to memsnap (same stacks, same round)."""
     by = {}
     for r in results:
-        if r.get("case", "").startswith("cost:") and r.get("per_event_ns_median") is not None:
-            by.setdefault(r["case"][5:], []).append(r)
+        case, _, config = r.get("case", "").partition(":")
+        if case in ("cost", "cost-async") and r.get("per_event_ns_median") is not None:
+            # cost-async's rows keep their route in the name: async-memsnap-python, ...
+            by.setdefault(config if case == "cost" else f"async-{config}", []).append(r)
     summary = {}
     for config, runs in by.items():
         medians = [r["per_event_ns_median"] for r in runs]
@@ -292,13 +304,15 @@ def cost_summary(results):
                            "per_process_medians": [round(m, 1) for m in medians],
                            "ok": all(r.get("ok") for r in runs)}
     for stacks in ("python", "all"):
-        ours, theirs = by.get(f"memsnap-{stacks}", []), by.get(f"recorder-{stacks}", [])
-        ratios = [t["per_event_ns_median"] / m["per_event_ns_median"] for m, t in zip(ours, theirs)
-                  if m["per_event_ns_median"] > 0]
-        if ratios:
-            q1, q3 = quartiles(ratios)
-            summary[f"recorder-{stacks}"]["times_memsnap_median"] = statistics.median(ratios)
-            summary[f"recorder-{stacks}"]["times_memsnap_q1_q3"] = [q1, q3]
+        theirs = by.get(f"recorder-{stacks}", [])
+        for route, key in (("", "times_memsnap"), ("async-", "times_async_memsnap")):
+            ours = by.get(f"{route}memsnap-{stacks}", [])
+            ratios = [t["per_event_ns_median"] / m["per_event_ns_median"] for m, t in zip(ours, theirs)
+                      if m["per_event_ns_median"] > 0]
+            if ratios:
+                q1, q3 = quartiles(ratios)
+                summary[f"recorder-{stacks}"][f"{key}_median"] = statistics.median(ratios)
+                summary[f"recorder-{stacks}"][f"{key}_q1_q3"] = [q1, q3]
     return summary
 
 
@@ -345,13 +359,22 @@ def case_cost(args):
             meta = pickle.load(f).get("memsnap", {})
         out.update(dropped=meta.get("dropped_events"), without_stack=meta.get("events_without_stack"),
                    torch_allocator=meta.get("torch_allocator"), events=meta.get("events_recorded"))
-        out["ok"] = meta.get("dropped_events") == 0 and meta.get("events_without_stack") == 0
+        # The route memsnap took: the tracker's blocks under the caching allocator, the CUDA
+        # calls in tensor mode (a figure of the other route would be measured in the wrong row).
+        backend = torch.cuda.get_allocator_backend()
+        tensor_mode = "cudaMallocAsync" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        route_ok = (backend == "cudaMallocAsync" and str(meta.get("torch_allocator", "")).startswith("tensors")
+                    if tensor_mode else
+                    backend == "native" and str(meta.get("torch_allocator", "")).startswith("blocks"))
+        out.update(allocator_backend=backend, route_ok=route_ok)
+        out["ok"] = meta.get("dropped_events") == 0 and meta.get("events_without_stack") == 0 and route_ok
     else:
         out["ok"] = True
     return out
 
 
-CASES = {"compare": case_compare, "expandable": case_compare, "leak": case_leak, "oom": case_oom, "cost": case_cost}
+CASES = {"compare": case_compare, "expandable": case_compare, "leak": case_leak, "oom": case_oom, "cost": case_cost,
+         "cost-async": case_cost}
 
 
 def run_case(args, name, env_extra, timeout):
@@ -410,25 +433,36 @@ def main():
         results.append(run_case(args, "leak", {}, 180))
     if "oom" in wanted:
         results.append(run_case(args, "oom", {}, 180))
-    if "cost" in wanted:
-        for r in range(args.cost_rounds):
+    costs = [c for c in ("cost", "cost-async") if c in wanted]
+    for r in range(args.cost_rounds if costs else 0):
+        # Each round runs every configuration once, the routes side by side.
+        if "cost" in wanted:
             for stacks in ("none", "python", "all"):
                 results.append(run_case(args, f"cost:memsnap-{stacks}", {"MEMSNAP_STACKS": stacks, "TORCH_BLOCKS_COST": "memsnap"}, 150))
+        if "cost-async" in wanted:
+            for stacks in ("none", "python", "all"):
+                results.append(run_case(args, f"cost-async:memsnap-{stacks}",
+                                        {"MEMSNAP_STACKS": stacks, "TORCH_BLOCKS_COST": "memsnap",
+                                         "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, 150))
+        if "cost" in wanted:
             for stacks in ("python", "all"):
                 results.append(run_case(args, f"cost:recorder-{stacks}", {"NO_PRELOAD": "1", "TORCH_BLOCKS_COST": "recorder", "TORCH_BLOCKS_STACKS": stacks}, 150))
     with open(os.path.join(args.out, "torch_blocks.json"), "w") as f:
         json.dump(results, f, indent=1)
-    if "cost" in wanted:
+    if costs:
         summary = cost_summary(results)
         with open(os.path.join(args.out, "torch_blocks_cost.json"), "w") as f:
             json.dump(summary, f, indent=1)
-        print("\ncost per block event, ns over not recording (median over processes of each process's median of paired blocks)")
-        print(f"{'configuration':<18} {'processes':>9} {'median':>8} {'IQR':>17}  recorder / memsnap")
+        print("\ncost per event, ns over not recording (median over processes of each process's median of paired blocks);"
+              " async-: tensor mode (cudaMallocAsync backend), the recorder on the caching allocator")
+        print(f"{'configuration':<22} {'processes':>9} {'median':>8} {'IQR':>17}  recorder / memsnap (tensor mode)")
         for config, c in summary.items():
-            ratio = c.get("times_memsnap_median")
-            print(f"{config:<18} {c['processes']:>9} {c['per_event_ns_median']:>8.1f} "
+            ratio, ratio_async = c.get("times_memsnap_median"), c.get("times_async_memsnap_median")
+            ratios = " ".join(text for text in (ratio is not None and f"{ratio:.1f}x",
+                                                ratio_async is not None and f"({ratio_async:.1f}x)") if text)
+            print(f"{config:<22} {c['processes']:>9} {c['per_event_ns_median']:>8.1f} "
                   f"{c['per_event_ns_q1']:>8.1f}-{c['per_event_ns_q3']:<8.1f}  "
-                  f"{'' if ratio is None else f'{ratio:.1f}x'}{'' if c['ok'] else '  NOT OK (lost events: void)'}")
+                  f"{ratios}{'' if c['ok'] else '  NOT OK (lost events or the wrong route: void)'}")
     print("\ncase                     ok   key figures")
     for r in results:
         keys = {k: r.get(k) for k in ("problem_count", "memory_allocated", "memsnap_live_block_bytes", "leak_named_first",
