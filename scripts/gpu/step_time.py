@@ -5,6 +5,9 @@ recording, against the same allocator without memsnap and against PyTorch's own 
         --out $OUT [--budget-s 520] [--cycles 60] [--block 5] [--warmup 30] [--memsnap-context alloc|all]
         [--isolate] (every other thread of each process, memsnap's writer included, off the stepping
         thread's core and its SMT siblings)
+        [--routes tensor,default] [--stacks python,all,none] (only these routes and memsnap stack
+        modes: fewer processes a round, so more rounds in the same time; each route keeps its
+        process without memsnap, and the default route PyTorch's recorder for the stacks kept)
         [--dtype bf16|fp32] [--layers 4] [--d-model 512] [--heads 8] [--batch 16] [--seq 256] [--vocab 8192]
     python3 scripts/gpu/step_time.py --merge OUT1/step_time.json OUT2/step_time.json --out DIR
         (the rounds of several runs, e.g. several device commands of at most 600 s each, as one)
@@ -42,15 +45,16 @@ guard); the rows against the no-memsnap process keep both. The record of such a 
 misses its passing-through steps by design: each step frees what it allocated, so its exit
 snapshot still balances and still must say 0 dropped, 0 stackless.
 
-Schedule: rounds. A round starts the eight processes together (they import torch, build the
-model and do --warmup steps at the same time), then runs them in lock-step, one process at a
-time while the others wait on a pipe. A turn is one settling step (not counted: the GPU and the
-caches change hands) and --block timed steps. One cycle gives each of the 6 measured
-configurations (memsnap python and all in each route, the recorder with python and all stacks)
-a turn right beside a turn of its baseline (the same route's no-memsnap process, recorder off),
-and each memsnap process a recording turn beside a passing-through one: 24 turns; the order
-of the pairs rotates every cycle, and the baseline goes first in even cycles, second in odd
-ones. --cycles cycles, then the processes exit and write their snapshots.
+Schedule: rounds. A round starts its processes together (they import torch, build the model
+and do --warmup steps at the same time), then runs them in lock-step, one process at a time
+while the others wait on a pipe. A turn is one settling step (not counted: the GPU and the
+caches change hands) and --block timed steps. One cycle gives each measured configuration
+(memsnap python and all in each route, the recorder with python and all stacks) a turn right
+beside a turn of its baseline (the same route's no-memsnap process, recorder off), and each
+memsnap process a recording turn beside a passing-through one: with every route and stack
+mode, eight processes and 24 turns a cycle (--routes and --stacks leave the others out). The
+order of the pairs rotates every cycle, and the baseline goes first in even cycles, second in
+odd ones. --cycles cycles, then the processes exit and write their snapshots.
 The step time of a shared virtual machine moves by tens of percent within a second (seen on an
 H200 machine here: one process's 10-step blocks ranged from 11 to 20 ms): a configuration and
 the baseline turn beside it, about 100 ms apart, see nearly the same machine; the rounds, each
@@ -152,6 +156,34 @@ ROWS += [(f"{proc}, on/off in process", proc, "off", "memsnap", stacks, proc, "p
          for proc, _, stacks, _ in CHILDREN if stacks]
 PASS_SYMBOL = "memsnap_debug_pass_through_every_thread"
 RECORDER_CHILD = "default/no-memsnap"
+ROUTES = ("tensor", "default")
+STACKS = ("python", "all", "none")
+
+
+def select_configurations(routes, stacks):
+    """Keeps the processes and rows of `routes` and memsnap's `stacks` (--routes, --stacks):
+    each route's process without memsnap stays (every row of the route is paired with it, and
+    the default route's switches PyTorch's recorder), and the recorder's rows stay for the
+    stacks kept. Fewer processes make shorter rounds: more rounds, so narrower intervals, in
+    the same device time."""
+    global CHILDREN, ROWS
+    kept = {c[0] for c in CHILDREN if c[1] in routes and (c[2] is None or c[2] in stacks)}
+    ROWS = [r for r in ROWS if r[1] in kept and (r[5] is None or r[5] in kept)
+            and (r[3] != "recorder" or r[4] in stacks)]
+    # A process without memsnap only where a row is measured against it (stacks "none" alone
+    # has only its rows inside each process).
+    used = {proc for r in ROWS if r[3] != "base" for proc in (r[1], r[5])}
+    ROWS = [r for r in ROWS if r[1] in used]
+    CHILDREN = [c for c in CHILDREN if c[0] in used]
+
+
+def parse_choices(text, allowed, flag):
+    """A comma-separated subset of `allowed`, in `allowed`'s order."""
+    chosen = [c for c in text.split(",") if c]
+    wrong = [c for c in chosen if c not in allowed]
+    if wrong or not chosen:
+        sys.exit(f"step_time.py: {flag} takes a comma-separated list of {', '.join(allowed)}, not {text!r}")
+    return tuple(c for c in allowed if c in chosen)
 # --dry-run: the fake step's overhead per configuration and recorder mode (fractions).
 FAKE_COST = {"tensor/memsnap-none": 0.001, "default/memsnap-none": 0.001,
              "tensor/memsnap-python": 0.004, "tensor/memsnap-all": 0.010, "default/memsnap-python": 0.003,
@@ -731,8 +763,8 @@ def run_round(a, rnd, t_start, estimate_cycle_s):
                         dumps[kid.name].append(kid.ask("DUMP timed-end", a.child_timeout))
                     except RuntimeError as e:
                         kid.error = str(e)
-            kid = kids[RECORDER_CHILD]
-            if kid.error is None:
+            kid = kids.get(RECORDER_CHILD)
+            if kid is not None and kid.error is None:
                 try:
                     recs[RECORDER_CHILD]["recorder_check"] = kid.ask("CHECK", a.child_timeout)
                 except RuntimeError as e:
@@ -810,7 +842,7 @@ def table(doc):
                 f"TransformerEncoder LM {s['layers']} x d{s['d_model']}, {s['heads']} heads, FF {4 * s['d_model']}, "
                 f"vocab {s['vocab']}, batch {s['batch']} x seq {s['seq']}, AdamW, {s['dtype']}"
                 f"{' autocast' if s['dtype'] == 'bf16' else ''}, {any_run.get('parameters', '?')} parameters")
-    cycles = [r["cycles"] for r in doc["runs"].get(RECORDER_CHILD, [])]
+    cycles = [r["cycles"] for r in doc["runs"].get(CHILDREN[0][0], [])]
     lines = [
         f"command: `{doc['command']}`",
         f"date: {doc['date']}  GPU: {m.get('gpu') or any_run.get('gpu', '?')}"
@@ -894,6 +926,12 @@ def merge(a, argv):
     for path in a.merge:
         with open(path) as f:
             docs.append(json.load(f))
+    # (Runs from before --routes and --stacks had every process.)
+    chosen = {(tuple(d["settings"].get("routes", ROUTES)), tuple(d["settings"].get("stacks", STACKS)))
+              for d in docs}
+    if len(chosen) != 1:
+        sys.exit("step_time.py --merge: the runs were made with different --routes or --stacks")
+    select_configurations(*chosen.pop())
     doc = docs[0]
     doc["command"] = "python3 " + " ".join([os.path.relpath(argv[0])] + argv[1:])
     doc["merged"] = [{"command": d["command"], "date": d["date"], "rounds_run": d["rounds_run"],
@@ -978,6 +1016,10 @@ def main(argv):
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per process before the cycles (30; dry run 5)")
     p.add_argument("--child-timeout", type=float, default=180, help="seconds a process may take to start or answer")
     p.add_argument("--memsnap-context", choices=["alloc", "all"], default="alloc")
+    p.add_argument("--routes", default=",".join(ROUTES),
+                   help="the routes measured, comma-separated: tensor, default (both); the recorder runs in default")
+    p.add_argument("--stacks", default=",".join(STACKS),
+                   help="memsnap's stack modes measured, comma-separated: python, all, none (all three)")
     add_workload_args(p)
     p.add_argument("--no-pin", action="store_true", help="leave the stepping threads unpinned")
     p.add_argument("--isolate", action="store_true",
@@ -996,11 +1038,14 @@ def main(argv):
     if a.child:
         child_main(a)
         return
+    a.routes = parse_choices(a.routes, ROUTES, "--routes")
+    a.stacks = parse_choices(a.stacks, STACKS, "--stacks")
     if a.merge:
         merge(a, argv)
         return
     if not a.dry_run and not a.lib:
         p.error("--lib is required (or --dry-run)")
+    select_configurations(a.routes, a.stacks)
     drive(a, argv)
 
 
