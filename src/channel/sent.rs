@@ -39,20 +39,42 @@ const SETS: usize = SENT_TABLE_SLOTS / WAYS;
 const STATE_GONE: *mut ThreadStacks = std::ptr::without_provenance_mut(1);
 
 /// One thread's sent stacks and capture scratch.
+///
+/// Laid out by hand (`repr(C)`): what every event with a stack touches outside its set
+/// shares the first cache line, which the send asks for before the walks
+/// ([`ThreadStacks::send_line`]): the channel (read), the count of stacks sent by
+/// reference and the scratch stack's counts (written). Left to the compiler, the three were
+/// on three lines, the count's written last, right before PyTorch releases its allocator's
+/// mutex (a locked instruction, which waits for the store's line); and each set of the
+/// table straddled two lines. Counted in docs/HOT-PATH.md, "The send's lines".
+#[repr(C)]
 pub struct ThreadStacks {
     /// The channel the table's hashes were sent on: a new one (a process forked before its
     /// first CUDA call that starts recording) empties the table. 0: none yet.
     channel: usize,
-    /// Hashes sent in full, each in set `hash % SETS`, newest first (a full set forgets
-    /// its oldest); 0: empty (a stack hashing to 0 is always sent in full).
-    sent: [[u64; WAYS]; SETS],
-    /// Where the hook captures the stack.
+    /// Stacks this thread sent by reference (tests read it).
+    pub by_reference: u64,
+    /// Where the hook captures the stack; its counts come first.
     pub scratch: StackSlot,
     /// Where the thread's previous Python walk read, for the next one's prefetch.
     pub trail: crate::capture::Trail,
-    /// Stacks this thread sent by reference (tests read it).
-    pub by_reference: u64,
+    /// Hashes sent in full, each in set `hash % SETS`, newest first (a full set forgets
+    /// its oldest); 0: empty (a stack hashing to 0 is always sent in full).
+    sent: [Set; SETS],
 }
+
+/// One set of the table: a cache line of hashes.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Set([u64; WAYS]);
+
+// The first line holds the channel, the count and the scratch stack's counts (the frames
+// follow them), and a set is one line.
+const _: () = assert!(
+    std::mem::offset_of!(ThreadStacks, scratch) + std::mem::offset_of!(StackSlot, native) <= 64
+);
+const _: () = assert!(std::mem::size_of::<Set>() == 64);
+const _: () = assert!(std::mem::align_of::<ThreadStacks>() == 64);
 
 static STATE_KEY: ExitKey = ExitKey::new();
 
@@ -134,11 +156,11 @@ impl Recorder {
             if thread.channel != channel {
                 // (0: the table is the thread's fresh zero pages: none to write.)
                 if thread.channel != 0 {
-                    thread.sent.fill([0; WAYS]);
+                    thread.sent.fill(Set([0; WAYS]));
                 }
                 thread.channel = channel;
             }
-            let set = &mut thread.sent[hash as usize % SETS];
+            let set = &mut thread.sent[hash as usize % SETS].0;
             // The newest first, on its own: a set seldom holds more than the stack a thread
             // sends again and again (callgrind: 4 to 42 instructions fewer an allocation with
             // a stack in the benchmarks' loops, docs/BENCHMARKS.md).
