@@ -61,22 +61,26 @@ pub const TRAIL_FRAMES: usize = crate::config::FRAME_CAPACITY;
 /// does not fault).
 ///
 /// All zero is an empty trail (a thread's fresh state is zero pages).
+///
+/// `repr(C)`, the count beside the head: a capture reads both first and writes both, and
+/// laid out by the compiler the count came after the frames, a line of its own.
+#[repr(C)]
 pub struct Trail {
     /// The addresses the chain's first pointer was read from (3.11/3.12: the thread state's
     /// `cframe` word, then the `_PyCFrame`'s frame pointer; elsewhere the first only).
     head: [u64; 2],
+    /// How many places of `frames` hold a frame of the last walk.
+    n_frames: u32,
     /// Frames visited: the i-th at `i % TRAIL_FRAMES` (a deeper walk's outer frames take
     /// the places of its inner ones; any frame of the chain is worth fetching).
     frames: [u64; TRAIL_FRAMES],
-    /// How many places of `frames` hold a frame of the last walk.
-    n_frames: u32,
 }
 
 impl Trail {
     pub const EMPTY: Trail = Trail {
         head: [0; 2],
-        frames: [0; TRAIL_FRAMES],
         n_frames: 0,
+        frames: [0; TRAIL_FRAMES],
     };
 }
 
