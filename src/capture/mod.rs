@@ -54,10 +54,10 @@ macro_rules! timed_event {
 pub(crate) use timed_event;
 
 use crate::channel::event::{StackSlot, native_chain};
+pub use crate::channel::sent::Trail;
 use crate::config::{FRAME_CAPACITY, Stacks};
 pub use crate::prefetch::{prefetch_for_write, prefetch_line};
 use crate::process::modules;
-pub use python::Trail;
 
 /// One-time setup the hooks may run at initialisation instead of on the first capture:
 /// builds the module table (`dl_iterate_phdr`, allocates) and looks up the CPython symbols

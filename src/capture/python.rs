@@ -15,6 +15,7 @@
 //! is `process::python`'s.
 
 use crate::channel::event::{PyFrameRaw, StackSlot, python_sum};
+use crate::channel::sent::{TRAIL_FRAMES, Trail};
 use crate::prefetch::prefetch_line;
 use crate::process::cpython::{
     FLAG_ENTRY, FRAME_OWNED_BY_CSTACK, FRAME_OWNED_BY_INTERPRETER_314, Layout,
@@ -44,44 +45,6 @@ unsafe fn rd<T: Copy>(addr: u64) -> Option<T> {
 unsafe fn field<T: Copy>(base: u64, offset: u64) -> T {
     // SAFETY: caller's contract.
     unsafe { std::ptr::read_unaligned(base.wrapping_add(offset) as *const T) }
-}
-
-/// Frames of a walk remembered for the next one's prefetch (the records' capacity).
-pub const TRAIL_FRAMES: usize = crate::config::FRAME_CAPACITY;
-
-/// Where a thread's previous walk read: the words the chain starts from and the frames it
-/// visited. The next capture asks for all those cache lines at once before either walk
-/// starts ([`prefetch`]). The walk is a chain of dependent loads (the thread state, then
-/// each frame's `previous`); in a real program, whose work between two events pushes these
-/// lines out of the nearer caches, each step would otherwise wait for its miss after the
-/// one before, and fetched together the waits overlap (docs/HOT-PATH.md, "The Python walk's
-/// cache misses"). The code objects are not asked for: their loads hang off the chain, not
-/// on it, and the processor already overlaps them. The addresses are only ever prefetched,
-/// never read through: a frame gone since costs one useless fetch, nothing else (a prefetch
-/// does not fault).
-///
-/// All zero is an empty trail (a thread's fresh state is zero pages).
-///
-/// `repr(C)`, the count beside the head: a capture reads both first and writes both, and
-/// laid out by the compiler the count came after the frames, a line of its own.
-#[repr(C)]
-pub struct Trail {
-    /// The addresses the chain's first pointer was read from (3.11/3.12: the thread state's
-    /// `cframe` word, then the `_PyCFrame`'s frame pointer; elsewhere the first only).
-    head: [u64; 2],
-    /// How many places of `frames` hold a frame of the last walk.
-    n_frames: u32,
-    /// Frames visited: the i-th at `i % TRAIL_FRAMES` (a deeper walk's outer frames take
-    /// the places of its inner ones; any frame of the chain is worth fetching).
-    frames: [u64; TRAIL_FRAMES],
-}
-
-impl Trail {
-    pub const EMPTY: Trail = Trail {
-        head: [0; 2],
-        n_frames: 0,
-        frames: [0; TRAIL_FRAMES],
-    };
 }
 
 /// Asks for the cache lines the thread's previous walk read first in each structure

@@ -14,9 +14,10 @@
 //! the hashes this thread itself sent are in its table.
 //!
 //! Per thread: a table of [`SENT_TABLE_SLOTS`] hashes in sets of eight (a stack the table
-//! forgot is simply sent in full again) and a scratch stack the hook captures into before
-//! it knows whether the stack is new: 258 KiB of address space, mapped on the thread's first
-//! stack (resident as the table fills) and unmapped when the thread exits. No lock; no allocation or syscall afterwards.
+//! forgot is simply sent in full again), a scratch stack the hook captures into before it
+//! knows whether the stack is new, and the trail of its last Python walk: 258 KiB of
+//! address space, mapped on the thread's first stack (resident as the table fills) and
+//! unmapped when the thread exits. No lock; no allocation or syscall afterwards.
 
 use crate::channel::event::{Event, StackRef, StackSlot};
 use crate::channel::queue::Recorder;
@@ -38,17 +39,70 @@ const SETS: usize = SENT_TABLE_SLOTS / WAYS;
 /// Marks a thread whose state was freed by the thread-exit destructor.
 const STATE_GONE: *mut ThreadStacks = std::ptr::without_provenance_mut(1);
 
+/// Frames of a walk remembered for the next one's prefetch (the records' capacity).
+pub const TRAIL_FRAMES: usize = crate::config::FRAME_CAPACITY;
+
+/// Where a thread's previous Python walk read: the words the chain starts from and the
+/// frames it visited. The next capture asks for all those cache lines at once before either
+/// walk starts (`capture::python::prefetch`, which with the walk owns what a trail holds).
+/// The walk is a chain of dependent loads (the thread state, then each frame's
+/// `previous`); in a real program, whose work between two events pushes these lines out of
+/// the nearer caches, each step would otherwise wait for its miss after the one before, and
+/// fetched together the waits overlap (docs/HOT-PATH.md, "The Python walk's cache
+/// misses"). The code objects are not asked for: their loads hang off the chain, not
+/// on it, and the processor already overlaps them. The addresses are only ever prefetched,
+/// never read through: a frame gone since costs one useless fetch, nothing else (a prefetch
+/// does not fault).
+///
+/// All zero is an empty trail (a thread's fresh state is zero pages).
+///
+/// `repr(C)`: the frames first, then the head and the count, which a capture reads first
+/// and writes last, so that the thread's stack state can put those two on the line of its
+/// own first fields ([`ThreadStacks`]) and the frames on lines of their own. Laid out by
+/// the compiler, the count came after the frames, on a line of its own.
+#[repr(C)]
+pub struct Trail {
+    /// Frames visited: the i-th at `i % TRAIL_FRAMES` (a deeper walk's outer frames take
+    /// the places of its inner ones; any frame of the chain is worth fetching).
+    pub(crate) frames: [u64; TRAIL_FRAMES],
+    /// The addresses the chain's first pointer was read from (3.11/3.12: the thread state's
+    /// `cframe` word, then the `_PyCFrame`'s frame pointer; elsewhere the first only).
+    pub(crate) head: [u64; 2],
+    /// How many places of `frames` hold a frame of the last walk.
+    pub(crate) n_frames: u32,
+}
+
+/// Where a trail's head begins; its count follows it.
+pub const TRAIL_HEAD_AT: usize = std::mem::offset_of!(Trail, head);
+const _: () = assert!(
+    std::mem::offset_of!(Trail, frames) == 0
+        && std::mem::offset_of!(Trail, n_frames) == TRAIL_HEAD_AT + 16
+);
+
+impl Trail {
+    pub const EMPTY: Trail = Trail {
+        frames: [0; TRAIL_FRAMES],
+        head: [0; 2],
+        n_frames: 0,
+    };
+}
+
 /// One thread's sent stacks and capture scratch.
 ///
 /// Laid out by hand (`repr(C)`): what every event with a stack touches outside its set
-/// shares the first cache line, which the send asks for before the walks
-/// ([`ThreadStacks::send_line`]): the channel (read), the count of stacks sent by
-/// reference and the scratch stack's counts (written). Left to the compiler, the three were
-/// on three lines, the count's written last, right before PyTorch releases its allocator's
-/// mutex (a locked instruction, which waits for the store's line); and each set of the
-/// table straddled two lines. Counted in docs/HOT-PATH.md, "The send's lines".
+/// and its frames shares one cache line, which the send asks for before the walks
+/// ([`ThreadStacks::send_line`]): the Python trail's head and count (read first, written
+/// last), the channel (read), the count of stacks sent by reference and the scratch
+/// stack's counts (written). The trail's frames come before that line, the scratch stack's
+/// frames after it. Left to the compiler these were on four lines, the by-reference count
+/// written last, right before PyTorch releases its allocator's mutex (a locked
+/// instruction, which waits for the store's line); and each set of the table straddled two
+/// lines. Counted in docs/HOT-PATH.md, "The send's lines".
 #[repr(C)]
 pub struct ThreadStacks {
+    /// Where the thread's previous Python walk read, for the next one's prefetch: its
+    /// frames, then its head and count (on the shared line).
+    pub trail: Trail,
     /// The channel the table's hashes were sent on: a new one (a process forked before its
     /// first CUDA call that starts recording) empties the table. 0: none yet.
     channel: usize,
@@ -56,8 +110,6 @@ pub struct ThreadStacks {
     pub by_reference: u64,
     /// Where the hook captures the stack; its counts come first.
     pub scratch: StackSlot,
-    /// Where the thread's previous Python walk read, for the next one's prefetch.
-    pub trail: crate::capture::Trail,
     /// Hashes sent in full, each in set `hash % SETS`, newest first (a full set forgets
     /// its oldest); 0: empty (a stack hashing to 0 is always sent in full).
     sent: [Set; SETS],
@@ -68,11 +120,16 @@ pub struct ThreadStacks {
 #[repr(C, align(64))]
 struct Set([u64; WAYS]);
 
-// The first line holds the channel, the count and the scratch stack's counts (the frames
-// follow them), and a set is one line.
+/// The line of the trail's head and count, the channel, the by-reference count and the
+/// scratch stack's counts (the state is page-aligned: offsets are positions in lines).
+const SHARED_LINE: usize = (std::mem::offset_of!(ThreadStacks, trail) + TRAIL_HEAD_AT) / 64;
 const _: () = assert!(
-    std::mem::offset_of!(ThreadStacks, scratch) + std::mem::offset_of!(StackSlot, native) <= 64
+    (std::mem::offset_of!(ThreadStacks, scratch) + std::mem::offset_of!(StackSlot, native) - 1)
+        / 64
+        == SHARED_LINE
 );
+// The trail's frames start a line; a set is one line.
+const _: () = assert!(std::mem::offset_of!(ThreadStacks, trail) % 64 == 0);
 const _: () = assert!(std::mem::size_of::<Set>() == 64);
 const _: () = assert!(std::mem::align_of::<ThreadStacks>() == 64);
 
