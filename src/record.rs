@@ -15,6 +15,7 @@ use crate::channel::queue::Recorder;
 use crate::channel::sent;
 use crate::config::{Context, Stacks};
 use crate::guard::HookThread;
+use crate::prefetch::{prefetch_for_write, prefetch_line};
 use crate::process::clock::{self, Stamp, now};
 use crate::process::hook_line::HOOK_LINE;
 use crate::process::recording;
@@ -90,15 +91,15 @@ fn send(by: Sender, ev: Event, with_stack: bool) {
             rec.push(by.thread, ev);
             return;
         };
-        // The send's first lines (the thread's lane slot, its table's header) are asked
-        // for now, so that they arrive while the walks run: in a real step the work
-        // between two events has pushed them out of the nearer caches. (The previous push
-        // asked for the slot too, but the writer, once caught up, reads its mark and takes
-        // the line back; a walk is time enough to bring it again.)
+        // The send's first lines (the thread's lane slot, its stack state's shared line)
+        // are asked for now, so that they arrive while the walks run: in a real step the
+        // work between two events has pushed them out of the nearer caches. (The previous
+        // push asked for the slot too, but the writer, once caught up, reads its mark and
+        // takes the line back; a walk is time enough to bring it again.)
         if let Some(line) = rec.next_push_line(by.thread) {
-            capture::prefetch_for_write(line);
+            prefetch_for_write(line);
         }
-        capture::prefetch_line(thread.send_line() as u64);
+        prefetch_line(thread.send_line() as u64);
         capture::timed!(StackEventTicks, {
             let hash = capture::capture_unfinished(
                 &mut thread.scratch,

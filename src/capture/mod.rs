@@ -56,7 +56,6 @@ pub(crate) use timed_event;
 use crate::channel::event::{StackSlot, native_chain};
 pub use crate::channel::sent::Trail;
 use crate::config::{FRAME_CAPACITY, Stacks};
-pub use crate::prefetch::{prefetch_for_write, prefetch_line};
 use crate::process::modules;
 
 /// One-time setup the hooks may run at initialisation instead of on the first capture:

@@ -407,7 +407,7 @@ mod tests {
         }
         // The hook's prefetch for writing (its lane slot) too.
         for &addr in trail.frames[..4].iter().chain(&trail.head) {
-            crate::capture::prefetch_for_write(addr as usize);
+            crate::prefetch::prefetch_for_write(addr as usize);
         }
         // Still here: no fault. And nothing was written.
         assert_eq!(trail.n_frames, 4);

@@ -184,7 +184,9 @@ fn first_use(thread: &HookThread) -> Option<&'static mut ThreadStacks> {
 }
 
 impl ThreadStacks {
-    /// The line a send reads first (the channel its table's hashes were sent on).
+    /// The line every event with a stack touches outside its set and its frames (the
+    /// trail's head and count, the channel, the by-reference count, the scratch stack's
+    /// counts): the one the hook asks for before its walks.
     #[inline(always)]
     pub fn send_line(&self) -> usize {
         &self.channel as *const usize as usize
