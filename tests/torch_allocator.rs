@@ -432,10 +432,27 @@ fn async_allocator_is_left_alone() {
     assert_eq!(r["allocator"], "async");
     // Its attachAllocatorTraceTracker throws: memsnap must see the vtable mismatch first.
     assert_eq!(r["attach_calls"], "0");
-    // PyTorch's cudaMallocAsync backend makes a CUDA call per tensor: memsnap records those
-    // (the stand-in's async class allocates with cudaMalloc, so its segments show here).
+    // PyTorch's cudaMallocAsync backend makes a CUDA call per tensor (cudaMallocAsync, as
+    // the stand-in's async class): memsnap records those, and with no segment-level
+    // allocation in the whole run its stream-ordered allocations found the allocator.
     let snap = snapshot(&run, "standin");
     assert_segments_fallback(&snap, &truth, "async", "tensors");
+}
+
+/// A program whose first CUDA allocation was stream-ordered, before PyTorch was loaded:
+/// that one look found nothing, and the stream allocations look again once the library is
+/// loaded (memsnap's writer sees the loader's count move), so the async allocator is still
+/// found and described.
+#[test]
+fn async_allocator_is_found_after_earlier_stream_allocations() {
+    let (run, truth) = run_standin(
+        "mixed",
+        &[("STANDIN_ALLOCATOR", "async"), ("STANDIN_FIRST", "async")],
+        true,
+    );
+    assert_eq!(run.results()["attach_calls"], "0");
+    let snap = snapshot(&run, "standin");
+    assert_segments_fallback(&snap, &truth, "async after a stream allocation", "tensors");
 }
 
 #[test]

@@ -271,11 +271,13 @@ hook_table! {
         })
     }
     Driver fn cuMemAllocAsync(dptr: *mut CuDevicePtr, bytesize: usize, stream: CuStream) |real| {
+        crate::pytorch::before_stream_allocation();
         allocating(real, Kind::Alloc, Api::CuMemAllocAsync, |r| {
             (out_ptr(r, dptr), bytesize as u64, stream as u64)
         })
     }
     Driver fn cuMemAllocAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, stream: CuStream) |real| {
+        crate::pytorch::before_stream_allocation();
         allocating(real, Kind::Alloc, Api::CuMemAllocAsync, |r| {
             (out_ptr(r, dptr), bytesize as u64, stream as u64)
         })
@@ -283,6 +285,7 @@ hook_table! {
     Driver fn cuMemAllocFromPoolAsync(
         dptr: *mut CuDevicePtr, bytesize: usize, pool: CuMemPool, stream: CuStream
     ) |real| {
+        crate::pytorch::before_stream_allocation();
         allocating(real, Kind::Alloc, Api::CuMemAllocFromPoolAsync, |r| {
             (out_ptr(r, dptr), bytesize as u64, stream as u64)
         })
@@ -290,6 +293,7 @@ hook_table! {
     Driver fn cuMemAllocFromPoolAsync_ptsz(
         dptr: *mut CuDevicePtr, bytesize: usize, pool: CuMemPool, stream: CuStream
     ) |real| {
+        crate::pytorch::before_stream_allocation();
         allocating(real, Kind::Alloc, Api::CuMemAllocFromPoolAsync, |r| {
             (out_ptr(r, dptr), bytesize as u64, stream as u64)
         })
@@ -372,11 +376,13 @@ hook_table! {
         freeing(real, Api::CudaFree, dev_ptr as u64, 0)
     }
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: CuStream) |real| {
+        crate::pytorch::before_stream_allocation();
         allocating(real, Kind::Alloc, Api::CudaMallocAsync, |r| {
             (out_host_ptr(r, dev_ptr), size as u64, stream as u64)
         })
     }
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: CuStream) |real| {
+        crate::pytorch::before_stream_allocation();
         allocating(real, Kind::Alloc, Api::CudaMallocAsync, |r| {
             (out_host_ptr(r, dev_ptr), size as u64, stream as u64)
         })
@@ -390,6 +396,7 @@ hook_table! {
     Runtime fn cudaMallocFromPoolAsync(
         dev_ptr: *mut *mut c_void, size: usize, pool: CuMemPool, stream: CuStream
     ) |real| {
+        crate::pytorch::before_stream_allocation();
         allocating(real, Kind::Alloc, Api::CudaMallocFromPoolAsync, |r| {
             (out_host_ptr(r, dev_ptr), size as u64, stream as u64)
         })
@@ -397,6 +404,7 @@ hook_table! {
     Runtime fn cudaMallocFromPoolAsync_ptsz(
         dev_ptr: *mut *mut c_void, size: usize, pool: CuMemPool, stream: CuStream
     ) |real| {
+        crate::pytorch::before_stream_allocation();
         allocating(real, Kind::Alloc, Api::CudaMallocFromPoolAsync, |r| {
             (out_host_ptr(r, dev_ptr), size as u64, stream as u64)
         })

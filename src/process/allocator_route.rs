@@ -4,7 +4,12 @@
 //! Process-wide state both sides read: written once by the hook side (`pytorch/`, at
 //! attach time), read by the writer for each snapshot's `torch_allocator` line. The writer
 //! may switch block events off ([`BLOCK_EVENTS`]) when the first ones fail its check; the
-//! tracker then returns at once. Not hot except [`block_events_on`] (one relaxed load).
+//! tracker then returns at once. Under PyTorch's `backend:cudaMallocAsync` no segment
+//! allocation ever comes, so stream-ordered allocations look for the allocator too; they
+//! stop after one look ([`STREAM_ALLOCATIONS_DONE_LOOKING`]: each look takes the loader's
+//! lock), and the writer sends them looking again when libraries were loaded since and
+//! nothing was decided. Not hot except [`block_events_on`] and
+//! [`stream_allocations_look`] (one relaxed load each).
 
 use super::hook_line::HOOK_LINE;
 use std::sync::OnceLock;
@@ -29,6 +34,11 @@ static ROUTE: OnceLock<AllocatorRoute> = OnceLock::new();
 /// hooked call reads (`process::hook_line`).
 pub const BLOCK_EVENTS: &AtomicBool = &HOOK_LINE.block_events;
 
+/// On once stream-ordered allocations (`cudaMallocAsync`, `cuMemAllocAsync` and their pool
+/// forms) stopped looking for PyTorch's allocator. Off again only by the writer
+/// ([`look_again_at_stream_allocations`]). On the line every hooked call reads.
+pub const STREAM_ALLOCATIONS_DONE_LOOKING: &AtomicBool = &HOOK_LINE.stream_allocations_done_looking;
+
 /// Records the decision (the first one wins; the hook side decides once per process).
 pub fn decide(route: AllocatorRoute) {
     let _ = ROUTE.set(route);
@@ -42,6 +52,32 @@ pub fn route() -> Option<&'static AllocatorRoute> {
 #[inline(always)]
 pub fn block_events_on() -> bool {
     BLOCK_EVENTS.load(Relaxed)
+}
+
+/// Hook side: whether a stream-ordered allocation should look for PyTorch's allocator.
+#[inline(always)]
+pub fn stream_allocations_look() -> bool {
+    !STREAM_ALLOCATIONS_DONE_LOOKING.load(Relaxed)
+}
+
+/// Hook side, after a stream-ordered allocation looked (whatever it found).
+pub fn stream_allocations_stop_looking() {
+    STREAM_ALLOCATIONS_DONE_LOOKING.store(true, Relaxed);
+}
+
+/// Writer: whether stream-ordered allocations stopped looking with nothing decided (then
+/// libraries loaded since may have brought PyTorch).
+pub fn stream_allocations_stopped_undecided() -> bool {
+    STREAM_ALLOCATIONS_DONE_LOOKING.load(Relaxed) && route().is_none()
+}
+
+/// Writer: libraries were loaded since stream-ordered allocations last looked, and nothing
+/// is decided: the next one looks again. A write to the hooks' shared line, made only when
+/// the loader's count of loads moved.
+pub fn look_again_at_stream_allocations() {
+    if route().is_none() {
+        STREAM_ALLOCATIONS_DONE_LOOKING.store(false, Relaxed);
+    }
 }
 
 /// The snapshot's one-line description: starts with `blocks` when blocks are recorded,

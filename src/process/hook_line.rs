@@ -2,7 +2,8 @@
 //! line: the recording switch, the recorder and its settings, the event clock's source,
 //! the driver's device query, whether the process sees one device only, the devices whose
 //! total memory is known, whether PyTorch's block events are recorded and where its trace
-//! entries hold what the tracker reads, the interpreter's resolved functions and frame
+//! entries hold what the tracker reads, whether stream-ordered allocations still look for
+//! PyTorch's allocator, the interpreter's resolved functions and frame
 //! layout, where each thread's hook state lies from its thread pointer, and the
 //! benchmarks' pass-through switch.
 //!
@@ -60,6 +61,9 @@ pub struct HookLine {
     pub python_frame_back: AtomicU8,
     /// `allocator_route`: whether the tracker records PyTorch's block events.
     pub block_events: AtomicBool,
+    /// `allocator_route`: stream-ordered allocations stopped looking for PyTorch's
+    /// allocator (found and decided on, or not there when they last looked).
+    pub stream_allocations_done_looking: AtomicBool,
     /// `pytorch`: the number of the trace entries' layout the tracker reads them with
     /// (`pytorch::layout::by_number`; 0 until the tracker is attached).
     pub trace_entry_layout: AtomicU8,
@@ -88,6 +92,7 @@ pub static HOOK_LINE: HookLine = HookLine {
     python_layout: AtomicU8::new(0),
     python_frame_back: AtomicU8::new(0),
     block_events: AtomicBool::new(true),
+    stream_allocations_done_looking: AtomicBool::new(false),
     trace_entry_layout: AtomicU8::new(0),
     every_thread_passing_through: AtomicBool::new(false),
 };

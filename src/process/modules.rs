@@ -142,6 +142,13 @@ fn publish(table: ModuleTable) -> &'static ModuleTable {
     }
 }
 
+/// The number of libraries ever loaded in this process (glibc's `dlpi_adds`): a look for
+/// something a library brings is repeated only when it changed. Takes the loader's lock:
+/// never on an event's path.
+pub fn libraries_loaded() -> u64 {
+    loader_counters().0
+}
+
 fn loader_counters() -> (u64, u64) {
     let mut counts = (0u64, 0u64);
     unsafe extern "C" fn cb(
@@ -362,6 +369,12 @@ fn decode_eh_frame_ptr(hdr: &[u8], hdr_addr: u64, base: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn libraries_loaded_counts_the_loaded_ones() {
+        // At least the test binary, libc and the loader itself.
+        assert!(libraries_loaded() >= 3);
+    }
 
     #[test]
     fn table_contains_own_text_and_libc() {

@@ -51,20 +51,6 @@ pub enum Missing {
     Unusable(String),
 }
 
-/// The number of libraries ever loaded in this process (glibc's `dlpi_adds`): a probe is
-/// repeated only when it changed.
-pub fn libraries_loaded() -> u64 {
-    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _: usize, out: *mut c_void) -> i32 {
-        // SAFETY: glibc passes a valid entry; `out` is the u64 below.
-        unsafe { *(out as *mut u64) = (*info).dlpi_adds };
-        1 // the counter is the same in every entry: stop at the first
-    }
-    let mut adds = 0u64;
-    // SAFETY: the callback matches dl_iterate_phdr's contract and writes only `adds`.
-    unsafe { libc::dl_iterate_phdr(Some(first), &mut adds as *mut u64 as *mut c_void) };
-    adds
-}
-
 /// Finds the allocator in a loaded `libc10_cuda.so`.
 pub fn find() -> Result<Allocator, Missing> {
     // SAFETY: NOLOAD only looks the name up among loaded libraries (by soname too).
@@ -209,10 +195,5 @@ mod tests {
             read_symbols(Path::new("/nonexistent/libc10_cuda.so")),
             Err(Missing::Unusable(_))
         ));
-    }
-
-    #[test]
-    fn libraries_loaded_counts_up() {
-        assert!(libraries_loaded() > 0);
     }
 }

@@ -7,7 +7,8 @@
 //! off; this room registers one and turns each entry into an event (docs/PYTORCH.md).
 //!
 //! Cold: [`before_segment_allocation`]'s probe, at a segment-level allocation, until PyTorch's
-//! allocator is found and decided on (once per process). Hot: [`on_trace_entry`], the
+//! allocator is found and decided on (once per process), and [`before_stream_allocation`]'s,
+//! at a stream-ordered allocation, once until libraries are loaded again. Hot: [`on_trace_entry`], the
 //! tracker, for every block event; no allocation, no lock, no syscall (PyTorch holds its
 //! allocator's mutex while it runs; the only wait is the channel's bounded one, and the
 //! writer never calls into PyTorch, so that wait cannot deadlock).
@@ -21,6 +22,7 @@ use crate::guard::{self, Scope};
 use crate::process::allocator_route::{self, AllocatorRoute};
 use crate::process::clock;
 use crate::process::dlsym::real_dlsym;
+use crate::process::modules;
 use crate::process::recording;
 use crate::record;
 use layout::Action;
@@ -39,7 +41,7 @@ const PROBING: u8 = 1;
 const DECIDED: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(LOOKING);
-/// `libraries_loaded()` at the last probe that found no PyTorch.
+/// `modules::libraries_loaded()` at the last probe that found no PyTorch.
 static LIBRARIES_AT_LAST_PROBE: AtomicU64 = AtomicU64::new(0);
 static FOUND: OnceLock<Allocator> = OnceLock::new();
 /// The number of the trace entries' layout (`layout::number_for_version`): set once, before
@@ -60,6 +62,32 @@ pub fn before_segment_allocation() {
     {
         probe();
     }
+}
+
+/// Called by the stream-ordered allocation hooks (`cudaMallocAsync`, `cuMemAllocAsync`
+/// and their pool forms) before the real call. Under PyTorch's `backend:cudaMallocAsync`
+/// these are its tensors and no segment-level allocation ever comes: without this look the
+/// snapshot could not say that each tensor is its own CUDA call. One look, whatever it
+/// finds (a program without PyTorch makes many such calls, and a look takes the loader's
+/// lock), until the writer sees libraries loaded since (`allocator_route`). One relaxed
+/// load of the hooks' shared line otherwise.
+#[inline(always)]
+pub fn before_stream_allocation() {
+    if allocator_route::stream_allocations_look()
+        && !guard::inside_hook_or_internal()
+        && recording::recorder().is_some()
+    {
+        look_at_stream_allocation();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn look_at_stream_allocation() {
+    if STATE.load(Relaxed) != DECIDED {
+        probe();
+    }
+    allocator_route::stream_allocations_stop_looking();
 }
 
 #[cold]
@@ -87,7 +115,7 @@ fn try_attach() -> Option<AllocatorRoute> {
     let allocator = match FOUND.get() {
         Some(a) => a,
         None => {
-            let loaded = library::libraries_loaded();
+            let loaded = modules::libraries_loaded();
             if LIBRARIES_AT_LAST_PROBE.swap(loaded, Relaxed) == loaded {
                 return None; // nothing was loaded since the last look
             }

@@ -40,6 +40,7 @@ use crate::channel::lanes::Reader;
 use crate::channel::queue::Recorder;
 use crate::config::Config;
 use crate::process::clock::StampConverter;
+use crate::process::{allocator_route, modules};
 use crate::snapshot::live::OomSample;
 use dump::FrameInterner;
 use files::{Identity, Reason};
@@ -69,7 +70,8 @@ const MAX_IDLE: Duration = Duration::from_millis(5);
 const SYMBOLIZE_BUDGET: Duration = Duration::from_micros(500);
 /// Events applied between checks of the signal flag and timers.
 const BATCH: usize = 8192;
-/// How often the writer looks for newly loaded libraries for the native unwinder.
+/// How often the writer looks for newly loaded libraries for the native unwinder, and for
+/// PyTorch's allocator to be looked for again.
 const MODULE_REFRESH: Duration = Duration::from_millis(100);
 
 /// The writer thread's state: what was recorded, what was written, and the policies'
@@ -92,6 +94,9 @@ struct Writer {
     window_from: Option<Vec<u64>>,
     last_period: Instant,
     last_refresh: Instant,
+    /// The loader's count of loads when stream-ordered allocations were last sent looking
+    /// for PyTorch's allocator.
+    libraries_at_allocator_look: u64,
     api_counts: [u64; Api::ALL.len()],
     write_warnings: u32,
     stats: Option<stats::Stats>,
@@ -150,6 +155,7 @@ impl Writer {
             window_from: None,
             last_period: Instant::now(),
             last_refresh: Instant::now(),
+            libraries_at_allocator_look: 0,
             api_counts: [0; Api::ALL.len()],
             write_warnings: 0,
             ack: ack::AckFile::new(id_pid),
@@ -264,9 +270,23 @@ impl Writer {
         if self.last_refresh.elapsed() >= MODULE_REFRESH {
             self.last_refresh = Instant::now();
             self.stacks.refresh_modules();
+            self.maintain_allocator_route();
         }
         for w in self.stacks.take_warnings() {
             eprintln!("memsnap: {w}");
+        }
+    }
+
+    /// PyTorch may have been loaded since stream-ordered allocations last looked for its
+    /// allocator with nothing found: they look again (`process::allocator_route`).
+    fn maintain_allocator_route(&mut self) {
+        if !allocator_route::stream_allocations_stopped_undecided() {
+            return;
+        }
+        let loaded = modules::libraries_loaded();
+        if loaded != self.libraries_at_allocator_look {
+            self.libraries_at_allocator_look = loaded;
+            allocator_route::look_again_at_stream_allocations();
         }
     }
 

@@ -570,10 +570,10 @@ std::string NativeCachingAllocator::name() { return "native"; }
 namespace CudaMallocAsync {
 
 // A second allocator class with its own vtable, standing for PyTorch's
-// backend:cudaMallocAsync allocator. Each allocation is its own cudaMalloc (the real one
-// uses cudaMallocAsync; plain cudaMalloc keeps memsnap's first-allocation check on the
-// same route as the native case). Its attachAllocatorTraceTracker throws: a reader that
-// does not check the object's vtable would call it and die.
+// backend:cudaMallocAsync allocator. As the real one, each allocation is its own
+// cudaMallocAsync and each free its own cudaFreeAsync, on the stream asked for: no
+// segment-level allocation ever comes. Its attachAllocatorTraceTracker throws: a reader
+// that does not check the object's vtable would call it and die.
 class CudaMallocAsyncAllocator : public CUDAAllocator {
   public:
     ~CudaMallocAsyncAllocator() override;
@@ -594,6 +594,7 @@ class CudaMallocAsyncAllocator : public CUDAAllocator {
     struct Allocation {
         int device;
         size_t size;
+        uintptr_t stream;
     };
     std::mutex mutex_;
     int devices_ = 0;
@@ -602,24 +603,27 @@ class CudaMallocAsyncAllocator : public CUDAAllocator {
 
 CudaMallocAsyncAllocator::~CudaMallocAsyncAllocator() = default;
 
-void *CudaMallocAsyncAllocator::raw_alloc_with_stream(size_t nbytes, int device, uintptr_t) {
+void *CudaMallocAsyncAllocator::raw_alloc_with_stream(size_t nbytes, int device, uintptr_t stream) {
     if (nbytes == 0) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceGuard guard(device);
     void *ptr = nullptr;
-    if (cudaMalloc(&ptr, nbytes) != cudaSuccess) {
+    if (cudaMallocAsync(&ptr, nbytes, reinterpret_cast<cudaStream_t>(stream)) != cudaSuccess) {
         cudaGetLastError();
         return nullptr;
     }
-    live_[uintptr_t(ptr)] = Allocation{device, nbytes};
+    live_[uintptr_t(ptr)] = Allocation{device, nbytes, stream};
     return ptr;
 }
 
 void CudaMallocAsyncAllocator::raw_delete(void *ptr) {
     if (!ptr) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    live_.erase(uintptr_t(ptr));
-    cudaFree(ptr);
+    auto it = live_.find(uintptr_t(ptr));
+    if (it == live_.end()) return;
+    DeviceGuard guard(it->second.device);
+    cudaFreeAsync(ptr, reinterpret_cast<cudaStream_t>(it->second.stream));
+    live_.erase(it);
 }
 
 void CudaMallocAsyncAllocator::init(int device_count) { devices_ = device_count; }

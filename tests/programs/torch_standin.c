@@ -4,7 +4,10 @@
  *   torch_standin SCENARIO TRUTH_JSON [LIBC10_CUDA]
  *
  * First one unrelated cudaMalloc + cudaFree through libcudart.so.13 (an interposer starts on
- * it, before the stand-in is loaded); then dlopen(RTLD_NOW | RTLD_LOCAL) of the stand-in:
+ * it, before the stand-in is loaded; with STANDIN_FIRST=async a cudaMallocAsync +
+ * cudaFreeAsync instead, and after the stand-in is loaded a snapshot "loaded" when the
+ * preload is there and a second's pause, so that an interposer whose writer thread looks at
+ * the loaded libraries every 100 ms sees the library before the stand-in allocates); then dlopen(RTLD_NOW | RTLD_LOCAL) of the stand-in:
  * argv[3], else $STANDIN_DIR/torch/lib/libc10_cuda.so, else ../torch/lib/libc10_cuda.so
  * beside this executable's folder (the fake-CUDA OUTDIR layout). standin_init(2), then:
  *
@@ -226,10 +229,24 @@ int main(int argc, char **argv) {
     }
     const char *scenario = argv[1];
     void *first = NULL;
-    CHECK_RT(cudaMalloc(&first, 4096));
-    CHECK_RT(cudaFree(first));
+    const char *first_kind = getenv("STANDIN_FIRST");
+    int first_async = first_kind && strcmp(first_kind, "async") == 0;
+    if (first_async) {
+        CHECK_RT(cudaMallocAsync(&first, 4096, 0));
+        CHECK_RT(cudaFreeAsync(first, 0));
+    } else {
+        CHECK_RT(cudaMalloc(&first, 4096));
+        CHECK_RT(cudaFree(first));
+    }
 
     load_standin(argc, argv);
+    int (*dump)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "memsnap_dump");
+    if (first_async) {
+        /* A snapshot is written by memsnap's writer thread: once it returns, that thread
+         * runs, and a second is ten of its 100 ms looks at the loaded libraries. */
+        if (dump) dump("loaded");
+        sleep(1);
+    }
     s_init(2);
     if (strcmp(scenario, "mixed") == 0) {
         scenario_mixed();
@@ -245,7 +262,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "torch_standin: cannot write %s\n", argv[2]);
         return 1;
     }
-    int (*dump)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "memsnap_dump");
     printf("result dump_rc=%d\n", dump ? dump("standin") : -2);
     for (int d = 0; d < 2; d++) {
         printf("result allocated_bytes_%d=%llu\n", d, s_allocated(d));
