@@ -151,6 +151,31 @@ fn allocating(
     })
 }
 
+/// A stream-ordered allocating call (`cudaMallocAsync`, `cuMemAllocAsync` and their pool
+/// forms): as [`allocating`], and while stream-ordered allocations still look for
+/// PyTorch's allocator, the outermost one looks (`pytorch::after_stream_allocation`).
+#[inline(always)]
+fn allocating_on_stream(
+    real: impl FnOnce() -> CuResult,
+    api: Api,
+    describe: impl FnOnce(CuResult) -> (u64, u64, u64),
+) -> CuResult {
+    record_after(real, |by, r| {
+        crate::pytorch::after_stream_allocation();
+        let (addr, size, stream) = describe(r);
+        record::allocation(
+            by,
+            &DRIVER,
+            outcome(r),
+            Kind::Alloc,
+            api,
+            addr,
+            size,
+            stream,
+        );
+    })
+}
+
 /// A freeing call: records the free of `addr` (none for a null address).
 #[inline(always)]
 fn freeing(real: impl FnOnce() -> CuResult, api: Api, addr: u64, stream: u64) -> CuResult {
@@ -271,30 +296,26 @@ hook_table! {
         })
     }
     Driver fn cuMemAllocAsync(dptr: *mut CuDevicePtr, bytesize: usize, stream: CuStream) |real| {
-        crate::pytorch::before_stream_allocation();
-        allocating(real, Kind::Alloc, Api::CuMemAllocAsync, |r| {
+        allocating_on_stream(real, Api::CuMemAllocAsync, |r| {
             (out_ptr(r, dptr), bytesize as u64, stream as u64)
         })
     }
     Driver fn cuMemAllocAsync_ptsz(dptr: *mut CuDevicePtr, bytesize: usize, stream: CuStream) |real| {
-        crate::pytorch::before_stream_allocation();
-        allocating(real, Kind::Alloc, Api::CuMemAllocAsync, |r| {
+        allocating_on_stream(real, Api::CuMemAllocAsync, |r| {
             (out_ptr(r, dptr), bytesize as u64, stream as u64)
         })
     }
     Driver fn cuMemAllocFromPoolAsync(
         dptr: *mut CuDevicePtr, bytesize: usize, pool: CuMemPool, stream: CuStream
     ) |real| {
-        crate::pytorch::before_stream_allocation();
-        allocating(real, Kind::Alloc, Api::CuMemAllocFromPoolAsync, |r| {
+        allocating_on_stream(real, Api::CuMemAllocFromPoolAsync, |r| {
             (out_ptr(r, dptr), bytesize as u64, stream as u64)
         })
     }
     Driver fn cuMemAllocFromPoolAsync_ptsz(
         dptr: *mut CuDevicePtr, bytesize: usize, pool: CuMemPool, stream: CuStream
     ) |real| {
-        crate::pytorch::before_stream_allocation();
-        allocating(real, Kind::Alloc, Api::CuMemAllocFromPoolAsync, |r| {
+        allocating_on_stream(real, Api::CuMemAllocFromPoolAsync, |r| {
             (out_ptr(r, dptr), bytesize as u64, stream as u64)
         })
     }
@@ -376,14 +397,12 @@ hook_table! {
         freeing(real, Api::CudaFree, dev_ptr as u64, 0)
     }
     Runtime fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: CuStream) |real| {
-        crate::pytorch::before_stream_allocation();
-        allocating(real, Kind::Alloc, Api::CudaMallocAsync, |r| {
+        allocating_on_stream(real, Api::CudaMallocAsync, |r| {
             (out_host_ptr(r, dev_ptr), size as u64, stream as u64)
         })
     }
     Runtime fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: CuStream) |real| {
-        crate::pytorch::before_stream_allocation();
-        allocating(real, Kind::Alloc, Api::CudaMallocAsync, |r| {
+        allocating_on_stream(real, Api::CudaMallocAsync, |r| {
             (out_host_ptr(r, dev_ptr), size as u64, stream as u64)
         })
     }
@@ -396,16 +415,14 @@ hook_table! {
     Runtime fn cudaMallocFromPoolAsync(
         dev_ptr: *mut *mut c_void, size: usize, pool: CuMemPool, stream: CuStream
     ) |real| {
-        crate::pytorch::before_stream_allocation();
-        allocating(real, Kind::Alloc, Api::CudaMallocFromPoolAsync, |r| {
+        allocating_on_stream(real, Api::CudaMallocFromPoolAsync, |r| {
             (out_host_ptr(r, dev_ptr), size as u64, stream as u64)
         })
     }
     Runtime fn cudaMallocFromPoolAsync_ptsz(
         dev_ptr: *mut *mut c_void, size: usize, pool: CuMemPool, stream: CuStream
     ) |real| {
-        crate::pytorch::before_stream_allocation();
-        allocating(real, Kind::Alloc, Api::CudaMallocFromPoolAsync, |r| {
+        allocating_on_stream(real, Api::CudaMallocFromPoolAsync, |r| {
             (out_host_ptr(r, dev_ptr), size as u64, stream as u64)
         })
     }

@@ -7,7 +7,7 @@
 //! off; this room registers one and turns each entry into an event (docs/PYTORCH.md).
 //!
 //! Cold: [`before_segment_allocation`]'s probe, at a segment-level allocation, until PyTorch's
-//! allocator is found and decided on (once per process), and [`before_stream_allocation`]'s,
+//! allocator is found and decided on (once per process), and [`after_stream_allocation`]'s,
 //! at a stream-ordered allocation, once until libraries are loaded again. Hot: [`on_trace_entry`], the
 //! tracker, for every block event; no allocation, no lock, no syscall (PyTorch holds its
 //! allocator's mutex while it runs; the only wait is the channel's bounded one, and the
@@ -65,18 +65,16 @@ pub fn before_segment_allocation() {
 }
 
 /// Called by the stream-ordered allocation hooks (`cudaMallocAsync`, `cuMemAllocAsync`
-/// and their pool forms) before the real call. Under PyTorch's `backend:cudaMallocAsync`
-/// these are its tensors and no segment-level allocation ever comes: without this look the
-/// snapshot could not say that each tensor is its own CUDA call. One look, whatever it
-/// finds (a program without PyTorch makes many such calls, and a look takes the loader's
-/// lock), until the writer sees libraries loaded since (`allocator_route`). One relaxed
-/// load of the hooks' shared line otherwise.
+/// and their pool forms) after the real call, in the outermost hooked call of a recording
+/// thread. Under PyTorch's `backend:cudaMallocAsync` these are its tensors and no
+/// segment-level allocation ever comes: without this look the snapshot could not say that
+/// each tensor is its own CUDA call. One look, whatever it finds (a program without PyTorch
+/// makes many such calls, and a look takes the loader's lock), until the writer sees
+/// libraries loaded since (`allocator_route`). One relaxed load of the hooks' shared line
+/// otherwise.
 #[inline(always)]
-pub fn before_stream_allocation() {
-    if allocator_route::stream_allocations_look()
-        && !guard::inside_hook_or_internal()
-        && recording::recorder().is_some()
-    {
+pub fn after_stream_allocation() {
+    if allocator_route::stream_allocations_look() {
         look_at_stream_allocation();
     }
 }
