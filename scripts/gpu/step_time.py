@@ -109,7 +109,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -117,6 +116,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
 from hook_cost_torch import ASYNC, SAFE_ENV  # noqa: E402
 from snapshot_counts import Tally, read_counts  # noqa: E402
+from pinning import core_of, pin_main_thread  # noqa: E402
 from torch_blocks import memsnap_dump  # noqa: E402
 
 RECORDER_MAX_ENTRIES = 100000  # memsnap's default MEMSNAP_MAX_ENTRIES too
@@ -361,57 +361,6 @@ def timed(wl):
     t0 = time.perf_counter()
     wl.step()
     return time.perf_counter() - t0
-
-
-def pin_main_thread(isolate=False):
-    """The stepping thread on one core (the third it may use; the same in every process, and
-    only one process steps at a time), after the warm-up: threads made earlier (autograd's,
-    memsnap's writer) keep the whole machine, or with `isolate` every core but that one.
-    Returns (the core or None, the names of the threads moved off it)."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None, []
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-        if len(allowed) < 4:
-            return None, []
-        os.sched_setaffinity(0, {allowed[2]})
-    except OSError:
-        return None, []
-    return allowed[2], keep_off(set(allowed) - core_of(allowed[2])) if isolate else []
-
-
-def core_of(cpu):
-    """`cpu` and the other hardware threads of its core (its SMT siblings, which share the
-    core's execution units and caches), from sysfs; `{cpu}` where sysfs does not say."""
-    try:
-        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-            text = f.read().strip()
-    except OSError:
-        return {cpu}
-    cpus = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        if lo.isdigit() and (not hi or hi.isdigit()):
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus | {cpu}
-
-
-def keep_off(others):
-    """Every thread of this process but the calling one onto the CPUs `others` (all but the
-    stepping thread's core, its SMT siblings included): nothing else of the process
-    (memsnap's writer, which wakes about once a millisecond while it records; PyTorch's and
-    CUDA's threads) runs on the stepping thread's core. Returns their names."""
-    me, moved = threading.get_native_id(), []
-    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
-        if tid == me:
-            continue
-        try:
-            os.sched_setaffinity(tid, others)
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                moved.append(f.read().strip())
-        except OSError:
-            pass  # the thread ended meanwhile
-    return moved
 
 
 def reply(tag, obj):

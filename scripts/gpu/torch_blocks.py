@@ -2,6 +2,7 @@
 
     python3 scripts/gpu/torch_blocks.py --lib target/gpu/libmemsnap.so --cli target/gpu/memsnap \
         --out $OUT [--cases compare,expandable,leak,oom,cost,cost-async] [--cost-rounds 3] [--blocks 12]
+        [--isolate]
 
 Each case runs in its own process with libmemsnap.so preloaded (no allocator switch, no code
 change) and writes one JSON record; the driver prints a table and writes results.json:
@@ -28,7 +29,10 @@ change) and writes one JSON record; the driver prints a table and writes results
   and the median on/off ratio; over processes (torch_blocks_cost.json and the printed table):
   the median and IQR of the per-process medians, and PyTorch's recorder over memsnap per round.
   Checked: memsnap's snapshot says 0 dropped, 0 without a stack, and its
-  memsnap.torch_allocator line starts with "blocks" (the tracker saw the blocks).
+  memsnap.torch_allocator line starts with "blocks" (the tracker saw the blocks). With
+  --isolate each cost process, after its warm-up, pins the loop's thread to one core and
+  moves every other thread (memsnap's writer, CUDA's) off that core, as step_time.py
+  --isolate does (scripts/gpu/pinning.py); each record says the core and the threads moved.
 - cost-async: the same loop and the same paired blocks with
   PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (tensor mode: every tensor one
   cudaMallocAsync and one cudaFreeAsync that memsnap's CUDA hooks record, two events an
@@ -50,6 +54,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from pinning import pin_main_thread  # noqa: E402
+
 MIB = 1 << 20
 
 
@@ -324,6 +331,9 @@ def case_cost(args):
     n = args.iterations
     cost_loop(torch, n, sizes)  # warm the cache: every later tensor comes from it
     torch.cuda.synchronize()
+    # With --isolate the loop's thread gets one core to itself (memsnap's writer, which
+    # drains the events the loop records, and CUDA's threads run on the others).
+    pinned_cpu, kept_off = pin_main_thread(isolate=True) if args.isolate else (None, [])
     lib = ctypes.CDLL(None)
     switch = getattr(lib, "memsnap_debug_pass_through", None)
     if mode == "memsnap" and switch is None:
@@ -352,7 +362,8 @@ def case_cost(args):
            "off_ns_per_event_median": statistics.median(off_ns),
            "per_event_ns_q1": q1, "per_event_ns_q3": q3, "per_event_ns_iqr": q3 - q1,
            "per_event_ns_all": [round(d, 1) for d in diffs],
-           "on_off_ratio_median": statistics.median(a / b for a, b in zip(on_ns, off_ns))}
+           "on_off_ratio_median": statistics.median(a / b for a, b in zip(on_ns, off_ns)),
+           "pinned_cpu": pinned_cpu, "kept_off": kept_off}
     if mode == "memsnap":
         path = memsnap_dump("cost")
         with open(path, "rb") as f:
@@ -387,7 +398,7 @@ def run_case(args, name, env_extra, timeout):
     else:
         env["LD_PRELOAD"] = os.path.abspath(args.lib)
     cmd = [sys.executable, os.path.abspath(__file__), "--case", name.split(":")[0], "--cli", args.cli,
-           "--iterations", str(args.iterations), "--blocks", str(args.blocks)]
+           "--iterations", str(args.iterations), "--blocks", str(args.blocks)] + (["--isolate"] if args.isolate else [])
     t0 = time.time()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -413,6 +424,9 @@ def main():
     ap.add_argument("--cost-rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=5000)
     ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--isolate", action="store_true",
+                    help="cost cases: the loop's thread pinned to one core, every other thread of the "
+                         "process (memsnap's writer included) off that core (machines of 4 CPUs or more)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)  # a folder per library under $OUT, say
     if args.case:
