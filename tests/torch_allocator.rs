@@ -10,7 +10,9 @@
 
 mod common;
 
-use common::{Run, fake_cuda, label_of, num, python_load_json, run_program, snapshot_files};
+use common::{
+    Run, fake_cuda, label_of, memsnap_bin, num, python_load_json, run_program, snapshot_files,
+};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -108,9 +110,9 @@ fn reserved(v: &Value, device: u64) -> u64 {
         .sum()
 }
 
-/// The only snapshot labelled `label` (a dump's tag, or the reason: exit, oom).
-fn snapshot(run: &Run, label: &str) -> Value {
-    let files: Vec<PathBuf> = snapshot_files(run.dir.path())
+/// The only snapshot file labelled `label` (a dump's tag, or the reason: exit, oom).
+fn snapshot_file(run: &Run, label: &str) -> PathBuf {
+    let mut files: Vec<PathBuf> = snapshot_files(run.dir.path())
         .into_iter()
         .filter(|p| label_of(p).as_deref() == Some(label))
         .collect();
@@ -120,7 +122,12 @@ fn snapshot(run: &Run, label: &str) -> Value {
         "expected one {label} snapshot, found {files:?}\nstderr: {}",
         run.stderr
     );
-    python_load_json(&files[0])
+    files.remove(0)
+}
+
+/// That snapshot, read by Python's pickle.
+fn snapshot(run: &Run, label: &str) -> Value {
+    python_load_json(&snapshot_file(run, label))
 }
 
 fn torch_allocator_meta(snap: &Value) -> String {
@@ -453,6 +460,31 @@ fn async_allocator_is_found_after_earlier_stream_allocations() {
     assert_eq!(run.results()["attach_calls"], "0");
     let snap = snapshot(&run, "standin");
     assert_segments_fallback(&snap, &truth, "async after a stream allocation", "tensors");
+}
+
+/// `memsnap summary` says what memsnap saw of PyTorch's allocator, so that its reader knows
+/// whether the live bytes are tensors inside the cache or the cache's segments.
+#[test]
+fn summary_names_what_was_seen_of_the_allocator() {
+    for (allocator, line) in [
+        ("native", "blocks: PyTorch 2.11.0+standin caching allocator"),
+        ("async", "tensors: PyTorch 2.11.0+standin does not use"),
+    ] {
+        let (run, _) = run_standin("mixed", &[("STANDIN_ALLOCATOR", allocator)], true);
+        let file = snapshot_file(&run, "standin");
+        let out = std::process::Command::new(memsnap_bin())
+            .arg("summary")
+            .arg(&file)
+            .output()
+            .expect("run memsnap summary");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{allocator}: {text}");
+        let want = format!("PyTorch's allocator: {line}");
+        assert!(
+            text.lines().any(|l| l.starts_with(&want)),
+            "{allocator}: no line starting {want:?} in\n{text}"
+        );
+    }
 }
 
 #[test]

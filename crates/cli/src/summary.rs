@@ -145,6 +145,16 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
             plural(n, "event", "events")
         )?;
     }
+    // What memsnap saw of PyTorch's allocator says what the live bytes below are: its
+    // blocks (tensors inside the cache), its segments only, or tensors that are CUDA calls.
+    if let Some(line) = s
+        .metadata
+        .get("torch_allocator")
+        .and_then(|v| v.as_str())
+        .filter(|l| !l.is_empty())
+    {
+        writeln!(out, "PyTorch's allocator: {line}")?;
+    }
     if !s.api_calls.is_empty() {
         let list: Vec<String> = s
             .api_calls
