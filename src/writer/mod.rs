@@ -265,7 +265,8 @@ impl Writer {
         }
     }
 
-    /// Module table refresh (libraries loaded since) and one-time stack warnings.
+    /// Every 100 ms: the module table refreshed (libraries loaded since) and PyTorch's
+    /// allocator looked for again where that is due; then the one-time stack warnings.
     fn maintain_stacks(&mut self) {
         if self.last_refresh.elapsed() >= MODULE_REFRESH {
             self.last_refresh = Instant::now();
