@@ -9,9 +9,10 @@
 //! Cold: [`before_segment_allocation`]'s probe, at a segment-level allocation, until PyTorch's
 //! allocator is found and decided on (once per process), and [`after_stream_allocation`]'s,
 //! at a stream-ordered allocation, once until libraries are loaded again. Hot:
-//! [`on_trace_entry`], the tracker, for every block event; no allocation, no lock, no syscall (PyTorch holds its
-//! allocator's mutex while it runs; the only wait is the channel's bounded one, and the
-//! writer never calls into PyTorch, so that wait cannot deadlock).
+//! [`on_trace_entry`], the tracker, for every block event; no allocation, no lock, no
+//! syscall (PyTorch holds its allocator's mutex while it runs; the only wait is the
+//! channel's bounded one, and the writer never calls into PyTorch, so that wait cannot
+//! deadlock).
 
 pub mod layout;
 pub mod library;
