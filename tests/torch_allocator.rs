@@ -509,6 +509,51 @@ fn unknown_version_falls_back_to_segments() {
     );
 }
 
+/// `memsnap ranks` marks the rank where memsnap could record PyTorch's allocator only as
+/// segments (an unknown release there) while the other ranks have its blocks: that rank's
+/// bytes are another kind of figure, whatever their size.
+#[test]
+fn ranks_marks_the_rank_whose_allocator_was_recorded_otherwise() {
+    let ranks = tempfile::tempdir().unwrap();
+    let unknown = standin_copy_with_version("1.0.0");
+    for rank in 0..3 {
+        let env: Vec<(&str, &str)> = if rank == 2 {
+            vec![("STANDIN_DIR", unknown.path().to_str().unwrap())]
+        } else {
+            vec![]
+        };
+        let (run, _) = run_standin("mixed", &env, true);
+        let file = snapshot_file(&run, "standin");
+        std::fs::copy(&file, ranks.path().join(format!("job-r{rank}.pickle"))).unwrap();
+    }
+    let out = std::process::Command::new(memsnap_bin())
+        .args(["ranks", "--json"])
+        .arg(ranks.path())
+        .output()
+        .expect("run memsnap ranks");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let marked: Vec<(i64, String)> = v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["outlier"] == true)
+        .map(|r| (r["rank"].as_i64().unwrap(), r["reasons"].to_string()))
+        .collect();
+    assert_eq!(marked.len(), 1, "{marked:?}");
+    assert_eq!(marked[0].0, 2);
+    assert!(
+        marked[0]
+            .1
+            .contains("recorded as segments only, not blocks as on 2 ranks"),
+        "{marked:?}"
+    );
+}
+
 /// A CUDA runtime opened with RTLD_LOCAL is not in the global scope, so `RTLD_NEXT` from
 /// memsnap's `cudaMalloc` export cannot find it; the call must still reach it (by soname),
 /// and the program must run exactly as without memsnap.

@@ -18,9 +18,11 @@ JSON (--json):
   { dir, median_live_bytes, median_peak_bytes,
     ranks: [ {file, rank: int|null, live_bytes, reserved_bytes, peak_bytes, ooms,
               top_site: str|null, top_site_bytes, outlier: bool, reasons: [str],
-              capped: [str], error: str|null} ] }
+              capped: [str], torch_allocator: str|null, error: str|null} ] }
 A rank whose file cannot be read has `error` set and zeros elsewhere; it is left out of the
-medians. capped: `history capped: kept N of M events` per device where the cap dropped events.";
+medians. capped: `history capped: kept N of M events` per device where the cap dropped events.
+torch_allocator: memsnap's line on what it saw of PyTorch's allocator (blocks, segments only,
+tensors); a rank whose kind differs from most ranks' is marked.";
 
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = JSON_SHAPE)]
@@ -107,7 +109,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     }
     writeln!(
         out,
-        "median live {}, median peak {}; marked (!!): > {OUTLIER_FACTOR}x median, or an OOM where others had none",
+        "median live {}, median peak {}; marked (!!): > {OUTLIER_FACTOR}x median, an OOM where others had none, or PyTorch's allocator recorded otherwise",
         fmt_bytes(r.median_live_bytes),
         fmt_bytes(r.median_peak_bytes)
     )?;

@@ -4,11 +4,14 @@
 //! The rank comes from memsnap's metadata (`rank`) or the file name (`r3`, `rank3`,
 //! `rank_3`, as in memsnap's `-r{rank}-` and torchtitan's `rank{rank}_`). A rank stands
 //! out when its live or peak bytes exceed [`OUTLIER_FACTOR`] × the median of all files, or
-//! when it hit an OOM while some other rank did not. A file that cannot be read gets a row
+//! when it hit an OOM while some other rank did not, or when memsnap saw PyTorch's allocator
+//! differently there than on the other ranks (its blocks on most, its segments only on one:
+//! that rank's bytes are not the same kind of figure). A file that cannot be read gets a row
 //! saying why ([`unreadable`]), left out of the medians. The CLI lists and reads the
 //! files, prints text or serializes this as JSON. Cold code.
 
 use crate::device;
+use crate::explain::owners::torch_allocator_line;
 use crate::input::Summarized;
 use crate::sites::{Attribution, Sites};
 use crate::summary::meta_int;
@@ -33,6 +36,9 @@ pub struct Rank {
     pub reasons: Vec<String>,
     /// `device D: history capped: kept N of M events`, where the cap dropped events.
     pub capped: Vec<String>,
+    /// memsnap's line on PyTorch's allocator (`blocks: ...`, `segments only: ...`,
+    /// `tensors: ...`), where the file has one.
+    pub torch_allocator: Option<String>,
     /// Why the file could not be read (the row's figures are then zero).
     pub error: Option<String>,
 }
@@ -99,6 +105,7 @@ fn empty_row(name: String, rank: Option<i64>) -> Rank {
         outlier: false,
         reasons: Vec::new(),
         capped: Vec::new(),
+        torch_allocator: None,
         error: None,
     }
 }
@@ -127,6 +134,9 @@ pub fn row(name: String, loaded: &Summarized, attr: &Attribution) -> Rank {
             r.capped.push(format!("device {d}: {c}"));
         }
     }
+    r.torch_allocator = torch_allocator_line(snap)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string);
     if let Some((s, t)) = sorted(&device::live_by_site(snap, &sites)).first() {
         r.top_site = Some(sites.text(*s).to_string());
         r.top_site_bytes = t.bytes;
@@ -164,6 +174,9 @@ pub fn finish(dir: String, mut ranks: Vec<Rank>) -> Ranks {
         if r.ooms > 0 && any_clean {
             r.reasons.push("OOM (other ranks had none)".into());
         }
+    }
+    mark_allocator_differences(&mut ranks);
+    for r in ranks.iter_mut() {
         r.outlier = !r.reasons.is_empty();
     }
     Ranks {
@@ -174,9 +187,116 @@ pub fn finish(dir: String, mut ranks: Vec<Rank>) -> Ranks {
     }
 }
 
+/// What a `torch_allocator` line says was recorded: the words before its first colon
+/// (`blocks`, `segments only`, `tensors`).
+fn allocator_kind(line: &str) -> &str {
+    line.split(':').next().unwrap_or(line).trim()
+}
+
+/// Marks the ranks whose allocator line names another kind of record than most ranks'
+/// (every rank that has one, when no kind has the most): their live and peak bytes are
+/// blocks where the others' are segments, or the other way round.
+fn mark_allocator_differences(ranks: &mut [Rank]) {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for r in ranks.iter().filter(|r| r.error.is_none()) {
+        if let Some(line) = &r.torch_allocator {
+            let kind = allocator_kind(line);
+            match counts.iter_mut().find(|(k, _)| k == kind) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((kind.to_string(), 1)),
+            }
+        }
+    }
+    if counts.len() < 2 {
+        return;
+    }
+    let most = counts.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let leaders: Vec<&(String, usize)> = counts.iter().filter(|(_, n)| *n == most).collect();
+    let majority = (leaders.len() == 1).then(|| leaders[0].0.clone());
+    let all: Vec<String> = counts.iter().map(|(k, n)| format!("{k} on {n}")).collect();
+    for r in ranks.iter_mut().filter(|r| r.error.is_none()) {
+        let Some(line) = &r.torch_allocator else {
+            continue;
+        };
+        let kind = allocator_kind(line);
+        let reason = match &majority {
+            Some(m) if m == kind => continue,
+            Some(m) => {
+                format!("PyTorch's allocator recorded as {kind}, not {m} as on {most} ranks")
+            }
+            None => format!(
+                "PyTorch's allocator recorded as {kind} (ranks differ: {})",
+                all.join(", ")
+            ),
+        };
+        r.reasons.push(reason);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::rank_from_name;
+    use super::{Rank, empty_row, finish, rank_from_name};
+
+    fn rank_with(name: &str, live: i64, allocator: Option<&str>) -> Rank {
+        Rank {
+            live_bytes: live,
+            peak_bytes: live,
+            torch_allocator: allocator.map(str::to_string),
+            ..empty_row(name.to_string(), None)
+        }
+    }
+
+    #[test]
+    fn a_rank_whose_allocator_was_seen_otherwise_stands_out() {
+        let blocks = "blocks: PyTorch 2.11.0 caching allocator, through its trace tracker";
+        let segments = "segments only: PyTorch 2.11.0: block events set aside (a check failed)";
+        let r = finish(
+            "run".into(),
+            vec![
+                rank_with("r0.pickle", 100, Some(blocks)),
+                rank_with("r1.pickle", 100, Some(blocks)),
+                rank_with("r2.pickle", 100, Some(segments)),
+                rank_with("r3.pickle", 100, None),
+            ],
+        );
+        let marked: Vec<(&str, &Vec<String>)> = r
+            .ranks
+            .iter()
+            .filter(|x| x.outlier)
+            .map(|x| (x.file.as_str(), &x.reasons))
+            .collect();
+        assert_eq!(
+            marked,
+            vec![(
+                "r2.pickle",
+                &vec![
+                    "PyTorch's allocator recorded as segments only, not blocks as on 2 ranks"
+                        .to_string()
+                ]
+            )]
+        );
+        // No majority: every rank with a line is marked, each with the whole count.
+        let r = finish(
+            "run".into(),
+            vec![
+                rank_with("r0.pickle", 100, Some(blocks)),
+                rank_with("r1.pickle", 100, Some(segments)),
+            ],
+        );
+        for x in &r.ranks {
+            assert!(x.outlier, "{}", x.file);
+            assert!(x.reasons[0].ends_with("(ranks differ: blocks on 1, segments only on 1)"));
+        }
+        // The same kind everywhere: nothing marked.
+        let r = finish(
+            "run".into(),
+            vec![
+                rank_with("r0.pickle", 100, Some(blocks)),
+                rank_with("r1.pickle", 100, Some(blocks)),
+            ],
+        );
+        assert!(r.ranks.iter().all(|x| !x.outlier));
+    }
 
     #[test]
     fn rank_from_file_names() {
