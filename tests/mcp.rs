@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{memsnap_bin, run_program, snapshot_files};
+use common::{memsnap_bin, memsnap_json, run_program, snapshot_files};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -105,20 +105,6 @@ impl Drop for Client {
     }
 }
 
-/// `memsnap ARGS...` (with `--json` among them), parsed.
-fn cli_json(args: &[&str]) -> Value {
-    let out = Command::new(memsnap_bin())
-        .args(args)
-        .output()
-        .expect("run memsnap");
-    assert!(
-        out.status.success(),
-        "memsnap {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("memsnap --json prints JSON")
-}
-
 fn text_of(result: &Value) -> String {
     result["content"][0]["text"]
         .as_str()
@@ -204,7 +190,7 @@ fn each_tool_answers_what_the_cli_answers() {
     assert_eq!(r["isError"], false, "{r}");
     assert_eq!(
         r["structuredContent"],
-        cli_json(&["summary", "--json", exit])
+        memsnap_json(&["summary", "--json", exit])
     );
     // The text content is the same JSON, for clients that read only text.
     let text: Value = serde_json::from_str(&text_of(&r)).expect("text is JSON");
@@ -216,7 +202,7 @@ fn each_tool_answers_what_the_cli_answers() {
     );
     assert_eq!(
         r["structuredContent"],
-        cli_json(&[
+        memsnap_json(&[
             "summary",
             "--json",
             exit,
@@ -237,7 +223,7 @@ fn each_tool_answers_what_the_cli_answers() {
     assert_eq!(r["isError"], false, "{r}");
     assert_eq!(
         r["structuredContent"],
-        cli_json(&["diff", "--json", step, exit])
+        memsnap_json(&["diff", "--json", step, exit])
     );
     assert!(
         r["structuredContent"]["total_growth_bytes"]
@@ -250,18 +236,21 @@ fn each_tool_answers_what_the_cli_answers() {
     let r = c.call("diff", json!({"before": step, "after": exit, "at": "peak"}));
     assert_eq!(
         r["structuredContent"],
-        cli_json(&["diff", "--json", step, exit, "--at", "peak"])
+        memsnap_json(&["diff", "--json", step, exit, "--at", "peak"])
     );
 
     let r = c.call("ranks", json!({"dir": dir}));
     assert_eq!(r["isError"], false, "{r}");
-    assert_eq!(r["structuredContent"], cli_json(&["ranks", "--json", dir]));
+    assert_eq!(
+        r["structuredContent"],
+        memsnap_json(&["ranks", "--json", dir])
+    );
 
     let r = c.call("explain", json!({"paths": [exit], "at": "end"}));
     assert_eq!(r["isError"], false, "{r}");
     assert_eq!(
         r["structuredContent"],
-        cli_json(&["explain", "--json", exit, "--at", "end"])
+        memsnap_json(&["explain", "--json", exit, "--at", "end"])
     );
 }
 

@@ -11,7 +11,8 @@
 mod common;
 
 use common::{
-    Run, fake_cuda, label_of, memsnap_bin, num, python_load_json, run_program, snapshot_files,
+    Run, fake_cuda, label_of, memsnap_bin, memsnap_json, num, python_load_json, run_program,
+    snapshot_files,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -526,17 +527,7 @@ fn ranks_marks_the_rank_whose_allocator_was_recorded_otherwise() {
         let file = snapshot_file(&run, "standin");
         std::fs::copy(&file, ranks.path().join(format!("job-r{rank}.pickle"))).unwrap();
     }
-    let out = std::process::Command::new(memsnap_bin())
-        .args(["ranks", "--json"])
-        .arg(ranks.path())
-        .output()
-        .expect("run memsnap ranks");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = memsnap_json(&["ranks", "--json", ranks.path().to_str().unwrap()]);
     let marked: Vec<(i64, String)> = v["ranks"]
         .as_array()
         .unwrap()

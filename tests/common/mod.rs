@@ -305,6 +305,20 @@ pub fn python_script(script: &str, file: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `memsnap ARGS...` (with `--json` among them), parsed; the test fails when it fails.
+pub fn memsnap_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(memsnap_bin())
+        .args(args)
+        .output()
+        .expect("run memsnap");
+    assert!(
+        out.status.success(),
+        "memsnap {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("memsnap --json prints JSON")
+}
+
 /// Loads a pickle with Python's own `pickle` module and returns it as JSON: ints stay ints,
 /// tuples become lists, dict keys become strings. Panics when Python cannot read the file,
 /// which is itself a format check.
