@@ -11,7 +11,7 @@
 //! files, prints text or serializes this as JSON. Cold code.
 
 use crate::device;
-use crate::explain::owners::torch_allocator_line;
+use crate::explain::owners::{allocator_kind, torch_allocator_line};
 use crate::input::Summarized;
 use crate::sites::{Attribution, Sites};
 use crate::summary::meta_int;
@@ -185,12 +185,6 @@ pub fn finish(dir: String, mut ranks: Vec<Rank>) -> Ranks {
         median_peak_bytes: mp,
         ranks,
     }
-}
-
-/// What a `torch_allocator` line says was recorded: the words before its first colon
-/// (`blocks`, `segments only`, `tensors`).
-fn allocator_kind(line: &str) -> &str {
-    line.split(':').next().unwrap_or(line).trim()
 }
 
 /// Marks the ranks whose allocator line names another kind of record than most ranks'

@@ -179,6 +179,9 @@ pub struct Digest {
     /// The states at the file's own step marks.
     pub marks: Vec<StepPoint>,
     pub notes: Vec<String>,
+    /// memsnap's line on PyTorch's allocator (`blocks: ...`, `segments only: ...`,
+    /// `tensors: ...`), where the file has one.
+    pub torch_allocator: Option<String>,
     /// Why the file could not be read.
     pub error: Option<String>,
 }
@@ -429,6 +432,9 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         step: meta_number(snap, "step"),
         devices: devs.clone(),
         capacity: capacity.clone(),
+        torch_allocator: owners::torch_allocator_line(snap)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string),
         file,
         ..Digest::default()
     };
@@ -767,6 +773,7 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
     for d in &digests {
         notes.extend(d.notes.iter().cloned());
     }
+    notes.extend(allocator_kinds_differ(&digests));
     // Peak per rank (over its files).
     let mut peak_of_rank: BTreeMap<i64, i64> = BTreeMap::new();
     for d in &digests {
@@ -943,6 +950,39 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
         steps_to_oom,
         sites,
     }
+}
+
+/// A note when the files recorded PyTorch's allocator as different kinds (its blocks in
+/// some, its segments only in others): their bytes by site are not the same kind of figure,
+/// so the ranks compared below differ by more than their memory.
+fn allocator_kinds_differ(digests: &[Digest]) -> Option<String> {
+    let mut kinds: Vec<(&str, Vec<String>)> = Vec::new();
+    for d in digests {
+        let Some(line) = &d.torch_allocator else {
+            continue;
+        };
+        let kind = owners::allocator_kind(line);
+        let who = d
+            .rank
+            .map_or_else(|| d.file.clone(), |r| format!("rank {r}"));
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, files)) => files.push(who),
+            None => kinds.push((kind, vec![who])),
+        }
+    }
+    if kinds.len() < 2 {
+        return None;
+    }
+    let list: Vec<String> = kinds
+        .iter()
+        .map(|(kind, files)| format!("{kind} in {}", files.join(", ")))
+        .collect();
+    Some(format!(
+        "PyTorch's allocator was recorded as different kinds: {}. Where only its segments are \
+         recorded, a site is the line that grew the cache, not the tensor's: sites compared \
+         across these files are not the same kind of figure",
+        list.join("; ")
+    ))
 }
 
 fn side_by_side(
@@ -1349,6 +1389,34 @@ pub(crate) mod tests {
             o.cannot_tell
                 .unwrap()
                 .contains("segments only: PyTorch 9.9")
+        );
+    }
+
+    #[test]
+    fn files_with_different_allocator_kinds_get_a_note() {
+        let with = |rank: i64, line: &str| {
+            let mut snap = file(rank, 0, Vec::new(), &[(0x10, MIB, 0)]);
+            snap.memsnap
+                .push(("torch_allocator".into(), Meta::Str(line.into())));
+            digest_of(&format!("r{rank}.pickle"), snap)
+        };
+        let blocks = "blocks: PyTorch 2.11.0 caching allocator, through its trace tracker";
+        let segments = "segments only: PyTorch 2.11.0: block events set aside";
+        let x = build(vec![with(0, blocks), with(1, blocks), with(2, segments)]);
+        let note = x
+            .notes
+            .iter()
+            .find(|n| n.starts_with("PyTorch's allocator was recorded as different kinds"))
+            .unwrap_or_else(|| panic!("no note: {:?}", x.notes));
+        assert!(
+            note.contains("blocks in rank 0, rank 1; segments only in rank 2."),
+            "{note}"
+        );
+        let x = build(vec![with(0, blocks), with(1, blocks)]);
+        assert!(
+            !x.notes.iter().any(|n| n.contains("different kinds")),
+            "{:?}",
+            x.notes
         );
     }
 

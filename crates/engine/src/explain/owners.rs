@@ -52,6 +52,12 @@ pub fn torch_allocator_line(snap: &Snapshot) -> Option<&str> {
     }
 }
 
+/// What a `torch_allocator` line says was recorded: the words before its first colon
+/// (`blocks`, `segments only`, `tensors`).
+pub fn allocator_kind(line: &str) -> &str {
+    line.split(':').next().unwrap_or(line).trim()
+}
+
 /// `PYTORCH_CUDA_ALLOC_CONF` as the file recorded it (`allocator_settings`), else "".
 pub fn alloc_conf(snap: &Snapshot) -> String {
     snap.allocator_settings
