@@ -11,7 +11,7 @@
 //! files, prints text or serializes this as JSON. Cold code.
 
 use crate::device;
-use crate::explain::owners::{allocator_kind, torch_allocator_line};
+use crate::explain::owners::{by_allocator_kind, torch_allocator_line};
 use crate::input::Summarized;
 use crate::sites::{Attribution, Sites};
 use crate::summary::meta_int;
@@ -191,29 +191,26 @@ pub fn finish(dir: String, mut ranks: Vec<Rank>) -> Ranks {
 /// (every rank that has one, when no kind has the most): their live and peak bytes are
 /// blocks where the others' are segments, or the other way round.
 fn mark_allocator_differences(ranks: &mut [Rank]) {
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    for r in ranks.iter().filter(|r| r.error.is_none()) {
-        if let Some(line) = &r.torch_allocator {
-            let kind = allocator_kind(line);
-            match counts.iter_mut().find(|(k, _)| k == kind) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((kind.to_string(), 1)),
-            }
-        }
-    }
-    if counts.len() < 2 {
+    let groups = by_allocator_kind(
+        ranks
+            .iter()
+            .map(|r| r.torch_allocator.as_deref().filter(|_| r.error.is_none())),
+    );
+    if groups.len() < 2 {
         return;
     }
-    let most = counts.iter().map(|(_, n)| *n).max().unwrap_or(0);
-    let leaders: Vec<&(String, usize)> = counts.iter().filter(|(_, n)| *n == most).collect();
-    let majority = (leaders.len() == 1).then(|| leaders[0].0.clone());
-    let all: Vec<String> = counts.iter().map(|(k, n)| format!("{k} on {n}")).collect();
-    for r in ranks.iter_mut().filter(|r| r.error.is_none()) {
-        let Some(line) = &r.torch_allocator else {
-            continue;
-        };
-        let kind = allocator_kind(line);
-        let reason = match &majority {
+    let most = groups.iter().map(|(_, at)| at.len()).max().unwrap_or(0);
+    let mut leaders = groups.iter().filter(|(_, at)| at.len() == most);
+    let majority = match (leaders.next(), leaders.next()) {
+        (Some((kind, _)), None) => Some(kind.as_str()),
+        _ => None,
+    };
+    let all: Vec<String> = groups
+        .iter()
+        .map(|(kind, at)| format!("{kind} on {}", at.len()))
+        .collect();
+    for (kind, at) in &groups {
+        let reason = match majority {
             Some(m) if m == kind => continue,
             Some(m) => {
                 format!("PyTorch's allocator recorded as {kind}, not {m} as on {most} ranks")
@@ -223,7 +220,9 @@ fn mark_allocator_differences(ranks: &mut [Rank]) {
                 all.join(", ")
             ),
         };
-        r.reasons.push(reason);
+        for &i in at {
+            ranks[i].reasons.push(reason.clone());
+        }
     }
 }
 

@@ -956,26 +956,23 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
 /// some, its segments only in others): their bytes by site are not the same kind of figure,
 /// so the ranks compared below differ by more than their memory.
 fn allocator_kinds_differ(digests: &[Digest]) -> Option<String> {
-    let mut kinds: Vec<(&str, Vec<String>)> = Vec::new();
-    for d in digests {
-        let Some(line) = &d.torch_allocator else {
-            continue;
-        };
-        let kind = owners::allocator_kind(line);
-        let who = d
-            .rank
-            .map_or_else(|| d.file.clone(), |r| format!("rank {r}"));
-        match kinds.iter_mut().find(|(k, _)| *k == kind) {
-            Some((_, files)) => files.push(who),
-            None => kinds.push((kind, vec![who])),
-        }
-    }
-    if kinds.len() < 2 {
+    let groups = owners::by_allocator_kind(digests.iter().map(|d| d.torch_allocator.as_deref()));
+    if groups.len() < 2 {
         return None;
     }
-    let list: Vec<String> = kinds
+    let list: Vec<String> = groups
         .iter()
-        .map(|(kind, files)| format!("{kind} in {}", files.join(", ")))
+        .map(|(kind, at)| {
+            let who: Vec<String> = at
+                .iter()
+                .map(|&i| {
+                    let d = &digests[i];
+                    d.rank
+                        .map_or_else(|| d.file.clone(), |r| format!("rank {r}"))
+                })
+                .collect();
+            format!("{kind} in {}", who.join(", "))
+        })
         .collect();
     Some(format!(
         "PyTorch's allocator was recorded as different kinds: {}. Where only its segments are \

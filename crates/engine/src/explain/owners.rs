@@ -54,8 +54,27 @@ pub fn torch_allocator_line(snap: &Snapshot) -> Option<&str> {
 
 /// What a `torch_allocator` line says was recorded: the words before its first colon
 /// (`blocks`, `segments only`, `tensors`).
-pub fn allocator_kind(line: &str) -> &str {
+fn allocator_kind(line: &str) -> &str {
     line.split(':').next().unwrap_or(line).trim()
+}
+
+/// Files grouped by what their `torch_allocator` line says was recorded: for each kind, in
+/// the order first seen, the positions of the items whose line names it (items without a
+/// line are in no group). `ranks` and `explain` compare the files of a run with it.
+pub fn by_allocator_kind<'a>(
+    lines: impl IntoIterator<Item = Option<&'a str>>,
+) -> Vec<(String, Vec<usize>)> {
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, line) in lines.into_iter().enumerate() {
+        let Some(kind) = line.map(allocator_kind) else {
+            continue;
+        };
+        match groups.iter_mut().find(|(k, _)| k == kind) {
+            Some((_, at)) => at.push(i),
+            None => groups.push((kind.to_string(), vec![i])),
+        }
+    }
+    groups
 }
 
 /// `PYTORCH_CUDA_ALLOC_CONF` as the file recorded it (`allocator_settings`), else "".
