@@ -134,9 +134,7 @@ pub fn row(name: String, loaded: &Summarized, attr: &Attribution) -> Rank {
             r.capped.push(format!("device {d}: {c}"));
         }
     }
-    r.torch_allocator = torch_allocator_line(snap)
-        .filter(|l| !l.is_empty())
-        .map(str::to_string);
+    r.torch_allocator = torch_allocator_line(snap).map(str::to_string);
     if let Some((s, t)) = sorted(&device::live_by_site(snap, &sites)).first() {
         r.top_site = Some(sites.text(*s).to_string());
         r.top_site_bytes = t.bytes;

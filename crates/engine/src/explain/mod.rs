@@ -432,9 +432,7 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         step: meta_number(snap, "step"),
         devices: devs.clone(),
         capacity: capacity.clone(),
-        torch_allocator: owners::torch_allocator_line(snap)
-            .filter(|l| !l.is_empty())
-            .map(str::to_string),
+        torch_allocator: owners::torch_allocator_line(snap).map(str::to_string),
         file,
         ..Digest::default()
     };
@@ -1415,6 +1413,17 @@ pub(crate) mod tests {
             "{:?}",
             x.notes
         );
+    }
+
+    #[test]
+    fn an_empty_allocator_line_is_no_line() {
+        let mut snap = oom_file(0, 100);
+        snap.memsnap
+            .push(("torch_allocator".into(), Meta::Str(String::new())));
+        // memsnap writes the line empty when it found no PyTorch allocator: no line, so no
+        // "the file says ``" in a verdict and no kind of its own in ranks.
+        assert_eq!(owners::torch_allocator_line(&snap), None);
+        assert_eq!(digest_of("r0.pickle", snap).torch_allocator, None);
     }
 
     #[test]

@@ -44,10 +44,11 @@ pub enum Knowledge {
     NoTorch,
 }
 
-/// memsnap's `torch_allocator` line, if any.
+/// memsnap's `torch_allocator` line, if any (memsnap writes it empty when no PyTorch
+/// allocator was found: none then).
 pub fn torch_allocator_line(snap: &Snapshot) -> Option<&str> {
     match snap.meta("torch_allocator")? {
-        Meta::Str(s) => Some(s),
+        Meta::Str(s) if !s.is_empty() => Some(s),
         _ => None,
     }
 }
