@@ -1,5 +1,8 @@
 //! The newcomer's scripts: `scripts/test-tally.py` (the closing lines of scripts/test.sh)
-//! and `scripts/try-simulated.sh` (your own C or Python file on the simulated driver).
+//! and `scripts/try-simulated.sh` (your own C or Python file on the simulated driver); and
+//! the stand-ins `scripts/bench/real_torch_stubs.py` writes for the libraries a PyTorch wheel
+//! links (scripts/bench-real-torch.sh: the real PyTorch on the simulated driver), tried on a
+//! wheel-shaped folder built here.
 //!
 //! The try-simulated test builds the release profile (what the script does), so plain
 //! `cargo test` ignores it; scripts/test.sh runs it after the wheel's release build.
@@ -122,4 +125,173 @@ fn try_simulated_runs_a_c_and_a_python_file_and_says_where_the_snapshots_are() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("FILE.c"));
+}
+
+/// Runs `cc ARGS` in `dir`, which must succeed.
+fn cc(dir: &Path, args: &[&str]) {
+    let status = Command::new("cc")
+        .current_dir(dir)
+        .args(args)
+        .status()
+        .expect("cc");
+    assert!(status.success(), "cc {args:?}");
+}
+
+#[test]
+fn real_torch_stubs_give_a_wheel_the_libraries_it_links_with_the_versions_it_asks_for() {
+    let tmp = tempfile::tempdir().expect("temporary folder");
+    let dir = tmp.path();
+    let vendor = dir.join("vendor");
+    let lib = dir.join("site/torch/lib");
+    std::fs::create_dir_all(&vendor).unwrap();
+    std::fs::create_dir_all(&lib).unwrap();
+    // Two libraries the "wheel" links and nobody has here, each with versioned symbols as
+    // NVIDIA's: the runtime (whose cudaMalloc the simulated runtime defines) and another
+    // vendor's, with a function and a table (an object: resolved when the wheel loads).
+    std::fs::write(
+        vendor.join("rt.c"),
+        "int cudaMalloc(void **p, unsigned long n) { return 7; }\nint cudaFancy(void) { return 7; }\n",
+    )
+    .unwrap();
+    std::fs::write(vendor.join("rt.map"), "libcudart.so.13 { global: *; };\n").unwrap();
+    std::fs::write(
+        vendor.join("v.c"),
+        "int vendorCall(void) { return 7; }\nlong vendorTable[4] = {7};\n",
+    )
+    .unwrap();
+    std::fs::write(vendor.join("v.map"), "VENDOR_7 { global: *; };\n").unwrap();
+    std::fs::write(
+        vendor.join("consumer.c"),
+        "int cudaMalloc(void **p, unsigned long n); int cudaFancy(void); int vendorCall(void);\n\
+         extern long vendorTable[4];\n\
+         int use_malloc(void) { void *p; return cudaMalloc(&p, 1); }\n\
+         int use_fancy(void) { return cudaFancy(); }\n\
+         int use_vendor(void) { return vendorCall(); }\n\
+         long *use_table(void) { return vendorTable; }\n",
+    )
+    .unwrap();
+    let (shared, pic) = ("-shared", "-fPIC");
+    cc(
+        &vendor,
+        &[
+            shared,
+            pic,
+            "-Wl,-soname,libcudart.so.13",
+            "-Wl,--version-script=rt.map",
+            "-o",
+            "libcudart.so.13",
+            "rt.c",
+        ],
+    );
+    cc(
+        &vendor,
+        &[
+            shared,
+            pic,
+            "-Wl,-soname,libvendor.so.7",
+            "-Wl,--version-script=v.map",
+            "-o",
+            "libvendor.so.7",
+            "v.c",
+        ],
+    );
+    let consumer = lib.join("libconsumer.so");
+    cc(
+        &vendor,
+        &[
+            shared,
+            pic,
+            "-o",
+            consumer.to_str().unwrap(),
+            "consumer.c",
+            "-L.",
+            "-l:libcudart.so.13",
+            "-l:libvendor.so.7",
+        ],
+    );
+    // The simulated runtime defines cudaMalloc; the stand-ins must not define it again.
+    std::fs::write(dir.join("simulated_defined"), "cudaMalloc\n").unwrap();
+    let stubs = dir.join("stubs");
+    let out = Command::new("python3")
+        .arg(root().join("scripts/bench/real_torch_stubs.py"))
+        .arg(dir.join("site"))
+        .arg(dir.join("simulated_defined"))
+        .arg(&stubs)
+        .output()
+        .expect("python3 scripts/bench/real_torch_stubs.py");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        said.lines().collect::<Vec<_>>(),
+        [
+            "libcudart.so.13: 1 symbols, version libcudart.so.13",
+            "libvendor.so.7: 2 symbols, version VENDOR_7"
+        ]
+    );
+    let runtime = std::fs::read_to_string(stubs.join("libcudart.so.13.c")).unwrap();
+    assert!(
+        runtime.contains("long cudaFancy(void) { named(\"cudaFancy\"); return 0; }"),
+        "{runtime}"
+    );
+    assert!(!runtime.contains("cudaMalloc"), "{runtime}");
+    let other = std::fs::read_to_string(stubs.join("libvendor.so.7.c")).unwrap();
+    assert!(
+        other.contains("return 999;") && other.contains("char vendorTable[4096];"),
+        "{other}"
+    );
+
+    // Built as the setup script builds them, the wheel loads on them: the simulated runtime's
+    // cudaMalloc answers, the generated ones give their fixed results, the table is there.
+    std::fs::write(
+        stubs.join("simulated.c"),
+        "int cudaMalloc(void **p, unsigned long n) { return 42; }\n",
+    )
+    .unwrap();
+    cc(
+        &stubs,
+        &[
+            shared,
+            pic,
+            "-Wl,-soname,libcudart.so.13",
+            "-Wl,--version-script=libcudart.so.13.map",
+            "-o",
+            "libcudart.so.13",
+            "libcudart.so.13.c",
+            "simulated.c",
+        ],
+    );
+    cc(
+        &stubs,
+        &[
+            shared,
+            pic,
+            "-Wl,-soname,libvendor.so.7",
+            "-Wl,--version-script=libvendor.so.7.map",
+            "-o",
+            "libvendor.so.7",
+            "libvendor.so.7.c",
+        ],
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import ctypes, sys\n\
+             lib = ctypes.CDLL(sys.argv[1])\n\
+             lib.use_table.restype = ctypes.c_void_p\n\
+             print(lib.use_malloc(), lib.use_fancy(), lib.use_vendor(), lib.use_table() is not None)",
+        )
+        .arg(&consumer)
+        .env("LD_LIBRARY_PATH", &stubs)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42 0 999 True");
 }

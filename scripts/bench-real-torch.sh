@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Instructions per event inside the real PyTorch, memsnap against PyTorch's own recorder,
+# counted by callgrind: the twin of the GPU loop of scripts/gpu/torch_blocks.py (--cases
+# cost,cost-async) that the machine's load cannot move, run without a GPU on the simulated
+# CUDA driver.
+#
+#   bash scripts/bench-real-torch.sh [LIB]
+#
+# LIB: a libmemsnap.so built with --features bench-hooks; without it the script builds one
+# (`cargo build --release --lib --features bench-hooks --target-dir target/gpu`).
+# The real PyTorch (the CUDA wheel of PyTorch ${TORCH_VERSION:-2.11.0}, about 530 MB,
+# downloaded once) runs on the simulated driver (scripts/bench/real_torch_setup.sh, into
+# ${REAL_TORCH_DIR:-target/real-torch}). Each configuration is one process under callgrind
+# (scripts/bench/real_torch_count.py): a loop of tensors 12 Python frames deep, ITERATIONS
+# (2,000) allocations a block, each replacing (freeing) an earlier tensor, in BLOCKS (2) pairs
+# of alternating blocks, recording on and off: memsnap's by its pass-through switch, the
+# recorder's by torch.cuda.memory._record_memory_history. Two routes: PyTorch's caching
+# allocator (memsnap's rows, the recorder's, and the loop in a process without memsnap), and
+# tensor mode (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: memsnap's rows and the loop
+# without memsnap). Per event (an allocation or a free, as the GPU loop counts them: 2 x
+# ITERATIONS a block), on the loop's thread:
+#   on - off           an on block minus the off block beside it, inside one process (what
+#                      the GPU loop measures in ns);
+#   on - not loaded    the on blocks against the same loop in a process without memsnap (the
+#                      same hash seed in every process): what the user's program pays;
+#   not loaded         the off blocks against that loop (what is paid even while not
+#                      recording: for memsnap under the caching allocator, PyTorch's own
+#                      work of building trace entries for an attached tracker).
+# memsnap's writer thread, which turns the events into the snapshot, is not in these (its
+# work per event: the drain benchmark, docs/BENCHMARKS.md). Every memsnap process must end
+# with 0 dropped and 0 without a stack, on the route its row names: else the row is void and
+# the script fails. Needs valgrind with its headers, cc, readelf, nm, and PyPI for the first
+# run. STACKS (default "none python all") picks memsnap's rows; the recorder's are python
+# and all. Takes about 3 minutes on the 2-core VM after the download.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+ITERATIONS=${ITERATIONS:-2000}
+BLOCKS=${BLOCKS:-2}
+STACKS=${STACKS:-none python all}
+DIR=${REAL_TORCH_DIR:-$ROOT/target/real-torch}
+LIB=${1:-$ROOT/target/gpu/release/libmemsnap.so}
+command -v valgrind >/dev/null || { echo "bench-real-torch: needs valgrind" >&2; exit 2; }
+[ -f /usr/include/valgrind/callgrind.h ] || { echo "bench-real-torch: needs valgrind's headers (valgrind/callgrind.h)" >&2; exit 2; }
+if [ $# -eq 0 ]; then
+    cargo build --release --lib --features bench-hooks --target-dir target/gpu
+fi
+LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
+nm -D --defined-only "$LIB" | grep -q ' memsnap_debug_pass_through$' \
+    || { echo "bench-real-torch: $LIB has no memsnap_debug_pass_through (build it with --features bench-hooks)" >&2; exit 2; }
+bash scripts/bench/real_torch_setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
+# shellcheck disable=SC1091
+. "$DIR/env.sh"
+# The interpreter itself, not a launcher script (pyenv's shims): valgrind follows the process
+# it starts, and a shell script in between would be counted instead.
+PY=$(python3 -c 'import sys; print(sys.executable)')
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cat > "$WORK/helper.c" <<'C'
+#include <valgrind/callgrind.h>
+void counted_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void counted_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
+void counted_zero(void) { CALLGRIND_ZERO_STATS; }
+void counted_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
+C
+cc -O2 -fPIC -shared -o "$WORK/helper.so" "$WORK/helper.c"
+
+# count NAME MODE STACKS [ENV...]: one process under callgrind; leaves NAME/row.json.
+count() {
+    local name=$1 mode=$2 stacks=$3
+    shift 3
+    mkdir -p "$WORK/$name/snapshots"
+    # (The same hash seed in every process: the interpreter's own instructions then do not move
+    # between processes, and a block of one process can be set against another's.)
+    env "$@" PYTHONHASHSEED=0 MEMSNAP_FOLDER="$WORK/$name/snapshots" valgrind --tool=callgrind \
+        --instr-atstart=no --separate-threads=yes --callgrind-out-file="$WORK/$name/cg.%p" \
+        "$PY" scripts/bench/real_torch_count.py "$WORK/helper.so" "$mode" "$stacks" "$ITERATIONS" "$BLOCKS" \
+        > "$WORK/$name/out.txt" 2> "$WORK/$name/valgrind.txt" \
+        || { echo "bench-real-torch: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
+    python3 - "$WORK/$name" "$name" <<'PY'
+import glob, json, re, sys
+folder, name = sys.argv[1], sys.argv[2]
+result = json.loads([l for l in open(f"{folder}/out.txt") if l.startswith("RESULT ")][-1][7:])
+counted = {}
+for path in glob.glob(f"{folder}/cg.*.*-01"):  # the loop's thread, one file per dump
+    text = open(path).read()
+    block = re.search(r"^desc: Trigger: Client Request: (\S+)", text, re.M).group(1)
+    counted[block] = int(re.search(r"^summary: (\d+)", text, re.M).group(1))
+json.dump({"name": name, "counted": counted, **result}, open(f"{folder}/row.json", "w"))
+PY
+}
+
+for route in caching tensor; do
+    conf=()
+    prefix=""
+    if [ $route = tensor ]; then
+        conf=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync)
+        prefix="tensor-"
+    fi
+    count "${prefix}plain" plain - "${conf[@]}"
+    for stacks in $STACKS; do
+        count "${prefix}memsnap-$stacks" memsnap "$stacks" "${conf[@]}" LD_PRELOAD="$LIB" MEMSNAP_STACKS="$stacks"
+    done
+done
+for stacks in python all; do
+    count "recorder-$stacks" recorder "$stacks"
+done
+
+python3 - "$WORK" "$ITERATIONS" "$LIB" <<'PY'
+import glob, json, statistics, sys
+work, n, lib = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows = {r["name"]: r for r in (json.load(open(p)) for p in glob.glob(f"{work}/*/row.json"))}
+events = 2 * n  # an allocation and a free an iteration, as the GPU loop counts them
+
+
+def blocks(row, kind):
+    return [v for k, v in sorted(row["counted"].items()) if k.startswith(kind)]
+
+
+def pairs(row):
+    return [(row["counted"][f"on-{i}"] - row["counted"][f"off-{i}"]) / events
+            for i in range(1, 1 + len(row["blocks"]) // 2)]
+
+
+some = next(iter(rows.values()))
+print(f"PyTorch {some['torch']} on the simulated driver, Python {some['python']}, "
+      f"{n} allocations a block, {len(some['blocks']) // 2} pairs of blocks; library {lib}")
+print("instructions an event (an allocation or a free) on the loop's thread:")
+print(f"{'configuration':<22} {'on - off':>9} {'each pair':<20} {'on - not loaded':>15} {'not loaded':>11}")
+void = []
+for route, prefix, expect in (("caching allocator", "", "blocks"), ("tensor mode", "tensor-", "tensors")):
+    plain = rows.get(f"{prefix}plain")
+    if not plain:
+        continue
+    base = statistics.median(blocks(plain, "")) / events
+    print(f"{route}: the loop alone {base:,.1f}")
+    names = [f"{prefix}memsnap-{s}" for s in ("none", "python", "all")]
+    names += ["recorder-python", "recorder-all"] if not prefix else []
+    for name in names:
+        row = rows.get(name)
+        if not row:
+            continue
+        within = pairs(row)
+        over = statistics.median(blocks(row, "on")) / events - base
+        row["within"], row["over"] = statistics.median(within), over
+        line = (f"  {name:<20} {statistics.median(within):>9.1f} {', '.join(f'{p:.1f}' for p in within):<20} "
+                f"{over:>15.1f} {statistics.median(blocks(row, 'off')) / events - base:>+11.1f}")
+        if row["mode"] == "memsnap" and (row.get("dropped") != 0 or row.get("without_stack") != 0
+                                         or not str(row.get("torch_allocator", "")).startswith(expect)):
+            line += f"  VOID: dropped {row.get('dropped')}, without a stack {row.get('without_stack')}, allocator {row.get('torch_allocator')!r}"
+            void.append(name)
+        print(line)
+print("(on - off: recording's on/off difference inside the process, as the GPU loop measures it; "
+      "on - not loaded: the recorded block against the same loop in a process without memsnap, "
+      "what a user's program pays; not loaded: the off block against that loop.)")
+for stacks in ("python", "all"):
+    ours, theirs = rows.get(f"memsnap-{stacks}"), rows.get(f"recorder-{stacks}")
+    if ours and theirs and "over" in ours and "over" in theirs:
+        print(f"the recorder over memsnap, {stacks} stacks, caching allocator: {theirs['over'] / ours['over']:.1f}x over not "
+              f"loaded ({theirs['over']:,.0f} / {ours['over']:,.0f}), {theirs['within'] / ours['within']:.1f}x on - off")
+if void:
+    sys.exit(f"void rows (memsnap lost events or took another route): {', '.join(void)}")
+PY

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# real_torch_setup.sh DIR [VERSION]: the real PyTorch on the simulated CUDA driver, no GPU.
+#
+# Downloads PyTorch's Linux wheel (VERSION, default 2.11.0: about 530 MB, once; the CUDA
+# build, the same library PyTorch's GPU machines load), unpacks it into DIR/site, installs its
+# pure-Python requirements into DIR/deps, and builds into DIR/lib what the wheel needs of
+# NVIDIA's: the simulated driver (tests/fake_cuda/fake_cuda.c) as libcuda.so.1, the simulated
+# runtime (tests/fake_cuda/fake_cudart.c with scripts/bench/real_torch_runtime.c) as
+# libcudart.so.13, and stand-ins for cuBLAS, cuDNN, NCCL and the others
+# (scripts/bench/real_torch_stubs.py). Then `torch.empty(..., device="cuda")` runs PyTorch's
+# own caching allocator, at the simulated driver's addresses; nothing runs kernels.
+#
+# Writes DIR/env.sh (PYTHONPATH, LD_LIBRARY_PATH, FAKE_CUDA_DEVICES=1) and checks that a
+# tensor allocated through the caching allocator is counted by it. Safe to run again: what is
+# there is kept. Uses ${PYTHON:-python3}, pip, cc, readelf, nm, unzip.
+set -euo pipefail
+
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+    echo "usage: $0 DIR [VERSION]" >&2
+    exit 2
+fi
+VERSION=${2:-2.11.0}
+PYTHON=${PYTHON:-python3}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+mkdir -p "$1"
+DIR=$(cd "$1" && pwd)
+for tool in cc readelf nm unzip; do
+    command -v "$tool" >/dev/null || { echo "real_torch_setup: needs $tool" >&2; exit 2; }
+done
+
+wheel=$(ls "$DIR"/wheel/torch-"$VERSION"-*.whl 2>/dev/null | head -n 1 || true)
+if [ -z "$wheel" ]; then
+    echo "real_torch_setup: downloading torch==$VERSION (no dependencies)" >&2
+    "$PYTHON" -m pip download --quiet --no-deps --dest "$DIR/wheel" "torch==$VERSION"
+    wheel=$(ls "$DIR"/wheel/torch-"$VERSION"-*.whl | head -n 1)
+fi
+if [ ! -f "$DIR/site/.unpacked" ] || [ "$(cat "$DIR/site/.unpacked")" != "$(basename "$wheel")" ]; then
+    rm -rf "$DIR/site"
+    unzip -q "$wheel" -d "$DIR/site"
+    basename "$wheel" > "$DIR/site/.unpacked"
+fi
+if [ ! -f "$DIR/deps/.installed" ]; then
+    # The wheel's requirements without NVIDIA's libraries, Triton or the extras.
+    requirements=$(unzip -p "$wheel" "torch-$VERSION.dist-info/METADATA" | sed -n 's/^Requires-Dist: //p' \
+        | grep -v -e 'extra ==' -e '^nvidia-' -e '^cuda-' -e '^triton' | sed 's/;.*//; s/ //g')
+    # shellcheck disable=SC2086
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$DIR/deps" $requirements
+    touch "$DIR/deps/.installed"
+fi
+
+bash "$ROOT/scripts/build-fake-cuda.sh" "$DIR/fake" >/dev/null
+mkdir -p "$DIR/lib" "$DIR/stubs"
+cp "$DIR/fake/lib/libcuda.so.1" "$DIR/lib/libcuda.so.1"
+CFLAGS="-O2 -fPIC -w"
+cc $CFLAGS -c -o "$DIR/stubs/fake_cudart.o" "$ROOT/tests/fake_cuda/fake_cudart.c"
+cc $CFLAGS -c -o "$DIR/stubs/real_torch_runtime.o" "$ROOT/scripts/bench/real_torch_runtime.c"
+{
+    nm --defined-only -g "$DIR/stubs/fake_cudart.o" "$DIR/stubs/real_torch_runtime.o"
+    nm -D --defined-only "$DIR/lib/libcuda.so.1"
+} | awk 'NF == 3 {print $3}' > "$DIR/stubs/simulated_defined"
+"$PYTHON" "$ROOT/scripts/bench/real_torch_stubs.py" "$DIR/site" "$DIR/stubs/simulated_defined" "$DIR/stubs" \
+    > "$DIR/stubs/generated.txt"
+for c in "$DIR"/stubs/*.so*.c; do
+    soname=$(basename "$c" .c)
+    extra=()
+    if [ "$soname" = libcudart.so.13 ]; then
+        extra=("$DIR/stubs/fake_cudart.o" "$DIR/stubs/real_torch_runtime.o" -Wl,-Bsymbolic -ldl -lpthread)
+    fi
+    cc $CFLAGS -shared -Wl,-soname,"$soname" -Wl,--version-script="$DIR/stubs/$soname.map" \
+        -o "$DIR/lib/$soname" "$c" "${extra[@]}"
+done
+
+cat > "$DIR/env.sh" <<ENV
+# The real PyTorch $VERSION on the simulated CUDA driver (scripts/bench/real_torch_setup.sh).
+export PYTHONPATH="$DIR/site:$DIR/deps\${PYTHONPATH:+:\$PYTHONPATH}"
+export LD_LIBRARY_PATH="$DIR/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export FAKE_CUDA_DEVICES=1
+ENV
+# shellcheck disable=SC1091
+( . "$DIR/env.sh" && "$PYTHON" -W ignore -c '
+import torch
+x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+assert torch.cuda.memory_allocated() == 1 << 20, torch.cuda.memory_allocated()
+assert torch.cuda.get_allocator_backend() == "native"
+print(f"real_torch_setup: PyTorch {torch.__version__} on the simulated driver: a tensor of 1 MiB at {x.data_ptr():#x}, {torch.cuda.memory_reserved()} bytes reserved")
+' )
