@@ -9,7 +9,7 @@
 # LIB: a libmemsnap.so built with --features bench-hooks; without it the script builds one
 # (`cargo build --release --lib --features bench-hooks --target-dir target/gpu`).
 # The real PyTorch (the CUDA wheel of PyTorch ${TORCH_VERSION:-2.11.0}, about 530 MB,
-# downloaded once) runs on the simulated driver (scripts/bench/real_torch_setup.sh, into
+# downloaded once) runs on the simulated driver (scripts/real-torch/setup.sh, into
 # ${REAL_TORCH_DIR:-target/real-torch}). Each configuration is one process under callgrind
 # (scripts/bench/real_torch_count.py): a loop of tensors 12 Python frames deep, ITERATIONS
 # (2,000) allocations a block, each replacing (freeing) an earlier tensor, in BLOCKS (2) pairs
@@ -48,7 +48,7 @@ fi
 LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
 nm -D --defined-only "$LIB" | grep -q ' memsnap_debug_pass_through$' \
     || { echo "bench-real-torch: $LIB has no memsnap_debug_pass_through (build it with --features bench-hooks)" >&2; exit 2; }
-bash scripts/bench/real_torch_setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
+bash scripts/real-torch/setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
 # shellcheck disable=SC1091
 . "$DIR/env.sh"
 # The interpreter itself, not a launcher script (pyenv's shims): valgrind follows the process

@@ -12,8 +12,9 @@
 # and says so when it has not. Likewise the wheel's tests
 # (tests/wheel.rs): this script builds the wheel (scripts/build-wheel.sh: a release build,
 # and pip installs the build tools from PyPI into target/wheel-tools) and runs them when
-# python3 can make a virtual environment; and scripts/try-simulated.sh's test
-# (tests/scripts.rs), which needs the release build. It ends with every test counted once
+# python3 can make a virtual environment; scripts/try-simulated.sh's test
+# (tests/scripts.rs), which needs the release build; and the real PyTorch's
+# (tests/real_torch.rs), which needs its wheel from PyPI (scripts/real-torch/setup.sh). It ends with every test counted once
 # (scripts/test-tally.py): an #[ignore]d test this script ran later counts by its result;
 # the tests that did not run are listed with why; the last line is "N passed, N failed,
 # N skipped" alone, for CI.
@@ -74,6 +75,19 @@ fi
 # cargo test: it builds the release profile, which the wheel's build above has made).
 echo "== scripts/try-simulated.sh (tests/scripts.rs; ignored by plain cargo test)"
 cargo test --test scripts -- --ignored try_simulated 2>&1 | tee "$LOG/try-simulated.log" || status=1
+# The real PyTorch on the simulated driver (tests/real_torch.rs, ignored by plain cargo test):
+# PyTorch's CUDA wheel, about 530 MB from PyPI, set up once in target/real-torch with
+# stand-ins for the NVIDIA libraries it links (scripts/real-torch/setup.sh); memsnap's blocks
+# and out-of-memory snapshot against PyTorch's own, and tensor mode's route.
+echo "== the real PyTorch on the simulated driver: scripts/real-torch/setup.sh, then tests/real_torch.rs"
+if bash scripts/real-torch/setup.sh target/real-torch > "$LOG/real-torch-setup.txt" 2>&1; then
+    tail -n 1 "$LOG/real-torch-setup.txt"
+    cargo test --test real_torch -- --ignored 2>&1 | tee "$LOG/real-torch.log" || status=1
+else
+    tail -n 5 "$LOG/real-torch-setup.txt"
+    echo "the real PyTorch could not be set up (above): its tests ignored"
+    why+=(--why "real_torch::=scripts/real-torch/setup.sh failed: no PyPI, pip, unzip, readelf or nm")
+fi
 # The object-store tests (tests/remote.rs) upload to local servers installed once under
 # target/tmp; ignored by plain cargo test. S3: moto (PyPI). Azure: Azurite (npm), and
 # azure-storage-blob (PyPI) to make its container and read objects back. No GCS emulator

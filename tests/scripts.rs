@@ -1,6 +1,6 @@
 //! The newcomer's scripts: `scripts/test-tally.py` (the closing lines of scripts/test.sh)
 //! and `scripts/try-simulated.sh` (your own C or Python file on the simulated driver); and
-//! the stand-ins `scripts/bench/real_torch_stubs.py` writes for the libraries a PyTorch wheel
+//! the stand-ins `scripts/real-torch/stubs.py` writes for the libraries a PyTorch wheel
 //! links (scripts/bench-real-torch.sh: the real PyTorch on the simulated driver), tried on a
 //! wheel-shaped folder built here.
 //!
@@ -213,12 +213,12 @@ fn real_torch_stubs_give_a_wheel_the_libraries_it_links_with_the_versions_it_ask
     std::fs::write(dir.join("simulated_defined"), "cudaMalloc\n").unwrap();
     let stubs = dir.join("stubs");
     let out = Command::new("python3")
-        .arg(root().join("scripts/bench/real_torch_stubs.py"))
+        .arg(root().join("scripts/real-torch/stubs.py"))
         .arg(dir.join("site"))
         .arg(dir.join("simulated_defined"))
         .arg(&stubs)
         .output()
-        .expect("python3 scripts/bench/real_torch_stubs.py");
+        .expect("python3 scripts/real-torch/stubs.py");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# real_torch_setup.sh DIR [VERSION]: the real PyTorch on the simulated CUDA driver, no GPU.
+# scripts/real-torch/setup.sh DIR [VERSION]: the real PyTorch on the simulated CUDA driver, no GPU.
 #
 # Downloads PyTorch's Linux wheel (VERSION, default 2.11.0: about 530 MB, once; the CUDA
 # build, the same library PyTorch's GPU machines load), unpacks it into DIR/site, installs its
 # pure-Python requirements into DIR/deps, and builds into DIR/lib what the wheel needs of
 # NVIDIA's: the simulated driver (tests/fake_cuda/fake_cuda.c) as libcuda.so.1, the simulated
-# runtime (tests/fake_cuda/fake_cudart.c with scripts/bench/real_torch_runtime.c) as
+# runtime (tests/fake_cuda/fake_cudart.c with scripts/real-torch/runtime.c) as
 # libcudart.so.13, and stand-ins for cuBLAS, cuDNN, NCCL and the others
-# (scripts/bench/real_torch_stubs.py). Then `torch.empty(..., device="cuda")` runs PyTorch's
+# (scripts/real-torch/stubs.py). Then `torch.empty(..., device="cuda")` runs PyTorch's
 # own caching allocator, at the simulated driver's addresses; nothing runs kernels.
 #
 # Writes DIR/env.sh (PYTHONPATH, LD_LIBRARY_PATH, FAKE_CUDA_DEVICES=1) and checks that a
@@ -25,12 +25,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mkdir -p "$1"
 DIR=$(cd "$1" && pwd)
 for tool in cc readelf nm unzip; do
-    command -v "$tool" >/dev/null || { echo "real_torch_setup: needs $tool" >&2; exit 2; }
+    command -v "$tool" >/dev/null || { echo "real-torch/setup.sh: needs $tool" >&2; exit 2; }
 done
 
 wheel=$(ls "$DIR"/wheel/torch-"$VERSION"-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$wheel" ]; then
-    echo "real_torch_setup: downloading torch==$VERSION (no dependencies)" >&2
+    echo "real-torch/setup.sh: downloading torch==$VERSION (no dependencies)" >&2
     "$PYTHON" -m pip download --quiet --no-deps --dest "$DIR/wheel" "torch==$VERSION"
     wheel=$(ls "$DIR"/wheel/torch-"$VERSION"-*.whl | head -n 1)
 fi
@@ -53,25 +53,25 @@ mkdir -p "$DIR/lib" "$DIR/stubs"
 cp "$DIR/fake/lib/libcuda.so.1" "$DIR/lib/libcuda.so.1"
 CFLAGS="-O2 -fPIC -w"
 cc $CFLAGS -c -o "$DIR/stubs/fake_cudart.o" "$ROOT/tests/fake_cuda/fake_cudart.c"
-cc $CFLAGS -c -o "$DIR/stubs/real_torch_runtime.o" "$ROOT/scripts/bench/real_torch_runtime.c"
+cc $CFLAGS -c -o "$DIR/stubs/runtime.o" "$ROOT/scripts/real-torch/runtime.c"
 {
-    nm --defined-only -g "$DIR/stubs/fake_cudart.o" "$DIR/stubs/real_torch_runtime.o"
+    nm --defined-only -g "$DIR/stubs/fake_cudart.o" "$DIR/stubs/runtime.o"
     nm -D --defined-only "$DIR/lib/libcuda.so.1"
 } | awk 'NF == 3 {print $3}' > "$DIR/stubs/simulated_defined"
-"$PYTHON" "$ROOT/scripts/bench/real_torch_stubs.py" "$DIR/site" "$DIR/stubs/simulated_defined" "$DIR/stubs" \
+"$PYTHON" "$ROOT/scripts/real-torch/stubs.py" "$DIR/site" "$DIR/stubs/simulated_defined" "$DIR/stubs" \
     > "$DIR/stubs/generated.txt"
 for c in "$DIR"/stubs/*.so*.c; do
     soname=$(basename "$c" .c)
     extra=()
     if [ "$soname" = libcudart.so.13 ]; then
-        extra=("$DIR/stubs/fake_cudart.o" "$DIR/stubs/real_torch_runtime.o" -Wl,-Bsymbolic -ldl -lpthread)
+        extra=("$DIR/stubs/fake_cudart.o" "$DIR/stubs/runtime.o" -Wl,-Bsymbolic -ldl -lpthread)
     fi
     cc $CFLAGS -shared -Wl,-soname,"$soname" -Wl,--version-script="$DIR/stubs/$soname.map" \
         -o "$DIR/lib/$soname" "$c" "${extra[@]}"
 done
 
 cat > "$DIR/env.sh" <<ENV
-# The real PyTorch $VERSION on the simulated CUDA driver (scripts/bench/real_torch_setup.sh).
+# The real PyTorch $VERSION on the simulated CUDA driver (scripts/real-torch/setup.sh).
 export PYTHONPATH="$DIR/site:$DIR/deps\${PYTHONPATH:+:\$PYTHONPATH}"
 export LD_LIBRARY_PATH="$DIR/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export FAKE_CUDA_DEVICES=1
@@ -82,5 +82,5 @@ import torch
 x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
 assert torch.cuda.memory_allocated() == 1 << 20, torch.cuda.memory_allocated()
 assert torch.cuda.get_allocator_backend() == "native"
-print(f"real_torch_setup: PyTorch {torch.__version__} on the simulated driver: a tensor of 1 MiB at {x.data_ptr():#x}, {torch.cuda.memory_reserved()} bytes reserved")
+print(f"real-torch/setup.sh: PyTorch {torch.__version__} on the simulated driver: a tensor of 1 MiB at {x.data_ptr():#x}, {torch.cuda.memory_reserved()} bytes reserved")
 ' )

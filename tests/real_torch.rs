@@ -1,0 +1,224 @@
+//! The real PyTorch on the simulated driver: PyTorch's CUDA wheel (2.11, whose
+//! `libc10_cuda.so` is the GPU machines' own) with the simulated driver and runtime and
+//! stand-ins for the other NVIDIA libraries it links (scripts/real-torch/setup.sh). memsnap's
+//! record of PyTorch's caching allocator is set against PyTorch's own snapshot, its
+//! out-of-memory snapshot against PyTorch's, and tensor mode's route is checked, with the
+//! checks of scripts/gpu/torch_blocks.py (its `compare` and `oom` cases) run here on the real
+//! library: the stand-in of tests/fake_torch follows PyTorch's rules, this is PyTorch.
+//!
+//! #[ignore]d for plain `cargo test`: the wheel is a download of about 530 MB.
+//! scripts/test.sh sets it up in target/real-torch (or `REAL_TORCH_DIR`) and runs them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The folder scripts/real-torch/setup.sh filled.
+fn real_torch_dir() -> PathBuf {
+    let dir = std::env::var_os("REAL_TORCH_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/real-torch"),
+        PathBuf::from,
+    );
+    assert!(
+        dir.join("env.sh").is_file(),
+        "{} has no env.sh: run `bash scripts/real-torch/setup.sh {}` first (scripts/test.sh does)",
+        dir.display(),
+        dir.display()
+    );
+    dir
+}
+
+/// `python3 ARGS` with the real PyTorch on the simulated driver, `libmemsnap.so` preloaded
+/// unless `preload` is false, snapshots into `folder`; panics unless it succeeds; stdout.
+fn python(args: &[&str], env: &[(&str, &str)], folder: &Path) -> String {
+    let dir = real_torch_dir();
+    let out = Command::new("python3")
+        .args(["-W", "ignore"]) // PyTorch warns about a device it was not built for
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env(
+            "PYTHONPATH",
+            format!(
+                "{}:{}",
+                dir.join("site").display(),
+                dir.join("deps").display()
+            ),
+        )
+        .env("LD_LIBRARY_PATH", dir.join("lib"))
+        .env("FAKE_CUDA_DEVICES", "1")
+        .env("LD_PRELOAD", common::preload_lib())
+        .env("MEMSNAP_FOLDER", folder)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "python3 {args:?}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The JSON of the last `RESULT ` line of scripts/gpu/torch_blocks.py's case `case`.
+fn torch_blocks_case(case: &str, env: &[(&str, &str)]) -> serde_json::Value {
+    let folder = tempfile::tempdir().expect("temporary folder");
+    let cli = common::memsnap_bin();
+    let stdout = python(
+        &[
+            "scripts/gpu/torch_blocks.py",
+            "--case",
+            case,
+            "--cli",
+            cli.to_str().expect("a UTF-8 path"),
+        ],
+        env,
+        folder.path(),
+    );
+    let line = stdout
+        .lines()
+        .rfind(|line| line.starts_with("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line in:\n{stdout}"));
+    serde_json::from_str(&line["RESULT ".len()..]).expect("RESULT is JSON")
+}
+
+fn number(value: &serde_json::Value, key: &str) -> u64 {
+    value[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a count in {value:#}"))
+}
+
+#[test]
+#[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
+fn real_torch_blocks_match_pytorchs_own_snapshot() {
+    // A workload over both pools: splits, merges, an unsplit tail, a block freed while in use
+    // on a side stream; then PyTorch's snapshot and memsnap's, taken at the same moment.
+    let result = torch_blocks_case("compare", &[]);
+    assert_eq!(result["problems"], serde_json::json!([]), "{result:#}");
+    assert_eq!(number(&result, "problem_count"), 0);
+    let segments = number(&result, "segments_torch");
+    assert!(segments >= 5, "{result:#}");
+    assert_eq!(number(&result, "segments_memsnap"), segments);
+    assert_eq!(number(&result, "memsnap_only_segments"), 0);
+    assert!(number(&result, "blocks_torch") > segments, "{result:#}");
+    // PyTorch's own counters, byte for byte: what its live blocks hold and what it reserved.
+    let allocated = number(&result, "memory_allocated");
+    assert!(allocated > 100 << 20, "{result:#}");
+    assert_eq!(number(&result, "memsnap_live_block_bytes"), allocated);
+    assert_eq!(number(&result, "memsnap_cache_allocated_bytes"), allocated);
+    assert_eq!(
+        number(&result, "memsnap_cache_reserved_bytes"),
+        number(&result, "memory_reserved")
+    );
+    // Every live block has the stack that made it; nothing lost; every time within the run.
+    assert_eq!(
+        number(&result, "live_blocks_with_frames"),
+        number(&result, "live_blocks")
+    );
+    assert_eq!(number(&result, "dropped"), 0);
+    assert_eq!(number(&result, "without_stack"), 0);
+    assert_eq!(number(&result, "times_outside_run"), 0);
+    assert!(number(&result, "trace_entries") > 100, "{result:#}");
+    let line = result["torch_allocator"].as_str().unwrap_or_default();
+    assert!(
+        line.starts_with("blocks: PyTorch 2.11.0") && line.contains("through its trace tracker"),
+        "{line}"
+    );
+    assert_eq!(result["ok"], true, "{result:#}");
+}
+
+#[test]
+#[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
+fn real_torch_out_of_memory_snapshot_matches_pytorchs_free_space() {
+    // A fragmented cache on a 6 GiB device (its fill fits: 921 tensors of 6 MiB, three to a
+    // 20 MiB segment), then a request larger than any hole: memsnap's
+    // out-of-memory snapshot, written before PyTorch raises, against PyTorch's own snapshot
+    // taken in the handler.
+    let result = torch_blocks_case("oom", &[("FAKE_CUDA_CAPACITY", "6G")]);
+    let inactive = number(&result, "torch_inactive_bytes");
+    assert!(inactive > 100 << 20, "{result:#}");
+    assert_eq!(number(&result, "memsnap_inactive_bytes"), inactive);
+    let largest = number(&result, "torch_largest_free_block");
+    assert!(largest > 0, "{result:#}");
+    assert_eq!(number(&result, "memsnap_largest_free_block"), largest);
+    assert_eq!(number(&result, "oom_events"), 1);
+    assert_eq!(result["ok"], true, "{result:#}");
+}
+
+#[test]
+#[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
+fn real_torch_tensor_mode_records_each_tensor_through_its_cuda_call() {
+    let folder = tempfile::tempdir().expect("temporary folder");
+    let stdout = python(
+        &[
+            "-c",
+            "import ctypes, json, torch\n\
+             sizes = [(i + 1) * 4096 + 512 for i in range(100)]\n\
+             kept = [torch.empty(s, dtype=torch.uint8, device='cuda') for s in sizes]\n\
+             addresses = [t.data_ptr() for t in kept]\n\
+             del kept[50:]\n\
+             fn = ctypes.CDLL(None).memsnap_dump_path\n\
+             fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]\n\
+             buf = ctypes.create_string_buffer(4096)\n\
+             n = fn(b'tensors', buf, 4096)\n\
+             print(json.dumps({'backend': torch.cuda.get_allocator_backend(), 'path': buf.raw[:n].decode(),\n\
+                               'sizes': sizes, 'addresses': addresses}))",
+        ],
+        &[("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")],
+        folder.path(),
+    );
+    let run: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON");
+    assert_eq!(run["backend"], "cudaMallocAsync");
+    let snapshot = common::python_load_json(Path::new(run["path"].as_str().expect("a path")));
+    let meta = &snapshot["memsnap"];
+    let line = meta["torch_allocator"].as_str().unwrap_or_default();
+    assert!(line.starts_with("tensors: PyTorch 2.11.0"), "{line}");
+    assert_eq!(meta["dropped_events"], 0);
+    assert_eq!(meta["events_without_stack"], 0);
+    // Each tensor is its own CUDA allocation: the first 50 live at their addresses and sizes,
+    // the other 50 allocated and freed.
+    let live: Vec<(u64, u64)> = snapshot["segments"]
+        .as_array()
+        .expect("segments")
+        .iter()
+        .map(|s| (number(s, "address"), number(s, "total_size")))
+        .collect();
+    let counts = |key: &str| -> Vec<u64> {
+        run[key]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|v| v.as_u64().expect("a count"))
+            .collect()
+    };
+    let (sizes, addresses) = (counts("sizes"), counts("addresses"));
+    assert_eq!((sizes.len(), addresses.len()), (100, 100));
+    for (i, (&address, &size)) in addresses.iter().zip(&sizes).enumerate() {
+        let is_live = live.contains(&(address, size));
+        assert_eq!(
+            is_live,
+            i < 50,
+            "tensor {i} ({address:#x}, {size} bytes): live {is_live}; live segments {live:x?}"
+        );
+    }
+    let trace = snapshot["device_traces"][0]
+        .as_array()
+        .expect("device 0's trace");
+    let count = |action: &str| {
+        trace
+            .iter()
+            .filter(|e| e["action"] == action && sizes.contains(&e["size"].as_u64().unwrap_or(0)))
+            .count()
+    };
+    let actions = [
+        "segment_alloc",
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_free",
+    ];
+    assert_eq!(actions.map(count), [100, 100, 50, 50, 50]);
+}
