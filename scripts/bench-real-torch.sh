@@ -4,10 +4,12 @@
 # cost,cost-async) that the machine's load cannot move, run without a GPU on the simulated
 # CUDA driver.
 #
-#   bash scripts/bench-real-torch.sh [LIB]
+#   bash scripts/bench-real-torch.sh [LIB...]
 #
-# LIB: a libmemsnap.so built with --features bench-hooks; without it the script builds one
-# (`cargo build --release --lib --features bench-hooks --target-dir target/gpu`).
+# LIB: a libmemsnap.so built with --features bench-hooks; without one the script builds one
+# (`cargo build --release --lib --features bench-hooks --target-dir target/gpu`). With two
+# or more (two builds of the hot path, say), each gets memsnap's rows, named by the folder
+# it lies in; the processes without memsnap and the recorder's are shared.
 # The real PyTorch (the CUDA wheel of PyTorch ${TORCH_VERSION:-2.11.0}, about 530 MB,
 # downloaded once) runs on the simulated driver (scripts/real-torch/setup.sh, into
 # ${REAL_TORCH_DIR:-target/real-torch}). Each configuration is one process under callgrind
@@ -30,8 +32,10 @@
 # work per event: the drain benchmark, docs/BENCHMARKS.md). Every memsnap process must end
 # with 0 dropped and 0 without a stack, on the route its row names: else the row is void and
 # the script fails. Needs valgrind with its headers, cc, readelf, nm, and PyPI for the first
-# run. STACKS (default "none python all") picks memsnap's rows; the recorder's are python
-# and all. Takes about 3 minutes on the 2-core VM after the download.
+# run. STACKS (default "none python all") picks memsnap's rows; the recorder's are none (its
+# history of entries without stacks: what building and keeping the entries costs), python and
+# all. PYTHON (python3) picks the interpreter, and with it the wheel. Takes about 3
+# minutes on the 2-core VM after the download, and 1.5 more for each further library.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -39,21 +43,27 @@ ITERATIONS=${ITERATIONS:-2000}
 BLOCKS=${BLOCKS:-2}
 STACKS=${STACKS:-none python all}
 DIR=${REAL_TORCH_DIR:-$ROOT/target/real-torch}
-LIB=${1:-$ROOT/target/gpu/release/libmemsnap.so}
+LIBS=("$@")
+[ $# -gt 0 ] || LIBS=("$ROOT/target/gpu/release/libmemsnap.so")
+PYTHON=${PYTHON:-python3}
 command -v valgrind >/dev/null || { echo "bench-real-torch: needs valgrind" >&2; exit 2; }
 [ -f /usr/include/valgrind/callgrind.h ] || { echo "bench-real-torch: needs valgrind's headers (valgrind/callgrind.h)" >&2; exit 2; }
 if [ $# -eq 0 ]; then
     cargo build --release --lib --features bench-hooks --target-dir target/gpu
 fi
-LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
-nm -D --defined-only "$LIB" | grep -q ' memsnap_debug_pass_through$' \
-    || { echo "bench-real-torch: $LIB has no memsnap_debug_pass_through (build it with --features bench-hooks)" >&2; exit 2; }
-bash scripts/real-torch/setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
+for i in "${!LIBS[@]}"; do
+    lib=${LIBS[$i]}
+    [ -f "$lib" ] || { echo "bench-real-torch: no file $lib" >&2; exit 2; }
+    LIBS[$i]=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
+    nm -D --defined-only "$lib" | grep -q ' memsnap_debug_pass_through$' \
+        || { echo "bench-real-torch: $lib has no memsnap_debug_pass_through (build it with --features bench-hooks)" >&2; exit 2; }
+done
+PYTHON=$PYTHON bash scripts/real-torch/setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
 # shellcheck disable=SC1091
 . "$DIR/env.sh"
 # The interpreter itself, not a launcher script (pyenv's shims): valgrind follows the process
 # it starts, and a shell script in between would be counted instead.
-PY=$(python3 -c 'import sys; print(sys.executable)')
+PY=$("$PYTHON" -c 'import sys; print(sys.executable)')
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cat > "$WORK/helper.c" <<'C'
@@ -98,17 +108,22 @@ for route in caching tensor; do
         prefix="tensor-"
     fi
     count "${prefix}plain" plain - "${conf[@]}"
-    for stacks in $STACKS; do
-        count "${prefix}memsnap-$stacks" memsnap "$stacks" "${conf[@]}" LD_PRELOAD="$LIB" MEMSNAP_STACKS="$stacks"
+    for lib in "${LIBS[@]}"; do
+        label=""
+        [ ${#LIBS[@]} -eq 1 ] || label="@$(basename "$(dirname "$lib")")"
+        for stacks in $STACKS; do
+            count "${prefix}memsnap-$stacks$label" memsnap "$stacks" "${conf[@]}" LD_PRELOAD="$lib" MEMSNAP_STACKS="$stacks"
+        done
     done
 done
-for stacks in python all; do
+for stacks in none python all; do
     count "recorder-$stacks" recorder "$stacks"
 done
 
-python3 - "$WORK" "$ITERATIONS" "$LIB" <<'PY'
-import glob, json, statistics, sys
-work, n, lib = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+python3 - "$WORK" "$ITERATIONS" "${LIBS[@]}" <<'PY'
+import glob, json, os, statistics, sys
+work, n, libs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+labels = [""] if len(libs) == 1 else ["@" + os.path.basename(os.path.dirname(lib)) for lib in libs]
 rows = {r["name"]: r for r in (json.load(open(p)) for p in glob.glob(f"{work}/*/row.json"))}
 events = 2 * n  # an allocation and a free an iteration, as the GPU loop counts them
 
@@ -124,9 +139,11 @@ def pairs(row):
 
 some = next(iter(rows.values()))
 print(f"PyTorch {some['torch']} on the simulated driver, Python {some['python']}, "
-      f"{n} allocations a block, {len(some['blocks']) // 2} pairs of blocks; library {lib}")
+      f"{n} allocations a block, {len(some['blocks']) // 2} pairs of blocks; "
+      f"{'library' if len(libs) == 1 else 'libraries'} {', '.join(libs)}")
 print("instructions an event (an allocation or a free) on the loop's thread:")
-print(f"{'configuration':<22} {'on - off':>9} {'each pair':<20} {'on - not loaded':>15} {'not loaded':>11}")
+width = max(22, *(len(f"tensor-memsnap-python{label}") + 2 for label in labels))
+print(f"{'configuration':<{width}} {'on - off':>9} {'each pair':<20} {'on - not loaded':>15} {'not loaded':>11}")
 void = []
 for route, prefix, expect in (("caching allocator", "", "blocks"), ("tensor mode", "tensor-", "tensors")):
     plain = rows.get(f"{prefix}plain")
@@ -134,8 +151,8 @@ for route, prefix, expect in (("caching allocator", "", "blocks"), ("tensor mode
         continue
     base = statistics.median(blocks(plain, "")) / events
     print(f"{route}: the loop alone {base:,.1f}")
-    names = [f"{prefix}memsnap-{s}" for s in ("none", "python", "all")]
-    names += ["recorder-python", "recorder-all"] if not prefix else []
+    names = [f"{prefix}memsnap-{s}{label}" for label in labels for s in ("none", "python", "all")]
+    names += ["recorder-none", "recorder-python", "recorder-all"] if not prefix else []
     for name in names:
         row = rows.get(name)
         if not row:
@@ -143,7 +160,7 @@ for route, prefix, expect in (("caching allocator", "", "blocks"), ("tensor mode
         within = pairs(row)
         over = statistics.median(blocks(row, "on")) / events - base
         row["within"], row["over"] = statistics.median(within), over
-        line = (f"  {name:<20} {statistics.median(within):>9.1f} {', '.join(f'{p:.1f}' for p in within):<20} "
+        line = (f"  {name:<{width - 2}} {statistics.median(within):>9.1f} {', '.join(f'{p:.1f}' for p in within):<20} "
                 f"{over:>15.1f} {statistics.median(blocks(row, 'off')) / events - base:>+11.1f}")
         if row["mode"] == "memsnap" and (row.get("dropped") != 0 or row.get("without_stack") != 0
                                          or not str(row.get("torch_allocator", "")).startswith(expect)):
@@ -153,11 +170,12 @@ for route, prefix, expect in (("caching allocator", "", "blocks"), ("tensor mode
 print("(on - off: recording's on/off difference inside the process, as the GPU loop measures it; "
       "on - not loaded: the recorded block against the same loop in a process without memsnap, "
       "what a user's program pays; not loaded: the off block against that loop.)")
-for stacks in ("python", "all"):
-    ours, theirs = rows.get(f"memsnap-{stacks}"), rows.get(f"recorder-{stacks}")
-    if ours and theirs and "over" in ours and "over" in theirs:
-        print(f"the recorder over memsnap, {stacks} stacks, caching allocator: {theirs['over'] / ours['over']:.1f}x over not "
-              f"loaded ({theirs['over']:,.0f} / {ours['over']:,.0f}), {theirs['within'] / ours['within']:.1f}x on - off")
+for label in labels:
+    for stacks in ("python", "all"):
+        ours, theirs = rows.get(f"memsnap-{stacks}{label}"), rows.get(f"recorder-{stacks}")
+        if ours and theirs and "over" in ours and "over" in theirs:
+            print(f"the recorder over memsnap{label}, {stacks} stacks, caching allocator: {theirs['over'] / ours['over']:.1f}x "
+                  f"over not loaded ({theirs['over']:,.0f} / {ours['over']:,.0f}), {theirs['within'] / ours['within']:.1f}x on - off")
 if void:
     sys.exit(f"void rows (memsnap lost events or took another route): {', '.join(void)}")
 PY

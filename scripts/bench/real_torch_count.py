@@ -8,7 +8,7 @@ callgrind (run under `valgrind --tool=callgrind --instr-atstart=no --separate-th
 memsnap: this process has libmemsnap.so preloaded (built with --features bench-hooks) and
 switches recording with its memsnap_debug_pass_through, as the GPU benchmark does. recorder:
 no memsnap; PyTorch's own recorder (torch.cuda.memory._record_memory_history, stacks "python"
-or "all") is switched on and off. plain: no memsnap, nothing recorded in either block (the
+or "all", or "none": its entries without stacks) is switched on and off. plain: no memsnap, nothing recorded in either block (the
 loop as a program without memsnap runs it; STACKS is ignored). HELPER_SO is a small library whose functions are
 callgrind's client requests (start, zero, dump with a name). Before the counted blocks the
 loop runs once uncounted and once counted and discarded, so that the blocks see the steady
@@ -27,7 +27,7 @@ import sys
 import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
-from torch_blocks import cost_loop, memsnap_dump  # noqa: E402  (the GPU benchmark's own loop)
+from torch_blocks import cost_loop, memsnap_dump, recorder_on  # noqa: E402  (the GPU benchmark's own)
 
 warnings.filterwarnings("ignore")  # the simulated device is no architecture PyTorch was built for
 
@@ -49,7 +49,7 @@ def main():
         elif mode == "plain":
             pass
         elif on:
-            torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks=stacks)
+            recorder_on(torch, stacks)
         else:
             torch.cuda.memory._record_memory_history(enabled=None)
 

@@ -28,7 +28,9 @@ change) and writes one JSON record; the driver prints a table and writes results
   the unrecorded block beside it; per process: median, quartiles and every paired difference,
   and the median on/off ratio; over processes (torch_blocks_cost.json and the printed table):
   the median and IQR of the per-process medians, and PyTorch's recorder over memsnap per round.
-  Checked: memsnap's snapshot says 0 dropped, 0 without a stack, and its
+  The recorder's rows: python, all, and none (its history of entries without stacks: what
+  PyTorch spends building and keeping an entry, the part an attached tracker's entries share,
+  which memsnap's own on/off blocks both contain; docs/HOT-PATH.md). Checked: memsnap's snapshot says 0 dropped, 0 without a stack, and its
   memsnap.torch_allocator line starts with "blocks" (the tracker saw the blocks). With
   --isolate each cost process, after its warm-up, pins the loop's thread to one core and
   moves every other thread (memsnap's writer, CUDA's) off that core, as step_time.py
@@ -285,6 +287,16 @@ def cost_loop(torch, n, sizes):
         live[i % 16] = deep(10, sizes[i % len(sizes)])
 
 
+def recorder_on(torch, stacks):
+    """PyTorch's recorder switched on with `stacks` ("python" or "all"); "none": its history of
+    entries without any stack (context=None): what PyTorch spends building and keeping the
+    entries alone, the part a tracker's entries share."""
+    if stacks == "none":
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None)
+    else:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks=stacks)
+
+
 def quartiles(values):
     """(first quartile, third quartile) of values (the median of each half)."""
     v = sorted(values)
@@ -344,7 +356,7 @@ def case_cost(args):
             if mode == "memsnap":
                 switch(0 if recorded else 1)
             elif recorded:
-                torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks=os.environ.get("TORCH_BLOCKS_STACKS", "python"))
+                recorder_on(torch, os.environ.get("TORCH_BLOCKS_STACKS", "python"))
             t0 = time.perf_counter_ns()
             cost_loop(torch, n, sizes)
             t1 = time.perf_counter_ns()
@@ -459,7 +471,7 @@ def main():
                                         {"MEMSNAP_STACKS": stacks, "TORCH_BLOCKS_COST": "memsnap",
                                          "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, 150))
         if "cost" in wanted:
-            for stacks in ("python", "all"):
+            for stacks in ("none", "python", "all"):
                 results.append(run_case(args, f"cost:recorder-{stacks}", {"NO_PRELOAD": "1", "TORCH_BLOCKS_COST": "recorder", "TORCH_BLOCKS_STACKS": stacks}, 150))
     with open(os.path.join(args.out, "torch_blocks.json"), "w") as f:
         json.dump(results, f, indent=1)
