@@ -1,5 +1,5 @@
-//! The real PyTorch on the simulated driver: PyTorch's CUDA wheel (2.11, whose
-//! `libc10_cuda.so` is the GPU machines' own) with the simulated driver and runtime and
+//! The real PyTorch on the simulated driver: PyTorch's CUDA wheel (2.11 by default, whose
+//! `libc10_cuda.so` is the GPU machines' own; another release set up in `REAL_TORCH_DIR`) with the simulated driver and runtime and
 //! stand-ins for the other NVIDIA libraries it links (scripts/real-torch/setup.sh). memsnap's
 //! record of PyTorch's caching allocator is set against PyTorch's own snapshot, its
 //! out-of-memory snapshot against PyTorch's, and tensor mode's route is checked, with the
@@ -27,6 +27,17 @@ fn real_torch_dir() -> PathBuf {
         dir.display()
     );
     dir
+}
+
+/// The release the folder holds, as PyTorch reports it (`torch/version.py`: `2.11.0+cu130`).
+fn torch_version() -> String {
+    let path = real_torch_dir().join("site/torch/version.py");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines()
+        .find_map(|line| line.strip_prefix("__version__ = "))
+        .map(|v| v.trim().trim_matches(|c| c == '\'' || c == '"').to_owned())
+        .unwrap_or_else(|| panic!("no __version__ in {}", path.display()))
 }
 
 /// `python3 ARGS` with the real PyTorch on the simulated driver, `libmemsnap.so` preloaded
@@ -122,8 +133,9 @@ fn real_torch_blocks_match_pytorchs_own_snapshot() {
     assert_eq!(number(&result, "times_outside_run"), 0);
     assert!(number(&result, "trace_entries") > 100, "{result:#}");
     let line = result["torch_allocator"].as_str().unwrap_or_default();
+    let release = format!("blocks: PyTorch {} caching allocator", torch_version());
     assert!(
-        line.starts_with("blocks: PyTorch 2.11.0") && line.contains("through its trace tracker"),
+        line.starts_with(&release) && line.contains("through its trace tracker"),
         "{line}"
     );
     assert_eq!(result["ok"], true, "{result:#}");
@@ -175,7 +187,8 @@ fn real_torch_tensor_mode_records_each_tensor_through_its_cuda_call() {
     let snapshot = common::python_load_json(Path::new(run["path"].as_str().expect("a path")));
     let meta = &snapshot["memsnap"];
     let line = meta["torch_allocator"].as_str().unwrap_or_default();
-    assert!(line.starts_with("tensors: PyTorch 2.11.0"), "{line}");
+    let release = format!("tensors: PyTorch {} ", torch_version());
+    assert!(line.starts_with(&release), "{line}");
     assert_eq!(meta["dropped_events"], 0);
     assert_eq!(meta["events_without_stack"], 0);
     // Each tensor is its own CUDA allocation: the first 50 live at their addresses and sizes,

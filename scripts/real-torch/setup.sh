@@ -6,7 +6,7 @@
 # pure-Python requirements into DIR/deps, and builds into DIR/lib what the wheel needs of
 # NVIDIA's: the simulated driver (tests/fake_cuda/fake_cuda.c) as libcuda.so.1, the simulated
 # runtime (tests/fake_cuda/fake_cudart.c with scripts/real-torch/runtime.c) as
-# libcudart.so.13, and stand-ins for cuBLAS, cuDNN, NCCL and the others
+# libcudart.so.13 (.12 for a wheel built for CUDA 12), and stand-ins for cuBLAS, cuDNN, NCCL and the others
 # (scripts/real-torch/stubs.py). Then `torch.empty(..., device="cuda")` runs PyTorch's
 # own caching allocator, at the simulated driver's addresses; nothing runs kernels.
 #
@@ -63,7 +63,7 @@ cc $CFLAGS -c -o "$DIR/stubs/runtime.o" "$ROOT/scripts/real-torch/runtime.c"
 for c in "$DIR"/stubs/*.so*.c; do
     soname=$(basename "$c" .c)
     extra=()
-    if [ "$soname" = libcudart.so.13 ]; then
+    if [[ $soname == libcudart.so.* ]]; then
         extra=("$DIR/stubs/fake_cudart.o" "$DIR/stubs/runtime.o" -Wl,-Bsymbolic -ldl -lpthread)
     fi
     cc $CFLAGS -shared -Wl,-soname,"$soname" -Wl,--version-script="$DIR/stubs/$soname.map" \
