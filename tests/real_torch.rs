@@ -1,10 +1,11 @@
 //! The real PyTorch on the simulated driver: PyTorch's CUDA wheel (2.11 by default, whose
-//! `libc10_cuda.so` is the GPU machines' own; another release set up in `REAL_TORCH_DIR`) with the simulated driver and runtime and
-//! stand-ins for the other NVIDIA libraries it links (scripts/real-torch/setup.sh). memsnap's
-//! record of PyTorch's caching allocator is set against PyTorch's own snapshot, its
-//! out-of-memory snapshot against PyTorch's, and tensor mode's route is checked, with the
-//! checks of scripts/gpu/torch_blocks.py (its `compare` and `oom` cases) run here on the real
-//! library: the stand-in of tests/fake_torch follows PyTorch's rules, this is PyTorch.
+//! `libc10_cuda.so` is the GPU machines' own; another release set up in `REAL_TORCH_DIR`)
+//! with the simulated driver and runtime and stand-ins for the other NVIDIA libraries it
+//! links (scripts/real-torch/setup.sh). memsnap's record of PyTorch's caching allocator is
+//! set against PyTorch's own snapshot, its out-of-memory snapshot against PyTorch's, and
+//! tensor mode's route is checked, with the checks of scripts/gpu/torch_blocks.py (its
+//! `compare` and `oom` cases) run here on the real library: the stand-in of tests/fake_torch
+//! follows PyTorch's rules, this is PyTorch.
 //!
 //! #[ignore]d for plain `cargo test`: the wheel is a download of about 530 MB.
 //! scripts/test.sh sets it up in target/real-torch (or `REAL_TORCH_DIR`) and runs them.
@@ -40,12 +41,19 @@ fn torch_version() -> String {
         .unwrap_or_else(|| panic!("no __version__ in {}", path.display()))
 }
 
-/// `python3 ARGS` with the real PyTorch on the simulated driver, `libmemsnap.so` preloaded
-/// unless `preload` is false, snapshots into `folder`; panics unless it succeeds; stdout.
+/// `python3 ARGS` with the real PyTorch on the simulated driver, `libmemsnap.so` preloaded,
+/// snapshots into `folder`, memsnap's settings only those of `env`; panics unless it
+/// succeeds; stdout.
 fn python(args: &[&str], env: &[(&str, &str)], folder: &Path) -> String {
     let dir = real_torch_dir();
-    let out = Command::new("python3")
-        .args(["-W", "ignore"]) // PyTorch warns about a device it was not built for
+    let mut command = Command::new("python3");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("MEMSNAP_") {
+            command.env_remove(name);
+        }
+    }
+    let out = command
+        .args(["-W", "ignore"]) // (PyTorch's warnings, NumPy's absence among them)
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env(

@@ -6,13 +6,13 @@
 # pure-Python requirements into DIR/deps, and builds into DIR/lib what the wheel needs of
 # NVIDIA's: the simulated driver (tests/fake_cuda/fake_cuda.c) as libcuda.so.1, the simulated
 # runtime (tests/fake_cuda/fake_cudart.c with scripts/real-torch/runtime.c) as
-# libcudart.so.13 (.12 for a wheel built for CUDA 12), and stand-ins for cuBLAS, cuDNN, NCCL and the others
-# (scripts/real-torch/stubs.py). Then `torch.empty(..., device="cuda")` runs PyTorch's
+# libcudart.so.13 (.12 for a wheel built for CUDA 12), and stand-ins for cuBLAS, cuDNN,
+# NCCL and the others (scripts/real-torch/stubs.py). Then `torch.empty(..., device="cuda")` runs PyTorch's
 # own caching allocator, at the simulated driver's addresses; nothing runs kernels.
 #
 # Writes DIR/env.sh (PYTHONPATH, LD_LIBRARY_PATH, FAKE_CUDA_DEVICES=1) and checks that a
-# tensor allocated through the caching allocator is counted by it. Safe to run again: what is
-# there is kept. Uses ${PYTHON:-python3}, pip, cc, readelf, nm, unzip.
+# tensor allocated through the caching allocator is counted by it. Safe to run again: the
+# wheel, its unpacked files and its requirements are kept; the libraries are built again. Uses ${PYTHON:-python3}, pip, cc, readelf, nm, unzip.
 set -euo pipefail
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -43,12 +43,14 @@ if [ ! -f "$DIR/deps/.installed" ]; then
     # The wheel's requirements without NVIDIA's libraries, Triton or the extras.
     requirements=$(unzip -p "$wheel" "torch-$VERSION.dist-info/METADATA" | sed -n 's/^Requires-Dist: //p' \
         | grep -v -e 'extra ==' -e '^nvidia-' -e '^cuda-' -e '^triton' | sed 's/;.*//; s/ //g')
+    rm -rf "$DIR/deps" # (what an interrupted install left)
     # shellcheck disable=SC2086
     "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$DIR/deps" $requirements
     touch "$DIR/deps/.installed"
 fi
 
 bash "$ROOT/scripts/build-fake-cuda.sh" "$DIR/fake" >/dev/null
+rm -rf "$DIR/lib" "$DIR/stubs" # (made again each time, from this wheel only)
 mkdir -p "$DIR/lib" "$DIR/stubs"
 cp "$DIR/fake/lib/libcuda.so.1" "$DIR/lib/libcuda.so.1"
 CFLAGS="-O2 -fPIC -w"
