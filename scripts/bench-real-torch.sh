@@ -59,6 +59,8 @@ for i in "${!LIBS[@]}"; do
         || { echo "bench-real-torch: $lib has no memsnap_debug_pass_through (build it with --features bench-hooks)" >&2; exit 2; }
 done
 PYTHON=$PYTHON bash scripts/real-torch/setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
+# Only the settings each row names: none of the caller's.
+unset LD_PRELOAD $(env | grep -o '^MEMSNAP_[A-Z_]*' || true)
 # shellcheck disable=SC1091
 . "$DIR/env.sh"
 # The interpreter itself, not a launcher script (pyenv's shims): valgrind follows the process
