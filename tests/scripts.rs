@@ -156,17 +156,24 @@ fn real_torch_stubs_give_a_wheel_the_libraries_it_links_with_the_versions_it_ask
     std::fs::write(vendor.join("rt.map"), "libcudart.so.13 { global: *; };\n").unwrap();
     std::fs::write(
         vendor.join("v.c"),
-        "int vendorCall(void) { return 7; }\nlong vendorTable[4] = {7};\n",
+        "int vendorCall(void) { return 7; }\nint vendorNew(void) { return 7; }\nlong vendorTable[4] = {7};\n",
     )
     .unwrap();
-    std::fs::write(vendor.join("v.map"), "VENDOR_7 { global: *; };\n").unwrap();
+    // Two versions, as a library that added a function later has.
+    std::fs::write(
+        vendor.join("v.map"),
+        "VENDOR_7 { global: vendorCall; vendorTable; local: *; };\nVENDOR_7.1 { global: vendorNew; } VENDOR_7;\n",
+    )
+    .unwrap();
     std::fs::write(
         vendor.join("consumer.c"),
         "int cudaMalloc(void **p, unsigned long n); int cudaFancy(void); int vendorCall(void);\n\
+         int vendorNew(void);\n\
          extern long vendorTable[4];\n\
          int use_malloc(void) { void *p; return cudaMalloc(&p, 1); }\n\
          int use_fancy(void) { return cudaFancy(); }\n\
          int use_vendor(void) { return vendorCall(); }\n\
+         int use_new(void) { return vendorNew(); }\n\
          long *use_table(void) { return vendorTable; }\n",
     )
     .unwrap();
@@ -229,7 +236,7 @@ fn real_torch_stubs_give_a_wheel_the_libraries_it_links_with_the_versions_it_ask
         said.lines().collect::<Vec<_>>(),
         [
             "libcudart.so.13: 1 symbols, version libcudart.so.13",
-            "libvendor.so.7: 2 symbols, version VENDOR_7"
+            "libvendor.so.7: 3 symbols, version VENDOR_7, VENDOR_7.1"
         ]
     );
     let runtime = std::fs::read_to_string(stubs.join("libcudart.so.13.c")).unwrap();
@@ -282,7 +289,7 @@ fn real_torch_stubs_give_a_wheel_the_libraries_it_links_with_the_versions_it_ask
             "import ctypes, sys\n\
              lib = ctypes.CDLL(sys.argv[1])\n\
              lib.use_table.restype = ctypes.c_void_p\n\
-             print(lib.use_malloc(), lib.use_fancy(), lib.use_vendor(), lib.use_table() is not None)",
+             print(lib.use_malloc(), lib.use_fancy(), lib.use_vendor(), lib.use_new(), lib.use_table() is not None)",
         )
         .arg(&consumer)
         .env("LD_LIBRARY_PATH", &stubs)
@@ -293,5 +300,8 @@ fn real_torch_stubs_give_a_wheel_the_libraries_it_links_with_the_versions_it_ask
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42 0 999 True");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "42 0 999 999 True"
+    );
 }

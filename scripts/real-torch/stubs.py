@@ -121,8 +121,12 @@ def main():
                 else:
                     c.write(f"long {name}(void) {{ named(\"{name}\"); return {result}; }}\n")
         with open(os.path.join(out, soname + ".map"), "w") as m:
+            # Each symbol under the version the wheel asks for it with; the rest (the
+            # runtime's own functions, the unversioned) under the first.
             for i, v in enumerate(versions):
-                m.write(f"{v} {{ {'global: *;' if i == 0 else ''} }};\n")
+                names = sorted(n for n, (version, _) in symbols.items() if version == v)
+                listed = " ".join(f"{n};" for n in names)
+                m.write(f"{v} {{ global: {listed}{' *;' if i == 0 else ''} }};\n")
         print(f"{soname}: {len(symbols)} symbols, version {', '.join(versions)}")
 
 
