@@ -21,13 +21,12 @@ instructions are in callgrind's dumps, which the shell script reads.
 import ctypes
 import json
 import os
-import pickle
 import platform
 import sys
 import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
-from torch_blocks import cost_loop, memsnap_dump, recorder_on  # noqa: E402  (the GPU benchmark's own)
+from torch_blocks import cost_loop, memsnap_counts, recorder_on  # noqa: E402  (the GPU benchmark's own)
 
 warnings.filterwarnings("ignore")  # the simulated device is no architecture PyTorch was built for
 
@@ -73,11 +72,7 @@ def main():
     out = {"mode": mode, "stacks": stacks, "iterations": n, "blocks": names,
            "torch": torch.__version__, "python": platform.python_version(), "backend": torch.cuda.get_allocator_backend()}
     if mode == "memsnap":
-        path = memsnap_dump("count")
-        with open(path, "rb") as f:
-            meta = pickle.load(f).get("memsnap", {})
-        out.update(dropped=meta.get("dropped_events"), without_stack=meta.get("events_without_stack"),
-                   torch_allocator=meta.get("torch_allocator"), events=meta.get("events_recorded"))
+        out.update(memsnap_counts("count"))
     print("RESULT " + json.dumps(out), flush=True)
 
 

@@ -75,6 +75,14 @@ def memsnap_dump(tag):
     return buf.raw[:n].decode() if 0 <= n < 4096 else None
 
 
+def memsnap_counts(tag):
+    """A snapshot dumped now, read back: its losses, its allocator line and its events."""
+    with open(memsnap_dump(tag), "rb") as f:
+        meta = pickle.load(f).get("memsnap", {})
+    return {"dropped": meta.get("dropped_events"), "without_stack": meta.get("events_without_stack"),
+            "torch_allocator": meta.get("torch_allocator"), "events": meta.get("events_recorded")}
+
+
 def blocks_of(segments, device=0):
     """{segment address: (total_size, [(address, size, state, requested or None)])}."""
     out = {}
@@ -377,20 +385,16 @@ def case_cost(args):
            "on_off_ratio_median": statistics.median(a / b for a, b in zip(on_ns, off_ns)),
            "pinned_cpu": pinned_cpu, "kept_off": kept_off}
     if mode == "memsnap":
-        path = memsnap_dump("cost")
-        with open(path, "rb") as f:
-            meta = pickle.load(f).get("memsnap", {})
-        out.update(dropped=meta.get("dropped_events"), without_stack=meta.get("events_without_stack"),
-                   torch_allocator=meta.get("torch_allocator"), events=meta.get("events_recorded"))
+        out.update(memsnap_counts("cost"))
         # The route memsnap took: the tracker's blocks under the caching allocator, the CUDA
         # calls in tensor mode (a figure of the other route would be measured in the wrong row).
         backend = torch.cuda.get_allocator_backend()
         tensor_mode = "cudaMallocAsync" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        route_ok = (backend == "cudaMallocAsync" and str(meta.get("torch_allocator", "")).startswith("tensors")
-                    if tensor_mode else
-                    backend == "native" and str(meta.get("torch_allocator", "")).startswith("blocks"))
+        line = str(out["torch_allocator"] or "")
+        route_ok = (backend == "cudaMallocAsync" and line.startswith("tensors") if tensor_mode else
+                    backend == "native" and line.startswith("blocks"))
         out.update(allocator_backend=backend, route_ok=route_ok)
-        out["ok"] = meta.get("dropped_events") == 0 and meta.get("events_without_stack") == 0 and route_ok
+        out["ok"] = out["dropped"] == 0 and out["without_stack"] == 0 and route_ok
     else:
         out["ok"] = True
     return out
