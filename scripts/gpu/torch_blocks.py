@@ -76,11 +76,13 @@ def memsnap_dump(tag):
 
 
 def memsnap_counts(tag):
-    """A snapshot dumped now, read back: its losses, its allocator line and its events."""
+    """A snapshot dumped now, read back: its losses, its allocator line, its events and how often
+    a hook waited for room (the writer behind)."""
     with open(memsnap_dump(tag), "rb") as f:
         meta = pickle.load(f).get("memsnap", {})
     return {"dropped": meta.get("dropped_events"), "without_stack": meta.get("events_without_stack"),
-            "torch_allocator": meta.get("torch_allocator"), "events": meta.get("events_recorded")}
+            "torch_allocator": meta.get("torch_allocator"), "events": meta.get("events_recorded"),
+            "hook_waits": (meta.get("hook_queue_waits") or 0) + (meta.get("hook_slot_waits") or 0)}
 
 
 def blocks_of(segments, device=0):
@@ -173,6 +175,7 @@ def case_compare(args):
         "run_us": [PROCESS_START_US, now_us],
         "torch_allocator": meta.get("torch_allocator"),
         "segments_torch": len(tsnap["segments"]),
+        "expandable_segments_torch": sum(1 for s in tsnap["segments"] if s.get("is_expandable")),
         "segments_memsnap": len(msnap["segments"]),
         "memsnap_only_segments": len(extra),
         "blocks_torch": sum(len(s["blocks"]) for s in tsnap["segments"]),
@@ -222,16 +225,18 @@ def case_leak(args):
         evaluate(torch.randn(2048, 1024, device="cuda"))
         if step in (3, 11):
             paths[step] = memsnap_dump(f"step{step}")
+    counts = memsnap_counts("end")
     diff = subprocess.run([args.cli, "diff", paths[3], paths[11]], capture_output=True, text=True, timeout=120)
     text = diff.stdout
     top = [line for line in text.splitlines() if ".py:" in line][:3]
     named = any(f"torch_blocks.py:{leak_line}" in line for line in top[:1])
     return {
+        **counts,
         "leak_line": leak_line,
         "diff_top_lines": top,
         "diff_exit": diff.returncode,
         "leak_named_first": named,
-        "ok": named,
+        "ok": named and counts["dropped"] == 0 and counts["without_stack"] == 0,
         "diff_head": text[:1500],
     }
 

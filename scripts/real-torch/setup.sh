@@ -2,17 +2,22 @@
 # scripts/real-torch/setup.sh DIR [VERSION]: the real PyTorch on the simulated CUDA driver, no GPU.
 #
 # Downloads PyTorch's Linux wheel (VERSION, default 2.11.0: about 530 MB, once; the CUDA
-# build, the same library PyTorch's GPU machines load), unpacks it into DIR/site, installs its
-# pure-Python requirements into DIR/deps, and builds into DIR/lib what the wheel needs of
-# NVIDIA's: the simulated driver (tests/fake_cuda/fake_cuda.c) as libcuda.so.1, the simulated
-# runtime (tests/fake_cuda/fake_cudart.c with scripts/real-torch/runtime.c) as
-# libcudart.so.13 (.12 for a wheel built for CUDA 12), and stand-ins for cuBLAS, cuDNN,
-# NCCL and the others (scripts/real-torch/stubs.py). Then `torch.empty(..., device="cuda")` runs PyTorch's
-# own caching allocator, at the simulated driver's addresses; nothing runs kernels.
+# build, the same library PyTorch's GPU machines load), unpacks it into DIR/site-packages
+# (the folder name a pip install gives it: memsnap's reports tell a library's Python files
+# from the program's by it), installs its pure-Python requirements into DIR/deps, and builds
+# into DIR/lib what the wheel needs of NVIDIA's: the simulated driver
+# (tests/fake_cuda/fake_cuda.c) as libcuda.so.1, the simulated runtime
+# (tests/fake_cuda/fake_cudart.c with scripts/real-torch/runtime.c) as libcudart.so.13 (.12
+# for a wheel built for CUDA 12), and stand-ins for cuBLAS, cuDNN, NCCL and the others
+# (scripts/real-torch/stubs.py; cuBLASLt's with scripts/real-torch/cublaslt.c). Then
+# `torch.empty(..., device="cuda")` runs PyTorch's own caching allocator at the simulated
+# driver's addresses, and a model's forward and backward passes allocate and free as on a
+# GPU: kernel launches and cuBLAS calls succeed and compute nothing.
 #
 # Writes DIR/env.sh (PYTHONPATH, LD_LIBRARY_PATH, FAKE_CUDA_DEVICES=1) and checks that a
 # tensor allocated through the caching allocator is counted by it. Safe to run again: the
-# wheel, its unpacked files and its requirements are kept; the libraries are built again. Uses ${PYTHON:-python3}, pip, cc, readelf, nm, unzip.
+# wheel, its unpacked files and its requirements are kept; the libraries are built again.
+# Uses ${PYTHON:-python3}, pip, cc, readelf, nm, unzip.
 set -euo pipefail
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -34,10 +39,10 @@ if [ -z "$wheel" ]; then
     "$PYTHON" -m pip download --quiet --no-deps --dest "$DIR/wheel" "torch==$VERSION"
     wheel=$(ls "$DIR"/wheel/torch-"$VERSION"-*.whl | head -n 1)
 fi
-if [ ! -f "$DIR/site/.unpacked" ] || [ "$(cat "$DIR/site/.unpacked")" != "$(basename "$wheel")" ]; then
-    rm -rf "$DIR/site"
-    unzip -q "$wheel" -d "$DIR/site"
-    basename "$wheel" > "$DIR/site/.unpacked"
+if [ ! -f "$DIR/site-packages/.unpacked" ] || [ "$(cat "$DIR/site-packages/.unpacked")" != "$(basename "$wheel")" ]; then
+    rm -rf "$DIR/site" "$DIR/site-packages" # (site: where this script unpacked it before)
+    unzip -q "$wheel" -d "$DIR/site-packages"
+    basename "$wheel" > "$DIR/site-packages/.unpacked"
 fi
 if [ ! -f "$DIR/deps/.installed" ]; then
     # The wheel's requirements without NVIDIA's libraries, Triton or the extras.
@@ -56,17 +61,20 @@ cp "$DIR/fake/lib/libcuda.so.1" "$DIR/lib/libcuda.so.1"
 CFLAGS="-O2 -fPIC -w"
 cc $CFLAGS -c -o "$DIR/stubs/fake_cudart.o" "$ROOT/tests/fake_cuda/fake_cudart.c"
 cc $CFLAGS -c -o "$DIR/stubs/runtime.o" "$ROOT/scripts/real-torch/runtime.c"
+cc $CFLAGS -c -o "$DIR/stubs/cublaslt.o" "$ROOT/scripts/real-torch/cublaslt.c"
 {
-    nm --defined-only -g "$DIR/stubs/fake_cudart.o" "$DIR/stubs/runtime.o"
+    nm --defined-only -g "$DIR/stubs/fake_cudart.o" "$DIR/stubs/runtime.o" "$DIR/stubs/cublaslt.o"
     nm -D --defined-only "$DIR/lib/libcuda.so.1"
 } | awk 'NF == 3 {print $3}' > "$DIR/stubs/simulated_defined"
-"$PYTHON" "$ROOT/scripts/real-torch/stubs.py" "$DIR/site" "$DIR/stubs/simulated_defined" "$DIR/stubs" \
+"$PYTHON" "$ROOT/scripts/real-torch/stubs.py" "$DIR/site-packages" "$DIR/stubs/simulated_defined" "$DIR/stubs" \
     > "$DIR/stubs/generated.txt"
 for c in "$DIR"/stubs/*.so*.c; do
     soname=$(basename "$c" .c)
     extra=()
     if [[ $soname == libcudart.so.* ]]; then
         extra=("$DIR/stubs/fake_cudart.o" "$DIR/stubs/runtime.o" -Wl,-Bsymbolic -ldl -lpthread)
+    elif [[ $soname == libcublasLt.so.* ]]; then
+        extra=("$DIR/stubs/cublaslt.o")
     fi
     cc $CFLAGS -shared -Wl,-soname,"$soname" -Wl,--version-script="$DIR/stubs/$soname.map" \
         -o "$DIR/lib/$soname" "$c" "${extra[@]}"
@@ -74,7 +82,7 @@ done
 
 cat > "$DIR/env.sh" <<ENV
 # The real PyTorch $VERSION on the simulated CUDA driver (scripts/real-torch/setup.sh).
-export PYTHONPATH="$DIR/site:$DIR/deps\${PYTHONPATH:+:\$PYTHONPATH}"
+export PYTHONPATH="$DIR/site-packages:$DIR/deps\${PYTHONPATH:+:\$PYTHONPATH}"
 export LD_LIBRARY_PATH="$DIR/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export FAKE_CUDA_DEVICES=1
 ENV

@@ -372,6 +372,14 @@ cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
     return cudaSuccess;
 }
 
+/* A driver function the simulated driver does not have, answered by whatever this runtime is
+ * linked with for a particular program (scripts/real-torch/runtime.c, for the real PyTorch,
+ * which looks up dozens it never calls in most runs); by default none. */
+__attribute__((weak)) void *fake_cudart_missing_driver_function(const char *symbol) {
+    (void)symbol;
+    return NULL;
+}
+
 /* Both entry-point APIs are answered by the driver's cuGetProcAddress that the nested lookup
  * returned, so an interposer sees the request in its cuGetProcAddress wrapper. */
 static cudaError_t driver_entry_point(const char *symbol, void **funcPtr, int cudaVersion,
@@ -382,6 +390,14 @@ static cudaError_t driver_entry_point(const char *symbol, void **funcPtr, int cu
     if (e != cudaSuccess) return record(e);
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     CUresult r = g_driver.getProcAddress(symbol, funcPtr, cudaVersion, flags, &status);
+    if (status == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND) {
+        void *stand_in = fake_cudart_missing_driver_function(symbol);
+        if (stand_in) {
+            *funcPtr = stand_in;
+            status = CU_GET_PROC_ADDRESS_SUCCESS;
+            r = CUDA_SUCCESS;
+        }
+    }
     if (driverStatus) *driverStatus = (cudaDriverEntryPointQueryResult)status;
     return record(from_driver(r));
 }
