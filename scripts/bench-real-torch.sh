@@ -42,40 +42,10 @@ cd "$ROOT"
 ITERATIONS=${ITERATIONS:-2000}
 BLOCKS=${BLOCKS:-2}
 STACKS=${STACKS:-none python all}
-DIR=${REAL_TORCH_DIR:-$ROOT/target/real-torch}
-LIBS=("$@")
-[ $# -gt 0 ] || LIBS=("$ROOT/target/gpu/release/libmemsnap.so")
-PYTHON=${PYTHON:-python3}
-command -v valgrind >/dev/null || { echo "bench-real-torch: needs valgrind" >&2; exit 2; }
-[ -f /usr/include/valgrind/callgrind.h ] || { echo "bench-real-torch: needs valgrind's headers (valgrind/callgrind.h)" >&2; exit 2; }
-if [ $# -eq 0 ]; then
-    cargo build --release --lib --features bench-hooks --target-dir target/gpu
-fi
-for i in "${!LIBS[@]}"; do
-    lib=${LIBS[$i]}
-    [ -f "$lib" ] || { echo "bench-real-torch: no file $lib" >&2; exit 2; }
-    LIBS[$i]=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
-    nm -D --defined-only "$lib" | grep -q ' memsnap_debug_pass_through$' \
-        || { echo "bench-real-torch: $lib has no memsnap_debug_pass_through (build it with --features bench-hooks)" >&2; exit 2; }
-done
-PYTHON=$PYTHON bash scripts/real-torch/setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
-# Only the settings each row names: none of the caller's.
-unset LD_PRELOAD $(env | grep -o '^MEMSNAP_[A-Z_]*' || true)
-# shellcheck disable=SC1091
-. "$DIR/env.sh"
-# The interpreter itself, not a launcher script (pyenv's shims): valgrind follows the process
-# it starts, and a shell script in between would be counted instead.
-PY=$("$PYTHON" -c 'import sys; print(sys.executable)')
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-cat > "$WORK/helper.c" <<'C'
-#include <valgrind/callgrind.h>
-void counted_start(void) { CALLGRIND_START_INSTRUMENTATION; }
-void counted_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
-void counted_zero(void) { CALLGRIND_ZERO_STATS; }
-void counted_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
-C
-cc -O2 -fPIC -shared -o "$WORK/helper.so" "$WORK/helper.c"
+NAME=bench-real-torch
+# (LIBS checked, the real PyTorch set up, PY, WORK and the callgrind helper: shared with
+# scripts/bench-real-torch-step.sh.)
+. "$ROOT/scripts/bench/real_torch_env.sh"
 
 # count NAME MODE STACKS [ENV...]: one process under callgrind; leaves NAME/row.json.
 count() {
@@ -102,31 +72,15 @@ json.dump({"name": name, "counted": counted, **result}, open(f"{folder}/row.json
 PY
 }
 
-for route in caching tensor; do
-    conf=()
-    prefix=""
-    if [ $route = tensor ]; then
-        conf=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync)
-        prefix="tensor-"
-    fi
-    count "${prefix}plain" plain - "${conf[@]}"
-    for lib in "${LIBS[@]}"; do
-        label=""
-        [ ${#LIBS[@]} -eq 1 ] || label="@$(basename "$(dirname "$lib")")"
-        for stacks in $STACKS; do
-            count "${prefix}memsnap-$stacks$label" memsnap "$stacks" "${conf[@]}" LD_PRELOAD="$lib" MEMSNAP_STACKS="$stacks"
-        done
-    done
-done
-for stacks in none python all; do
-    count "recorder-$stacks" recorder "$stacks"
-done
+count_configurations "none python all"
 
 python3 - "$WORK" "$ITERATIONS" "${LIBS[@]}" <<'PY'
-import glob, json, os, statistics, sys
+import statistics, sys
+sys.path.insert(0, "scripts/bench")
+import real_torch_rows
 work, n, libs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-labels = [""] if len(libs) == 1 else ["@" + os.path.basename(os.path.dirname(lib)) for lib in libs]
-rows = {r["name"]: r for r in (json.load(open(p)) for p in glob.glob(f"{work}/*/row.json"))}
+labels = real_torch_rows.labels(libs)
+rows = real_torch_rows.load(work)
 events = 2 * n  # an allocation and a free an iteration, as the GPU loop counts them
 
 
@@ -147,15 +101,13 @@ print("instructions an event (an allocation or a free) on the loop's thread:")
 width = max(22, *(len(f"tensor-memsnap-python{label}") + 2 for label in labels))
 print(f"{'configuration':<{width}} {'on - off':>9} {'each pair':<20} {'on - not loaded':>15} {'not loaded':>11}")
 void = []
-for route, prefix, expect in (("caching allocator", "", "blocks"), ("tensor mode", "tensor-", "tensors")):
+for route, prefix, expect in real_torch_rows.ROUTES:
     plain = rows.get(f"{prefix}plain")
     if not plain:
         continue
     base = statistics.median(blocks(plain, "")) / events
     print(f"{route}: the loop alone {base:,.1f}")
-    names = [f"{prefix}memsnap-{s}{label}" for label in labels for s in ("none", "python", "all")]
-    names += ["recorder-none", "recorder-python", "recorder-all"] if not prefix else []
-    for name in names:
+    for name in real_torch_rows.names(prefix, labels, ("none", "python", "all")):
         row = rows.get(name)
         if not row:
             continue
@@ -164,20 +116,16 @@ for route, prefix, expect in (("caching allocator", "", "blocks"), ("tensor mode
         row["within"], row["over"] = statistics.median(within), over
         line = (f"  {name:<{width - 2}} {statistics.median(within):>9.1f} {', '.join(f'{p:.1f}' for p in within):<20} "
                 f"{over:>15.1f} {statistics.median(blocks(row, 'off')) / events - base:>+11.1f}")
-        if row["mode"] == "memsnap" and (row.get("dropped") != 0 or row.get("without_stack") != 0
-                                         or not str(row.get("torch_allocator", "")).startswith(expect)):
-            line += f"  VOID: dropped {row.get('dropped')}, without a stack {row.get('without_stack')}, allocator {row.get('torch_allocator')!r}"
+        if real_torch_rows.void(row, expect):
+            line += real_torch_rows.void(row, expect)
             void.append(name)
         print(line)
 print("(on - off: recording's on/off difference inside the process, as the GPU loop measures it; "
       "on - not loaded: the recorded block against the same loop in a process without memsnap, "
       "what a user's program pays; not loaded: the off block against that loop.)")
-for label in labels:
-    for stacks in ("python", "all"):
-        ours, theirs = rows.get(f"memsnap-{stacks}{label}"), rows.get(f"recorder-{stacks}")
-        if ours and theirs and "over" in ours and "over" in theirs:
-            print(f"the recorder over memsnap{label}, {stacks} stacks, caching allocator: {theirs['over'] / ours['over']:.1f}x "
-                  f"over not loaded ({theirs['over']:,.0f} / {ours['over']:,.0f}), {theirs['within'] / ours['within']:.1f}x on - off")
+for label, stacks, ours, theirs in real_torch_rows.recorder_pairs(rows, labels):
+    print(f"the recorder over memsnap{label}, {stacks} stacks, caching allocator: {theirs['over'] / ours['over']:.1f}x "
+          f"over not loaded ({theirs['over']:,.0f} / {ours['over']:,.0f}), {theirs['within'] / ours['within']:.1f}x on - off")
 if void:
     sys.exit(f"void rows (memsnap lost events or took another route): {', '.join(void)}")
 PY

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Instructions a training step, memsnap against PyTorch's own recorder, counted by callgrind:
+# the twin of scripts/gpu/step_time.py (the step time users feel) that the machine's load
+# cannot move, run without a GPU on the simulated CUDA driver.
+#
+#   bash scripts/bench-real-torch-step.sh [LIB...]
+#
+# LIB: a libmemsnap.so built with --features bench-hooks, with its symbols (memsnap's writer
+# thread is told apart by its function names); without one the script builds one (`cargo
+# build --release --lib --features bench-hooks --target-dir target/gpu`). With two or more
+# (two builds of the hot path, say), each gets memsnap's rows, named by the folder it lies in.
+# The real PyTorch (${TORCH_VERSION:-2.11.0}, set up by scripts/real-torch/setup.sh into
+# ${REAL_TORCH_DIR:-target/real-torch}) runs step_time.py's transformer step (a causal
+# language model of 4 encoder layers, d_model 512, batch 16 x 256 tokens, bf16 autocast,
+# AdamW) on the simulated driver, where kernels and cuBLAS compute nothing: what is counted is
+# the step's host side (Python, autograd, the dispatcher, the allocator, memsnap or the
+# recorder), which sets the step time of such a model on a GPU. Each configuration is one
+# process under callgrind (scripts/bench/real_torch_step.py): 5 steps uncounted, STEPS (4)
+# counted. Rows: the caching allocator without memsnap, with memsnap (stacks STACKS, default
+# "none python all"), with PyTorch's recorder (python, all; context "all", as step_time.py runs
+# it); tensor mode (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) without and with memsnap.
+# Per step, on the step's threads (the interpreter's and autograd's; memsnap's writer thread
+# apart, in its own column): instructions, and what a configuration adds over the same route
+# without memsnap, in instructions and in percent of that step. Every memsnap process must end
+# with 0 dropped and 0 without a stack on the route its row names: else the row is void and the
+# script fails. Needs valgrind with its headers, cc, readelf, nm, and PyPI for the first run;
+# PYTHON (python3) picks the interpreter. Takes about 6 minutes on the 2-core VM.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+STEPS=${STEPS:-4}
+STACKS=${STACKS:-none python all}
+NAME=bench-real-torch-step
+. "$ROOT/scripts/bench/real_torch_env.sh"
+for lib in "${LIBS[@]}"; do
+    nm "$lib" 2>/dev/null | grep 'memsnap..writer' >/dev/null \
+        || { echo "$NAME: $lib has no symbols (its writer thread could not be told apart): give the unstripped build" >&2; exit 2; }
+done
+
+# count NAME MODE STACKS [ENV...]: one process under callgrind; leaves NAME/row.json.
+count() {
+    local name=$1 mode=$2 stacks=$3
+    shift 3
+    mkdir -p "$WORK/$name/snapshots"
+    env "$@" PYTHONHASHSEED=0 MEMSNAP_FOLDER="$WORK/$name/snapshots" valgrind --tool=callgrind \
+        --instr-atstart=no --separate-threads=yes --callgrind-out-file="$WORK/$name/cg.%p" \
+        "$PY" scripts/bench/real_torch_step.py "$WORK/helper.so" "$mode" "$stacks" "$STEPS" \
+        > "$WORK/$name/out.txt" 2> "$WORK/$name/valgrind.txt" \
+        || { echo "$NAME: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
+    python3 - "$WORK/$name" "$name" <<'PY'
+import glob, json, re, sys
+folder, name = sys.argv[1], sys.argv[2]
+result = json.loads([l for l in open(f"{folder}/out.txt") if l.startswith("RESULT ")][-1][7:])
+step, writer = 0, 0
+for path in glob.glob(f"{folder}/cg.*-*"):  # one file a thread, its counts since the start
+    text = open(path).read()
+    totals = int(re.search(r"^totals: (\d+)", text, re.M).group(1))
+    if re.search(r"^fn=\(\d+\) memsnap::writer::", text, re.M):
+        writer += totals
+    else:
+        step += totals
+json.dump({"name": name, "step": step / result["steps"], "writer": writer / result["steps"], **result},
+          open(f"{folder}/row.json", "w"))
+PY
+}
+
+count_configurations "python all"
+
+python3 - "$WORK" "$STEPS" "${LIBS[@]}" <<'PY'
+import sys
+sys.path.insert(0, "scripts/bench")
+import real_torch_rows
+work, steps, libs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+labels = real_torch_rows.labels(libs)
+rows = real_torch_rows.load(work)
+some = rows["plain"]
+print(f"PyTorch {some['torch']} on the simulated driver, Python {some['python']}: step_time.py's "
+      f"transformer step, {steps} steps counted a process, "
+      f"{some['allocations_per_step']:.0f} allocations a step from the caching allocator; "
+      f"{'library' if len(libs) == 1 else 'libraries'} {', '.join(libs)}")
+print("instructions a step on the step's threads (memsnap's writer thread apart):")
+width = max(24, *(len(f"tensor-memsnap-python{label}") + 2 for label in labels))
+print(f"{'configuration':<{width}} {'a step':>13} {'over not loaded':>16} {'':>8} {'writer thread':>14}")
+void = []
+for route, prefix, expect in real_torch_rows.ROUTES:
+    plain = rows.get(f"{prefix}plain")
+    if not plain:
+        continue
+    print(f"{route}:")
+    for name in [f"{prefix}plain"] + real_torch_rows.names(prefix, labels, ("python", "all")):
+        row = rows.get(name)
+        if not row:
+            continue
+        over = row["step"] - plain["step"]
+        row["over"] = over
+        line = (f"  {name:<{width - 2}} {row['step']:>13,.0f} {over:>+16,.0f} {100 * over / plain['step']:>+7.2f}% "
+                f"{row['writer']:>14,.0f}")
+        if real_torch_rows.void(row, expect):
+            line += real_torch_rows.void(row, expect)
+            void.append(name)
+        if row.get("hook_waits"):
+            line += f"  (hooks waited for the writer {row['hook_waits']} times: those waits are in the count)"
+        print(line)
+for label, stacks, ours, theirs in real_torch_rows.recorder_pairs(rows, labels):
+    print(f"the recorder over memsnap{label}, {stacks} stacks, caching allocator: "
+          f"{theirs['over'] / ours['over']:.1f}x ({theirs['over']:,.0f} / {ours['over']:,.0f} a step)")
+if void:
+    sys.exit(f"void rows (memsnap lost events or took another route): {', '.join(void)}")
+PY

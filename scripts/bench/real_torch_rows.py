@@ -1,0 +1,42 @@
+"""What scripts/bench-real-torch.sh and scripts/bench-real-torch-step.sh share when they read
+their processes' rows (WORK/NAME/row.json, one a configuration): the rows, the libraries'
+labels, the routes, each route's row names in order, and the check that voids a memsnap row."""
+import glob
+import json
+import os
+
+# (heading, the prefix of its rows' names, what memsnap's allocator line must start with)
+ROUTES = (("caching allocator", "", "blocks"), ("tensor mode", "tensor-", "tensors"))
+
+
+def load(work):
+    return {r["name"]: r for r in (json.load(open(p)) for p in glob.glob(f"{work}/*/row.json"))}
+
+
+def labels(libs):
+    """Each library's label in row names: none for one library, @FOLDER for several."""
+    return [""] if len(libs) == 1 else ["@" + os.path.basename(os.path.dirname(lib)) for lib in libs]
+
+
+def names(prefix, labels, recorder_stacks):
+    """A route's memsnap rows, then (caching allocator only) the recorder's."""
+    out = [f"{prefix}memsnap-{s}{label}" for label in labels for s in ("none", "python", "all")]
+    return out + ([f"recorder-{s}" for s in recorder_stacks] if not prefix else [])
+
+
+def void(row, expect):
+    """Why a row is void (a memsnap process that lost events or took another route), or ''."""
+    if row["mode"] != "memsnap" or (row.get("dropped") == 0 and row.get("without_stack") == 0
+                                    and str(row.get("torch_allocator", "")).startswith(expect)):
+        return ""
+    return (f"  VOID: dropped {row.get('dropped')}, without a stack {row.get('without_stack')}, "
+            f"allocator {row.get('torch_allocator')!r}")
+
+
+def recorder_pairs(rows, labels):
+    """(label, stacks, memsnap's row, the recorder's row) for each pair both processes ran."""
+    for label in labels:
+        for stacks in ("python", "all"):
+            ours, theirs = rows.get(f"memsnap-{stacks}{label}"), rows.get(f"recorder-{stacks}")
+            if ours and theirs and ours.get("over", 0) > 0 and "over" in theirs:
+                yield label, stacks, ours, theirs
