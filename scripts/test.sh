@@ -78,8 +78,9 @@ cargo test --test scripts -- --ignored try_simulated 2>&1 | tee "$LOG/try-simula
 # The real PyTorch on the simulated driver (tests/real_torch.rs, ignored by plain cargo test):
 # PyTorch's CUDA wheel, about 530 MB from PyPI, set up once in target/real-torch with
 # stand-ins for the NVIDIA libraries it links (scripts/real-torch/setup.sh); memsnap's blocks
-# (with and without expandable segments) and out-of-memory snapshot against PyTorch's own, a
-# leaking training loop's `memsnap diff`, and tensor mode's route.
+# (with and without expandable segments, in a transformer's training step too) and
+# out-of-memory snapshot against PyTorch's own, `memsnap diff` and `memsnap explain` on a
+# leaking training loop and a model out of memory, and tensor mode's route.
 echo "== the real PyTorch on the simulated driver: scripts/real-torch/setup.sh, then tests/real_torch.rs"
 if bash scripts/real-torch/setup.sh target/real-torch > "$LOG/real-torch-setup.txt" 2>&1; then
     tail -n 1 "$LOG/real-torch-setup.txt"

@@ -174,6 +174,56 @@ fn real_torch_expandable_segments_blocks_match_pytorchs_own_snapshot() {
 
 #[test]
 #[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
+fn real_torch_training_step_blocks_match_pytorchs_own_snapshot() {
+    // A transformer's training step (scripts/gpu/step_time.py's: 4 encoder layers, bf16
+    // autocast, AdamW; autograd frees on its own thread), with and without expandable
+    // segments: after a forward pass, with the activations autograd keeps, and after the
+    // optimizer step, PyTorch's snapshot and memsnap's agree block for block.
+    for env in [
+        &[][..],
+        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")][..],
+    ] {
+        let result = torch_blocks_case("step", env);
+        for moment in ["forward", "after"] {
+            let at = &result[moment];
+            assert_eq!(
+                at["problems"],
+                serde_json::json!([]),
+                "{env:?} {moment}: {at:#}"
+            );
+            let segments = number(at, "segments_torch");
+            assert_eq!(number(at, "segments_memsnap"), segments, "{env:?} {moment}");
+            assert_eq!(number(at, "memsnap_only_segments"), 0, "{env:?} {moment}");
+            let expandable = if env.is_empty() { 0 } else { segments };
+            assert_eq!(number(at, "expandable_segments_torch"), expandable);
+            assert!(number(at, "blocks_torch") > 100, "{env:?} {moment}: {at:#}");
+            let allocated = number(at, "memory_allocated");
+            assert!(allocated > 100 << 20, "{env:?} {moment}: {at:#}");
+            assert_eq!(number(at, "memsnap_live_block_bytes"), allocated);
+            assert_eq!(number(at, "memsnap_cache_allocated_bytes"), allocated);
+            assert_eq!(
+                number(at, "memsnap_cache_reserved_bytes"),
+                number(at, "memory_reserved")
+            );
+            assert_eq!(
+                number(at, "live_blocks_with_frames"),
+                number(at, "live_blocks")
+            );
+            assert_eq!(number(at, "dropped"), 0);
+            assert_eq!(number(at, "without_stack"), 0);
+            assert_eq!(at["ok"], true, "{env:?} {moment}: {at:#}");
+        }
+        // The forward pass's activations are freed by the backward pass and the step.
+        assert!(
+            number(&result["forward"], "memory_allocated")
+                > number(&result["after"], "memory_allocated"),
+            "{result:#}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
 fn real_torch_out_of_memory_snapshot_matches_pytorchs_free_space() {
     // A fragmented cache on a 6 GiB device (its fill fits: 921 tensors of 6 MiB, three to a
     // 20 MiB segment), then a request larger than any hole: memsnap's

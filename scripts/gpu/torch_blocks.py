@@ -1,7 +1,7 @@
 """PyTorch's default caching allocator on a real GPU: memsnap's blocks against PyTorch's own.
 
     python3 scripts/gpu/torch_blocks.py --lib target/gpu/libmemsnap.so --cli target/gpu/memsnap \
-        --out $OUT [--cases compare,expandable,leak,oom,cost,cost-async] [--cost-rounds 3] [--blocks 12]
+        --out $OUT [--cases compare,expandable,step,leak,oom,cost,cost-async] [--cost-rounds 3] [--blocks 12]
         [--isolate]
 
 Each case runs in its own process with libmemsnap.so preloaded (no allocator switch, no code
@@ -14,6 +14,9 @@ change) and writes one JSON record; the driver prints a table and writes results
   state; requested size of live blocks); torch.cuda.memory_allocated() equal to the bytes of
   memsnap's live blocks; the snapshot's memsnap.torch_allocator line starts with "blocks".
   expandable runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+- step: the same comparison in a real training step (step_time.py's transformer): after the
+  forward pass of a fourth step, with the activations autograd keeps live, and after its
+  optimizer step.
 - leak: a training loop whose evaluation pass runs without no_grad and keeps its outputs;
   memsnap snapshots at steps 3 and 11, `memsnap diff` between them must put the growth on the
   leaking line (the line number is printed by the case).
@@ -140,15 +143,14 @@ def mixed_workload(torch):
     return keep, side
 
 
-def case_compare(args):
-    import torch
-    torch.cuda.init()
-    keep, side = mixed_workload(torch)
+def compared(torch, tag):
+    """PyTorch's own snapshot and memsnap's (tagged `tag`), taken now with nothing allocated in
+    between, compared segment by segment and block by block, with PyTorch's counters. Returns
+    (the figures, memsnap's snapshot)."""
     allocated = torch.cuda.memory_allocated()
     reserved = torch.cuda.memory_reserved()
     tsnap = torch.cuda.memory._snapshot()
-    path = memsnap_dump("compare")
-    with open(path, "rb") as f:
+    with open(memsnap_dump(tag), "rb") as f:
         msnap = pickle.load(f)
     problems, extra = compare_segments(tsnap["segments"], msnap["segments"])
     meta = msnap.get("memsnap", {})
@@ -160,19 +162,7 @@ def case_compare(args):
     frames_on_blocks = sum(1 for s in msnap["segments"] for b in s["blocks"]
                            if b["state"] != "inactive" and b.get("frames"))
     live_blocks = sum(1 for s in msnap["segments"] for b in s["blocks"] if b["state"] != "inactive")
-    # Every entry's time lies within this process's life: block events carry PyTorch's own
-    # time-stamp counter reading (TraceEntry::time_), CUDA calls memsnap's; the writer turns
-    # both into the wall clock.
-    now_us = int(time.time() * 1e6)
-    times = [e["time_us"] for trace in msnap.get("device_traces", []) for e in trace]
-    outside = sum(1 for t in times if not PROCESS_START_US <= t <= now_us)
-    side.synchronize()
-    return {
-        "trace_entries": len(times),
-        "times_outside_run": outside,
-        "block_entry_times": [e["time_us"] for trace in msnap.get("device_traces", []) for e in trace
-                              if e.get("action") == "alloc"][:3],
-        "run_us": [PROCESS_START_US, now_us],
+    figures = {
         "torch_allocator": meta.get("torch_allocator"),
         "segments_torch": len(tsnap["segments"]),
         "expandable_segments_torch": sum(1 for s in tsnap["segments"] if s.get("is_expandable")),
@@ -192,11 +182,58 @@ def case_compare(args):
         "dropped": meta.get("dropped_events"),
         "without_stack": meta.get("events_without_stack"),
         "cache_mismatches": meta.get("cache_mismatches"),
-        "ok": (not problems and str(meta.get("torch_allocator", "")).startswith("blocks")
-               and allocated == live_block_bytes and dev0.get("cache_allocated_bytes") == allocated
-               and dev0.get("cache_reserved_bytes") == reserved and frames_on_blocks == live_blocks
-               and times and outside == 0),
     }
+    figures["ok"] = (not problems and str(meta.get("torch_allocator", "")).startswith("blocks")
+                     and allocated == live_block_bytes and dev0.get("cache_allocated_bytes") == allocated
+                     and dev0.get("cache_reserved_bytes") == reserved and frames_on_blocks == live_blocks)
+    return figures, msnap
+
+
+def case_compare(args):
+    import torch
+    torch.cuda.init()
+    keep, side = mixed_workload(torch)
+    figures, msnap = compared(torch, "compare")
+    # Every entry's time lies within this process's life: block events carry PyTorch's own
+    # time-stamp counter reading (TraceEntry::time_), CUDA calls memsnap's; the writer turns
+    # both into the wall clock.
+    now_us = int(time.time() * 1e6)
+    times = [e["time_us"] for trace in msnap.get("device_traces", []) for e in trace]
+    outside = sum(1 for t in times if not PROCESS_START_US <= t <= now_us)
+    side.synchronize()
+    return {
+        "trace_entries": len(times),
+        "times_outside_run": outside,
+        "block_entry_times": [e["time_us"] for trace in msnap.get("device_traces", []) for e in trace
+                              if e.get("action") == "alloc"][:3],
+        "run_us": [PROCESS_START_US, now_us],
+        **figures,
+        "ok": figures["ok"] and bool(times) and outside == 0,
+    }
+
+
+def case_step(args):
+    """The transformer training step of step_time.py (its TorchWorkload: 4 encoder layers, bf16
+    autocast, AdamW), three steps, then a fourth: memsnap's blocks against PyTorch's snapshot
+    after its forward pass (the activations autograd keeps live) and after the optimizer."""
+    from step_time import TorchWorkload, add_workload_args  # (step_time imports this file)
+    workload_args = argparse.ArgumentParser()
+    add_workload_args(workload_args)
+    a = workload_args.parse_args([])
+    wl = TorchWorkload(a)
+    torch = wl.torch
+    for _ in range(3):
+        wl.step()
+    x, y = wl.batches[0]
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=wl.bf16):
+        loss = wl.F.cross_entropy(wl.model(x, wl.mask).view(-1, a.vocab), y)
+    forward, _ = compared(torch, "forward")
+    loss.backward()
+    wl.opt.step()
+    wl.opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    after, _ = compared(torch, "after")
+    return {"forward": forward, "after": after, "ok": forward["ok"] and after["ok"]}
 
 
 LEAK_LINE = None
@@ -405,8 +442,8 @@ def case_cost(args):
     return out
 
 
-CASES = {"compare": case_compare, "expandable": case_compare, "leak": case_leak, "oom": case_oom, "cost": case_cost,
-         "cost-async": case_cost}
+CASES = {"compare": case_compare, "expandable": case_compare, "step": case_step, "leak": case_leak, "oom": case_oom,
+         "cost": case_cost, "cost-async": case_cost}
 
 
 def run_case(args, name, env_extra, timeout):
@@ -441,7 +478,7 @@ def main():
     ap.add_argument("--cli", default="memsnap")
     ap.add_argument("--out", default=".")
     ap.add_argument("--case")
-    ap.add_argument("--cases", default="compare,expandable,leak,oom,cost")
+    ap.add_argument("--cases", default="compare,expandable,step,leak,oom,cost")
     ap.add_argument("--cost-rounds", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=5000)
     ap.add_argument("--blocks", type=int, default=12)
@@ -464,6 +501,8 @@ def main():
         results.append(run_case(args, "compare", {}, 120))
     if "expandable" in wanted:
         results.append(run_case(args, "expandable", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, 120))
+    if "step" in wanted:
+        results.append(run_case(args, "step", {}, 180))
     if "leak" in wanted:
         results.append(run_case(args, "leak", {}, 180))
     if "oom" in wanted:
