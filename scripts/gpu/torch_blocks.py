@@ -539,10 +539,13 @@ def main():
                   f"{ratios}{'' if c['ok'] else '  NOT OK (lost events or the wrong route: void)'}")
     print("\ncase                     ok   key figures")
     for r in results:
-        keys = {k: r.get(k) for k in ("problem_count", "memory_allocated", "memsnap_live_block_bytes", "leak_named_first",
-                                       "memsnap_inactive_bytes", "torch_inactive_bytes", "per_event_ns_median",
-                                       "dropped", "without_stack") if k in r}
-        print(f"{r['case']:<24} {str(r.get('ok')):<5} {keys}")
+        names = ("problem_count", "memory_allocated", "memsnap_live_block_bytes", "leak_named_first",
+                 "memsnap_inactive_bytes", "torch_inactive_bytes", "per_event_ns_median", "dropped", "without_stack")
+        # (the step case's figures are per moment: forward, after)
+        for moment, rec in [("", r)] + [(f" {m}", r[m]) for m in ("forward", "after") if isinstance(r.get(m), dict)]:
+            keys = {k: rec.get(k) for k in names if k in rec}
+            if keys or not moment:
+                print(f"{r['case'] + moment:<24} {str(rec.get('ok')):<5} {keys}")
 
 
 if __name__ == "__main__":
