@@ -5,9 +5,9 @@
 #
 #   bash scripts/bench-real-torch-step.sh [LIB...]
 #
-# LIB: a libmemsnap.so built with --features bench-hooks, with its symbols (memsnap's writer
-# thread is told apart by its function names); without one the script builds one (`cargo
-# build --release --lib --features bench-hooks --target-dir target/gpu`). With two or more
+# LIB: a libmemsnap.so with its symbols (memsnap's writer thread is told apart by its
+# function names); without one the script builds one (`cargo build --release --lib
+# --features bench-hooks --target-dir target/gpu`, the loop benchmark's build). With two or more
 # (two builds of the hot path, say), each gets memsnap's rows, named by the folder it lies in.
 # The real PyTorch (${TORCH_VERSION:-2.11.0}, set up by scripts/real-torch/setup.sh into
 # ${REAL_TORCH_DIR:-target/real-torch}) runs step_time.py's transformer step (a causal
@@ -55,7 +55,9 @@ step, writer = 0, 0
 for path in glob.glob(f"{folder}/cg.*-*"):  # one file a thread, its counts since the start
     text = open(path).read()
     totals = int(re.search(r"^totals: (\d+)", text, re.M).group(1))
-    if re.search(r"^fn=\(\d+\) memsnap::writer::", text, re.M):
+    # (the writer thread's own functions, or the lanes' reading side, which only it runs: a
+    # writer that only looked at its lanes in the counted steps is still told apart)
+    if re.search(r"^fn=\(\d+\) memsnap::(writer::|channel::lanes::Reader)", text, re.M):
         writer += totals
     else:
         step += totals

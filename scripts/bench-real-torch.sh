@@ -43,6 +43,7 @@ ITERATIONS=${ITERATIONS:-2000}
 BLOCKS=${BLOCKS:-2}
 STACKS=${STACKS:-none python all}
 NAME=bench-real-torch
+PASS_THROUGH=1 # (recording is switched inside each process)
 # (LIBS checked, the real PyTorch set up, PY, WORK and the callgrind helper: shared with
 # scripts/bench-real-torch-step.sh.)
 . "$ROOT/scripts/bench/real_torch_env.sh"

@@ -2,10 +2,10 @@
 # pipefail, in the repository's root, with ROOT and NAME, the calling script's name, set and
 # the script's arguments, libmemsnap.so builds, still in "$@"). Checks valgrind and the
 # libraries (LIBS: the arguments, made absolute, or target/gpu's bench-hooks build, built
-# here), sets up the real PyTorch (REAL_TORCH_DIR, TORCH_VERSION, PYTHON) and its environment
-# with no MEMSNAP_* setting of the caller's, and leaves PY (the interpreter itself), WORK (a
-# folder removed at exit), WORK/helper.so (callgrind's client requests as C functions) and
-# count_configurations.
+# here; with PASS_THROUGH=1, that each has the bench-hooks switch), sets up the real PyTorch
+# (REAL_TORCH_DIR, TORCH_VERSION, PYTHON) and its environment with no MEMSNAP_* setting of
+# the caller's, and leaves PY (the interpreter itself), WORK (a folder removed at exit),
+# WORK/helper.so (callgrind's client requests as C functions) and count_configurations.
 DIR=${REAL_TORCH_DIR:-$ROOT/target/real-torch}
 LIBS=("$@")
 [ $# -gt 0 ] || LIBS=("$ROOT/target/gpu/release/libmemsnap.so")
@@ -19,7 +19,7 @@ for i in "${!LIBS[@]}"; do
     lib=${LIBS[$i]}
     [ -f "$lib" ] || { echo "$NAME: no file $lib" >&2; exit 2; }
     LIBS[$i]=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
-    nm -D --defined-only "$lib" | grep ' memsnap_debug_pass_through$' >/dev/null \
+    [ "${PASS_THROUGH:-0}" = 0 ] || nm -D --defined-only "$lib" | grep ' memsnap_debug_pass_through$' >/dev/null \
         || { echo "$NAME: $lib has no memsnap_debug_pass_through (build it with --features bench-hooks)" >&2; exit 2; }
 done
 PYTHON=$PYTHON bash scripts/real-torch/setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
@@ -40,7 +40,6 @@ void counted_zero(void) { CALLGRIND_ZERO_STATS; }
 void counted_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
 C
 cc -O2 -fPIC -shared -o "$WORK/helper.so" "$WORK/helper.c"
-
 
 # count_configurations RECORDER_STACKS: the calling script's `count NAME MODE STACKS [ENV...]`
 # for every configuration: each route (PyTorch's caching allocator; tensor mode, named

@@ -79,13 +79,17 @@ struct device_prop_13 {
     int maxBlocksPerMultiProcessor;
 };
 
-/* Offsets both headers give (checked against them when this was written). */
+/* Offsets NVIDIA's headers give (driver_types.h of CUDA 12.8 and 13.5, compiled with offsetof
+ * when this was written; every field here matched). */
 _Static_assert(offsetof(struct device_prop_12, totalGlobalMem) == 288, "CUDA 12 layout");
 _Static_assert(offsetof(struct device_prop_12, major) == 360, "CUDA 12 layout");
 _Static_assert(offsetof(struct device_prop_12, multiProcessorCount) == 388, "CUDA 12 layout");
 _Static_assert(offsetof(struct device_prop_12, maxThreadsPerMultiProcessor) == 624, "CUDA 12 layout");
+_Static_assert(offsetof(struct device_prop_12, maxBlocksPerMultiProcessor) == 712, "CUDA 12 layout");
 _Static_assert(offsetof(struct device_prop_13, major) == 360, "CUDA 13 layout");
 _Static_assert(offsetof(struct device_prop_13, multiProcessorCount) == 384, "CUDA 13 layout");
+_Static_assert(offsetof(struct device_prop_13, maxThreadsPerMultiProcessor) == 604, "CUDA 13 layout");
+_Static_assert(offsetof(struct device_prop_13, maxBlocksPerMultiProcessor) == 688, "CUDA 13 layout");
 
 int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 int cudaSetDevice(int device);
