@@ -48,19 +48,12 @@ count() {
         > "$WORK/$name/out.txt" 2> "$WORK/$name/valgrind.txt" \
         || { echo "$NAME: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
     python3 - "$WORK/$name" "$name" <<'PY'
-import glob, json, re, sys
+import json, sys
+sys.path.insert(0, "scripts/bench")
+import real_torch_rows
 folder, name = sys.argv[1], sys.argv[2]
 result = json.loads([l for l in open(f"{folder}/out.txt") if l.startswith("RESULT ")][-1][7:])
-step, writer = 0, 0
-for path in glob.glob(f"{folder}/cg.*-*"):  # one file a thread, its counts since the start
-    text = open(path).read()
-    totals = int(re.search(r"^totals: (\d+)", text, re.M).group(1))
-    # (the writer thread's own functions, or the lanes' reading side, which only it runs: a
-    # writer that only looked at its lanes in the counted steps is still told apart)
-    if re.search(r"^fn=\(\d+\) memsnap::(writer::|channel::lanes::Reader)", text, re.M):
-        writer += totals
-    else:
-        step += totals
+writer, step = real_torch_rows.thread_totals(folder)  # no dumps here: one file a thread
 json.dump({"name": name, "step": step / result["steps"], "writer": writer / result["steps"], **result},
           open(f"{folder}/row.json", "w"))
 PY

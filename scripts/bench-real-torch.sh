@@ -28,8 +28,10 @@
 #   not loaded         the off blocks against that loop (what is paid even while not
 #                      recording: for memsnap under the caching allocator, PyTorch's own
 #                      work of building trace entries for an attached tracker).
-# memsnap's writer thread, which turns the events into the snapshot, is not in these (its
-# work per event: the drain benchmark, docs/BENCHMARKS.md). Every memsnap process must end
+# memsnap's writer thread, which turns the events into the snapshot, is not in these: its
+# column, apart, is its instructions over the counted part of the process (its idle waits
+# in the off blocks included) an event recorded; with native stacks the writer's one-time
+# reading of the libraries' symbol tables falls in that part and outweighs the events. Every memsnap process must end
 # with 0 dropped and 0 without a stack, on the route its row names: else the row is void and
 # the script fails. Needs valgrind with its headers, cc, readelf, nm, and PyPI for the first
 # run. STACKS (default "none python all") picks memsnap's rows; the recorder's are none (its
@@ -62,6 +64,8 @@ count() {
         || { echo "bench-real-torch: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
     python3 - "$WORK/$name" "$name" <<'PY'
 import glob, json, re, sys
+sys.path.insert(0, "scripts/bench")
+import real_torch_rows
 folder, name = sys.argv[1], sys.argv[2]
 result = json.loads([l for l in open(f"{folder}/out.txt") if l.startswith("RESULT ")][-1][7:])
 counted = {}
@@ -69,7 +73,10 @@ for path in glob.glob(f"{folder}/cg.*.*-01"):  # the loop's thread, one file per
     text = open(path).read()
     block = re.search(r"^desc: Trigger: Client Request: (\S+)", text, re.M).group(1)
     counted[block] = int(re.search(r"^summary: (\d+)", text, re.M).group(1))
-json.dump({"name": name, "counted": counted, **result}, open(f"{folder}/row.json", "w"))
+# The writer thread dumps nothing on request: its file of the process's end holds everything it
+# did while counted (the discarded on block and every on block recorded; it idles in the others).
+writer, _ = real_torch_rows.thread_totals(folder)
+json.dump({"name": name, "counted": counted, "writer": writer, **result}, open(f"{folder}/row.json", "w"))
 PY
 }
 
@@ -100,7 +107,7 @@ print(f"PyTorch {some['torch']} on the simulated driver, Python {some['python']}
       f"{'library' if len(libs) == 1 else 'libraries'} {', '.join(libs)}")
 print("instructions an event (an allocation or a free) on the loop's thread:")
 width = max(22, *(len(f"tensor-memsnap-python{label}") + 2 for label in labels))
-print(f"{'configuration':<{width}} {'on - off':>9} {'each pair':<20} {'on - not loaded':>15} {'not loaded':>11}")
+print(f"{'configuration':<{width}} {'on - off':>9} {'each pair':<20} {'on - not loaded':>15} {'not loaded':>11} {'writer':>7}")
 void = []
 for route, prefix, expect in real_torch_rows.ROUTES:
     plain = rows.get(f"{prefix}plain")
@@ -115,15 +122,21 @@ for route, prefix, expect in real_torch_rows.ROUTES:
         within = pairs(row)
         over = statistics.median(blocks(row, "on")) / events - base
         row["within"], row["over"] = statistics.median(within), over
+        # The writer's work an event recorded: the discarded on block and one on block a pair.
+        recorded = (1 + len(row["blocks"]) // 2) * events
+        writer = f"{row['writer'] / recorded:>7.1f}" if row["mode"] == "memsnap" else ""
         line = (f"  {name:<{width - 2}} {statistics.median(within):>9.1f} {', '.join(f'{p:.1f}' for p in within):<20} "
-                f"{over:>15.1f} {statistics.median(blocks(row, 'off')) / events - base:>+11.1f}")
+                f"{over:>15.1f} {statistics.median(blocks(row, 'off')) / events - base:>+11.1f} {writer}")
         if real_torch_rows.void(row, expect):
             line += real_torch_rows.void(row, expect)
             void.append(name)
         print(line)
 print("(on - off: recording's on/off difference inside the process, as the GPU loop measures it; "
       "on - not loaded: the recorded block against the same loop in a process without memsnap, "
-      "what a user's program pays; not loaded: the off block against that loop.)")
+      "what a user's program pays; not loaded: the off block against that loop; writer: memsnap's "
+      "writer thread, on its own core, an event recorded, its waits between the blocks included; "
+      "with native stacks it is its one-time reading of the libraries' symbol tables, about 530 "
+      "million instructions for PyTorch's, which falls in the counted part.)")
 for label, stacks, ours, theirs in real_torch_rows.recorder_pairs(rows, labels):
     print(f"the recorder over memsnap{label}, {stacks} stacks, caching allocator: {theirs['over'] / ours['over']:.1f}x "
           f"over not loaded ({theirs['over']:,.0f} / {ours['over']:,.0f}), {theirs['within'] / ours['within']:.1f}x on - off")

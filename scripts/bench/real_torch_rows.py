@@ -4,9 +4,29 @@ labels, the routes, each route's row names in order, and the check that voids a 
 import glob
 import json
 import os
+import re
 
 # (heading, the prefix of its rows' names, what memsnap's allocator line must start with)
 ROUTES = (("caching allocator", "", "blocks"), ("tensor mode", "tensor-", "tensors"))
+
+
+def thread_totals(folder):
+    """(memsnap's writer thread, every other thread): the instructions in each thread's file of
+    the process's end (`cg.PID-THREAD`, callgrind's --separate-threads; a dump a client asked
+    for, `cg.PID.N-THREAD`, is not one), each since the counting started or the thread's last
+    dump. The writer thread is told by its own functions or the lanes' reading side, which
+    only it runs (a writer that only looked at its lanes while counted is still told apart)."""
+    writer, others = 0, 0
+    for path in glob.glob(f"{folder}/cg.*-*"):
+        if not re.fullmatch(r"cg\.\d+-\d+", os.path.basename(path)):
+            continue
+        text = open(path).read()
+        totals = int(re.search(r"^totals: (\d+)", text, re.M).group(1))
+        if re.search(r"^fn=\(\d+\) memsnap::(writer::|channel::lanes::Reader)", text, re.M):
+            writer += totals
+        else:
+            others += totals
+    return writer, others
 
 
 def load(work):
