@@ -90,8 +90,9 @@ for route, prefix, expect in real_torch_rows.ROUTES:
         row["over"] = over
         line = (f"  {name:<{width - 2}} {row['step']:>13,.0f} {over:>+16,.0f} {100 * over / plain['step']:>+7.2f}% "
                 f"{row['writer']:>14,.0f}")
-        if real_torch_rows.void(row, expect):
-            line += real_torch_rows.void(row, expect)
+        reason = real_torch_rows.void(row, expect)
+        if reason:
+            line += reason
             void.append(name)
         if row.get("hook_waits"):
             line += f"  (hooks waited for the writer {row['hook_waits']} times: those waits are in the count)"

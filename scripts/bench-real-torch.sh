@@ -127,8 +127,9 @@ for route, prefix, expect in real_torch_rows.ROUTES:
         writer = f"{row['writer'] / recorded:>7.1f}" if row["mode"] == "memsnap" else ""
         line = (f"  {name:<{width - 2}} {statistics.median(within):>9.1f} {', '.join(f'{p:.1f}' for p in within):<20} "
                 f"{over:>15.1f} {statistics.median(blocks(row, 'off')) / events - base:>+11.1f} {writer}")
-        if real_torch_rows.void(row, expect):
-            line += real_torch_rows.void(row, expect)
+        reason = real_torch_rows.void(row, expect)
+        if reason:
+            line += reason
             void.append(name)
         print(line)
 print("(on - off: recording's on/off difference inside the process, as the GPU loop measures it; "

@@ -109,43 +109,66 @@ fn number(value: &serde_json::Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} is not a count in {value:#}"))
 }
 
-/// The `compare` case (or `expandable`, its run with expandable segments): a workload over both
-/// pools (splits, merges, an unsplit tail, a block freed while in use on a side stream), then
-/// PyTorch's snapshot and memsnap's, taken at the same moment, must agree block for block.
-/// Returns the case's result.
-fn blocks_match_pytorchs_own_snapshot(case: &str, env: &[(&str, &str)]) -> serde_json::Value {
-    let result = torch_blocks_case(case, env);
-    assert_eq!(result["problems"], serde_json::json!([]), "{result:#}");
-    assert_eq!(number(&result, "problem_count"), 0);
-    let segments = number(&result, "segments_torch");
-    assert_eq!(number(&result, "segments_memsnap"), segments);
-    assert_eq!(number(&result, "memsnap_only_segments"), 0);
-    assert!(number(&result, "blocks_torch") > segments, "{result:#}");
-    // PyTorch's own counters, byte for byte: what its live blocks hold and what it reserved.
-    let allocated = number(&result, "memory_allocated");
-    assert!(allocated > 100 << 20, "{result:#}");
-    assert_eq!(number(&result, "memsnap_live_block_bytes"), allocated);
-    assert_eq!(number(&result, "memsnap_cache_allocated_bytes"), allocated);
+/// One comparison of torch_blocks.py (`compared()`: PyTorch's snapshot and memsnap's, taken at
+/// the same moment): the same segments and, in each, the same blocks; PyTorch's own counters
+/// byte for byte; every live block with the stack that made it; nothing lost; the tracker's
+/// route on the snapshot's line. `at` names the comparison in messages.
+fn assert_blocks_agree(figures: &serde_json::Value, at: &str) {
     assert_eq!(
-        number(&result, "memsnap_cache_reserved_bytes"),
-        number(&result, "memory_reserved")
+        figures["problems"],
+        serde_json::json!([]),
+        "{at}: {figures:#}"
     );
-    // Every live block has the stack that made it; nothing lost; every time within the run.
+    assert_eq!(number(figures, "problem_count"), 0, "{at}");
+    let segments = number(figures, "segments_torch");
+    assert_eq!(number(figures, "segments_memsnap"), segments, "{at}");
+    assert_eq!(number(figures, "memsnap_only_segments"), 0, "{at}");
+    assert!(
+        number(figures, "blocks_torch") > segments,
+        "{at}: {figures:#}"
+    );
+    let allocated = number(figures, "memory_allocated");
+    assert!(allocated > 100 << 20, "{at}: {figures:#}");
     assert_eq!(
-        number(&result, "live_blocks_with_frames"),
-        number(&result, "live_blocks")
+        number(figures, "memsnap_live_block_bytes"),
+        allocated,
+        "{at}"
     );
-    assert_eq!(number(&result, "dropped"), 0);
-    assert_eq!(number(&result, "without_stack"), 0);
-    assert_eq!(number(&result, "times_outside_run"), 0);
-    assert!(number(&result, "trace_entries") > 100, "{result:#}");
-    let line = result["torch_allocator"].as_str().unwrap_or_default();
+    assert_eq!(
+        number(figures, "memsnap_cache_allocated_bytes"),
+        allocated,
+        "{at}"
+    );
+    assert_eq!(
+        number(figures, "memsnap_cache_reserved_bytes"),
+        number(figures, "memory_reserved"),
+        "{at}"
+    );
+    assert_eq!(
+        number(figures, "live_blocks_with_frames"),
+        number(figures, "live_blocks"),
+        "{at}"
+    );
+    assert_eq!(number(figures, "dropped"), 0, "{at}");
+    assert_eq!(number(figures, "without_stack"), 0, "{at}");
+    let line = figures["torch_allocator"].as_str().unwrap_or_default();
     let release = format!("blocks: PyTorch {} caching allocator", torch_version());
     assert!(
         line.starts_with(&release) && line.contains("through its trace tracker"),
-        "{line}"
+        "{at}: {line}"
     );
-    assert_eq!(result["ok"], true, "{result:#}");
+    assert_eq!(figures["ok"], true, "{at}: {figures:#}");
+}
+
+/// The `compare` case (or `expandable`, its run with expandable segments): a workload over both
+/// pools (splits, merges, an unsplit tail, a block freed while in use on a side stream), then
+/// PyTorch's snapshot and memsnap's, taken at the same moment, must agree block for block, and
+/// every entry's time lie within the run. Returns the case's result.
+fn blocks_match_pytorchs_own_snapshot(case: &str, env: &[(&str, &str)]) -> serde_json::Value {
+    let result = torch_blocks_case(case, env);
+    assert_blocks_agree(&result, case);
+    assert_eq!(number(&result, "times_outside_run"), 0);
+    assert!(number(&result, "trace_entries") > 100, "{result:#}");
     result
 }
 
@@ -185,33 +208,15 @@ fn real_torch_training_step_blocks_match_pytorchs_own_snapshot() {
     ] {
         let result = torch_blocks_case("step", env);
         for moment in ["forward", "after"] {
-            let at = &result[moment];
-            assert_eq!(
-                at["problems"],
-                serde_json::json!([]),
-                "{env:?} {moment}: {at:#}"
-            );
-            let segments = number(at, "segments_torch");
-            assert_eq!(number(at, "segments_memsnap"), segments, "{env:?} {moment}");
-            assert_eq!(number(at, "memsnap_only_segments"), 0, "{env:?} {moment}");
+            let figures = &result[moment];
+            assert_blocks_agree(figures, &format!("{env:?} {moment}"));
+            let segments = number(figures, "segments_torch");
             let expandable = if env.is_empty() { 0 } else { segments };
-            assert_eq!(number(at, "expandable_segments_torch"), expandable);
-            assert!(number(at, "blocks_torch") > 100, "{env:?} {moment}: {at:#}");
-            let allocated = number(at, "memory_allocated");
-            assert!(allocated > 100 << 20, "{env:?} {moment}: {at:#}");
-            assert_eq!(number(at, "memsnap_live_block_bytes"), allocated);
-            assert_eq!(number(at, "memsnap_cache_allocated_bytes"), allocated);
-            assert_eq!(
-                number(at, "memsnap_cache_reserved_bytes"),
-                number(at, "memory_reserved")
+            assert_eq!(number(figures, "expandable_segments_torch"), expandable);
+            assert!(
+                number(figures, "blocks_torch") > 100,
+                "{env:?} {moment}: {figures:#}"
             );
-            assert_eq!(
-                number(at, "live_blocks_with_frames"),
-                number(at, "live_blocks")
-            );
-            assert_eq!(number(at, "dropped"), 0);
-            assert_eq!(number(at, "without_stack"), 0);
-            assert_eq!(at["ok"], true, "{env:?} {moment}: {at:#}");
         }
         // The forward pass's activations are freed by the backward pass and the step.
         assert!(

@@ -159,33 +159,36 @@ int cudaGetDeviceProperties_v2(struct device_prop_12 *prop, int device) {
     return 0;
 }
 
-/* cudaDeviceGetAttribute: the same H100 figures for the attributes PyTorch sizes launches
- * by (their numbers in CUDA's enum cudaDeviceAttr, the same in CUDA 12 and 13); 0 for others. */
+/* cudaDeviceGetAttribute: the figures of cudaGetDeviceProperties above for the attributes
+ * PyTorch sizes launches by (their numbers in CUDA's enum cudaDeviceAttr, the same in CUDA 12
+ * and 13; the same numbers name the driver's CUdevice_attribute); 0 for others. */
 int cudaDeviceGetAttribute(int *value, int attribute, int device) {
-    static const struct {
-        int attribute, value;
-    } known[] = {
-        {1, 1024},        /* cudaDevAttrMaxThreadsPerBlock */
-        {2, 1024},        /* cudaDevAttrMaxBlockDimX */
-        {3, 1024},        /* cudaDevAttrMaxBlockDimY */
-        {4, 64},          /* cudaDevAttrMaxBlockDimZ */
-        {5, 0x7fffffff},  /* cudaDevAttrMaxGridDimX */
-        {6, 65535},       /* cudaDevAttrMaxGridDimY */
-        {7, 65535},       /* cudaDevAttrMaxGridDimZ */
-        {8, 48 << 10},    /* cudaDevAttrMaxSharedMemoryPerBlock */
-        {10, 32},         /* cudaDevAttrWarpSize */
-        {16, 132},        /* cudaDevAttrMultiProcessorCount */
-        {38, 50 << 20},   /* cudaDevAttrL2CacheSize */
-        {39, 2048},       /* cudaDevAttrMaxThreadsPerMultiProcessor */
-        {75, 9},          /* cudaDevAttrComputeCapabilityMajor */
-        {81, 228 << 10},  /* cudaDevAttrMaxSharedMemoryPerMultiprocessor */
-        {97, 227 << 10},  /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
+    struct device_prop_13 p;
+    memset(&p, 0, sizeof p);
+    if (cudaGetDeviceProperties(&p, device) != 0)
+        return 101; /* cudaErrorInvalidDevice */
+    const int known[][2] = {
+        {1, p.maxThreadsPerBlock},                /* cudaDevAttrMaxThreadsPerBlock */
+        {2, p.maxThreadsDim[0]},                  /* cudaDevAttrMaxBlockDimX */
+        {3, p.maxThreadsDim[1]},                  /* cudaDevAttrMaxBlockDimY */
+        {4, p.maxThreadsDim[2]},                  /* cudaDevAttrMaxBlockDimZ */
+        {5, p.maxGridSize[0]},                    /* cudaDevAttrMaxGridDimX */
+        {6, p.maxGridSize[1]},                    /* cudaDevAttrMaxGridDimY */
+        {7, p.maxGridSize[2]},                    /* cudaDevAttrMaxGridDimZ */
+        {8, (int)p.sharedMemPerBlock},            /* cudaDevAttrMaxSharedMemoryPerBlock */
+        {10, p.warpSize},                         /* cudaDevAttrWarpSize */
+        {16, p.multiProcessorCount},              /* cudaDevAttrMultiProcessorCount */
+        {38, p.l2CacheSize},                      /* cudaDevAttrL2CacheSize */
+        {39, p.maxThreadsPerMultiProcessor},      /* cudaDevAttrMaxThreadsPerMultiProcessor */
+        {75, p.major},                            /* cudaDevAttrComputeCapabilityMajor */
+        {76, p.minor},                            /* cudaDevAttrComputeCapabilityMinor */
+        {81, (int)p.sharedMemPerMultiprocessor},  /* cudaDevAttrMaxSharedMemoryPerMultiprocessor */
+        {97, (int)p.sharedMemPerBlockOptin},      /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
     };
-    (void)device;
     *value = 0;
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (known[i].attribute == attribute)
-            *value = known[i].value;
+        if (known[i][0] == attribute)
+            *value = known[i][1];
     return 0;
 }
 
