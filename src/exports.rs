@@ -280,7 +280,8 @@ pub mod debug {
         unsafe { debug::capture_counted(stacks, iterations, counter, frames_out) }
     }
 
-    /// The writer's drain rate over synthetic events (`cargo bench --bench writer`).
+    /// The writer's drain rate over synthetic CUDA calls' events (`cargo bench --bench
+    /// writer`).
     ///
     /// # Safety
     /// `out` must be null or point to four writable `u64`.
@@ -291,8 +292,26 @@ pub mod debug {
         depth: u32,
         out: *mut u64,
     ) -> u64 {
+        let route = crate::writer::drain_bench::Route::CudaCalls;
         // SAFETY: the caller's contract on `out` is this function's.
-        unsafe { debug::bench_writer(events, distinct_stacks, depth, out) }
+        unsafe { debug::bench_writer(route, events, distinct_stacks, depth, out) }
+    }
+
+    /// The writer's drain rate over synthetic trace entries of PyTorch's caching
+    /// allocator (`cargo bench --bench writer`).
+    ///
+    /// # Safety
+    /// `out` must be null or point to four writable `u64`.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn memsnap_debug_bench_writer_blocks(
+        events: u64,
+        distinct_stacks: u32,
+        depth: u32,
+        out: *mut u64,
+    ) -> u64 {
+        let route = crate::writer::drain_bench::Route::CachingAllocator;
+        // SAFETY: the caller's contract on `out` is this function's.
+        unsafe { debug::bench_writer(route, events, distinct_stacks, depth, out) }
     }
 
     /// Copies the capture statistics (`capture::stats`, in `Stat` order) into `out`, at

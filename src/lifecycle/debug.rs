@@ -236,19 +236,26 @@ pub fn debug_resolve_json(slot: &StackSlot, stacks: Stacks, max: usize) -> Strin
 }
 
 /// Benchmark entry point: the writer's drain rate (see `writer::drain_bench`). Sends
-/// `events` synthetic events with stacks of `depth` native frames drawn from
+/// `events` synthetic events of `route` with stacks of `depth` native frames drawn from
 /// `distinct_stacks` stacks through a real channel and applies them as the writer does;
-/// returns the nanoseconds spent applying them. `out[0]` receives the stacks interned,
-/// `out[1]` the growth of resident memory in bytes, `out[2]` the stacks that came in full
-/// (the rest came by reference), `out[3]` the nanoseconds the writer took for the same
-/// events drained in bursts from a filled queue (its rate alone).
+/// returns the nanoseconds spent applying them, or 0 when the run failed (the writer
+/// misapplied its events: the figures would be its repair paths'). `out[0]` receives the
+/// stacks interned, `out[1]` the growth of resident memory in bytes, `out[2]` the stacks
+/// that came in full (the rest came by reference), `out[3]` the nanoseconds the writer
+/// took for the same events drained in bursts from a filled queue (its rate alone).
 ///
 /// # Safety
 /// `out` must be null or point to four writable `u64`.
 #[inline(always)]
-pub unsafe fn bench_writer(events: u64, distinct_stacks: u32, depth: u32, out: *mut u64) -> u64 {
+pub unsafe fn bench_writer(
+    route: crate::writer::drain_bench::Route,
+    events: u64,
+    distinct_stacks: u32,
+    depth: u32,
+    out: *mut u64,
+) -> u64 {
     let figures = std::panic::catch_unwind(|| {
-        crate::writer::drain_bench::run(events, distinct_stacks, depth as usize)
+        crate::writer::drain_bench::run(events, distinct_stacks, depth as usize, route)
     });
     let Ok(f) = figures else { return 0 };
     if !out.is_null() {
