@@ -101,34 +101,20 @@ fn prepared_writer(depth: usize, route: Route) -> (&'static Recorder, Writer) {
     if route == Route::CachingAllocator {
         let mut rng = SEED;
         for segment in 0..SEGMENTS {
+            // A CUDA allocation, then the allocator's entry taking it as a segment.
             let addr = segment_start(segment);
-            send(
-                rec,
-                Kind::Alloc,
-                Api::CudaMalloc,
-                addr,
-                SEGMENT,
-                None,
-                depth,
-            );
-            send(
-                rec,
-                Kind::CacheSegment,
-                API_BLOCKS,
-                addr,
-                SEGMENT,
-                None,
-                depth,
-            );
+            for ev in [
+                event(Kind::Alloc, Api::CudaMalloc, addr, SEGMENT),
+                event(Kind::CacheSegment, API_BLOCKS, addr, SEGMENT),
+            ] {
+                send(rec, ev, None, depth);
+            }
         }
         for pair in 0..WINDOW {
-            let size = block_size(&mut rng);
+            let (addr, size) = (block_start(pair), block_size(&mut rng));
             send(
                 rec,
-                Kind::BlockAlloc,
-                API_BLOCKS,
-                block_start(pair),
-                size,
+                event(Kind::BlockAlloc, API_BLOCKS, addr, size),
                 None,
                 depth,
             );
@@ -279,19 +265,15 @@ fn block_size(rng: &mut u64) -> u64 {
     512 << (next(rng) % 256 / 16)
 }
 
-/// Sends one event as a hook does: with `stack`, the thread's scratch stack filled with
-/// stack number `stack`'s `depth` frames and sent (in full the first time, by hash after).
-fn send(
-    rec: &'static Recorder,
-    kind: Kind,
-    api: Api,
-    addr: u64,
-    size: u64,
-    stack: Option<u64>,
-    depth: usize,
-) {
+/// An event of `kind` from `api` at `addr` of `size` bytes, stamped now, without a stack.
+fn event(kind: Kind, api: Api, addr: u64, size: u64) -> Event {
     let now = crate::process::clock::now();
-    let ev = Event::stackless(kind, api, 0, 0, addr, size, Payload::Stream(0), now);
+    Event::stackless(kind, api, 0, 0, addr, size, Payload::Stream(0), now)
+}
+
+/// Sends `ev` as a hook does: with `stack`, the thread's scratch stack filled with stack
+/// number `stack`'s `depth` frames and sent (in full the first time, by hash after).
+fn send(rec: &'static Recorder, ev: Event, stack: Option<u64>, depth: usize) {
     let Some(id) = stack else {
         guard::with_thread(|hook| rec.push(hook, ev));
         return;
@@ -349,15 +331,8 @@ fn produce(
                 };
                 let size = block_size(&mut rng);
                 let stack = pick_stack(&mut rng);
-                send(
-                    rec,
-                    kind,
-                    Api::CudaMallocAsync,
-                    addr,
-                    size,
-                    Some(stack),
-                    depth,
-                );
+                let ev = event(kind, Api::CudaMallocAsync, addr, size);
+                send(rec, ev, Some(stack), depth);
             }
             Route::CachingAllocator => {
                 // The first `WINDOW` blocks were handed out before the count.
@@ -374,7 +349,7 @@ fn produce(
                     1 => (Kind::BlockFreeRequested, freed, 0, Some(stack)),
                     _ => (Kind::BlockFreeCompleted, freed, 0, None),
                 };
-                send(rec, kind, API_BLOCKS, addr, size, stack, depth);
+                send(rec, event(kind, API_BLOCKS, addr, size), stack, depth);
             }
         }
     }
