@@ -23,8 +23,14 @@
 # apart, in its own column): instructions, and what a configuration adds over the same route
 # without memsnap, in instructions and in percent of that step. Every memsnap process must end
 # with 0 dropped and 0 without a stack on the route its row names: else the row is void and the
-# script fails. Needs valgrind with its headers, cc, readelf, nm, and PyPI for the first run;
-# PYTHON (python3) picks the interpreter. Takes about 6 minutes on the 2-core VM.
+# script fails. INTERPRETER_HOOKS=1 adds, without memsnap, the step with an interpreter hook
+# that does nothing but be called at every Python call (what Python stacks kept by the
+# interpreter instead of read at each allocation would cost, before any work): `sys.monitoring`
+# calling C functions at each function's start and return (Python 3.12 and later), and the
+# frame-evaluation function of scripts/bench/frame_eval_hook.c, which keeps a stack of the
+# frames; and prints the Python calls a step. Needs valgrind with its headers, cc, readelf, nm,
+# and PyPI for the first run; PYTHON (python3) picks the interpreter. Takes about 6 minutes on
+# the 2-core VM (8 with the hooks).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -60,6 +66,14 @@ PY
 }
 
 count_configurations "python all"
+if [ "${INTERPRETER_HOOKS:-0}" = 1 ]; then
+    include=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+    cc -O2 -fPIC -shared -I"$include" -o "$WORK/frame_eval_hook.so" scripts/bench/frame_eval_hook.c
+    if "$PY" -c 'import sys; sys.exit(not hasattr(sys, "monitoring"))'; then
+        count hook-monitoring monitoring -
+    fi
+    count hook-frame-eval frame-eval - FRAME_EVAL_HOOK="$WORK/frame_eval_hook.so"
+fi
 
 python3 - "$WORK" "$STEPS" "${LIBS[@]}" <<'PY'
 import sys
@@ -100,6 +114,15 @@ for route, prefix, expect in real_torch_rows.ROUTES:
 for label, stacks, ours, theirs in real_torch_rows.recorder_pairs(rows, labels):
     print(f"the recorder over memsnap{label}, {stacks} stacks, caching allocator: "
           f"{theirs['over'] / ours['over']:.1f}x ({theirs['over']:,.0f} / {ours['over']:,.0f} a step)")
+calls = some.get("python_calls_per_step")
+hooks = [rows[n] for n in ("hook-monitoring", "hook-frame-eval") if n in rows]
+if hooks:
+    print(f"interpreter hooks doing nothing, no memsnap, caching allocator "
+          f"({calls:,} Python calls a step on the interpreter's thread, none on autograd's):")
+    for row in hooks:
+        over = row["step"] - some["step"]
+        print(f"  {row['name']:<{width - 2}} {row['step']:>13,.0f} {over:>+16,.0f} {100 * over / some['step']:>+7.2f}% "
+              f"{over / calls:>14,.0f} a call")
 if void:
     sys.exit(f"void rows (memsnap lost events or took another route): {', '.join(void)}")
 PY

@@ -3,11 +3,18 @@ scripts/gpu/step_time.py (its TorchWorkload, imported: the same model, batch, au
 optimizer) on the real PyTorch and the simulated driver, counted by callgrind on every thread
 (run under `valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes`).
 
-    python3 real_torch_step.py HELPER_SO memsnap|recorder|plain STACKS STEPS
+    python3 real_torch_step.py HELPER_SO memsnap|recorder|plain|monitoring|frame-eval STACKS STEPS
 
 memsnap: libmemsnap.so is preloaded and records throughout. recorder: no memsnap; PyTorch's
 recorder (torch.cuda.memory._record_memory_history with stacks STACKS, context "all", as
-step_time.py runs it) is on throughout. plain: no memsnap, nothing recorded. HELPER_SO:
+step_time.py runs it) is on throughout. plain: no memsnap, nothing recorded; it also counts
+the Python calls a step on the interpreter's thread, in one more step after the counted
+ones. monitoring and frame-eval: no memsnap, and an interpreter hook that does nothing,
+installed before the first step, to count what a hook on every Python call costs (the way
+to Python stacks without walking the frames at each allocation): monitoring, `sys.monitoring`
+(Python 3.12 and later) calling C functions of the interpreter's at each function's start and
+return; frame-eval, the frame-evaluation function of scripts/bench/frame_eval_hook.c (the
+library built from it named by FRAME_EVAL_HOOK), which keeps a stack of the frames. HELPER_SO:
 callgrind's client requests (start, stop). The step runs 5 times uncounted (the cache filled,
 every stack already sent), then STEPS times counted. The counts are per thread, each thread's
 in its own file at the process's end: the shell script sums the step's threads (the
@@ -26,6 +33,7 @@ snapshot counts; the instructions are in callgrind's files, which the shell scri
 import argparse
 import ctypes
 import json
+import operator
 import os
 import platform
 import sys
@@ -38,9 +46,38 @@ from torch_blocks import memsnap_counts  # noqa: E402
 warnings.filterwarnings("ignore")  # the simulated device is no architecture PyTorch was built for
 
 
+def install_interpreter_hook(mode):
+    """The hook of `mode` (monitoring, frame-eval), doing nothing but be called."""
+    if mode == "monitoring":
+        tool, events = 3, sys.monitoring.events
+        sys.monitoring.use_tool_id(tool, "no-op")
+        # C functions of the interpreter's, taking the events' arguments: (code, offset) and
+        # (code, offset, value).
+        sys.monitoring.register_callback(tool, events.PY_START, operator.is_)
+        sys.monitoring.register_callback(tool, events.PY_RETURN, slice)
+        sys.monitoring.set_events(tool, events.PY_START | events.PY_RETURN)
+    elif mode == "frame-eval":
+        ctypes.PyDLL(os.environ["FRAME_EVAL_HOOK"]).install()
+
+
+def python_calls(wl):
+    """Python function calls of one step on the interpreter's thread (the profiler's `call`
+    events). Autograd's thread runs no Python function in this step."""
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+    sys.setprofile(profile)
+    wl.step()
+    sys.setprofile(None)
+    return calls
+
+
 def main():
     helper_so, mode, stacks, steps = sys.argv[1:5]
     steps = int(steps)
+    install_interpreter_hook(mode)
     workload_args = argparse.ArgumentParser()
     add_workload_args(workload_args)
     wl = TorchWorkload(workload_args.parse_args([]))
@@ -61,6 +98,8 @@ def main():
            "backend": wl.torch.cuda.get_allocator_backend()}
     if mode == "memsnap":
         out.update(memsnap_counts("count"))
+    if mode == "plain":
+        out["python_calls_per_step"] = python_calls(wl)
     print("RESULT " + json.dumps(out), flush=True)
 
 
