@@ -1,7 +1,7 @@
 //! Cost of stack capture per event (not a timed test; figures go to docs/BENCHMARKS.md).
 //!
 //! `cargo bench --bench stacks` builds the release `libmemsnap.so`, a small C library, and runs
-//! a CPython (`MEMSNAP_BENCH_PYTHON`, default: pyenv 3.12, else `python3`) that builds a
+//! a CPython (`BENCH_PYTHON`, default: pyenv 3.12, else `python3`) that builds a
 //! 10-frame Python stack, calls through ctypes (GIL released, as PyTorch's CUDA calls) into
 //! the C library, which recurses to make the native stack about 30 frames deep and calls
 //! `memsnap_debug_bench_capture`: N captures in a loop at that depth, timed inside the
@@ -73,7 +73,7 @@ fn main() {
     assert!(st.success());
     let script = dir.path().join("bench.py");
     std::fs::write(&script, SCRIPT).expect("write");
-    let python = std::env::var("MEMSNAP_BENCH_PYTHON").unwrap_or_else(|_| {
+    let python = std::env::var("BENCH_PYTHON").unwrap_or_else(|_| {
         // pyenv's 3.12.1: `$PYENV_ROOT`, else `$HOME/.pyenv`.
         let root = std::env::var_os("PYENV_ROOT")
             .map(PathBuf::from)
@@ -87,8 +87,8 @@ fn main() {
             "python3".to_string()
         }
     });
-    let c_depth = std::env::var("MEMSNAP_BENCH_C_DEPTH").unwrap_or_else(|_| "8".to_string());
-    let iters = std::env::var("MEMSNAP_BENCH_ITERS").unwrap_or_else(|_| "20000".to_string());
+    let c_depth = std::env::var("BENCH_C_DEPTH").unwrap_or_else(|_| "8".to_string());
+    let iters = std::env::var("BENCH_ITERS").unwrap_or_else(|_| "20000".to_string());
     let out = Command::new(&python)
         .arg(&script)
         .arg(&so)
@@ -111,7 +111,7 @@ fn main() {
     assert!(out.status.success());
 
     // Without Python or libffi: this binary calls the C recursion directly.
-    let depth: i32 = std::env::var("MEMSNAP_BENCH_NATIVE_DEPTH")
+    let depth: i32 = std::env::var("BENCH_NATIVE_DEPTH")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(24);

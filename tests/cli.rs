@@ -1,5 +1,5 @@
 //! The `memsnap` binary on PyTorch's reference snapshots: exact summary/diff text (golden
-//! files in tests/golden/, rewritten with `MEMSNAP_BLESS=1`), JSON shapes, bad input,
+//! files in tests/golden/, rewritten with `BLESS=1`), JSON shapes, bad input,
 //! ranks, flamegraph, and the HTML page (self-contained); and on snapshots built in the
 //! tests: the live set at a moment (`--at`), `--ignore`/`--callers`, and the labels.
 //!
@@ -103,25 +103,21 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Compares with tests/golden/NAME, or rewrites it when MEMSNAP_BLESS=1.
+/// Compares with tests/golden/NAME, or rewrites it when BLESS=1.
 fn golden(name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
-    if std::env::var("MEMSNAP_BLESS").as_deref() == Ok("1") {
+    if std::env::var("BLESS").as_deref() == Ok("1") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, actual).unwrap();
         return;
     }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with MEMSNAP_BLESS=1 to create it)",
-            path.display()
-        )
-    });
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with BLESS=1 to create it)", path.display()));
     assert!(
         expected == actual,
-        "{name} differs from the golden file (MEMSNAP_BLESS=1 rewrites it)\n--- expected\n{expected}\n--- actual\n{actual}"
+        "{name} differs from the golden file (BLESS=1 rewrites it)\n--- expected\n{expected}\n--- actual\n{actual}"
     );
 }
 

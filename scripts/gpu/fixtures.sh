@@ -6,7 +6,7 @@
 # Writes into $OUT/fixtures/ the six .pickle files, fixtures.json and table.md (see
 # scripts/gpu/make_fixtures.py), and $OUT/fixtures-log.txt. Then, on the development machine:
 # copy the .pickle files and fixtures.json into tests/fixtures/torch/, paste table.md into
-# tests/fixtures/torch/README.md, and rewrite the goldens (MEMSNAP_BLESS=1 cargo test --test cli).
+# tests/fixtures/torch/README.md, and rewrite the goldens (BLESS=1 cargo test --test cli).
 set -euo pipefail
 # make_fixtures.py must run from the repository root by its relative path (its frames name it so).
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
