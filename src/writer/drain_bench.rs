@@ -533,6 +533,19 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "misapplied the bench's events: void")]
+    fn a_run_with_an_event_the_writer_could_not_place_is_void() {
+        let (rec, mut writer) = prepared_writer(8, Route::CachingAllocator);
+        // A free of a block never handed out.
+        let stray = event(Kind::BlockFreeCompleted, API_BLOCKS, block_start(WINDOW), 0);
+        send(rec, stray, None, 8);
+        while let Some(ev) = writer.reader.next(rec) {
+            writer.apply(ev);
+        }
+        check_applied(&writer);
+    }
+
+    #[test]
     fn the_cuda_calls_events_free_what_they_allocated() {
         let writer = applied(Route::CudaCalls, 2 * 500, 100);
         let dev = &writer.state.devices[0];
