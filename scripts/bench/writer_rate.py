@@ -9,7 +9,7 @@ entry points are what `cargo bench --bench writer` calls: src/writer/drain_bench
 route R: `cuda` (default), the events of CUDA calls, each allocation and free with its
 stack; `blocks`, PyTorch's caching allocator's trace entries, a third each blocks handed out
 and frees requested (with stacks) and frees completed (without), inside 64 segments (a
-library from before 2026-11-28 has no such entry point). "Writer alone" is the same events
+library from before commit 9e004ed has no such entry point). "Writer alone" is the same events
 drained in bursts from a filled queue (the one producer thread is slower than the writer); a
 library from before 2026-11-26 has no such figure (0). One run:
 `python3 scripts/bench/writer_rate.py --one LIB EVENTS FRAMES STACKS [ROUTE]`.
