@@ -90,6 +90,14 @@ print(f"PyTorch {some['torch']} on the simulated driver, Python {some['python']}
 print("instructions a step on the step's threads (memsnap's writer thread apart):")
 width = max(24, *(len(f"tensor-memsnap-python{label}") + 2 for label in labels))
 print(f"{'configuration':<{width}} {'a step':>13} {'over not loaded':>16} {'':>8} {'writer thread':>14}")
+
+
+def cells(name, row, base):
+    """A row's name, instructions a step, and what it adds over `base` (count and percent)."""
+    over = row["step"] - base["step"]
+    return f"  {name:<{width - 2}} {row['step']:>13,.0f} {over:>+16,.0f} {100 * over / base['step']:>+7.2f}%"
+
+
 void = []
 for route, prefix, expect in real_torch_rows.ROUTES:
     plain = rows.get(f"{prefix}plain")
@@ -100,10 +108,8 @@ for route, prefix, expect in real_torch_rows.ROUTES:
         row = rows.get(name)
         if not row:
             continue
-        over = row["step"] - plain["step"]
-        row["over"] = over
-        line = (f"  {name:<{width - 2}} {row['step']:>13,.0f} {over:>+16,.0f} {100 * over / plain['step']:>+7.2f}% "
-                f"{row['writer']:>14,.0f}")
+        row["over"] = row["step"] - plain["step"]
+        line = f"{cells(name, row, plain)} {row['writer']:>14,.0f}"
         reason = real_torch_rows.void(row, expect)
         if reason:
             line += reason
@@ -114,15 +120,15 @@ for route, prefix, expect in real_torch_rows.ROUTES:
 for label, stacks, ours, theirs in real_torch_rows.recorder_pairs(rows, labels):
     print(f"the recorder over memsnap{label}, {stacks} stacks, caching allocator: "
           f"{theirs['over'] / ours['over']:.1f}x ({theirs['over']:,.0f} / {ours['over']:,.0f} a step)")
-calls = some.get("python_calls_per_step")
+calls = some["python_calls_per_step"]
+others = "not counted" if calls["others"] is None else f"{calls['others']:,}"
 hooks = [rows[n] for n in ("hook-monitoring", "hook-frame-eval") if n in rows]
 if hooks:
-    print(f"interpreter hooks doing nothing, no memsnap, caching allocator "
-          f"({calls:,} Python calls a step on the interpreter's thread, none on autograd's):")
+    print(f"interpreter hooks doing nothing, no memsnap, caching allocator ({calls['interpreter']:,} "
+          f"Python calls a step on the interpreter's thread, {others} on the others):")
     for row in hooks:
-        over = row["step"] - some["step"]
-        print(f"  {row['name']:<{width - 2}} {row['step']:>13,.0f} {over:>+16,.0f} {100 * over / some['step']:>+7.2f}% "
-              f"{over / calls:>14,.0f} a call")
+        per_call = (row["step"] - some["step"]) / (calls["interpreter"] + (calls["others"] or 0))
+        print(f"{cells(row['name'], row, some)} {per_call:>14,.0f} a call")
 if void:
     sys.exit(f"void rows (memsnap lost events or took another route): {', '.join(void)}")
 PY

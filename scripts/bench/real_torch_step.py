@@ -8,8 +8,8 @@ optimizer) on the real PyTorch and the simulated driver, counted by callgrind on
 memsnap: libmemsnap.so is preloaded and records throughout. recorder: no memsnap; PyTorch's
 recorder (torch.cuda.memory._record_memory_history with stacks STACKS, context "all", as
 step_time.py runs it) is on throughout. plain: no memsnap, nothing recorded; it also counts
-the Python calls a step on the interpreter's thread, in one more step after the counted
-ones. monitoring and frame-eval: no memsnap, and an interpreter hook that does nothing,
+the Python calls a step, the interpreter's thread's and the others' (Python 3.12 and later),
+in one more step after the counted ones. monitoring and frame-eval: no memsnap, and an interpreter hook that does nothing,
 installed before the first step, to count what a hook on every Python call costs (the way
 to Python stacks without walking the frames at each allocation): monitoring, `sys.monitoring`
 (Python 3.12 and later) calling C functions of the interpreter's at each function's start and
@@ -37,6 +37,7 @@ import operator
 import os
 import platform
 import sys
+import threading
 import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
@@ -61,16 +62,27 @@ def install_interpreter_hook(mode):
 
 
 def python_calls(wl):
-    """Python function calls of one step on the interpreter's thread (the profiler's `call`
-    events). Autograd's thread runs no Python function in this step."""
-    calls = 0
+    """Python function calls of one step (the profiler's `call` events: frames evaluated,
+    generators' resumptions included): {"interpreter": the interpreter's thread's, "others":
+    every other thread's, or None where the interpreter cannot profile threads it did not
+    start (before Python 3.12)}."""
+    calls = {"interpreter": 0, "others": 0}
+    interpreter = threading.get_ident()
 
     def profile(frame, event, arg):
-        nonlocal calls
-        calls += event == "call"
-    sys.setprofile(profile)
+        if event == "call":
+            calls["interpreter" if threading.get_ident() == interpreter else "others"] += 1
+    every_thread = hasattr(threading, "setprofile_all_threads")
+    if every_thread:
+        threading.setprofile_all_threads(profile)
+    else:
+        sys.setprofile(profile)
     wl.step()
-    sys.setprofile(None)
+    if every_thread:
+        threading.setprofile_all_threads(None)
+    else:
+        sys.setprofile(None)
+        calls["others"] = None
     return calls
 
 
