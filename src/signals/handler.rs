@@ -1,7 +1,8 @@
 //! The handler memsnap keeps in the kernel for every borrowed signal: the dump signal asks
-//! the writer for a snapshot; a signal that ends the job (the crash handler) writes a `term`
-//! or `crash` snapshot, bounded by `MEMSNAP_CRASH_WAIT`, with the signalled thread's stack
-//! for a fault; then the program's own action is carried out with the semantics it asked for.
+//! the writer for a snapshot and never ends the program; a signal that ends the job (the
+//! crash handler) writes a `term` or `crash` snapshot, bounded by `MEMSNAP_CRASH_WAIT`, with
+//! the signalled thread's stack for a fault; then the program's own action is carried out
+//! with the semantics it asked for.
 //!
 //! Cold: once per signal. Async-signal-safe: atomics, an eventfd write, clock reads,
 //! `nanosleep`, `sigaction`/`pthread_sigmask`/`tgkill`, `unlink`; no allocation, no lock.
@@ -59,6 +60,15 @@ pub(super) fn install(b: &Borrowed) -> bool {
     let sig = b.signal.load(Acquire);
     let program = b.program();
     let mut act = zeroed_sigaction();
+    if b.role() == Role::Crash && program.handler == libc::SIG_IGN {
+        // The program ignores a signal that would end it (`nohup` ignores SIGHUP): memsnap
+        // would do nothing with it either, so the kernel ignores it, as without memsnap. A
+        // handler in its place would interrupt the program's sleeps and waits (EINTR) for
+        // a signal it asked never to see.
+        act.sa_sigaction = libc::SIG_IGN;
+        // SAFETY: a valid action; no old action wanted.
+        return unsafe { real_sigaction(sig, &act, null_mut()) == 0 };
+    }
     let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = on_borrowed_signal;
     act.sa_sigaction = handler as usize;
     let crash_stack = if b.role() == Role::Crash {
@@ -107,11 +117,7 @@ fn handle(b: &Borrowed, sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
     let tid = unsafe { libc::gettid() };
     match role {
         Role::Dump => ask_for_signal_dump(),
-        // SIGTERM and SIGABRT always end the job (abort() kills after its handler
-        // returns): snapshot first, as the program's handler may not return. A fault
-        // handler may repair and return (runtimes use SIGSEGV that way), so a fault gets
-        // its snapshot only when its default action is reached below.
-        Role::Crash if !is_fault(sig) => crash_snapshot(sig, info, ctx),
+        Role::Crash if snapshot_before_the_program(sig) => crash_snapshot(sig, info, ctx),
         Role::Crash => {}
     }
     match program.handler {
@@ -120,12 +126,12 @@ fn handle(b: &Borrowed, sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
             if role == Role::Crash {
                 crash_snapshot(sig, info, ctx);
                 default_action(b, sig, info);
-            } else if program.explicit {
-                // The program asked for the default action (terminate): let the snapshot
-                // it asked for land first, then do what the kernel would have done.
-                wait_for_signal_dump();
-                default_action(b, sig, info);
             }
+            // The dump signal never ends the program: SIG_DFL there means "no handler of
+            // the program's own", whoever set it. Libraries restore the action they were
+            // told was there before them (LLVM's signal handlers, which Triton's compiler
+            // installs and later removes, put back SIG_DFL), and the dump signal was
+            // memsnap's alone when it was borrowed with SIG_DFL in place.
         }
         handler if program.flags & libc::SA_SIGINFO != 0 => {
             let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
@@ -163,15 +169,20 @@ fn ask_for_signal_dump() {
     }
 }
 
-fn wait_for_signal_dump() {
-    if let Some(rec) = recorder() {
-        let ticket = SIGNAL_DUMPS.asked();
-        rec.wait_for(|| SIGNAL_DUMPS.is_done(ticket), crash_wait());
-    }
-}
-
 fn crash_wait() -> Duration {
     Duration::from_millis(CRASH_WAIT_MS.load(Relaxed))
+}
+
+/// Whether a signal that ends the job gets its snapshot before the program's handler
+/// runs. SIGTERM and SIGABRT always end the job (`abort()` kills after its handler
+/// returns), and the program's handler may never return, so the snapshot comes first. The
+/// others may be handled for good: a fault repaired by a runtime that uses SIGSEGV, Ctrl-C
+/// turned into Python's `KeyboardInterrupt` and caught, SIGHUP that reloads a
+/// configuration. They get their snapshot only when their default action is reached:
+/// directly, or after the program's handler restored it and raised the signal again (as
+/// `faulthandler` does, and as Python does when a `KeyboardInterrupt` ends it).
+fn snapshot_before_the_program(sig: c_int) -> bool {
+    matches!(sig, libc::SIGTERM | libc::SIGABRT)
 }
 
 /// A signal the kernel raises for the faulting instruction itself.
@@ -214,7 +225,9 @@ fn write_crash_snapshot(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
         Some(i) => (i.si_code, 0),
         None => (0, 0),
     };
-    let synchronous = sig != libc::SIGTERM;
+    // A signal sent to the process (SIGTERM, Ctrl-C's SIGINT, SIGHUP, SIGQUIT) lands on
+    // whichever thread the kernel picks: that thread's stack says nothing about the job.
+    let synchronous = matches!(sig, libc::SIGABRT | libc::SIGSEGV | libc::SIGBUS);
     let mut with_stack = false;
     if synchronous
         && rec.settings.stacks != crate::config::Stacks::None

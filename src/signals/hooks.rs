@@ -26,7 +26,7 @@ pub unsafe fn sigaction(
     };
     // Read the new action before writing the old one: the two may be the same struct.
     // SAFETY: the caller passes a valid action or null.
-    let new = unsafe { act.as_ref() }.map(|a| ProgramAction::from_sigaction(a, true));
+    let new = unsafe { act.as_ref() }.map(ProgramAction::from_sigaction);
     let previous = b.program();
     if let Some(new) = new {
         b.set_program(&new);

@@ -1,6 +1,6 @@
 //! The signals memsnap borrows from the program: the dump signal (`MEMSNAP_SIGNAL`) and,
 //! unless `MEMSNAP_AT_CRASH=0`, the signals that end a job (SIGTERM, SIGABRT, SIGSEGV,
-//! SIGBUS). memsnap's handler stays installed in the kernel for good; whatever the program
+//! SIGBUS, SIGINT, SIGHUP, SIGQUIT). memsnap's handler stays installed in the kernel for good; whatever the program
 //! asks for afterwards through `sigaction`, `signal`, `bsd_signal`, `sysv_signal` or
 //! `ssignal` is kept as *the program's action* and carried out by chaining, with the
 //! semantics it asked for (docs/SIGNALS.md has the rules and why).
@@ -32,7 +32,7 @@ pub fn borrow(sig: c_int, role: Role) -> bool {
     if unsafe { table::real_sigaction(sig, null(), &mut current) } != 0 {
         return false;
     }
-    let program = table::ProgramAction::from_sigaction(&current, false);
+    let program = table::ProgramAction::from_sigaction(&current);
     let Some(entry) = table::claim(sig, role, &program) else {
         return false;
     };

@@ -11,7 +11,7 @@ use std::ffi::{CStr, c_int};
 use std::mem::{MaybeUninit, size_of};
 use std::ptr::null_mut;
 use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::*, fence,
+    AtomicI32, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::*, fence,
 };
 
 /// What memsnap does with a borrowed signal before the program's action.
@@ -24,10 +24,20 @@ pub enum Role {
     Crash = 2,
 }
 
-/// The signals that end a job, borrowed when `MEMSNAP_AT_CRASH` is on.
-pub const CRASH_SIGNALS: [c_int; 4] = [libc::SIGTERM, libc::SIGABRT, libc::SIGSEGV, libc::SIGBUS];
+/// The signals that end a job, borrowed when `MEMSNAP_AT_CRASH` is on: those a scheduler
+/// or a crash sends (SIGTERM, SIGABRT, SIGSEGV, SIGBUS) and those a person sends from a
+/// terminal (SIGINT: Ctrl-C; SIGHUP: the terminal closed; SIGQUIT: Ctrl-\).
+pub const CRASH_SIGNALS: [c_int; 7] = [
+    libc::SIGTERM,
+    libc::SIGABRT,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+];
 
-/// The dump signal and the four crash signals.
+/// The dump signal and the crash signals.
 const MAX_BORROWED: usize = 1 + CRASH_SIGNALS.len();
 const MASK_WORDS: usize = size_of::<libc::sigset_t>() / 8;
 
@@ -42,10 +52,6 @@ pub struct Borrowed {
     flags: AtomicI32,
     restorer: AtomicUsize,
     mask: [AtomicU64; MASK_WORDS],
-    /// The program set this action itself after memsnap borrowed the signal (as opposed
-    /// to the action that was in place then). An explicit SIG_DFL asks for the default
-    /// action; the initial SIG_DFL of the dump signal is memsnap's to use.
-    explicit: AtomicBool,
 }
 
 impl Borrowed {
@@ -58,7 +64,6 @@ impl Borrowed {
             flags: AtomicI32::new(0),
             restorer: AtomicUsize::new(0),
             mask: [const { AtomicU64::new(0) }; MASK_WORDS],
-            explicit: AtomicBool::new(false),
         }
     }
 
@@ -84,7 +89,6 @@ impl Borrowed {
                 flags: self.flags.load(Relaxed),
                 restorer: self.restorer.load(Relaxed),
                 mask,
-                explicit: self.explicit.load(Relaxed),
             };
             fence(Acquire);
             // A writer on another thread finishes in microseconds; after a million tries
@@ -124,7 +128,6 @@ impl Borrowed {
         for (a, m) in self.mask.iter().zip(action.mask) {
             a.store(m, Relaxed);
         }
-        self.explicit.store(action.explicit, Relaxed);
         self.seq.store(start + 2, Release);
     }
 }
@@ -158,17 +161,15 @@ pub(super) struct ProgramAction {
     pub(super) flags: c_int,
     restorer: usize,
     pub(super) mask: [u64; MASK_WORDS],
-    pub(super) explicit: bool,
 }
 
 impl ProgramAction {
-    pub(super) fn from_sigaction(sa: &libc::sigaction, explicit: bool) -> ProgramAction {
+    pub(super) fn from_sigaction(sa: &libc::sigaction) -> ProgramAction {
         ProgramAction {
             handler: sa.sa_sigaction,
             flags: sa.sa_flags,
             restorer: sa.sa_restorer.map_or(0, |f| f as usize),
             mask: mask_words(&sa.sa_mask),
-            explicit,
         }
     }
 
@@ -188,7 +189,6 @@ impl ProgramAction {
             flags,
             restorer: 0,
             mask: mask_words(&set),
-            explicit: true,
         }
     }
 
@@ -311,7 +311,7 @@ mod tests {
         // SAFETY: valid set.
         unsafe { libc::sigaddset(&mut sa.sa_mask, libc::SIGINT) };
         let b = Borrowed::new();
-        b.set_program(&ProgramAction::from_sigaction(&sa, true));
+        b.set_program(&ProgramAction::from_sigaction(&sa));
         let back = b.program().to_sigaction();
         assert_eq!(back.sa_sigaction, 0x1234);
         assert_eq!(back.sa_flags, libc::SA_SIGINFO | libc::SA_NODEFER);
@@ -322,7 +322,6 @@ mod tests {
             unsafe { libc::sigismember(&back.sa_mask, libc::SIGTERM) },
             0
         );
-        assert!(b.program().explicit);
     }
 
     #[test]

@@ -19,6 +19,9 @@ fn signal_name(sig: i32) -> &'static str {
         libc::SIGABRT => "SIGABRT",
         libc::SIGSEGV => "SIGSEGV",
         libc::SIGBUS => "SIGBUS",
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
         _ => "other",
     }
 }

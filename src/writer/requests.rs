@@ -100,10 +100,10 @@ impl Writer {
         self.state
             .marker(CRASH.time_us.load(Relaxed), stack, Api::Memsnap);
         self.crash = Some(info);
-        let reason = if info.signal == libc::SIGTERM {
-            Reason::Term
-        } else {
-            Reason::Crash
+        // Sent to stop the job (a scheduler, a person at the terminal) or raised by a crash.
+        let reason = match info.signal {
+            libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT => Reason::Term,
+            _ => Reason::Crash,
         };
         let _ = self.dump(reason, "");
     }

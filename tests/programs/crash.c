@@ -13,11 +13,17 @@
  *   double-term    5,000 more blocks kept live (a snapshot that takes a while), four idle
  *                  threads, then SIGTERM sent twice, 10 ms apart: dies of SIGTERM
  *   two-faults     as double-term, but two threads fault (null writes) at the same moment
+ *   int            SIGINT (Ctrl-C), no handler: dies of SIGINT
+ *   int-handler    a SIGINT handler that says so and returns: the program lives on
+ *   hup            SIGHUP (the terminal closed), no handler: dies of SIGHUP
+ *   hup-ignored    SIGHUP ignored, as under nohup: the program lives on
+ *   quit           SIGQUIT (Ctrl-\), no handler: dies of SIGQUIT (no core: its limit is 0)
  * Prints `result KEY=VALUE` lines; the handler writes `result handler=N`. */
 #include "prog_common.h"
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define MIB (1u << 20)
@@ -32,6 +38,11 @@ static void term_handler(int sig) {
     (void)sig;
     say("result handler=15\n");
     _exit(7);
+}
+
+static void int_handler(int sig) {
+    (void)sig;
+    say("result handler=2\n");
 }
 
 static void abort_handler(int sig) {
@@ -76,6 +87,9 @@ NOINLINE void crash_here(const char *mode) {
     if (!strncmp(mode, "segv", 4)) *nowhere = 1;
     if (!strcmp(mode, "bus")) kill(getpid(), SIGBUS);
     if (!strncmp(mode, "term", 4)) kill(getpid(), SIGTERM);
+    if (!strncmp(mode, "int", 3)) kill(getpid(), SIGINT);
+    if (!strncmp(mode, "hup", 3)) kill(getpid(), SIGHUP);
+    if (!strcmp(mode, "quit")) kill(getpid(), SIGQUIT);
     __asm__ volatile("" ::: "memory");
 }
 
@@ -88,6 +102,12 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "term-handler")) signal(SIGTERM, term_handler);
     if (!strcmp(mode, "abort-handler")) signal(SIGABRT, abort_handler);
     if (!strcmp(mode, "segv-handler")) signal(SIGSEGV, segv_handler);
+    if (!strcmp(mode, "int-handler")) signal(SIGINT, int_handler);
+    if (!strcmp(mode, "hup-ignored")) signal(SIGHUP, SIG_IGN);
+    if (!strcmp(mode, "quit")) {
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+    }
     int twice = !strcmp(mode, "double-term"), two_faults = !strcmp(mode, "two-faults");
     if (twice || two_faults) {
         many_blocks();
@@ -112,7 +132,7 @@ int main(int argc, char **argv) {
         kill(getpid(), SIGTERM);
     }
     crash_here(mode);
-    sleep(5);
+    if (strcmp(mode, "int-handler") != 0 && strcmp(mode, "hup-ignored") != 0) sleep(5);
     printf("result survived=1\n");
     return 0;
 }

@@ -7,6 +7,9 @@ Modes (argv[1]):
                 the handler's calls once the snapshot file is there
   faulthandler  faulthandler.register(SIGUSR1, file=...): prints whether the traceback it
                 wrote names this file
+  ctrl-c        SIGINT (what Ctrl-C sends) while 2 MiB more are held: Python's
+                KeyboardInterrupt ends the program, which Python does by restoring SIGINT's
+                default action and sending it to itself
 Prints `result KEY=VALUE` lines.
 """
 
@@ -75,6 +78,12 @@ def main():
             faulthandler.unregister(signal.SIGUSR1)
         print(f"result signal_file={int(found)}")
         print(f"result traceback_names_this_file={int('py_signals.py' in text)}")
+    elif mode == "ctrl-c":
+        held = allocate(2 << 20)
+        print(f"result holding={held != 0}", flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        print("result survived=1")
     allocate(2 << 20)
 
 

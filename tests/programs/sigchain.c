@@ -7,10 +7,16 @@
  *   siginfo    sigaction with SA_SIGINFO; the handler records sig, si_code, si_pid, ctx != NULL
  *   signal     signal(); the handler records sig
  *   bsd        bsd_signal()
- *   sysv       sysv_signal(): one-shot; the second signal takes the default action (dies)
+ *   sysv       sysv_signal(): one-shot; the second signal finds the default action, which
+ *              for the dump signal means memsnap's alone: the program lives on
  *   resethand  sigaction with SA_RESETHAND: one call, then the default action is reported
  *   ignore     SIG_IGN: the program ignores it, the snapshot is still written
- *   default    an explicit SIG_DFL: the snapshot is written, then the process dies of SIGUSR1
+ *   default    an explicit SIG_DFL: the snapshot is written, the program lives on
+ *   restored   a library's way (LLVM's signal handlers, installed by Triton's compiler):
+ *              install a handler keeping the old action it was told, later put that old
+ *              action back, then the signal arrives: the program lives on
+ *   reraise    the other half of that way: the handler puts the old action back and raises
+ *              the signal again: called once, the program lives on
  *   mask       sa_mask = {SIGUSR2}: inside the handler SIGUSR2 and SIGUSR1 are blocked
  *   nodefer    SA_NODEFER: inside the handler SIGUSR1 is not blocked
  *   blocked    no handler; the program blocks SIGUSR1 with sigprocmask, sends it, waits:
@@ -52,6 +58,30 @@ static void info_handler(int sig, siginfo_t *info, void *ctx) {
     last_pid = info ? info->si_pid : -1;
     had_ctx = ctx != NULL;
     note_mask();
+}
+
+static struct sigaction library_old;
+
+/* What a library's crash handler does: put back what was there before it, raise again. */
+static void reraising_handler(int sig) {
+    calls++;
+    last_sig = sig;
+    sigaction(SIGUSR1, &library_old, NULL);
+    raise(sig);
+}
+
+static void install_library_handler(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = reraising_handler;
+    sa.sa_flags = SA_NODEFER | SA_RESETHAND | SA_ONSTACK;
+    if (sigaction(SIGUSR1, &sa, &library_old) != 0) {
+        perror("sigaction");
+        exit(1);
+    }
+    printf("result old_was_default=%d\n",
+           !(library_old.sa_flags & SA_SIGINFO) && library_old.sa_handler == SIG_DFL);
 }
 
 static void sleep_ms(long ms) {
@@ -144,6 +174,11 @@ int main(int argc, char **argv) {
         set_action(NULL, plain_handler, 0, SA_NODEFER, 0);
     } else if (!strcmp(mode, "storm")) {
         set_action(info_handler, NULL, 0, SA_RESTART, 0);
+    } else if (!strcmp(mode, "restored")) {
+        install_library_handler();
+        sigaction(SIGUSR1, &library_old, NULL);
+    } else if (!strcmp(mode, "reraise")) {
+        install_library_handler();
     } else if (strcmp(mode, "blocked") != 0) {
         fprintf(stderr, "unknown mode %s\n", mode);
         return 2;
@@ -176,14 +211,11 @@ int main(int argc, char **argv) {
         report_current();
         printf("result calls_before_second=%d\n", (int)calls);
         fflush(stdout);
-        kill(getpid(), SIGUSR1); /* the default action now: the process ends here */
-        sleep_ms(5000);
-        printf("result survived_second=1\n");
+        kill(getpid(), SIGUSR1); /* the default action now: memsnap's alone */
+        printf("result second_signal_file=%d\n", wait_for_files(2));
     }
-    if (!strcmp(mode, "default")) {
-        sleep_ms(5000);
-        printf("result survived_default=1\n");
-    }
+    /* A handler that ended the process would have done so inside kill(). */
+    printf("result survived=1\n");
 
     void *b = alloc(2 * MIB);
     printf("result calls=%d\n", (int)calls);

@@ -122,7 +122,7 @@ pub struct Config {
     pub period: Option<Duration>,
     /// CSV file for per-step memory figures. `None` = off.
     pub stats: Option<String>,
-    /// Borrow SIGTERM, SIGABRT, SIGSEGV and SIGBUS for a last snapshot.
+    /// Borrow SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGABRT, SIGSEGV and SIGBUS for a last snapshot.
     pub at_crash: bool,
     /// How long a terminating signal waits for its snapshot before the program goes on.
     pub crash_wait: Duration,
