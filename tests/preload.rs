@@ -511,3 +511,43 @@ fn the_exit_line_names_the_absolute_folder_and_says_when_memsnap_created_it() {
         run.stderr
     );
 }
+
+/// A program that closes every descriptor it did not open (daemonizing code, `close_range`)
+/// and opens its own files, which get the numbers memsnap's had: memsnap writes nothing into
+/// them and reads nothing out of them, its wake-ups and dumps still work, its live socket
+/// is opened again, and the record is whole.
+#[test]
+fn a_program_that_closes_every_descriptor_keeps_its_files_to_itself() {
+    let run = run_program("closefds", &[], &[("MEMSNAP_STATS", "stats.csv")], true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(
+        r["data_bytes"], "64",
+        "memsnap wrote into the program's file"
+    );
+    assert_eq!(
+        r["stream_intact"], "1",
+        "memsnap read or wrote the program's stream"
+    );
+    assert_eq!(
+        r["live_socket"], "1",
+        "the live socket was not opened again"
+    );
+    assert!(r["signal_files"].parse::<u32>().unwrap() >= 1);
+    let data = std::fs::read(run.dir.path().join("program-data.bin")).unwrap();
+    assert_eq!(data, vec![b'p'; 64]);
+    let exit = snapshot_files(run.dir.path())
+        .into_iter()
+        .find(|p| label_of(p).as_deref() == Some("exit"))
+        .expect("the exit snapshot");
+    let snap = python_load_json(&exit);
+    // 1 + 200 allocations, 1 + 200 frees.
+    assert_eq!(
+        snap["memsnap"]["api_calls"]["cuMemAlloc"], 201,
+        "{}",
+        snap["memsnap"]
+    );
+    // The stats file, opened again by its path once the program closed it, has its rows.
+    let stats = std::fs::read_to_string(run.dir.path().join("stats.csv")).unwrap();
+    assert!(stats.lines().any(|l| l.contains(",exit,")), "{stats}");
+}

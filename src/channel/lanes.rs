@@ -516,7 +516,7 @@ mod tests {
             max_frames: 64,
             dump_on_oom: false,
         };
-        Box::leak(Box::new(Recorder::new(capacity, settings, -1, true)))
+        Box::leak(Box::new(Recorder::new(capacity, settings, true)))
     }
 
     /// Sends one event stamped `time` (its address is the stamp too) from the calling

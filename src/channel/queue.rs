@@ -24,7 +24,7 @@ use crate::config::{Context, Stacks};
 use crate::guard::HookThread;
 use crossbeam_queue::ArrayQueue;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 /// Upper bound on stack slots: the writer drains within milliseconds, so a few thousand
@@ -53,9 +53,9 @@ pub struct HookSettings {
 
 pub struct Recorder {
     pub settings: HookSettings,
-    /// eventfd that wakes the writer (signal handler, OOM, control calls, exit); -1: none,
-    /// the writer then polls.
-    wake_fd: i32,
+    /// Wakes the writer from its idle wait (signal handler, OOM, control calls, exit, a
+    /// hook waiting for room).
+    pub wake: WakeWord,
     pub(super) lanes: Lanes,
     pub(super) events: ArrayQueue<Event>,
     slots: Box<[UnsafeCell<StackSlot>]>,
@@ -103,6 +103,58 @@ impl Counters {
     }
 }
 
+/// How the writer is woken: a futex word, not a descriptor. The program owns every
+/// descriptor number: one that closes them all (daemonizing code, `close_range`) and opens
+/// files of its own would get, under a descriptor's number, memsnap's wake-ups written into
+/// its files and its data read away by the writer. A word in memsnap's own memory cannot
+/// be taken: each wake-up counts it up and wakes a waiting writer; the writer waits only
+/// while the count is the one it saw last, so a wake-up that comes before it waits is
+/// never lost. `FUTEX_WAKE` is async-signal-safe (a system call on memory).
+#[derive(Default)]
+pub struct WakeWord {
+    count: AtomicU32,
+}
+
+impl WakeWord {
+    /// Counts a wake-up and wakes the writer if it waits.
+    pub fn wake(&self) {
+        self.count.fetch_add(1, Release);
+        // SAFETY: FUTEX_WAKE on a word of our own; it reads no memory beyond the address.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.count.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            )
+        };
+    }
+
+    /// The wake-ups counted so far.
+    pub fn seen(&self) -> u32 {
+        self.count.load(Acquire)
+    }
+
+    /// Waits until a wake-up after `seen`, or `timeout`. Returns at once if one came
+    /// already; a spurious return is harmless (the writer looks at the queue again).
+    pub fn wait(&self, seen: u32, timeout: Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on a word of our own with a valid relative timeout.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.count.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                seen,
+                &ts as *const libc::timespec,
+            )
+        };
+    }
+}
+
 /// Waits for the writer: spin, then yield (waking the writer once), then sleep. Returns
 /// `false` once the writer is gone.
 struct Backoff<'a> {
@@ -138,7 +190,7 @@ impl Recorder {
     /// `capacity` events per lane and in the shared queue; `lanes`: whether threads get
     /// lanes (the event clock orders events across cores). Cold: called once, on the
     /// first CUDA event.
-    pub fn new(capacity: usize, settings: HookSettings, wake_fd: i32, lanes: bool) -> Recorder {
+    pub fn new(capacity: usize, settings: HookSettings, lanes: bool) -> Recorder {
         let n_slots = capacity.clamp(1, MAX_STACK_SLOTS);
         let slots: Box<[UnsafeCell<StackSlot>]> = (0..n_slots)
             .map(|_| UnsafeCell::new(StackSlot::EMPTY))
@@ -149,7 +201,7 @@ impl Recorder {
         }
         Recorder {
             settings,
-            wake_fd,
+            wake: WakeWord::default(),
             lanes: Lanes::new(lanes, capacity),
             events: ArrayQueue::new(capacity.max(1)),
             slots,
@@ -322,18 +374,9 @@ impl Recorder {
         let _ = self.free_slots.push(idx);
     }
 
-    pub fn wake_fd(&self) -> i32 {
-        self.wake_fd
-    }
-
-    /// Wakes the writer now instead of at its next poll. Async-signal-safe.
+    /// Wakes the writer now instead of at the end of its idle wait. Async-signal-safe.
     pub fn wake_writer(&self) {
-        if self.wake_fd >= 0 {
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes from a valid buffer to our eventfd; errors are ignored
-            // (EAGAIN means a wake-up is already pending).
-            unsafe { libc::write(self.wake_fd, (&one as *const u64).cast(), 8) };
-        }
+        self.wake.wake();
     }
 
     /// Polls `done` every millisecond until it holds, the writer is gone, or `limit`
@@ -377,7 +420,7 @@ mod tests {
     #[test]
     fn with_the_writer_gone_a_full_queue_loses_events_by_kind_and_gives_slots_back() {
         with_and_without_lanes(|lanes| {
-            let rec = Recorder::new(16, TEST_SETTINGS, -1, lanes);
+            let rec = Recorder::new(16, TEST_SETTINGS, lanes);
             rec.writer_alive.store(false, Relaxed);
             guard::with_thread(|t| {
                 for i in 0..20u64 {
@@ -421,7 +464,7 @@ mod tests {
         with_and_without_lanes(|lanes| {
             const EVENTS: u64 = 200_000;
             let rec: &'static Recorder =
-                Box::leak(Box::new(Recorder::new(16, TEST_SETTINGS, -1, lanes)));
+                Box::leak(Box::new(Recorder::new(16, TEST_SETTINGS, lanes)));
             let producers: Vec<_> = (0..4u64)
                 .map(|t| {
                     std::thread::spawn(move || {

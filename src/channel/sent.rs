@@ -256,7 +256,7 @@ mod tests {
             max_frames: 64,
             dump_on_oom: false,
         };
-        Recorder::new(64, settings, -1, true)
+        Recorder::new(64, settings, true)
     }
 
     /// The hash of the native stack `frames`.

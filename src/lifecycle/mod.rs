@@ -47,18 +47,12 @@ fn start() {
         max_frames: cfg.max_frames,
         dump_on_oom: cfg.on_oom,
     };
-    // SAFETY: eventfd has no memory preconditions.
-    let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     // Before the first event is stamped: the writer converts with the same source.
     clock::choose_source();
     // Lanes where stamps order events across cores (`channel::lanes`).
     let lanes = clock::source() == clock::Source::TimeStampCounter;
-    let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(
-        cfg.queue_capacity,
-        settings,
-        wake_fd,
-        lanes,
-    )));
+    let rec: &'static Recorder =
+        Box::leak(Box::new(Recorder::new(cfg.queue_capacity, settings, lanes)));
     recording::publish(rec);
     let signal = cfg.signal;
     let (at_crash, crash_wait) = (cfg.at_crash, cfg.crash_wait);

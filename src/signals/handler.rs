@@ -4,7 +4,7 @@
 //! the signalled thread's stack for a fault; then the program's own action is carried out
 //! with the semantics it asked for.
 //!
-//! Cold: once per signal. Async-signal-safe: atomics, an eventfd write, clock reads,
+//! Cold: once per signal. Async-signal-safe: atomics, a futex wake-up, clock reads,
 //! `nanosleep`, `sigaction`/`pthread_sigmask`/`tgkill`, `unlink`; no allocation, no lock.
 //!
 //! One crash snapshot per process, and while it is being written every further signal that
@@ -158,7 +158,7 @@ fn recorder() -> Option<&'static Recorder> {
     recording::recorder_if_started()
 }
 
-/// Async-signal-safe: a ticket and an eventfd write. Many signals before the writer looks
+/// Async-signal-safe: a ticket and a futex wake-up. Many signals before the writer looks
 /// become one snapshot; one that arrives while a snapshot is being written gets another.
 fn ask_for_signal_dump() {
     if let Some(rec) = recorder()

@@ -81,7 +81,7 @@ fn native_writer(depth: usize) -> (&'static Recorder, Writer) {
         max_frames: depth,
         dump_on_oom: false,
     };
-    let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 16, settings, -1, true)));
+    let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 16, settings, true)));
     // The history kept per device is the library's own setting, `MEMSNAP_MAX_ENTRIES`
     // (default 100,000; a large value keeps the whole history, to measure its memory per
     // event), read by the one configuration parser.

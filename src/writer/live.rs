@@ -6,10 +6,13 @@
 //! first CUDA event), in the per-user 0700 folder, and removed at exit. Every socket is
 //! non-blocking: the writer accepts, reads and writes only what is ready, so a client that
 //! stalls, floods or sends garbage costs it nothing but a closed connection. Only a peer
-//! with this process's uid (SO_PEERCRED, from the kernel) is served.
+//! with this process's uid (SO_PEERCRED, from the kernel) is served. Its descriptors are
+//! looked at before each pass (`own_fd`): one the program closed is never used again, and a
+//! listener it closed is opened again.
 
 use crate::snapshot::live::{self, MAX_REQUEST, Request};
 use crate::writer::ack::private_folder;
+use crate::writer::own_fd::OwnFd;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -31,9 +34,12 @@ const ACCEPT_EVERY: Duration = Duration::from_millis(1);
 /// fds): it stays readable meanwhile, and polling it would spin the writer.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 
+/// How often a listener the program closed is opened again at most.
+const REBIND_EVERY: Duration = Duration::from_secs(1);
+
 /// An accepted client: its request as it arrives, then its answer as it leaves.
 struct Client {
-    stream: UnixStream,
+    stream: OwnFd<UnixStream>,
     inbox: Vec<u8>,
     /// The encoded answer and how much of it was sent; empty until answered.
     outbox: Vec<u8>,
@@ -54,7 +60,10 @@ pub struct Asked {
 }
 
 pub struct LiveServer {
-    listener: Option<UnixListener>,
+    listener: Option<OwnFd<UnixListener>>,
+    pid: u32,
+    /// When the listener was last opened again after the program closed it.
+    last_rebind: Option<Instant>,
     /// Set after `accept` failed with something other than "nobody waiting".
     accept_paused_until: Option<Instant>,
     /// The drain loop's sleep saw the listener readable.
@@ -83,6 +92,8 @@ impl LiveServer {
         let uid = unsafe { libc::getuid() };
         let mut server = LiveServer {
             listener: None,
+            pid,
+            last_rebind: None,
             accept_paused_until: None,
             listener_ready: false,
             last_accept: Instant::now(),
@@ -104,7 +115,7 @@ impl LiveServer {
         server
     }
 
-    fn bind(uid: u32, pid: u32) -> std::io::Result<(UnixListener, PathBuf)> {
+    fn bind(uid: u32, pid: u32) -> std::io::Result<(OwnFd<UnixListener>, PathBuf)> {
         if private_folder(uid).is_none() {
             return Err(std::io::Error::other(format!(
                 "{} is not a private folder of this user",
@@ -117,7 +128,26 @@ impl LiveServer {
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)?;
         listener.set_nonblocking(true)?;
+        let listener = OwnFd::new(listener)
+            .ok_or_else(|| std::io::Error::other("the socket cannot be looked at"))?;
         Ok((listener, path))
+    }
+
+    /// Before each pass: the clients whose descriptor the program closed are dropped (their
+    /// numbers are the program's now, `own_fd`), and a listener it closed is opened again,
+    /// at most once a second, so `memsnap top` and `memsnap dump` still reach the process.
+    pub fn keep_descriptors(&mut self) {
+        self.clients.retain_mut(|c| c.stream.ours().is_some());
+        let lost = self.listener.as_mut().is_some_and(|l| l.ours().is_none());
+        if !lost || self.last_rebind.is_some_and(|t| t.elapsed() < REBIND_EVERY) {
+            return;
+        }
+        self.last_rebind = Some(Instant::now());
+        self.listener = None;
+        if let Ok((listener, path)) = Self::bind(self.uid, self.pid) {
+            self.listener = Some(listener);
+            self.path = Some(path);
+        }
     }
 
     /// Removes the socket (at exit): nobody can connect any more.
@@ -142,7 +172,7 @@ impl LiveServer {
             events,
             revents: 0,
         };
-        if let Some(l) = &self.listener
+        if let Some(l) = self.listener.as_ref().and_then(OwnFd::last_seen)
             && self.accept_paused_until.is_none()
         {
             fds.push(fd(l.as_raw_fd(), libc::POLLIN));
@@ -156,14 +186,16 @@ impl LiveServer {
             } else {
                 libc::POLLOUT
             };
-            fds.push(fd(c.stream.as_raw_fd(), events));
+            if let Some(stream) = c.stream.last_seen() {
+                fds.push(fd(stream.as_raw_fd(), events));
+            }
         }
     }
 
     /// After the drain loop's `poll` on [`Self::poll_fds`]: notes whether the listener has
     /// a connection waiting.
     pub fn after_poll(&mut self, fds: &[libc::pollfd]) {
-        if let Some(l) = &self.listener {
+        if let Some(l) = self.listener.as_ref().and_then(OwnFd::last_seen) {
             let fd = l.as_raw_fd();
             self.listener_ready |= fds.iter().any(|p| p.fd == fd && p.revents != 0);
         }
@@ -172,6 +204,7 @@ impl LiveServer {
     /// One pass: accepts new clients, reads what arrived, sends what can be sent, cuts off
     /// the ones past their deadline or misbehaving. Returns the requests read in full.
     pub fn poll(&mut self) -> Vec<Asked> {
+        self.keep_descriptors();
         self.accept();
         let now = Instant::now();
         let mut asked = Vec::new();
@@ -231,7 +264,7 @@ impl LiveServer {
     }
 
     fn accept(&mut self) {
-        let Some(listener) = &self.listener else {
+        let Some(listener) = self.listener.as_ref().and_then(OwnFd::last_seen) else {
             return;
         };
         if let Some(until) = self.accept_paused_until {
@@ -259,7 +292,10 @@ impl LiveServer {
                 self.refused += 1;
                 continue; // dropped: closed without a word
             }
-            let mut client = Client::new(stream);
+            let Some(mut client) = Client::new(stream) else {
+                self.refused += 1;
+                continue;
+            };
             // Read at once: a client that already sent its whole request is answered in
             // this pass whatever the others do; one that closed or sent garbage never takes
             // a place. Only clients still sending count against the limit, so a flood of
@@ -294,9 +330,9 @@ enum Received {
 }
 
 impl Client {
-    fn new(stream: UnixStream) -> Client {
-        Client {
-            stream,
+    fn new(stream: UnixStream) -> Option<Client> {
+        Some(Client {
+            stream: OwnFd::new(stream)?,
             inbox: Vec::new(),
             outbox: Vec::new(),
             sent: 0,
@@ -304,13 +340,16 @@ impl Client {
             pending: None,
             done: false,
             deadline: Instant::now() + CLIENT_DEADLINE,
-        }
+        })
     }
 
     fn receive(&mut self) -> Received {
+        let Some(stream) = self.stream.last_seen() else {
+            return Received::Bad;
+        };
         let mut buf = [0u8; 512];
         loop {
-            match self.stream.read(&mut buf) {
+            match (&mut &*stream).read(&mut buf) {
                 Ok(0) => return Received::Bad, // closed before asking
                 Ok(n) => {
                     if self.inbox.len() + n > MAX_REQUEST + 4 {
@@ -332,8 +371,11 @@ impl Client {
 
     /// Sends what the socket takes now; `false` once done (all sent) or failed.
     fn send(&mut self) -> bool {
+        let Some(stream) = self.stream.last_seen() else {
+            return false;
+        };
         while self.sent < self.outbox.len() {
-            match self.stream.write(&self.outbox[self.sent..]) {
+            match (&mut &*stream).write(&self.outbox[self.sent..]) {
                 Ok(0) => return false,
                 Ok(n) => {
                     self.sent += n;
@@ -405,12 +447,14 @@ mod tests {
         ours.set_nonblocking(true).unwrap();
         let server = LiveServer {
             listener: None,
+            pid: std::process::id(),
+            last_rebind: None,
             accept_paused_until: None,
             listener_ready: false,
             last_accept: Instant::now(),
             path: None,
             uid: 0,
-            clients: vec![Client::new(ours)],
+            clients: vec![Client::new(ours).unwrap()],
             refused: 0,
             answered: 0,
         };

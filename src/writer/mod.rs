@@ -1,7 +1,7 @@
 //! The writer thread: owns all recorded state, builds and writes snapshots.
 //!
 //! Cold. One thread, started on the first CUDA event. It drains the queue (polling with
-//! a short adaptive sleep; hooks never wake it, so they make no syscall), applies events
+//! a short adaptive sleep; hooks wake it only when they wait for room), applies events
 //! to [`state::State`], interns stacks while their Python code objects are still alive,
 //! and writes snapshots on exit, out-of-memory, the dump signal, steps, periods and
 //! explicit `memsnap_dump` calls. It may allocate, lock and do I/O; a failure is a warning
@@ -26,6 +26,7 @@ mod exit_report;
 pub mod files;
 pub mod live;
 mod meta;
+pub mod own_fd;
 mod publish;
 mod requests;
 pub mod stacks;
@@ -114,6 +115,8 @@ struct Writer {
     clock: StampConverter,
     /// The time given to the last event applied (see [`Writer::event_time`]).
     last_time_us: u64,
+    /// The wake-ups counted when the writer last woke: it waits only while none came since.
+    wake_seen: u32,
 }
 
 /// `path` made absolute against the working directory (left as is if that fails).
@@ -168,6 +171,7 @@ impl Writer {
             last_oom: None,
             clock: StampConverter::new(),
             last_time_us: 0,
+            wake_seen: 0,
             stats,
             cfg,
         }
@@ -216,33 +220,26 @@ impl Writer {
         }
     }
 
-    /// Waits for the wake-up eventfd, a `memsnap top` client, or the timeout.
+    /// Waits for a wake-up (a hook, a signal, a request, exit) or the timeout, unless a
+    /// `memsnap top` client is ready now. The wait is on memory, not on descriptors (see
+    /// `channel::queue::WakeWord`), so the live socket is looked at before it, without
+    /// waiting: a client is served within one idle sleep (at most 5 ms).
     fn sleep(&mut self, timeout: Duration) {
-        let wake_fd = self.rec.wake_fd();
         let mut fds = Vec::with_capacity(4);
-        if wake_fd >= 0 {
-            fds.push(libc::pollfd {
-                fd: wake_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        }
+        self.live.keep_descriptors();
         self.live.poll_fds(&mut fds);
-        if fds.is_empty() {
-            std::thread::sleep(timeout);
-            return;
+        if !fds.is_empty() {
+            // SAFETY: `fds` holds fds.len() valid pollfds; a zero timeout never blocks.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+            if ready > 0 {
+                self.live.after_poll(&fds);
+                return;
+            }
         }
-        let ms = timeout.as_millis().max(1) as i32;
-        // SAFETY: `fds` holds fds.len() valid pollfds.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if ready > 0 && wake_fd >= 0 && fds[0].revents != 0 {
-            let mut buf = 0u64;
-            // SAFETY: draining our nonblocking eventfd into a local.
-            unsafe { libc::read(wake_fd, (&mut buf as *mut u64).cast(), 8) };
+        if self.rec.wake.seen() == self.wake_seen {
+            self.rec.wake.wait(self.wake_seen, timeout);
         }
-        if ready > 0 {
-            self.live.after_poll(&fds);
-        }
+        self.wake_seen = self.rec.wake.seen();
     }
 
     /// Events recorded without the stack they should have had.

@@ -5,9 +5,11 @@
 //! `O_NOFOLLOW`, created with mode 0600 whatever the umask, and refused unless it is a
 //! regular file. Fields are written by RFC 4180: the rank (the one field taken from the
 //! environment) is quoted when it holds a comma, a quote or a line break, so a row stays a
-//! row.
+//! row. The program may close memsnap's descriptor: the file is then opened again by its
+//! path (`own_fd`).
 
 use super::files::{self, Identity, NameFields, Reason};
+use super::own_fd::OwnFd;
 use super::state::State;
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -19,7 +21,8 @@ use std::path::Path;
 const HEADER: &str = "time_us,rank,step,reason,device,allocated_bytes,peak_bytes,reserved_bytes,total_bytes,utilization,events,ooms";
 
 pub struct Stats {
-    file: Option<File>,
+    /// `None` once the file could not be used (one warning said so).
+    file: Option<OwnFd<File>>,
     path: String,
     /// The rank as a CSV field, quoted where needed.
     rank_field: String,
@@ -38,18 +41,13 @@ impl Stats {
             time_s: 0,
         };
         let path = files::expand(template, id, &fields);
-        let mut file = match open_private(Path::new(&path)) {
+        let file = match open_with_header(&path) {
             Ok(f) => Some(f),
             Err(e) => {
                 eprintln!("memsnap: cannot use the MEMSNAP_STATS file {path}: {e}; no stats");
                 None
             }
         };
-        if let Some(f) = &mut file
-            && f.metadata().map(|m| m.len() == 0).unwrap_or(false)
-        {
-            let _ = writeln!(f, "{HEADER}");
-        }
         Stats {
             file,
             path,
@@ -57,9 +55,30 @@ impl Stats {
         }
     }
 
+    /// The file, if it can be written: still the one memsnap opened, or opened again by its
+    /// path when the program closed memsnap's descriptor (`own_fd`).
+    fn file(&mut self) -> Option<&File> {
+        let own = self.file.as_mut()?;
+        if own.ours().is_none() {
+            match open_with_header(&self.path) {
+                Ok(f) => self.file = Some(f),
+                Err(e) => {
+                    eprintln!(
+                        "memsnap: cannot open the MEMSNAP_STATS file {} again: {e}; no more stats",
+                        self.path
+                    );
+                    self.file = None;
+                }
+            }
+        }
+        self.file.as_ref()?.last_seen()
+    }
+
     /// One row per device; `reason` says what produced it (`step`, `period`, `exit`).
     pub fn row(&mut self, step: u64, reason: Reason, state: &State) {
-        let Some(f) = &mut self.file else { return };
+        if self.file.is_none() {
+            return;
+        }
         let rank = &self.rank_field;
         let now = crate::process::clock::wall_micros();
         let mut out = String::new();
@@ -85,7 +104,8 @@ impl Stats {
                 dev.ooms
             );
         }
-        if f.write_all(out.as_bytes()).is_err() {
+        let written = self.file().map(|mut f| f.write_all(out.as_bytes()));
+        if written.is_some_and(|w| w.is_err()) {
             eprintln!(
                 "memsnap: cannot write MEMSNAP_STATS file {}; no more stats",
                 self.path
@@ -93,6 +113,16 @@ impl Stats {
             self.file = None;
         }
     }
+}
+
+/// Opens `path` with [`open_private`], held as memsnap's own descriptor, and writes the
+/// header into an empty file.
+fn open_with_header(path: &str) -> io::Result<OwnFd<File>> {
+    let mut file = open_private(Path::new(path))?;
+    if file.metadata()?.len() == 0 {
+        writeln!(file, "{HEADER}")?;
+    }
+    OwnFd::new(file).ok_or_else(|| io::Error::other("its descriptor cannot be looked at"))
 }
 
 /// Opens `path` for appending, creating it with mode 0600. Never follows a symbolic link in
