@@ -150,7 +150,7 @@ fn a_fully_stripped_executable_gives_module_paths_not_made_up_names() {
     let snap = exit_snapshot(&run);
     let frames = frames_of_block(&snap, 1 << 20);
     assert_no_memsnap_frames(&frames);
-    // No .symtab and no exported function before them: the program's frames are named
+    // No .symtab and no exported function holding them: the program's frames are named
     // `module+offset`, never `??`; libc's frames still have names.
     let own: Vec<&Value> = frames
         .iter()
