@@ -725,7 +725,7 @@ fn stripped_library_gives_dynsym_names() {
         .take(3)
         .map(|f| (f.name.as_str(), f.filename.as_str(), f.line))
         .collect();
-    // No debug info: the nearest exported symbol plus the offset of the return address
+    // No debug info: the exported symbol that holds the return address, plus its offset
     // into it, and the library as the file; never "??".
     for ((name, file, line), want) in top.iter().zip(["stk_c+0x", "stk_b+0x", "stk_a+0x"]) {
         assert!(name.starts_with(want), "{top:?}");

@@ -150,7 +150,7 @@ fn a_fully_stripped_executable_gives_module_paths_not_made_up_names() {
     let snap = exit_snapshot(&run);
     let frames = frames_of_block(&snap, 1 << 20);
     assert_no_memsnap_frames(&frames);
-    // No .symtab and no exported function before them: the program's frames are named
+    // No .symtab and no exported function holding them: the program's frames are named
     // `module+offset`, never `??`; libc's frames still have names.
     let own: Vec<&Value> = frames
         .iter()
@@ -179,20 +179,24 @@ fn a_fully_stripped_executable_gives_module_paths_not_made_up_names() {
     );
 }
 
-/// A library without debug info that exports a few functions and allocates from an
-/// unexported one (as cuBLAS does): built here, stripped, and called through ctypes.
+/// A library without debug info (as cuBLAS ships): a 4-byte export, then a large static
+/// function that allocates, then the export that calls it. Built here and called through
+/// ctypes.
 const HELPER_C: &str = r#"
 #include <stddef.h>
 int cudaMalloc(void **p, size_t n);
-int helper_first(int x) { return x + 1; }
-__attribute__((noinline)) static void *inner_alloc(size_t n) {
+int tiny_export(int x) { return x + 1; }
+#define W4(i) sink = n + i; sink = n ^ i; sink = n - i; sink = n * i;
+__attribute__((noinline)) static void *big_static(size_t n) {
+    static volatile size_t sink;
+    W4(1) W4(2) W4(3) W4(4) W4(5) W4(6) W4(7) W4(8) W4(9) W4(10) W4(11) W4(12)
     void *p = 0;
     if (cudaMalloc(&p, n) != 0) return 0;
     __asm__ volatile("" ::: "memory");
     return p;
 }
-void *helper_alloc(size_t n) {
-    void *p = inner_alloc(n);
+void *entry_alloc(size_t n) {
+    void *p = big_static(n);
     __asm__ volatile("" ::: "memory");
     return p;
 }
@@ -203,33 +207,27 @@ import ctypes, sys
 # Global, as PyTorch loads its CUDA libraries: the preloaded hooks forward a runtime call
 # to the runtime in the global scope.
 lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
-lib.helper_alloc.restype = ctypes.c_void_p
-lib.helper_alloc.argtypes = [ctypes.c_size_t]
-assert lib.helper_alloc(12345)
+lib.entry_alloc.restype = ctypes.c_void_p
+lib.entry_alloc.argtypes = [ctypes.c_size_t]
+assert lib.tiny_export(1) == 2
+assert lib.entry_alloc(12345)
 "#;
 
-#[test]
-fn an_unexported_function_is_named_by_the_nearest_exported_symbol() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("helper.c");
-    std::fs::write(&src, HELPER_C).unwrap();
-    let lib = dir.path().join("libhelper.so");
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O1", "-fPIC", "-shared", "-fno-toplevel-reorder", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .arg(format!("-L{}", fake_lib_dir().display()))
-        .arg("-lcudart")
-        .status()
-        .expect("run cc");
-    assert!(status.success());
-    let status = Command::new("strip")
-        .arg("--strip-all")
-        .arg(&lib)
-        .status()
-        .expect("run strip");
-    assert!(status.success());
-    let script = dir.path().join("helper.py");
+/// Start and size of each named function in the `.symtab` of the file at `path`.
+fn functions(path: &std::path::Path) -> std::collections::HashMap<String, (u64, u64)> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).expect("an ELF file");
+    file.symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+        .map(|s| (s.name().unwrap().to_string(), (s.address(), s.size())))
+        .collect()
+}
+
+/// Runs HELPER_PY on `lib` under the preload; the frames of its 12345-byte block that are in
+/// `lib`, innermost first, as (name, line).
+fn helper_frames(lib: &std::path::Path) -> Vec<(String, i64)> {
+    let script = lib.with_file_name("helper.py");
     std::fs::write(&script, HELPER_PY).unwrap();
     let folder = tempfile::tempdir().unwrap();
     let mut cmd = Command::new("python3");
@@ -241,7 +239,7 @@ fn an_unexported_function_is_named_by_the_nearest_exported_symbol() {
     }
     let o = cmd
         .arg(&script)
-        .arg(&lib)
+        .arg(lib)
         .env("LD_LIBRARY_PATH", fake_lib_dir())
         .env("LD_PRELOAD", preload_lib())
         .env("MEMSNAP_FOLDER", folder.path())
@@ -252,27 +250,100 @@ fn an_unexported_function_is_named_by_the_nearest_exported_symbol() {
     let files = snapshot_files(folder.path());
     assert_eq!(files.len(), 1, "{files:?}");
     let snap = python_load_json(&files[0]);
-    let frames = frames_of_block(&snap, 12345);
-    let in_helper: Vec<String> = frames
-        .iter()
-        .filter(|f| f["filename"].as_str().unwrap().ends_with("libhelper.so"))
-        .map(|f| f["name"].as_str().unwrap().to_string())
-        .collect();
-    // inner_alloc has no symbol of its own: the nearest export before it names it.
-    let offset_of = |prefix: &str| {
-        in_helper.iter().find_map(|n| {
-            n.strip_prefix(prefix)
-                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        })
-    };
-    assert!(offset_of("helper_first+0x").is_some(), "{in_helper:?}");
-    assert!(offset_of("helper_alloc+0x").is_some(), "{in_helper:?}");
     for seg in snap["segments"].as_array().unwrap() {
         for b in seg["blocks"].as_array().unwrap() {
             for f in b["frames"].as_array().unwrap() {
                 assert_ne!(f["name"], "??", "{f}");
             }
         }
+    }
+    frames_of_block(&snap, 12345)
+        .iter()
+        .filter(|f| f["filename"].as_str() == lib.to_str())
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["line"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `prefix` followed by a hex offset: the offset.
+fn offset_after(name: &str, prefix: &str) -> Option<u64> {
+    u64::from_str_radix(name.strip_prefix(prefix)?.strip_prefix("0x")?, 16).ok()
+}
+
+#[test]
+fn a_frame_past_a_symbols_end_is_named_by_its_library_not_the_symbol_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("helper.c");
+    std::fs::write(&src, HELPER_C).unwrap();
+    let built = dir.path().join("built.so");
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O1", "-fPIC", "-shared", "-fno-toplevel-reorder", "-o"])
+        .arg(&built)
+        .arg(&src)
+        .arg(format!("-L{}", fake_lib_dir().display()))
+        .arg("-lcudart")
+        .status()
+        .expect("run cc");
+    assert!(status.success());
+    // Where the functions are, from the unstripped file (stripping moves nothing).
+    let funcs = functions(&built);
+    let (tiny, tiny_size) = funcs["tiny_export"];
+    let (big, big_size) = funcs["big_static"];
+    let (entry, entry_size) = funcs["entry_alloc"];
+    assert!(
+        tiny_size < 16 && tiny + tiny_size <= big && big_size > 0x100,
+        "{funcs:?}"
+    );
+
+    // Stripped both ways, and not at all (its .symtab names the static function).
+    for strip in ["--strip-unneeded", "--strip-all", ""] {
+        let folder = dir.path().join(format!("case{}", strip.len()));
+        std::fs::create_dir(&folder).unwrap();
+        let lib = folder.join("libhelper.so");
+        if strip.is_empty() {
+            std::fs::copy(&built, &lib).unwrap();
+        } else {
+            let status = Command::new("strip")
+                .arg(strip)
+                .arg("-o")
+                .arg(&lib)
+                .arg(&built)
+                .status()
+                .expect("run strip");
+            assert!(status.success());
+        }
+        let frames = helper_frames(&lib);
+        let names: Vec<&str> = frames.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(frames.len(), 2, "[{strip}] {frames:?}");
+        assert!(
+            frames.iter().all(|(_, line)| *line == 0),
+            "[{strip}] {frames:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.starts_with("tiny_export")),
+            "[{strip}] a frame named after the export before it: {names:?}"
+        );
+        // Innermost: big_static's call of cudaMalloc, its return address inside big_static.
+        let pc = if strip.is_empty() {
+            big + offset_after(names[0], "big_static+").unwrap_or_else(|| panic!("{names:?}"))
+        } else {
+            offset_after(names[0], "libhelper.so+").unwrap_or_else(|| panic!("[{strip}] {names:?}"))
+        };
+        assert!(
+            big < pc && pc <= big + big_size,
+            "[{strip}] {pc:#x} {funcs:?}"
+        );
+        // Then entry_alloc's call of big_static: inside an export, so named by it.
+        let off = offset_after(names[1], "entry_alloc+").unwrap_or_else(|| panic!("{names:?}"));
+        assert!(
+            off > 0 && off <= entry_size,
+            "[{strip}] {names:?} {funcs:?}"
+        );
+        assert!(entry > big, "{funcs:?}");
     }
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Frames in libraries shipped without debug info (cuBLAS, cuBLASLt, the CUDA runtime) are named
-# by their nearest symbol as symbol+offset, or library+offset when there is none; never "??".
+# symbol+offset by the symbol whose stated size holds them, else library+offset (never the
+# nearest symbol before them, docs/FORMAT.md#frames); never "??".
 #
 # Runs a few matrix products in PyTorch (cuBLAS handles and workspaces, some allocated by
 # cuBLAS itself) under MEMSNAP_STACKS=all and MEMSNAP_CONTEXT=all, with both allocator

@@ -12,6 +12,7 @@
 
 mod pyframes;
 mod symbolize;
+mod symtab;
 
 pub use pyframes::{line_310, line_311, read_mem};
 pub use symbolize::demangle;

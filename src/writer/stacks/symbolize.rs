@@ -1,19 +1,22 @@
 //! Native return addresses to frames: addr2line + object, demangled, cached per address.
 //!
 //! Cold (writer thread). Per module: one `addr2line::Loader` on the file (DWARF file:line with
-//! inlined frames; `.symtab`, else `.dynsym` names), plus one on its separate debug file when
-//! the module names one (`/usr/lib/debug/.build-id/xx/yyyy.debug`, or `.gnu_debuglink` next to
-//! the file, in its `.debug/` folder, or under `/usr/lib/debug`). Frames follow PyTorch's
-//! shape: `name` = demangled function, `filename` = source path, `line` = 0 when unknown.
+//! inlined frames), plus one on its separate debug file when the module names one
+//! (`/usr/lib/debug/.build-id/xx/yyyy.debug`, or `.gnu_debuglink` next to the file, in its
+//! `.debug/` folder, or under `/usr/lib/debug`); and the symbol tables of both
+//! ([`super::symtab`]). Frames follow PyTorch's shape: `name` = demangled function,
+//! `filename` = source path, `line` = 0 when unknown.
 //!
-//! Without debug info a frame is `{"symbol+0xOFF", <module path>, 0}`: the symbol whose
-//! range holds the address, else the nearest one before it (a library such as cuBLAS
-//! exports a few entry points and keeps its internal functions unnamed: the nearest export
-//! and the distance from it still tell call sites apart and say where to look), and
-//! `{"libname.so+0xOFF", <module path>, 0}` when the module has no symbol before the
-//! address. OFF is the return address's distance from the symbol (or the module's base).
-//! Only an address outside every module stays unnamed: `{"0x7f..", "??", 0}`.
+//! A frame is given a function's name only where something proves the address is in it:
+//! DWARF, or a symbol whose stated size holds it (`start <= address < start + size`). Without
+//! DWARF a frame is `{"symbol+0xOFF", <module path>, 0}` when such a symbol holds the address,
+//! else `{"libname.so+0xOFF", <module path>, 0}`: past a symbol's end the address belongs to
+//! code the tables do not name (cuBLAS's internal functions after a 5-byte export), and the
+//! nearest symbol before it would be a wrong name. OFF is the return address's distance from
+//! the symbol's start, or from the module's base (its ELF virtual address). Only an address
+//! outside every module stays unnamed: `{"0x7f..", "??", 0}`.
 
+use super::symtab::SymbolTable;
 use crate::process::modules::{self, ModuleInfo};
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
@@ -23,9 +26,10 @@ use std::sync::Arc as Rc;
 struct ModuleSymbols {
     main: Option<addr2line::Loader>,
     debug: Option<addr2line::Loader>,
-    /// Every named symbol of the file by address (`.symtab`, else `.dynsym`), for addresses
-    /// that no symbol's range holds; read on first need.
-    nearest: Option<Vec<(u64, Box<str>)>>,
+    debug_path: Option<PathBuf>,
+    /// The symbol tables of the file and its debug file, for addresses DWARF does not name;
+    /// read on first need.
+    symbols: Option<SymbolTable>,
 }
 
 #[derive(Default)]
@@ -108,23 +112,22 @@ impl Symbolizer {
         if out.iter().any(|f| f.name != "??") {
             return out;
         }
-        // No DWARF function name: the symbol tables.
+        // No DWARF function name: a symbol that holds the address, else the module.
         let sym = syms.symbol(&path, probe);
+        let name = match &sym {
+            Some((name, start)) => format!("{name}+{:#x}", offset.wrapping_sub(*start)),
+            None => format!(
+                "{}+{offset:#x}",
+                path.rsplit('/').next().unwrap_or(path.as_str())
+            ),
+        };
         match out.last_mut() {
-            // DWARF knew the line but not the function: the symbol names it.
+            // DWARF knew the line but not the function: the symbol names it, without the
+            // offset (the line says where), or the module with it.
             Some(last) if last.filename != "??" => {
-                if let Some((name, _)) = sym {
-                    last.name = name;
-                }
+                last.name = sym.map_or(name, |(name, _)| name);
             }
             _ => {
-                let name = match sym {
-                    Some((name, start)) => format!("{name}+{:#x}", offset.wrapping_sub(start)),
-                    None => format!(
-                        "{}+{offset:#x}",
-                        path.rsplit('/').next().unwrap_or(path.as_str())
-                    ),
-                };
                 out = vec![Frame {
                     name,
                     filename: path,
@@ -137,56 +140,28 @@ impl Symbolizer {
 }
 
 impl ModuleSymbols {
-    /// The demangled symbol for `probe` and its start: the one whose range holds it, else
-    /// the nearest before it.
+    /// The demangled symbol whose stated size holds `probe`, and its start.
     fn symbol(&mut self, path: &str, probe: u64) -> Option<(String, u64)> {
-        let holding = [&self.main, &self.debug]
-            .into_iter()
-            .flatten()
-            .find_map(|l| {
-                l.find_symbol_info(probe)
-                    .map(|s| (demangle(s.name()), s.address()))
-            });
-        if holding.is_some() {
-            return holding;
-        }
-        let nearest = self.nearest.get_or_insert_with(|| symbols_by_address(path));
-        let i = nearest.partition_point(|(addr, _)| *addr <= probe);
-        let (addr, name) = nearest.get(i.checked_sub(1)?)?;
-        Some((demangle(name), *addr))
+        let debug = self.debug_path.as_deref().and_then(Path::to_str);
+        let table = self
+            .symbols
+            .get_or_insert_with(|| SymbolTable::load(std::iter::once(path).chain(debug)));
+        let (name, start) = table.holding(probe)?;
+        Some((demangle(name), start))
     }
-}
-
-/// The named text and data symbols of the file at `path`, sorted by address (`.symtab`,
-/// else `.dynsym`, as `object` chooses); empty when it cannot be read.
-fn symbols_by_address(path: &str) -> Vec<(u64, Box<str>)> {
-    use object::Object;
-    let Ok(file) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    // SAFETY: a read-only private mapping; a file changing under us gives wrong symbols at
-    // worst, which is what any symbolizer risks.
-    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
-        return Vec::new();
-    };
-    let Ok(obj) = object::File::parse(&*map) else {
-        return Vec::new();
-    };
-    // The map is sorted by address, one name per address.
-    obj.symbol_map()
-        .symbols()
-        .iter()
-        .map(|s| (s.address(), Box::from(s.name())))
-        .collect()
 }
 
 fn load_module(path: &str) -> ModuleSymbols {
     let main = addr2line::Loader::new(path).ok();
-    let debug = debug_file(Path::new(path)).and_then(|p| addr2line::Loader::new(p).ok());
+    let debug_path = debug_file(Path::new(path));
+    let debug = debug_path
+        .as_ref()
+        .and_then(|p| addr2line::Loader::new(p).ok());
     ModuleSymbols {
         main,
         debug,
-        nearest: None,
+        debug_path,
+        symbols: None,
     }
 }
 
