@@ -20,23 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void sleep_ms(long ms) {
-    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&t, &t) != 0) {
-    }
-}
-
-static int count_files(const char *needle) {
-    const char *folder = getenv("MEMSNAP_FOLDER");
-    DIR *dir = folder ? opendir(folder) : NULL;
-    if (!dir) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dir)) != NULL)
-        if (e->d_name[0] != '.' && strstr(e->d_name, needle)) n++;
-    closedir(dir);
-    return n;
-}
 
 static int live_socket_answers(void) {
     struct sockaddr_un addr;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define PROG_HELPER static __attribute__((unused))
 
@@ -37,6 +38,26 @@
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
+
+/* Sleeps `ms` milliseconds, through interruptions by signals. */
+PROG_HELPER void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0) {
+    }
+}
+
+/* The visible files in MEMSNAP_FOLDER whose names contain `needle`. */
+PROG_HELPER int count_files(const char *needle) {
+    const char *folder = getenv("MEMSNAP_FOLDER");
+    DIR *dir = folder ? opendir(folder) : NULL;
+    if (!dir) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL)
+        if (e->d_name[0] != '.' && strstr(e->d_name, needle)) n++;
+    closedir(dir);
+    return n;
+}
 
 /* The fake driver's handle. Static-runtime programs load libcuda.so.1 RTLD_LOCAL through the
  * runtime, so RTLD_DEFAULT would not find its symbols: ask dlopen for the loaded copy. */

@@ -84,23 +84,6 @@ static void install_library_handler(void) {
            !(library_old.sa_flags & SA_SIGINFO) && library_old.sa_handler == SIG_DFL);
 }
 
-static void sleep_ms(long ms) {
-    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&t, &t) != 0) {
-    }
-}
-
-static int count_files(const char *needle) {
-    const char *folder = getenv("MEMSNAP_FOLDER");
-    DIR *dir = folder ? opendir(folder) : NULL;
-    if (!dir) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dir)) != NULL)
-        if (e->d_name[0] != '.' && strstr(e->d_name, needle)) n++;
-    closedir(dir);
-    return n;
-}
 
 /* Waits up to 5 s for at least `n` snapshot files of the signal. */
 static int wait_for_files(int n) {
