@@ -7,6 +7,12 @@ runs it). Modes (argv[1]):
   abort       allocates, then os.abort()
   term        allocates, prints ready, sleeps until killed
   faulthandler  allocates, registers faulthandler on SIGUSR1, prints ready, waits on stdin
+  compile     a training step compiled with torch.compile(mode="reduce-overhead") (the caller
+              gives it cold compile caches), a few steps, prints ready with the signals the
+              kernel says it catches, waits on stdin (the caller sends SIGUSR1 meanwhile),
+              then more steps, and prints survived
+  ctrl-c      allocates, then sends itself SIGINT (what Ctrl-C sends): the KeyboardInterrupt
+              ends the job
 Prints `result KEY=VALUE` lines.
 """
 
@@ -81,10 +87,53 @@ def lightning():
     print(f"result lightning_handler_ran={int(bool(ckpts))}")
 
 
+def caught_signals():
+    """The signals the kernel says this process catches (SigCgt in /proc/self/status)."""
+    with open("/proc/self/status") as f:
+        mask = int(next(l for l in f if l.startswith("SigCgt:")).split()[1], 16)
+    return [signal.Signals(n).name for n in range(1, 32) if mask >> (n - 1) & 1 and n in signal.Signals._value2member_map_]
+
+
+def compiled_training():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)
+    ).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 512, device="cuda")
+
+    @torch.compile(mode="reduce-overhead")
+    def loss_of(inputs):
+        return model(inputs).square().mean()
+
+    def step():
+        loss = loss_of(x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+    before = caught_signals()
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    print(f"result caught_before_compile={','.join(before)}")
+    print(f"result caught_after_compile={','.join(caught_signals())}")
+    print(f"result python_sees_usr1_as={signal.getsignal(signal.SIGUSR1)}")
+    print("result ready=1", flush=True)
+    sys.stdin.read()
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    print("result survived=1", flush=True)
+
+
 def main():
     mode = sys.argv[1]
     if mode == "lightning":
         lightning()
+        return
+    if mode == "compile":
+        compiled_training()
         return
     blocks = hold_memory()
     if mode == "abort":
@@ -93,6 +142,11 @@ def main():
     elif mode == "term":
         print("result ready=1", flush=True)
         time.sleep(120)
+    elif mode == "ctrl-c":
+        print("result ready=1", flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+        print("result survived=1", flush=True)
     elif mode == "faulthandler":
         import faulthandler
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,21 +152,100 @@ def case_dump_faulthandler(lib, cli):
     return checks, {"dump_stdout": path, "dump_stderr": d.stderr.strip()}
 
 
+def case_compile_cold_sigusr1(lib, shim):
+    """A job compiled with torch.compile(mode="reduce-overhead") and cold compile caches, then
+    two SIGUSR1: it must live on and finish. With `shim` (scripts/gpu/sigaction_log.c, built
+    by validate.sh) preloaded first, stderr names every library that set SIGUSR1."""
+    folder = tempfile.mkdtemp(prefix="memsnap-sig-")
+    caches = tempfile.mkdtemp(prefix="memsnap-cold-cache-")
+    cold = {
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+    }
+    env = env_for(folder, lib, cold)
+    if shim:
+        env["LD_PRELOAD"] = f"{shim}:{lib}"
+    t0 = time.time()
+    p = subprocess.Popen(
+        [sys.executable, CHILD, "compile"], env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("result ready="):
+            break
+    compiled_s = time.time() - t0
+    for _ in range(2):
+        p.send_signal(signal.SIGUSR1)
+        for _ in range(1000):
+            if snaps(folder, "signal"):
+                break
+            time.sleep(0.01)
+        time.sleep(0.2)
+    out, err = p.communicate(input="", timeout=300)
+    r = results("".join(lines) + out)
+    usr1_lines = [l for l in err.splitlines() if l.startswith("sigaction_log:")]
+    checks = {
+        "exit 0 (the dump signal did not end it)": p.returncode == 0,
+        "finished its steps after the signals": r.get("survived") == "1",
+        "signal snapshot written": bool(snaps(folder, "signal")),
+    }
+    detail = {
+        "returncode": p.returncode,
+        "compile_seconds": round(compiled_s, 1),
+        "caught_before_compile": r.get("caught_before_compile"),
+        "caught_after_compile": r.get("caught_after_compile"),
+        "python_sees_usr1_as": r.get("python_sees_usr1_as"),
+        "sigusr1_set_by": usr1_lines[:20],
+        "signal_files": len(snaps(folder, "signal")),
+        "stderr_tail": err[-1500:],
+    }
+    return checks, detail
+
+
+def case_ctrl_c(lib):
+    outcomes = {}
+    for label, preload in (("plain", None), ("memsnap", lib)):
+        folder = tempfile.mkdtemp(prefix="memsnap-sig-")
+        p = subprocess.run([sys.executable, CHILD, "ctrl-c"], env=env_for(folder, preload), capture_output=True, text=True, timeout=120)
+        outcomes[label] = (p.returncode, folder, p.stderr)
+    files = snaps(outcomes["memsnap"][1], "term")
+    checks = {
+        "same ending as without memsnap (SIGINT)": outcomes["memsnap"][0] == outcomes["plain"][0] == -2,
+        "KeyboardInterrupt shown": "KeyboardInterrupt" in outcomes["memsnap"][2],
+        "term snapshot": len(files) == 1,
+    }
+    if files:
+        with open(files[0], "rb") as f:
+            snap = pickle.load(f)
+        checks["signal in metadata"] = snap["memsnap"]["signal"]["name"] == "SIGINT"
+    return checks, {"returncodes": {k: v[0] for k, v in outcomes.items()}}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--cli", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--sigaction-log", help="scripts/gpu/sigaction_log.c built as a library")
+    ap.add_argument("--only", help="comma-separated case names to run")
     a = ap.parse_args()
     lib, cli = os.path.abspath(a.lib), os.path.abspath(a.cli)
+    shim = os.path.abspath(a.sigaction_log) if a.sigaction_log else None
     cases = {
+        "compile_cold_sigusr1": lambda: case_compile_cold_sigusr1(lib, shim),
+        "torch_ctrl_c": lambda: case_ctrl_c(lib),
         "lightning_slurm_sigusr1": lambda: case_lightning(lib),
         "torch_abort": lambda: case_abort(lib),
         "torch_sigterm": lambda: case_term(lib),
         "dump_with_faulthandler": lambda: case_dump_faulthandler(lib, cli),
     }
     report, ok_all = {}, True
+    only = set(a.only.split(",")) if a.only else None
     for name, run in cases.items():
+        if only and name not in only:
+            continue
         try:
             checks, detail = run()
         except Exception as e:  # a case that breaks is a failed case, not a crash of the script
