@@ -95,31 +95,80 @@ fn program_name() -> String {
                 .collect()
         })
         .unwrap_or_default();
-    let base = |s: &str| {
-        Path::new(s)
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-    };
+    program_name_of(&args)
+}
+
+/// [`program_name`] for a command line.
+fn program_name_of(args: &[String]) -> String {
     let exe = args
         .first()
-        .and_then(|a| base(a))
+        .and_then(|a| file_name(a))
         .unwrap_or_else(|| "process".to_string());
     if exe.starts_with("python") {
-        let mut it = args.iter().skip(1);
-        while let Some(a) = it.next() {
-            if a == "-m" {
-                if let Some(m) = it.next() {
-                    return sanitize(m);
-                }
-            } else if a == "-c" {
-                return sanitize(&exe);
-            } else if !a.starts_with('-') {
-                let script = base(a).unwrap_or_default();
+        match python_runs(args.get(1..).unwrap_or_default()) {
+            Some(PythonRuns::Script(path)) => {
+                let script = file_name(path).unwrap_or_default();
                 return sanitize(script.strip_suffix(".py").unwrap_or(&script));
             }
+            Some(PythonRuns::Module(module)) => return sanitize(module),
+            None => {}
         }
     }
     sanitize(&exe)
+}
+
+fn file_name(path: &str) -> Option<String> {
+    Path::new(path)
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+}
+
+enum PythonRuns<'a> {
+    Script(&'a str),
+    Module(&'a str),
+}
+
+/// What a Python command line runs; `None` for `-c`, standard input or no argument. Options
+/// are skipped as CPython reads them: single-letter flags may be combined (`-uOO`, `-bbI`),
+/// and `-c`, `-m`, `-W` and `-X` take the rest of their word or else the next one
+/// (`-Wignore`, `-X faulthandler`), as does `--check-hash-based-pycs`; after `--` the next
+/// word is the script.
+fn python_runs(args: &[String]) -> Option<PythonRuns<'_>> {
+    let mut words = args.iter().map(String::as_str);
+    while let Some(word) = words.next() {
+        let Some(letters) = word.strip_prefix('-') else {
+            return Some(PythonRuns::Script(word));
+        };
+        match letters {
+            // The script from standard input.
+            "" => return None,
+            "-" => return words.next().filter(|w| *w != "-").map(PythonRuns::Script),
+            "-check-hash-based-pycs" => {
+                words.next();
+                continue;
+            }
+            // Other long options (`--help`, `--version`) take no value.
+            _ if letters.starts_with('-') => continue,
+            _ => {}
+        }
+        for (at, letter) in letters.char_indices() {
+            if !matches!(letter, 'c' | 'm' | 'W' | 'X') {
+                continue;
+            }
+            let rest = &letters[at + 1..];
+            let value = if rest.is_empty() {
+                words.next()
+            } else {
+                Some(rest)
+            };
+            match letter {
+                'm' => return value.map(PythonRuns::Module),
+                'c' => return None,
+                _ => break,
+            }
+        }
+    }
+    None
 }
 
 pub use crate::config::sanitize;
@@ -495,6 +544,40 @@ mod tests {
         assert_eq!(temporary_owner("a.pickle.tmp.42"), None);
         assert_eq!(temporary_owner(".a.pickle"), None);
         assert_ne!(temporary_name("a"), temporary_name("a"));
+    }
+
+    #[test]
+    fn the_program_is_the_script_or_module_after_pythons_options() {
+        let name = |line: &str| {
+            let args: Vec<String> = line.split(' ').map(String::from).collect();
+            program_name_of(&args)
+        };
+        assert_eq!(name("python3 -X faulthandler train.py"), "train");
+        assert_eq!(name("python3 -Xfaulthandler train.py"), "train");
+        assert_eq!(name("python -W ignore -u /jobs/train.py --lr 3"), "train");
+        assert_eq!(
+            name("python -Wignore::DeprecationWarning train.py"),
+            "train"
+        );
+        assert_eq!(name("python3 -OO -I -bb -uB train.py"), "train");
+        assert_eq!(name("python3 -uX dev train.py"), "train");
+        assert_eq!(
+            name("python3 --check-hash-based-pycs never train.py"),
+            "train"
+        );
+        assert_eq!(
+            name("python3 -X importtime -m torch.distributed.run x.py"),
+            "torch.distributed.run"
+        );
+        assert_eq!(name("python3 -um pkg.mod"), "pkg.mod");
+        assert_eq!(name("python3 -mpkg.mod"), "pkg.mod");
+        assert_eq!(name("python3 -u -c print(1) train.py"), "python3");
+        assert_eq!(name("python3 -uc print(1)"), "python3");
+        assert_eq!(name("python3 -- -weird.py"), "-weird");
+        assert_eq!(name("python3.12 - train.py"), "python3.12");
+        assert_eq!(name("python3 -X"), "python3");
+        assert_eq!(name("/usr/bin/torchrun -X train.py"), "torchrun");
+        assert_eq!(program_name_of(&[]), "process");
     }
 
     #[test]
