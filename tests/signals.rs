@@ -553,3 +553,30 @@ fn a_predictable_temporary_cannot_block_a_snapshot() {
         "someone else's entry is left alone"
     );
 }
+
+/// The snapshot folder is held once memsnap opened it: moved away mid-run and replaced by a
+/// link to another folder, the next snapshots still go into the folder memsnap opened, and
+/// nothing is written where the link points.
+#[test]
+fn a_folder_swapped_for_a_link_mid_run_does_not_redirect_snapshots() {
+    let top = tempfile::tempdir().unwrap();
+    let snaps = top.path().join("snaps");
+    let moved = top.path().join("moved");
+    let elsewhere = top.path().join("elsewhere");
+    std::fs::create_dir(&snaps).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    let mut child = spawn_wait(&snaps, &[]);
+    send(child.id(), "USR1");
+    assert!(eventually(|| snapshot_files(&snaps).len() == 1));
+    std::fs::rename(&snaps, &moved).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &snaps).unwrap();
+    send(child.id(), "USR1");
+    assert!(eventually(|| snapshot_files(&moved).len() == 2));
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let written = snapshot_files(&moved);
+    let mut labels: Vec<_> = written.iter().filter_map(|p| label_of(p)).collect();
+    labels.sort();
+    assert_eq!(labels, ["exit", "signal", "signal"], "{written:?}");
+    assert!(snapshot_files(&elsewhere).is_empty());
+}
