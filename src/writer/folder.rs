@@ -73,6 +73,11 @@ impl Folders {
 
     /// The folder at `path` (an existing directory), held from the first call on.
     pub fn open(&mut self, path: &Path) -> io::Result<Dir<'_>> {
+        let shown = path;
+        // Held by absolute path: a relative folder follows the working directory as it
+        // always did, and a program's `chdir` is not a moved folder.
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let path = absolute.as_path();
         let at = match self.held.iter().position(|h| h.path == path) {
             Some(at) => at,
             None => {
@@ -100,7 +105,7 @@ impl Folders {
         let shown = if held.moved {
             fs::read_link(format!("/proc/self/fd/{fd}")).unwrap_or_else(|_| held.path.clone())
         } else {
-            held.path.clone()
+            shown.to_path_buf()
         };
         Ok(Dir {
             fd,
