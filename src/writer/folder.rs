@@ -1,7 +1,8 @@
 //! Snapshot folders held by descriptor, so that a path swapped mid-run cannot redirect files.
 //!
-//! Cold (writer thread). The first write into a folder opens it (`O_PATH|O_DIRECTORY`) and
-//! keeps the descriptor; every file is then created, linked, renamed and removed relative
+//! Cold (writer thread). The first write into a folder opens it (`O_PATH|O_DIRECTORY`,
+//! through a symbolic link only if the user's path was one from the start) and keeps the
+//! descriptor; every file is then created, linked, renamed and removed relative
 //! to it (`openat`, `linkat`, `renameat`, `unlinkat`). If the path is later moved away and
 //! replaced (by a symbolic link to somewhere else, say), snapshots go on into the folder
 //! memsnap opened, one warning says where that folder now is, and files are reported there.
