@@ -256,6 +256,42 @@ fn a_folder_that_is_a_link_to_a_file_or_nowhere_is_named_in_one_warning() {
     assert!(!dir.path().join("gone").exists());
 }
 
+/// A folder others can write to is used (the job goes on) with one warning, however many
+/// snapshots go there; a folder of the user's own gets none.
+#[test]
+fn a_folder_others_can_write_is_named_in_one_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let folder = shared.to_str().unwrap();
+    let run = run_program(
+        "steps",
+        &["4"],
+        &[("MEMSNAP_FOLDER", folder), ("MEMSNAP_EVERY", "1")],
+        true,
+    );
+    run.assert_success();
+    assert!(snapshot_files(&shared).len() > 1, "{}", run.stderr);
+    let warnings = lines_with(&run.stderr, "can be written by");
+    assert_eq!(warnings.len(), 1, "{}", run.stderr);
+    assert!(
+        warnings[0].starts_with(&format!(
+            "memsnap: the snapshot folder {folder} can be written by its group and by everyone"
+        )),
+        "{}",
+        warnings[0]
+    );
+    let private = run_program("demo", &[], &[], true);
+    private.assert_success();
+    assert!(
+        !private.stderr.contains("can be written by"),
+        "{}",
+        private.stderr
+    );
+}
+
 #[test]
 fn unknown_placeholders_in_the_folder_and_stats_paths_are_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -548,7 +548,9 @@ fn dead_pid() -> u32 {
 /// What processes killed outright left (sockets and acknowledgements in the private
 /// folder, hidden temporaries in the snapshot folder) is removed by the next process that
 /// records: the private folder's entries when it starts, a folder's temporaries when it
-/// first writes there. Those of live processes stay.
+/// first writes there. Those of live processes stay, and so does every hidden file memsnap
+/// cannot prove it made: the user's own `.NAME.tmp.N` files, and a temporary of another
+/// host or boot.
 #[test]
 fn what_dead_processes_left_is_removed_by_the_next_one() {
     use std::os::unix::fs::DirBuilderExt;
@@ -563,26 +565,48 @@ fn what_dead_processes_left_is_removed_by_the_next_one() {
     for path in &left {
         std::fs::write(path, "left behind").unwrap();
     }
+    // `.memsnap-tmp.HOST.BOOT.PIDNS.PID.RANDOM`, as this host and boot name it.
+    let proc = |file: &str| std::fs::read_to_string(file).unwrap().trim().to_string();
+    let host = memsnap_format::config::sanitize(&proc("/proc/sys/kernel/hostname"));
+    let boot = proc("/proc/sys/kernel/random/boot_id").replace('-', "");
+    let namespace = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let namespace = namespace.to_str().unwrap();
+    let namespace = &namespace["pid:[".len()..namespace.len() - 1];
+    let temporary = |host: &str, boot: &str, pid: u32| {
+        format!(".memsnap-tmp.{host}.{boot}.{namespace}.{pid}.0123456789abcdef")
+    };
     let folder = tempfile::tempdir().unwrap();
-    let stale = [
-        folder.path().join(format!(".a.pickle.tmp.{dead}")),
-        folder
-            .path()
-            .join(format!(".b.pickle.tmp.{dead}.0123456789abcdef")),
-    ];
-    let alive = folder
-        .path()
-        .join(format!(".c.pickle.tmp.{}", std::process::id()));
-    for path in stale.iter().chain([&alive]) {
+    let stale = folder.path().join(temporary(&host, &boot, dead));
+    let kept: Vec<PathBuf> = [
+        temporary(&host, &boot, std::process::id()),
+        temporary("otherhost", &boot, dead),
+        temporary(&host, &"0".repeat(32), dead),
+        format!(".a.pickle.tmp.{dead}"),
+        format!(".b.pickle.tmp.{dead}.0123456789abcdef"),
+        ".notes.tmp.99999999".to_string(),
+        ".config.json.tmp.3141592653".to_string(),
+        ".report.md.tmp.424242.bak".to_string(),
+    ]
+    .iter()
+    .map(|name| folder.path().join(name))
+    .collect();
+    for path in kept.iter().chain([&stale]) {
         std::fs::write(path, "partial").unwrap();
     }
     let folder_value = folder.path().to_str().unwrap();
     let run = run_program("demo", &[], &[("MEMSNAP_FOLDER", folder_value)], true);
     run.assert_success();
-    for path in left.iter().chain(&stale) {
+    for path in left.iter().chain([&stale]) {
         assert!(!path.exists(), "{} is still there", path.display());
     }
-    assert!(alive.exists(), "a live process's temporary was removed");
+    for path in &kept {
+        assert_eq!(
+            std::fs::read(path).unwrap(),
+            b"partial",
+            "{} was touched",
+            path.display()
+        );
+    }
 }
 
 /// The temporary a snapshot is written through has no name anyone can predict: a file or
@@ -605,4 +629,31 @@ fn a_predictable_temporary_cannot_block_a_snapshot() {
         blocker.join("x").exists(),
         "someone else's entry is left alone"
     );
+}
+
+/// The snapshot folder is held once memsnap opened it: moved away mid-run and replaced by a
+/// link to another folder, the next snapshots still go into the folder memsnap opened, and
+/// nothing is written where the link points.
+#[test]
+fn a_folder_swapped_for_a_link_mid_run_does_not_redirect_snapshots() {
+    let top = tempfile::tempdir().unwrap();
+    let snaps = top.path().join("snaps");
+    let moved = top.path().join("moved");
+    let elsewhere = top.path().join("elsewhere");
+    std::fs::create_dir(&snaps).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    let mut child = spawn_wait(&snaps, &[]);
+    send(child.id(), "USR1");
+    assert!(eventually(|| snapshot_files(&snaps).len() == 1));
+    std::fs::rename(&snaps, &moved).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &snaps).unwrap();
+    send(child.id(), "USR1");
+    assert!(eventually(|| snapshot_files(&moved).len() == 2));
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let written = snapshot_files(&moved);
+    let mut labels: Vec<_> = written.iter().filter_map(|p| label_of(p)).collect();
+    labels.sort();
+    assert_eq!(labels, ["exit", "signal", "signal"], "{written:?}");
+    assert!(snapshot_files(&elsewhere).is_empty());
 }

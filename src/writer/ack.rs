@@ -100,7 +100,7 @@ pub fn forget_dead_processes(uid: u32) {
         let Ok(pid) = pid.parse::<u32>() else {
             continue;
         };
-        if matches!(kind, "sock" | "ack" | "ack.tmp") && !super::files::process_exists(pid) {
+        if matches!(kind, "sock" | "ack" | "ack.tmp") && !super::temporaries::process_exists(pid) {
             let _ = fs::remove_file(entry.path());
         }
     }

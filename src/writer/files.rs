@@ -7,19 +7,15 @@
 //! then published with `linkat` (fails if the name exists: nothing is ever overwritten), or
 //! linked to an unpredictable hidden name and renamed over the target when
 //! `MEMSNAP_OVERWRITE=1`. Where the filesystem has no `O_TMPFILE` the temporary is a hidden
-//! file with an unpredictable name (`.NAME.tmp.PID.RANDOM`, `O_CREAT|O_EXCL|O_NOFOLLOW`).
-//! Readers never see a partial file. The first write into a folder removes the hidden
-//! temporaries that processes of this user which no longer exist left there.
+//! file with an unpredictable name of memsnap's own (`temporaries`), created with
+//! `O_CREAT|O_EXCL|O_NOFOLLOW`. Readers never see a partial file. Every file is made
+//! relative to the folder's descriptor (`folder`), never through its path again.
 
+use super::folder::Dir;
 use crate::config::Config;
-use std::cell::RefCell;
-use std::collections::HashSet;
-use std::ffi::CString;
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 /// Why a snapshot was written: `{reason}` in file names.
@@ -76,7 +72,7 @@ impl Identity {
     }
 }
 
-fn hostname() -> String {
+pub(super) fn hostname() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .ok()
@@ -95,31 +91,80 @@ fn program_name() -> String {
                 .collect()
         })
         .unwrap_or_default();
-    let base = |s: &str| {
-        Path::new(s)
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-    };
+    program_name_of(&args)
+}
+
+/// [`program_name`] for a command line.
+fn program_name_of(args: &[String]) -> String {
     let exe = args
         .first()
-        .and_then(|a| base(a))
+        .and_then(|a| file_name(a))
         .unwrap_or_else(|| "process".to_string());
     if exe.starts_with("python") {
-        let mut it = args.iter().skip(1);
-        while let Some(a) = it.next() {
-            if a == "-m" {
-                if let Some(m) = it.next() {
-                    return sanitize(m);
-                }
-            } else if a == "-c" {
-                return sanitize(&exe);
-            } else if !a.starts_with('-') {
-                let script = base(a).unwrap_or_default();
+        match python_runs(args.get(1..).unwrap_or_default()) {
+            Some(PythonRuns::Script(path)) => {
+                let script = file_name(path).unwrap_or_default();
                 return sanitize(script.strip_suffix(".py").unwrap_or(&script));
             }
+            Some(PythonRuns::Module(module)) => return sanitize(module),
+            None => {}
         }
     }
     sanitize(&exe)
+}
+
+fn file_name(path: &str) -> Option<String> {
+    Path::new(path)
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+}
+
+enum PythonRuns<'a> {
+    Script(&'a str),
+    Module(&'a str),
+}
+
+/// What a Python command line runs; `None` for `-c`, standard input or no argument. Options
+/// are skipped as CPython reads them: single-letter flags may be combined (`-uOO`, `-bbI`),
+/// and `-c`, `-m`, `-W` and `-X` take the rest of their word or else the next one
+/// (`-Wignore`, `-X faulthandler`), as does `--check-hash-based-pycs`; after `--` the next
+/// word is the script.
+fn python_runs(args: &[String]) -> Option<PythonRuns<'_>> {
+    let mut words = args.iter().map(String::as_str);
+    while let Some(word) = words.next() {
+        let Some(letters) = word.strip_prefix('-') else {
+            return Some(PythonRuns::Script(word));
+        };
+        match letters {
+            // The script from standard input.
+            "" => return None,
+            "-" => return words.next().filter(|w| *w != "-").map(PythonRuns::Script),
+            "-check-hash-based-pycs" => {
+                words.next();
+                continue;
+            }
+            // Other long options (`--help`, `--version`) take no value.
+            _ if letters.starts_with('-') => continue,
+            _ => {}
+        }
+        for (at, letter) in letters.char_indices() {
+            if !matches!(letter, 'c' | 'm' | 'W' | 'X') {
+                continue;
+            }
+            let rest = &letters[at + 1..];
+            let value = if rest.is_empty() {
+                words.next()
+            } else {
+                Some(rest)
+            };
+            match letter {
+                'm' => return value.map(PythonRuns::Module),
+                'c' => return None,
+                _ => break,
+            }
+        }
+    }
+    None
 }
 
 pub use crate::config::sanitize;
@@ -222,10 +267,9 @@ fn not_a_directory(dir: &Path) -> Option<String> {
     ))
 }
 
-/// Writes `bytes` to `dir/name` atomically. Without `overwrite`, an existing file is kept
-/// and the new one gets a `-N` suffix before its extension. Returns the final path.
-pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
-    forget_stale_temporaries(dir);
+/// Writes `bytes` to `name` in `dir` atomically. Without `overwrite`, an existing file is
+/// kept and the new one gets a `-N` suffix before its extension. Returns the final path.
+pub fn write_atomic(dir: &Dir, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
     if let Some(published) = write_anonymous(dir, name, bytes, overwrite) {
         return published;
     }
@@ -235,26 +279,13 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io
 /// Through an `O_TMPFILE` temporary; `None` when the folder's filesystem (or a missing
 /// `/proc`) does not allow it, so that a named temporary is used instead.
 fn write_anonymous(
-    dir: &Path,
+    dir: &Dir,
     name: &str,
     bytes: &[u8],
     overwrite: bool,
 ) -> Option<io::Result<PathBuf>> {
-    let mut file = match OpenOptions::new()
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-        .open(dir)
-    {
+    let mut file = match dir.anonymous_file()? {
         Ok(file) => file,
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
-            ) =>
-        {
-            return None;
-        }
         Err(e) => return Some(Err(e)),
     };
     if let Err(e) = written(&mut file, bytes) {
@@ -264,8 +295,8 @@ fn write_anonymous(
         // A name is needed to rename over the target: an unpredictable one, linked only
         // once the bytes are all there.
         let tmp = loop {
-            let tmp = dir.join(temporary_name(name));
-            match link_open_file(&file, &tmp) {
+            let tmp = dir.temporary_name();
+            match dir.link_open_file(&file, &tmp) {
                 Ok(()) => break tmp,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !proc_fd_usable() => {
@@ -274,46 +305,24 @@ fn write_anonymous(
                 Err(e) => return Some(Err(e)),
             }
         };
-        let renamed = fs::rename(&tmp, dir.join(name));
+        let renamed = dir.rename(&tmp, name);
         if renamed.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = dir.remove(&tmp);
         }
-        return Some(renamed.map(|()| dir.join(name)));
+        return Some(renamed.map(|()| dir.path(name)));
     }
-    let mut candidates = numbered(dir, name);
+    let mut candidates = numbered(name);
     loop {
         let Some(candidate) = candidates.next() else {
             return Some(Err(all_taken(dir, name)));
         };
-        match link_open_file(&file, &candidate) {
-            Ok(()) => return Some(Ok(candidate)),
+        match dir.link_open_file(&file, &candidate) {
+            Ok(()) => return Some(Ok(dir.path(&candidate))),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             // No /proc to link through: a named temporary will do.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !proc_fd_usable() => return None,
             Err(e) => return Some(Err(e)),
         }
-    }
-}
-
-/// Gives the open anonymous `file` the name `path` (`linkat` through `/proc/self/fd`, which
-/// needs no privilege, unlike `AT_EMPTY_PATH`). Fails with `AlreadyExists` if `path` exists.
-fn link_open_file(file: &File, path: &Path) -> io::Result<()> {
-    let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
-    let to = CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: two NUL-terminated paths that live across the call.
-    let rc = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 
@@ -331,17 +340,11 @@ fn written(file: &mut fs::File, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Through a hidden temporary with an unpredictable name, created exclusively.
-fn write_named(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
+fn write_named(dir: &Dir, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
     let mut tries = 0;
     let (tmp, mut file) = loop {
-        let tmp = dir.join(temporary_name(name));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-        {
+        let tmp = dir.temporary_name();
+        match dir.create_new(&tmp) {
             Ok(file) => break (tmp, file),
             // Someone else's file under that name: another name, never theirs.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
@@ -351,119 +354,55 @@ fn write_named(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Res
     let result = written(&mut file, bytes);
     drop(file);
     if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
+        let _ = dir.remove(&tmp);
         return Err(e);
     }
-    let result = publish(&tmp, dir, name, overwrite);
-    let _ = fs::remove_file(&tmp);
+    let result = publish(dir, &tmp, name, overwrite);
+    let _ = dir.remove(&tmp);
     result
 }
 
-/// `.NAME.tmp.PID.RANDOM`: hidden, this process's (so a later run can tell it was left by
-/// a process that no longer exists), and not guessable in advance.
-fn temporary_name(name: &str) -> String {
-    format!(".{name}.tmp.{}.{:016x}", std::process::id(), random_u64())
-}
-
-fn random_u64() -> u64 {
-    let mut value = 0u64;
-    // SAFETY: getrandom fills at most 8 bytes of a local u64.
-    let got = unsafe { libc::getrandom((&mut value as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
-    if got != 8 {
-        // No entropy source answered: the clock's nanoseconds, mixed, still change per call.
-        value = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    value
-}
-
 /// `name`, then `stem-1.ext`, `stem-2.ext`, ... up to 9999.
-fn numbered<'a>(dir: &'a Path, name: &'a str) -> impl Iterator<Item = PathBuf> + 'a {
+fn numbered(name: &str) -> impl Iterator<Item = String> + '_ {
     let (stem, ext) = match name.rfind('.') {
         Some(i) if i > 0 => (&name[..i], &name[i..]),
         _ => (name, ""),
     };
     (0..10_000u32).map(move |n| {
         if n == 0 {
-            dir.join(name)
+            name.to_string()
         } else {
-            dir.join(format!("{stem}-{n}{ext}"))
+            format!("{stem}-{n}{ext}")
         }
     })
 }
 
-fn all_taken(dir: &Path, name: &str) -> io::Error {
+fn all_taken(dir: &Dir, name: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::AlreadyExists,
         format!(
             "{} and 9999 numbered variants exist",
-            dir.join(name).display()
+            dir.path(name).display()
         ),
     )
 }
 
-/// Once per folder and process: removes the hidden temporaries (`.NAME.tmp.PID` and
-/// `.NAME.tmp.PID.RANDOM`) of this user whose process no longer exists (killed while it
-/// wrote). Another user's files, and those of live processes, are left alone.
-fn forget_stale_temporaries(dir: &Path) {
-    thread_local! {
-        static CLEARED: RefCell<HashSet<PathBuf>> = RefCell::new(HashSet::new());
-    }
-    if !CLEARED.with(|c| c.borrow_mut().insert(dir.to_path_buf())) {
-        return;
-    }
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(pid) = temporary_owner(&file_name.to_string_lossy()) else {
-            continue;
-        };
-        let ours = entry
-            .metadata()
-            .is_ok_and(|m| m.is_file() && m.uid() == uid);
-        if ours && pid != std::process::id() && !process_exists(pid) {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
-}
-
-/// The pid in a temporary's name (`.NAME.tmp.PID` or `.NAME.tmp.PID.RANDOM`).
-fn temporary_owner(file_name: &str) -> Option<u32> {
-    let (_, after) = file_name.strip_prefix('.')?.rsplit_once(".tmp.")?;
-    after.split('.').next()?.parse().ok()
-}
-
-/// Whether a process with this pid exists (or /proc cannot tell: then assume it does).
-pub(super) fn process_exists(pid: u32) -> bool {
-    if !Path::new("/proc/self").exists() {
-        return true;
-    }
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-fn publish(tmp: &Path, dir: &Path, name: &str, overwrite: bool) -> io::Result<PathBuf> {
-    let target = dir.join(name);
+fn publish(dir: &Dir, tmp: &str, name: &str, overwrite: bool) -> io::Result<PathBuf> {
     if overwrite {
-        fs::rename(tmp, &target)?;
-        return Ok(target);
+        dir.rename(tmp, name)?;
+        return Ok(dir.path(name));
     }
-    for candidate in numbered(dir, name) {
-        match fs::hard_link(tmp, &candidate) {
-            Ok(()) => return Ok(candidate),
+    for candidate in numbered(name) {
+        match dir.hard_link(tmp, &candidate) {
+            Ok(()) => return Ok(dir.path(&candidate)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(_) => {
                 // Filesystems without hard links: check-then-rename (tiny race window).
-                if candidate.symlink_metadata().is_ok() {
+                if dir.exists(&candidate) {
                     continue;
                 }
-                fs::rename(tmp, &candidate)?;
-                return Ok(candidate);
+                dir.rename(tmp, &candidate)?;
+                return Ok(dir.path(&candidate));
             }
         }
     }
@@ -473,6 +412,11 @@ fn publish(tmp: &Path, dir: &Path, name: &str, overwrite: bool) -> io::Result<Pa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::writer::folder::Folders;
+
+    fn write(dir: &Path, name: &str, bytes: &[u8], overwrite: bool) -> io::Result<PathBuf> {
+        write_atomic(&Folders::new().open(dir)?, name, bytes, overwrite)
+    }
 
     fn id() -> Identity {
         Identity {
@@ -485,16 +429,37 @@ mod tests {
     }
 
     #[test]
-    fn a_temporarys_name_says_its_process() {
-        assert_eq!(temporary_owner(".a.pickle.tmp.42"), Some(42));
+    fn the_program_is_the_script_or_module_after_pythons_options() {
+        let name = |line: &str| {
+            let args: Vec<String> = line.split(' ').map(String::from).collect();
+            program_name_of(&args)
+        };
+        assert_eq!(name("python3 -X faulthandler train.py"), "train");
+        assert_eq!(name("python3 -Xfaulthandler train.py"), "train");
+        assert_eq!(name("python -W ignore -u /jobs/train.py --lr 3"), "train");
         assert_eq!(
-            temporary_owner(".a.pickle.tmp.42.00ff00ff00ff00ff"),
-            Some(42)
+            name("python -Wignore::DeprecationWarning train.py"),
+            "train"
         );
-        assert_eq!(temporary_owner(".tmp.x.pickle.tmp.7.1"), Some(7));
-        assert_eq!(temporary_owner("a.pickle.tmp.42"), None);
-        assert_eq!(temporary_owner(".a.pickle"), None);
-        assert_ne!(temporary_name("a"), temporary_name("a"));
+        assert_eq!(name("python3 -OO -I -bb -uB train.py"), "train");
+        assert_eq!(name("python3 -uX dev train.py"), "train");
+        assert_eq!(
+            name("python3 --check-hash-based-pycs never train.py"),
+            "train"
+        );
+        assert_eq!(
+            name("python3 -X importtime -m torch.distributed.run x.py"),
+            "torch.distributed.run"
+        );
+        assert_eq!(name("python3 -um pkg.mod"), "pkg.mod");
+        assert_eq!(name("python3 -mpkg.mod"), "pkg.mod");
+        assert_eq!(name("python3 -u -c print(1) train.py"), "python3");
+        assert_eq!(name("python3 -uc print(1)"), "python3");
+        assert_eq!(name("python3 -- -weird.py"), "-weird");
+        assert_eq!(name("python3.12 - train.py"), "python3.12");
+        assert_eq!(name("python3 -X"), "python3");
+        assert_eq!(name("/usr/bin/torchrun -X train.py"), "torchrun");
+        assert_eq!(program_name_of(&[]), "process");
     }
 
     #[test]
@@ -614,13 +579,13 @@ mod tests {
     #[test]
     fn never_overwrites_unless_asked() {
         let dir = tempfile::tempdir().unwrap();
-        let a = write_atomic(dir.path(), "snap.pickle", b"one", false).unwrap();
-        let b = write_atomic(dir.path(), "snap.pickle", b"two", false).unwrap();
+        let a = write(dir.path(), "snap.pickle", b"one", false).unwrap();
+        let b = write(dir.path(), "snap.pickle", b"two", false).unwrap();
         assert_eq!(a, dir.path().join("snap.pickle"));
         assert_eq!(b, dir.path().join("snap-1.pickle"));
         assert_eq!(fs::read(&a).unwrap(), b"one");
         assert_eq!(fs::read(&b).unwrap(), b"two");
-        let c = write_atomic(dir.path(), "snap.pickle", b"three", true).unwrap();
+        let c = write(dir.path(), "snap.pickle", b"three", true).unwrap();
         assert_eq!(c, a);
         assert_eq!(fs::read(&a).unwrap(), b"three");
         let names: Vec<_> = fs::read_dir(dir.path())
@@ -631,13 +596,30 @@ mod tests {
     }
 
     #[test]
+    fn a_named_temporary_publishes_and_leaves_nothing_behind() {
+        // What a filesystem without `O_TMPFILE` gets.
+        let dir = tempfile::tempdir().unwrap();
+        let mut folders = Folders::new();
+        let held = folders.open(dir.path()).unwrap();
+        let a = write_named(&held, "snap.pickle", b"one", false).unwrap();
+        let b = write_named(&held, "snap.pickle", b"two", false).unwrap();
+        let c = write_named(&held, "snap.pickle", b"three", true).unwrap();
+        assert_eq!(a, dir.path().join("snap.pickle"));
+        assert_eq!(b, dir.path().join("snap-1.pickle"));
+        assert_eq!(c, a);
+        assert_eq!(fs::read(&a).unwrap(), b"three");
+        assert_eq!(fs::read(&b).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
     fn files_are_private_and_symlinks_are_not_followed() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let victim = dir.path().join("victim");
         fs::write(&victim, b"keep").unwrap();
         std::os::unix::fs::symlink(&victim, dir.path().join("snap.pickle")).unwrap();
-        let p = write_atomic(dir.path(), "snap.pickle", b"data", false).unwrap();
+        let p = write(dir.path(), "snap.pickle", b"data", false).unwrap();
         assert_eq!(p, dir.path().join("snap-1.pickle"));
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
         assert_eq!(

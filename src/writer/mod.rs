@@ -24,6 +24,7 @@ pub mod drain_bench;
 pub mod dump;
 mod exit_report;
 pub mod files;
+mod folder;
 pub mod live;
 mod meta;
 pub mod own_fd;
@@ -33,6 +34,7 @@ pub mod stacks;
 pub mod state;
 pub mod stats;
 mod steps;
+mod temporaries;
 pub mod upload;
 
 use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
@@ -91,6 +93,8 @@ struct Writer {
     written: Vec<PathBuf>,
     /// Folders memsnap created (absolute), named in the exit line.
     created_folders: Vec<PathBuf>,
+    /// The folders written into, held by descriptor.
+    folders: folder::Folders,
     /// Per-device event index where the current recording window began.
     window_from: Option<Vec<u64>>,
     last_period: Instant,
@@ -155,6 +159,7 @@ impl Writer {
             step: 0,
             written: Vec::new(),
             created_folders: Vec::new(),
+            folders: folder::Folders::new(),
             window_from: None,
             last_period: Instant::now(),
             last_refresh: Instant::now(),

@@ -46,7 +46,8 @@ impl Writer {
             if dir.created {
                 self.created_folders.push(absolute(&dir.path));
             }
-            files::write_atomic(&dir.path, &name, &bytes, self.cfg.overwrite)
+            let held = self.folders.open(&dir.path)?;
+            files::write_atomic(&held, &name, &bytes, self.cfg.overwrite)
         });
         match result {
             Ok(path) => {
