@@ -11,6 +11,7 @@
 //! checked.
 
 use crate::input::{display_name, load_for_check};
+use crate::shown::shown;
 use anyhow::Result;
 use memsnap_format::check;
 use std::io::Write;
@@ -34,7 +35,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             Err(e) => {
                 // Reported in order with the others' lines.
                 out.flush()?;
-                eprintln!("memsnap: {e:#}");
+                eprintln!("memsnap: {}", shown(&format!("{e:#}")));
                 unreadable = true;
                 continue;
             }
@@ -46,7 +47,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             writeln!(
                 out,
                 "{}: ok ({} segments, {events} events on {} device(s))",
-                display_name(path),
+                shown(&display_name(path)),
                 snap.segments.len(),
                 memsnap_engine::device::devices(&snap).len()
             )?;
@@ -56,11 +57,11 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         writeln!(
             out,
             "{}: {} violation(s)",
-            display_name(path),
+            shown(&display_name(path)),
             violations.len()
         )?;
         for v in violations.iter().take(a.max) {
-            writeln!(out, "  {v}")?;
+            writeln!(out, "  {}", shown(&v.to_string()))?;
         }
         if violations.len() > a.max {
             writeln!(out, "  ... and {} more", violations.len() - a.max)?;

@@ -21,6 +21,7 @@ mod mcp;
 mod ranks;
 mod remote;
 mod run;
+mod shown;
 mod summary;
 mod top;
 mod upload_agent;
@@ -126,7 +127,7 @@ fn report(command: impl FnOnce(&mut dyn Write) -> anyhow::Result<i32>) -> ExitCo
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             drop(out);
-            eprintln!("memsnap: {e:#}");
+            eprintln!("memsnap: {}", shown::shown(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
@@ -134,7 +135,7 @@ fn report(command: impl FnOnce(&mut dyn Write) -> anyhow::Result<i32>) -> ExitCo
 
 fn launch(result: anyhow::Result<ExitCode>) -> ExitCode {
     result.unwrap_or_else(|e| {
-        eprintln!("memsnap: {e:#}");
+        eprintln!("memsnap: {}", shown::shown(&format!("{e:#}")));
         ExitCode::from(2)
     })
 }

@@ -746,7 +746,10 @@ impl State {
             Action::Snapshot | Action::Oom => {}
             // Newest PyTorch's note on an allocation; no state change (docs/FORMAT.md#actions).
             Action::Other(s) if s == "annotate" => {}
-            Action::Other(s) => found.push((K::UnknownAction, format!("unknown action {s:?}"))),
+            Action::Other(s) => found.push((
+                K::UnknownAction,
+                format!("unknown action \"{}\"", crate::text::escape_controls(s)),
+            )),
         }
         found
     }

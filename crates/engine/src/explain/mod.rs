@@ -25,6 +25,7 @@ use leaks::{Leak, StepPoint};
 use log::EventLog;
 use memsnap_format::model::{BlockState, Meta, Snapshot, StackId};
 use memsnap_format::pickle_read::ReadError;
+use memsnap_format::text::escape_controls;
 use oom::Verdict;
 use owners::Knowledge;
 use roles::{Role, Roles, StackRole};
@@ -1085,7 +1086,8 @@ fn side_by_side(
     })
 }
 
-/// The verdict line `summary` ends an OOM file with, and whether there is one.
+/// The verdict line `summary` ends an OOM file with, and whether there is one; a text
+/// line, so the site and the file name in it are shown with their controls escaped.
 pub fn verdict_line(loaded: &Summarized, name: &str, attr: &Attribution) -> Option<String> {
     let d = digest(
         name.to_string(),
@@ -1101,7 +1103,7 @@ pub fn verdict_line(loaded: &Summarized, name: &str, attr: &Attribution) -> Opti
                 .first()
                 .map(|s| format!(
                     ", {} the most ({})",
-                    s.site,
+                    escape_controls(&s.site),
                     crate::bytes::fmt_bytes(s.bytes)
                 ))
                 .unwrap_or_default()
@@ -1117,7 +1119,8 @@ pub fn verdict_line(loaded: &Summarized, name: &str, attr: &Attribution) -> Opti
         ),
     };
     Some(format!(
-        "verdict: {why}; `memsnap explain {name}` says more"
+        "verdict: {why}; `memsnap explain {}` says more",
+        escape_controls(name)
     ))
 }
 
