@@ -1107,9 +1107,25 @@ fn the_oom_is_the_default_moment_when_the_file_holds_one() {
         "{}",
         stderr(&o)
     );
+    // explain refuses it alike, instead of showing the end in its place.
+    let refused = memsnap(&["explain", "--at", "oom", none.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
+    assert_eq!(stderr(&refused), stderr(&o));
+    assert!(refused.stdout.is_empty(), "{}", stdout(&refused));
+    // Over several files, one that reached the moment is enough.
+    let o = memsnap(&["explain", "--at", "oom", none.to_str().unwrap(), p]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("ran out of memory first"),
+        "{}",
+        stdout(&o)
+    );
     let o = memsnap(&["summary", "--at", "999", none.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("event 999 is past"), "{}", stderr(&o));
+    let refused = memsnap(&["explain", "--at", "999", none.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(stderr(&refused), stderr(&o));
     let o = memsnap(&["summary", "--at", "soon", none.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("peak, oom, end"), "{}", stderr(&o));

@@ -39,6 +39,7 @@ pub struct Args {
     pub paths: Vec<PathBuf>,
     /// The moment owners and roles are told at: peak, oom, end, an event number or a time
     /// since the first recorded event (250ms, 12.5s). Default: the OOM if any, else the peak.
+    /// A moment no file reached is an error, as in `summary`.
     #[arg(long, value_name = "MOMENT", value_parser = at::parse)]
     pub at: Option<At>,
     /// Exit with status 1 when a leak is found (the sites are named on stderr).
@@ -75,6 +76,16 @@ pub fn build(a: &Args) -> Result<Explanation> {
             "no readable snapshot among {} files; the first: {e}",
             digests.len()
         );
+    }
+    // A moment asked for by name that no file reached is an error, as in `summary`, not
+    // the end shown in its place. Over a run it is enough that one rank reached it.
+    let mut readable = digests.iter().filter(|d| d.error.is_none());
+    if a.at.is_some_and(|at| at != At::End)
+        && let Some(first) = readable.clone().next()
+        && let Some(why) = &first.unreached
+        && readable.all(|d| d.unreached.is_some())
+    {
+        anyhow::bail!("{}: --at: {why}", first.file);
     }
     Ok(engine::build(digests))
 }

@@ -175,6 +175,9 @@ pub struct Digest {
     pub time_range: Option<(i64, i64)>,
     pub oom: Option<Oom>,
     pub instant: Instant,
+    /// Why no device reached the moment asked for (`--at oom` on a file without one), as
+    /// [`device::unreached`] says; the instant is then the end.
+    pub unreached: Option<String>,
     /// The state at the end (a step snapshot's step boundary).
     pub end_point: StepPoint,
     /// The states at the file's own step marks.
@@ -525,6 +528,7 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
     let is_oom = !moments.is_empty()
         && moments.iter().all(|(_, m)| m.kind != Kind::Peak)
         && moments.iter().any(|(_, m)| m.kind == Kind::Oom);
+    d.unreached = device::unreached(moments.iter().map(|(_, m)| m));
     d.instant = Instant {
         moment: describe_moments(&moments),
         oom: is_oom,
