@@ -73,7 +73,7 @@ enum Cmd {
     UploadAgent(upload_agent::Args),
     /// Watch running processes' GPU memory by allocation site, live (no file written).
     Top(top::TopArgs),
-    /// Serve summary, diff and ranks to an agent: a Model Context Protocol server on
+    /// Serve summary, diff, ranks and explain (four tools) to an agent: a Model Context Protocol server on
     /// stdin/stdout whose tools return the commands' --json output (docs/MCP.md).
     Mcp(mcp::Args),
 }
