@@ -1,7 +1,8 @@
 //! Strings from snapshot files in the text reports (`summary`, `diff`, `ranks`, `explain`,
 //! `check`): a frame name, file name or metadata value is whatever the file says, so each
 //! is printed through [`shown`], and the report as a whole through [`write_escaped`].
-//! Error messages (one line each, naming files and quoting them) go through [`shown`].
+//! Error messages go through [`shown`] (the reading commands': one line each, naming files
+//! and quoting them) or [`shown_lines`] (the launchers', which have lines of their own).
 //! JSON output has serde's escaping instead. Cold code.
 
 pub use memsnap_format::text::escape_controls as shown;
@@ -9,7 +10,7 @@ use std::io::Write;
 
 /// `text` with every control character other than its line ends written out
 /// ([`shown`]): for messages and reports whose own lines are kept.
-fn shown_lines(text: &str) -> String {
+pub fn shown_lines(text: &str) -> String {
     text.split('\n').map(shown).collect::<Vec<_>>().join("\n")
 }
 
