@@ -69,8 +69,26 @@ pub fn render(
     ))
 }
 
+/// A page may hold this many times the file's bytes, plus [`PAGE_FLOOR_BYTES`]. Real
+/// files' pages are a fraction of the file; one whose history or block list is shared
+/// through the memo would make a page several times its size (415 MB from 83 MB).
+const PAGE_PER_FILE_BYTE: u64 = 2;
+const PAGE_FLOOR_BYTES: u64 = 64 << 20;
+
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let snap = crate::input::load(&a.snap)?;
+    let (snap, file_bytes) = crate::input::load_counted(&a.snap)?;
+    let page_bytes = memsnap_engine::view::page_bytes_estimate(&snap);
+    if page_bytes > file_bytes * PAGE_PER_FILE_BYTE + PAGE_FLOOR_BYTES {
+        anyhow::bail!(
+            "{}: not writing a page of about {} for a file of {}: more than \
+             {PAGE_PER_FILE_BYTE} times its size plus {} (its history or segments repeat \
+             through shared references); `memsnap summary` and `memsnap check` read it",
+            a.snap.display(),
+            fmt_bytes(page_bytes as i64),
+            fmt_bytes(file_bytes as i64),
+            fmt_bytes(PAGE_FLOOR_BYTES as i64)
+        );
+    }
     let html = render(
         &snap,
         &crate::input::display_name(&a.snap),
