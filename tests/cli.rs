@@ -1395,8 +1395,13 @@ fn control_characters_from_a_file_are_shown_escaped_never_sent_to_the_terminal()
     let plain = write(&ranks, "job-r1.pickle", &helper_program().snapshot(None));
     let (hostile, plain) = (hostile.to_str().unwrap(), plain.to_str().unwrap());
     let dir_arg = ranks.to_str().unwrap();
+    let page = ranks.join("page.html");
+    let svg = ranks.join("flame.svg");
+    let (page, svg) = (page.to_str().unwrap(), svg.to_str().unwrap());
     for args in [
-        &["summary", hostile][..],
+        &["view", hostile, "-o", page][..],
+        &["flamegraph", hostile, "-o", svg],
+        &["summary", hostile],
         &["summary", "--at", "end", hostile],
         &["diff", plain, hostile],
         &["diff", hostile, plain],

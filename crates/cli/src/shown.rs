@@ -1,9 +1,10 @@
-//! Strings from snapshot files in the text reports (`summary`, `diff`, `ranks`, `explain`,
-//! `check`): a frame name, file name or metadata value is whatever the file says, so each
-//! is printed through [`shown`], and the report as a whole through [`write_escaped`].
-//! Error messages go through [`shown`] (the reading commands': one line each, naming files
-//! and quoting them) or [`shown_lines`] (the launchers', which have lines of their own).
-//! JSON output has serde's escaping instead. Cold code.
+//! Strings from snapshot files, and paths from the command line, in the text reports
+//! (`summary`, `diff`, `ranks`, `explain`, `check`, and what `view` and `flamegraph` say
+//! they wrote): a frame name, file name or metadata value is whatever the file says, so
+//! each is printed through [`shown`], and each of the four reports as a whole through
+//! [`write_escaped`]. Error messages go through [`shown`] (the reading commands': one line
+//! each, naming files and quoting them) or [`shown_lines`] (the launchers', which have
+//! lines of their own). JSON output has serde's escaping instead. Cold code.
 
 pub use memsnap_format::text::escape_controls as shown;
 use std::io::Write;

@@ -13,6 +13,7 @@
 //! Cold code.
 
 use crate::args::Attribution;
+use crate::shown::shown;
 use anyhow::{Context, Result};
 use memsnap_engine::at::{self, At};
 use memsnap_engine::bytes::fmt_bytes;
@@ -98,16 +99,17 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     )?;
     std::fs::write(&a.output, &html)
         .with_context(|| format!("cannot write {}", a.output.display()))?;
+    // The output path is the command line's, shown as the reports show strings.
     writeln!(
         out,
         "wrote {} ({}, one self-contained page, no network needed)",
-        a.output.display(),
+        shown(&a.output.display().to_string()),
         fmt_bytes(html.len() as i64)
     )?;
     writeln!(
         out,
         "open it in a web browser: {}",
-        crate::flamegraph::file_url(&a.output)
+        shown(&crate::flamegraph::file_url(&a.output))
     )?;
     Ok(0)
 }
