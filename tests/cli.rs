@@ -1107,9 +1107,25 @@ fn the_oom_is_the_default_moment_when_the_file_holds_one() {
         "{}",
         stderr(&o)
     );
+    // explain refuses it alike, instead of showing the end in its place.
+    let refused = memsnap(&["explain", "--at", "oom", none.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
+    assert_eq!(stderr(&refused), stderr(&o));
+    assert!(refused.stdout.is_empty(), "{}", stdout(&refused));
+    // Over several files, one that reached the moment is enough.
+    let o = memsnap(&["explain", "--at", "oom", none.to_str().unwrap(), p]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("ran out of memory first"),
+        "{}",
+        stdout(&o)
+    );
     let o = memsnap(&["summary", "--at", "999", none.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("event 999 is past"), "{}", stderr(&o));
+    let refused = memsnap(&["explain", "--at", "999", none.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(stderr(&refused), stderr(&o));
     let o = memsnap(&["summary", "--at", "soon", none.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("peak, oom, end"), "{}", stderr(&o));
@@ -1336,4 +1352,102 @@ fn view_and_flamegraph_say_what_they_wrote_and_open_at_the_moment() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let svg_text = std::fs::read_to_string(&svg).unwrap();
     assert!(svg_text.contains("remember_me") && !svg_text.contains("forget_me"));
+}
+
+/// What a crafted file can put in its strings for a terminal to act on: clear the screen,
+/// write the clipboard (OSC 52), a forged report line, an 8-bit CSI, DEL.
+const TERMINAL_ATTACK: &str = "\x1b[2J\x1b]52;c;cHduZWQ=\x07\r\nFORGED line\u{9b}31m\x7f";
+/// [`TERMINAL_ATTACK`] as the reports show it.
+const TERMINAL_ATTACK_SHOWN: &str =
+    "\\x1b[2J\\x1b]52;c;cHduZWQ=\\x07\\r\\nFORGED line\\u{9b}31m\\x7f";
+
+/// Fails unless `bytes` hold no control character but the line ends, and no line of them
+/// was forged by a string of the file.
+fn assert_no_terminal_controls(what: &str, bytes: &[u8]) {
+    let text = String::from_utf8_lossy(bytes);
+    let raw = text
+        .char_indices()
+        .find(|&(_, c)| c != '\n' && c.is_control());
+    assert!(raw.is_none(), "{what}: a raw control {raw:?} in:\n{text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("FORGED")),
+        "{what}: a forged line in:\n{text}"
+    );
+}
+
+#[test]
+fn control_characters_from_a_file_are_shown_escaped_never_sent_to_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let ranks = dir.path().join(format!("run{TERMINAL_ATTACK}"));
+    std::fs::create_dir(&ranks).unwrap();
+    let mut r = helper_program();
+    r.malloc(0x5000, 3000, TEMP).oom(1 << 30);
+    let mut snap = r.snapshot(None);
+    for f in &mut snap.frames[1..] {
+        f.name = format!("{}{TERMINAL_ATTACK}", f.name);
+        f.filename = format!("/srv/{TERMINAL_ATTACK}/main.py");
+    }
+    snap.memsnap.push((
+        "torch_allocator".into(),
+        Meta::Str(format!("blocks{TERMINAL_ATTACK}")),
+    ));
+    let hostile = write(&ranks, &format!("job{TERMINAL_ATTACK}-r0.pickle"), &snap);
+    let plain = write(&ranks, "job-r1.pickle", &helper_program().snapshot(None));
+    let (hostile, plain) = (hostile.to_str().unwrap(), plain.to_str().unwrap());
+    let dir_arg = ranks.to_str().unwrap();
+    let page = ranks.join("page.html");
+    let svg = ranks.join("flame.svg");
+    let (page, svg) = (page.to_str().unwrap(), svg.to_str().unwrap());
+    for args in [
+        &["view", hostile, "-o", page][..],
+        &["flamegraph", hostile, "-o", svg],
+        &["summary", hostile],
+        &["summary", "--at", "end", hostile],
+        &["diff", plain, hostile],
+        &["diff", hostile, plain],
+        &["ranks", dir_arg],
+        &["explain", hostile],
+        &["explain", dir_arg],
+        &["check", hostile],
+    ] {
+        let o = memsnap(args);
+        let what = args[0];
+        assert!(
+            o.status.code().is_some_and(|c| c < 2),
+            "{what}: {}",
+            stderr(&o)
+        );
+        assert_no_terminal_controls(what, &o.stdout);
+        assert_no_terminal_controls(what, &o.stderr);
+        assert!(
+            stdout(&o).contains(TERMINAL_ATTACK_SHOWN),
+            "{what}: the escaped form missing in:\n{}",
+            stdout(&o)
+        );
+    }
+    // The metadata line and the frames' names in summary; a file that is not there is an
+    // error whose message shows its name escaped too.
+    let text = stdout(&memsnap(&["summary", hostile]));
+    assert!(
+        text.contains(&format!(
+            "PyTorch's allocator: blocks{TERMINAL_ATTACK_SHOWN}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("(cuda_alloc{TERMINAL_ATTACK_SHOWN})")),
+        "{text}"
+    );
+    let missing = format!("{hostile}.gone");
+    let o = memsnap(&["summary", &missing]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_no_terminal_controls("a missing file", &o.stderr);
+    assert!(stderr(&o).contains(TERMINAL_ATTACK_SHOWN), "{}", stderr(&o));
+    // JSON keeps the strings as they are: serde escapes what JSON must.
+    let v = json(&memsnap(&["summary", "--json", hostile]));
+    assert!(
+        v["metadata"]["torch_allocator"]
+            .as_str()
+            .is_some_and(|s| s.ends_with(TERMINAL_ATTACK))
+    );
 }

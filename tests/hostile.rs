@@ -14,8 +14,8 @@ mod hostile;
 use std::path::Path;
 use std::process::Command;
 
-/// Exit status, stderr and peak resident memory (bytes) of `memsnap args`.
-fn run_measured(args: &[&str], dir: &Path) -> (Option<i32>, String, u64) {
+/// Exit status, stderr, peak resident memory (bytes) and stdout of `memsnap args`.
+fn run_measured(args: &[&str], dir: &Path) -> (Option<i32>, String, u64, String) {
     let time = Path::new("/usr/bin/time");
     assert!(
         time.exists(),
@@ -39,6 +39,7 @@ fn run_measured(args: &[&str], dir: &Path) -> (Option<i32>, String, u64) {
         o.status.code(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
         kib * 1024,
+        String::from_utf8_lossy(&o.stdout).into_owned(),
     )
 }
 
@@ -64,7 +65,7 @@ fn every_command(name: &str, bytes: &[u8]) -> Vec<(String, Option<i32>)> {
     ];
     let mut codes = Vec::new();
     for (what, args) in commands {
-        let (code, err, peak) = run_measured(&args, dir.path());
+        let (code, err, peak, _) = run_measured(&args, dir.path());
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         eprintln!(
             "{name} ({:.2} MiB), {what}: exit {code:?}, peak {:.1} MiB",
@@ -130,4 +131,51 @@ fn a_list_shared_by_a_few_devices_still_reads_within_bounded_memory() {
         let expected = if what == "check" { code } else { Some(0) };
         assert_eq!(code, expected, "{what}");
     }
+}
+
+/// `bytes` as `NAME` in a fresh temporary folder.
+fn written(name: &str, bytes: &[u8]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, bytes).unwrap();
+    (dir, file.to_str().unwrap().to_string())
+}
+
+#[test]
+fn check_keeps_what_it_shows_not_a_message_per_broken_event() {
+    // One history of 400,000 entries shared by two devices: each entry of the second breaks
+    // a rule. A message kept for each took 480 MB for this 8.4 MB file (4.1 GB for 73 MB).
+    let bytes = hostile::shared_trace_list(400_000, 1);
+    let (dir, file) = written("shared.pickle", &bytes);
+    let (code, err, peak, out) = run_measured(&["check", &file], dir.path());
+    assert_eq!(code, Some(1), "{err}");
+    let limit = 16 * bytes.len() as u64 + (64 << 20);
+    assert!(peak <= limit, "check: peak {peak} over {limit}");
+    let lines: Vec<&str> = out.lines().collect();
+    // The heading counts every violation; 20 are listed (--max), then the rest counted.
+    let total: usize = lines[0]
+        .strip_prefix("shared.pickle: ")
+        .and_then(|l| l.strip_suffix(" violation(s)"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(total >= 400_000, "{out}");
+    assert_eq!(lines.len(), 22, "{out}");
+    assert_eq!(lines[21], format!("  ... and {} more", total - 20), "{out}");
+}
+
+#[test]
+fn view_refuses_a_page_many_times_the_size_of_its_file() {
+    // Two million blocks shared by three segments: a page of 140 MB for a 28 MB file.
+    let (dir, file) = written("blocks.pickle", &hostile::shared_block_list(2_000_000, 2));
+    let page = dir.path().join("page.html");
+    let args = ["view", &file, "-o", page.to_str().unwrap()];
+    let (code, err, _, _) = run_measured(&args, dir.path());
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("blocks.pickle: not writing a page of about ")
+            && err.contains("more than 2 times its size plus 64.0 MiB"),
+        "{err}"
+    );
+    assert!(!page.exists(), "a page was written");
 }

@@ -51,8 +51,21 @@ impl Client {
     }
 
     fn send(&mut self, message: &Value) {
-        writeln!(self.stdin, "{message}").expect("write to memsnap mcp");
+        self.send_line(&message.to_string());
+    }
+
+    fn send_line(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").expect("write to memsnap mcp");
         self.stdin.flush().expect("flush");
+    }
+
+    /// The next message the server writes.
+    fn next_message(&mut self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("no message from the server: {e}"));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON on stdout ({e}): {line}"))
     }
 
     /// Sends a request and returns its response (other messages in between are skipped).
@@ -276,20 +289,67 @@ fn failures_are_tool_errors_and_the_server_goes_on() {
     let r = c.call("ranks", json!({"dir": "/nonexistent/memsnap-mcp-ranks"}));
     assert_eq!(r["isError"], true, "{r}");
 
-    // Not a tool at all, or arguments of the wrong type: a JSON-RPC error, still no crash.
+    // Not a tool at all: a JSON-RPC error, still no crash.
     let r = c.request("tools/call", json!({"name": "nope", "arguments": {}}));
-    assert!(
-        r.get("error").is_some() || r["result"]["isError"] == true,
-        "{r}"
-    );
-    let r = c.request(
-        "tools/call",
-        json!({"name": "summary", "arguments": {"path": 12}}),
-    );
-    assert!(
-        r.get("error").is_some() || r["result"]["isError"] == true,
-        "{r}"
-    );
+    assert!(r.get("error").is_some(), "{r}");
+    // Arguments that do not fit the input schema: Invalid params, naming the parameter.
+    for (tool, arguments, says) in [
+        (
+            "summary",
+            json!({"path": 12}),
+            "summary: parameter `path` must be a string, not 12",
+        ),
+        (
+            "summary",
+            json!({"path": exit, "top": "ten"}),
+            "summary: parameter `top` must be an integer >= 0 or null, not \"ten\"",
+        ),
+        (
+            "summary",
+            json!({"path": exit, "callers": -1}),
+            "summary: parameter `callers` must be an integer >= 0 or null, not -1",
+        ),
+        (
+            "explain",
+            json!({"paths": exit}),
+            "explain: parameter `paths` must be an array of strings, not",
+        ),
+        (
+            "diff",
+            json!({"before": exit, "after": exit, "ignore": [1]}),
+            "diff: parameter `ignore` must be an array of strings, not [1]",
+        ),
+        (
+            "diff",
+            json!({"before": exit}),
+            "diff: missing parameter `after`",
+        ),
+    ] {
+        let r = c.request("tools/call", json!({"name": tool, "arguments": arguments}));
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(says), "{r}");
+    }
+
+    // A line that is not JSON: Parse error with id null (JSON-RPC 2.0, section 5.1).
+    for line in [
+        "this is not json",
+        "{\"jsonrpc\": \"2.0\", \"id\": 9, \"method\":",
+    ] {
+        c.send_line(line);
+        let r = c.next_message();
+        assert_eq!(r["jsonrpc"], "2.0", "{r}");
+        assert_eq!(r["id"], Value::Null, "{r}");
+        assert!(r.as_object().unwrap().contains_key("id"), "{r}");
+        assert_eq!(r["error"]["code"], -32700, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Parse error"),
+            "{r}"
+        );
+    }
 
     // And the server still works.
     let r = c.call("summary", json!({ "path": exit }));

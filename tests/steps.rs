@@ -866,6 +866,33 @@ fn run_tensors_sets_only_what_the_user_left_unset() {
 }
 
 #[test]
+fn run_refuses_an_unknown_option_before_the_command_and_lists_its_options() {
+    let dir = tempfile::tempdir().unwrap();
+    // `--bogus` is not the command: nothing runs, and the message names it and the options.
+    let o = memsnap(&["run", "--bogus", "touch", "ran"], &[], dir.path());
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("unexpected argument '--bogus'"), "{err}");
+    assert!(
+        err.contains("the options of `memsnap run`: --folder, --filename,"),
+        "{err}"
+    );
+    assert!(!dir.path().join("ran").exists(), "the command ran anyway");
+    // After the command's first word, and after `--`, options are the command's own.
+    let o = memsnap(
+        &["run", "--", "sh", "-c", "touch -- \"$1\"", "sh", "--bogus"],
+        &[],
+        dir.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(dir.path().join("--bogus").exists(), "{}", stderr(&o));
+    // The command's own `--` is passed on.
+    let o = memsnap(&["run", "touch", "--", "-x"], &[], dir.path());
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(dir.path().join("-x").exists(), "{}", stderr(&o));
+}
+
+#[test]
 fn run_refuses_bad_values_and_names_the_variable() {
     let dir = tempfile::tempdir().unwrap();
     let o = memsnap(

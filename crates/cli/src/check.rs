@@ -11,6 +11,7 @@
 //! checked.
 
 use crate::input::{display_name, load_for_check};
+use crate::shown::shown;
 use anyhow::Result;
 use memsnap_format::check;
 use std::io::Write;
@@ -34,36 +35,35 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             Err(e) => {
                 // Reported in order with the others' lines.
                 out.flush()?;
-                eprintln!("memsnap: {e:#}");
+                eprintln!("memsnap: {}", shown(&format!("{e:#}")));
                 unreadable = true;
                 continue;
             }
         };
+        // The encoding's violations are a few lines at most; the model's can be one per
+        // event, so only those shown are kept.
         let mut violations = check::check_encoding(&encoding);
-        violations.extend(check::check(&snap));
+        let checked = check::check_keeping(&snap, a.max);
+        let total = violations.len() + checked.total;
+        violations.extend(checked.kept);
         let events: usize = snap.device_traces.iter().map(Vec::len).sum();
-        if violations.is_empty() {
+        if total == 0 {
             writeln!(
                 out,
                 "{}: ok ({} segments, {events} events on {} device(s))",
-                display_name(path),
+                shown(&display_name(path)),
                 snap.segments.len(),
                 memsnap_engine::device::devices(&snap).len()
             )?;
             continue;
         }
         failed = true;
-        writeln!(
-            out,
-            "{}: {} violation(s)",
-            display_name(path),
-            violations.len()
-        )?;
+        writeln!(out, "{}: {total} violation(s)", shown(&display_name(path)))?;
         for v in violations.iter().take(a.max) {
-            writeln!(out, "  {v}")?;
+            writeln!(out, "  {}", shown(&v.to_string()))?;
         }
-        if violations.len() > a.max {
-            writeln!(out, "  ... and {} more", violations.len() - a.max)?;
+        if total > a.max {
+            writeln!(out, "  ... and {} more", total - a.max)?;
         }
     }
     Ok(match (unreadable, failed) {

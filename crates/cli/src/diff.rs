@@ -7,6 +7,7 @@
 //! sides). Exit status 1 when the total growth passes `--fail-above`, for CI. Cold code.
 
 use crate::args::Attribution;
+use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At};
 use memsnap_engine::bytes::{fmt_bytes, parse_bytes};
@@ -109,12 +110,14 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         serde_json::to_writer_pretty(&mut *out, &d)?;
         writeln!(out)?;
     } else {
-        write_text(
-            &d,
-            (&crate::input::display_name(&a.before), &b),
-            (&crate::input::display_name(&a.after), &c),
-            out,
-        )?;
+        write_escaped(out, |out| {
+            write_text(
+                &d,
+                (&crate::input::display_name(&a.before), &b),
+                (&crate::input::display_name(&a.after), &c),
+                out,
+            )
+        })?;
     }
     Ok(if d.failed { 1 } else { 0 })
 }
@@ -142,7 +145,7 @@ fn write_rows(out: &mut dyn Write, rows: &[Row], count: &str) -> std::io::Result
             r.count_growth,
             fmt_bytes(r.before_bytes),
             fmt_bytes(r.after_bytes),
-            r.site
+            shown(&r.site)
         )?;
     }
     Ok(())
@@ -154,7 +157,7 @@ fn write_text(
     (after, c): (&str, &SideLive),
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
-    writeln!(out, "{before} -> {after}")?;
+    writeln!(out, "{} -> {}", shown(before), shown(after))?;
     let requested = d.before.units == "requested bytes";
     if requested {
         writeln!(out, "before: {}", at::describe_devices(&b.moments))?;

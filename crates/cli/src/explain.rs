@@ -4,6 +4,7 @@
 //! a few short paragraphs, most important first. Cold code.
 
 use crate::args::Attribution;
+use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At};
 use memsnap_engine::bytes::fmt_bytes;
@@ -38,6 +39,7 @@ pub struct Args {
     pub paths: Vec<PathBuf>,
     /// The moment owners and roles are told at: peak, oom, end, an event number or a time
     /// since the first recorded event (250ms, 12.5s). Default: the OOM if any, else the peak.
+    /// A moment no file reached is an error, as in `summary`.
     #[arg(long, value_name = "MOMENT", value_parser = at::parse)]
     pub at: Option<At>,
     /// Exit with status 1 when a leak is found (the sites are named on stderr).
@@ -75,6 +77,16 @@ pub fn build(a: &Args) -> Result<Explanation> {
             digests.len()
         );
     }
+    // A moment asked for by name that no file reached is an error, as in `summary`, not
+    // the end shown in its place. Over a run it is enough that one rank reached it.
+    let mut readable = digests.iter().filter(|d| d.error.is_none());
+    if a.at.is_some_and(|at| at != At::End)
+        && let Some(first) = readable.clone().next()
+        && let Some(why) = &first.unreached
+        && readable.all(|d| d.unreached.is_some())
+    {
+        anyhow::bail!("{}: --at: {why}", first.file);
+    }
     Ok(engine::build(digests))
 }
 
@@ -84,11 +96,11 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         serde_json::to_writer_pretty(&mut *out, &x)?;
         writeln!(out)?;
     } else {
-        write_text(&x, out)?;
+        write_escaped(out, |out| write_text(&x, out))?;
     }
     if a.fail_on_leak && !x.leaks.is_empty() {
         out.flush()?;
-        eprintln!("memsnap: leak: {}", x.leaking_sites().join("; "));
+        eprintln!("memsnap: leak: {}", shown(&x.leaking_sites().join("; ")));
         return Ok(1);
     }
     Ok(0)
@@ -138,14 +150,14 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
                 l.steps,
                 fmt_bytes(l.live_bytes_at_end),
                 l.last_step,
-                l.site
+                shown(&l.site)
             )?;
         }
     }
     if let Some(at) = &x.at {
         paragraph(out)?;
         let whose = if x.files > 1 {
-            format!(" of {} ({})", at.file, rank(at.rank))
+            format!(" of {} ({})", shown(&at.file), rank(at.rank))
         } else {
             String::new()
         };
@@ -162,7 +174,7 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
             fmt_bytes(total)
         )?;
         for (owner, bytes) in owners::sorted(&x.owners) {
-            writeln!(out, "  {:>10}  {owner}", fmt_bytes(bytes))?;
+            writeln!(out, "  {:>10}  {}", fmt_bytes(bytes), shown(owner))?;
         }
         // The OOM paragraph listed the sites already when it is the same moment.
         let listed = x.oom.as_ref().is_some_and(|o| o.file == at.file);
@@ -171,7 +183,7 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
                 out,
                 "  {:>10}  at {} [{}, {}]",
                 fmt_bytes(s.bytes),
-                s.site,
+                shown(&s.site),
                 s.library.as_str(),
                 s.role.as_str()
             )?;
@@ -220,7 +232,7 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
                     "  {:>10}  {:>10}  {}",
                     fmt_bytes(s.bytes_worst),
                     fmt_bytes(s.bytes_median),
-                    s.site
+                    shown(&s.site)
                 )?;
             }
         }
@@ -229,7 +241,7 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
         paragraph(out)?;
         writeln!(out, "Notes:")?;
         for n in &x.notes {
-            writeln!(out, "  - {n}")?;
+            writeln!(out, "  - {}", shown(n))?;
         }
     }
     if first {
@@ -253,7 +265,7 @@ fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()>
         fmt_bytes(o.request_bytes),
         o.device,
         opt_bytes(o.device_free_bytes),
-        o.file
+        shown(&o.file)
     )?;
     match o.verdict {
         Verdict::Live => writeln!(
@@ -268,7 +280,7 @@ fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()>
              segments, largest free block {}; {}",
             opt_bytes(o.reserved_unallocated_bytes),
             opt_bytes(o.largest_free_block_bytes),
-            o.advice.as_deref().unwrap_or_default()
+            shown(o.advice.as_deref().unwrap_or_default())
         )?,
         Verdict::Outside => writeln!(
             out,
@@ -290,7 +302,7 @@ fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()>
         )?;
     }
     if let Some(why) = &o.cannot_tell {
-        writeln!(out, "  {why}")?;
+        writeln!(out, "  {}", shown(why))?;
     }
     if !o.sites.is_empty() {
         writeln!(
@@ -303,7 +315,7 @@ fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()>
                 "    {:>10}  {:>6}  {} [{}, {}]",
                 fmt_bytes(s.bytes),
                 s.allocations,
-                s.site,
+                shown(&s.site),
                 s.library.as_str(),
                 s.role.as_str()
             )?;

@@ -4,6 +4,7 @@
 //! or at the end. Cold code.
 
 use crate::args::Attribution;
+use crate::shown::shown;
 use anyhow::{Context, Result};
 use memsnap_engine::at::{self, At};
 use memsnap_engine::bytes::fmt_bytes;
@@ -76,10 +77,11 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         t.merge(x.2);
         t
     });
+    // The output path is the command line's, shown as the reports show strings.
     writeln!(
         out,
         "wrote {}: live memory by stack {when}, {} ({}) in {} allocations",
-        a.output.display(),
+        shown(&a.output.display().to_string()),
         fmt_bytes(total.bytes),
         live.units,
         total.count
@@ -87,7 +89,11 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     for c in &live.capped {
         writeln!(out, "{c}")?;
     }
-    writeln!(out, "open it in a web browser: {}", file_url(&a.output))?;
+    writeln!(
+        out,
+        "open it in a web browser: {}",
+        shown(&file_url(&a.output))
+    )?;
     Ok(0)
 }
 

@@ -25,6 +25,18 @@ pub fn load(path: &Path) -> Result<Snapshot> {
     decode(path, engine::read_whole)
 }
 
+/// [`load`], and how many bytes of the file were read (what `view` bounds its page by).
+pub fn load_counted(path: &Path) -> Result<(Snapshot, u64)> {
+    decode(path, |file, progress| {
+        let mut read = 0;
+        let snap = engine::read_whole(file, &mut |done| {
+            read = done;
+            progress(done)
+        })?;
+        Ok((snap, read as u64))
+    })
+}
+
 /// Reads and decodes one snapshot whole, with what the model does not keep of the file
 /// (its encoding and malformed frames), for `check`.
 pub fn load_for_check(path: &Path) -> Result<(Snapshot, pickle_read::Encoding)> {

@@ -21,12 +21,13 @@ mod mcp;
 mod ranks;
 mod remote;
 mod run;
+mod shown;
 mod summary;
 mod top;
 mod upload_agent;
 mod view;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -72,7 +73,7 @@ enum Cmd {
     UploadAgent(upload_agent::Args),
     /// Watch running processes' GPU memory by allocation site, live (no file written).
     Top(top::TopArgs),
-    /// Serve summary, diff and ranks to an agent: a Model Context Protocol server on
+    /// Serve summary, diff, ranks and explain (four tools) to an agent: a Model Context Protocol server on
     /// stdin/stdout whose tools return the commands' --json output (docs/MCP.md).
     Mcp(mcp::Args),
 }
@@ -93,6 +94,11 @@ fn main() -> ExitCode {
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
             let _ = e.print();
+            if e.kind() == clap::error::ErrorKind::UnknownArgument
+                && let Some(list) = std::env::args().nth(1).and_then(|s| accepted_options(&s))
+            {
+                eprintln!("{list}");
+            }
             return ExitCode::from(code);
         }
     };
@@ -113,6 +119,28 @@ fn main() -> ExitCode {
     }
 }
 
+/// The options `memsnap SUBCOMMAND` takes, as a line for after clap's message on one it
+/// does not: a misplaced or misspelt option (`memsnap run --bogus python train.py`) is
+/// answered with the list, not only a pointer to --help.
+fn accepted_options(subcommand: &str) -> Option<String> {
+    let mut cli = Cli::command();
+    cli.build();
+    let sub = cli.find_subcommand(subcommand)?;
+    let options: Vec<String> = sub
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .map(|long| format!("--{long}"))
+        .collect();
+    (!options.is_empty()).then(|| {
+        format!(
+            "the options of `memsnap {}`: {}",
+            sub.get_name(),
+            options.join(", ")
+        )
+    })
+}
+
 /// Runs a command that reads snapshots and prints a report to (buffered) stdout.
 fn report(command: impl FnOnce(&mut dyn Write) -> anyhow::Result<i32>) -> ExitCode {
     let stdout = std::io::stdout();
@@ -126,7 +154,7 @@ fn report(command: impl FnOnce(&mut dyn Write) -> anyhow::Result<i32>) -> ExitCo
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             drop(out);
-            eprintln!("memsnap: {e:#}");
+            eprintln!("memsnap: {}", shown::shown(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
@@ -134,7 +162,49 @@ fn report(command: impl FnOnce(&mut dyn Write) -> anyhow::Result<i32>) -> ExitCo
 
 fn launch(result: anyhow::Result<ExitCode>) -> ExitCode {
     result.unwrap_or_else(|e| {
-        eprintln!("memsnap: {e:#}");
+        // The launchers' messages have lines of their own (each refused value, each folder
+        // looked in).
+        eprintln!("memsnap: {}", shown::shown_lines(&format!("{e:#}")));
         ExitCode::from(2)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cli, Cmd, accepted_options};
+    use clap::Parser;
+
+    fn run_command(argv: &[&str]) -> Vec<String> {
+        match Cli::try_parse_from(argv).map(|c| c.cmd) {
+            Ok(Cmd::Run(a)) => a
+                .command
+                .iter()
+                .map(|w| w.to_string_lossy().into_owned())
+                .collect(),
+            other => panic!("{argv:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn run_takes_options_before_the_command_and_passes_the_rest_on() {
+        let cmd = run_command(&[
+            "memsnap", "run", "--every", "2", "python", "-u", "--every", "x",
+        ]);
+        assert_eq!(cmd, ["python", "-u", "--every", "x"]);
+        assert_eq!(
+            run_command(&["memsnap", "run", "--", "--weird", "-x"]),
+            ["--weird", "-x"]
+        );
+        // An option run does not know, before the command, is refused, not run.
+        let e = Cli::try_parse_from(["memsnap", "run", "--bogus", "python", "x.py"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("'--bogus'"), "{e}");
+        let list = accepted_options("run").unwrap();
+        assert!(
+            list.starts_with("the options of `memsnap run`: --folder, "),
+            "{list}"
+        );
+        assert!(list.contains("--lib") && list.contains("--help"), "{list}");
+        assert_eq!(accepted_options("nope"), None);
+    }
 }

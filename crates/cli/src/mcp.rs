@@ -7,19 +7,28 @@
 //! A tool's result therefore equals `memsnap <command> --json` with the same arguments. A
 //! command that fails (a missing file, an `at` no device reached) is a tool error result
 //! with the command's message, never a protocol error or a crash. The protocol itself is
-//! rmcp's (the official Rust SDK); nothing here touches stdout but rmcp. Cold code.
+//! rmcp's (the official Rust SDK), with two JSON-RPC answers it does not give: a line that
+//! is not JSON gets Parse error (-32700, id null; rmcp drops it without a word), and
+//! arguments that do not fit a tool's input schema get Invalid params (-32602) naming the
+//! parameter (rmcp makes them a tool result with serde's message, which names none). Cold
+//! code.
 
 use crate::{diff, explain, ranks, summary};
 use clap::Parser;
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, ErrorData, Implementation, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    Implementation, JsonObject, ServerCapabilities, ServerConfig,
 };
-use rmcp::{ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
+use serde_json::Value;
 use std::ffi::OsString;
 use std::process::ExitCode;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {}
@@ -210,6 +219,24 @@ impl Server {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Server {
+    /// The router's call, after the arguments are checked against the tool's input schema.
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(tool) = self.tool_router.get(&request.name)
+            && let Some(why) = misfit(&tool.input_schema, request.arguments.as_ref())
+        {
+            return Err(ErrorData::invalid_params(
+                format!("{}: {why}", request.name),
+                None,
+            ));
+        }
+        let call = ToolCallContext::new(self, request, context);
+        self.tool_router.call(call).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("memsnap", env!("CARGO_PKG_VERSION")))
@@ -221,6 +248,97 @@ impl ServerHandler for Server {
                  Each result is the JSON of the matching `memsnap <command> --json`.",
             )
     }
+}
+
+/// Why `arguments` do not fit a tool's input `schema`, naming the parameter; `None` when
+/// they fit. Reads what the schemas generated from the argument types above hold: the
+/// required names, and each property's type or types with an integer's minimum and an
+/// array's item type. Parameters the schema does not list are left to serde (ignored).
+fn misfit(schema: &JsonObject, arguments: Option<&JsonObject>) -> Option<String> {
+    let empty = JsonObject::new();
+    let arguments = arguments.unwrap_or(&empty);
+    let required = schema.get("required").and_then(Value::as_array);
+    if let Some(name) = required
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find(|name| !arguments.contains_key(*name))
+    {
+        return Some(format!("missing parameter `{name}`"));
+    }
+    let properties = schema.get("properties").and_then(Value::as_object)?;
+    arguments.iter().find_map(|(name, value)| {
+        let expected = properties.get(name)?;
+        (!fits(value, expected)).then(|| {
+            format!(
+                "parameter `{name}` must be {}, not {value}",
+                describe_type(expected)
+            )
+        })
+    })
+}
+
+/// The JSON types a property's schema allows.
+fn types(schema: &Value) -> Vec<&str> {
+    match schema.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn fits(value: &Value, schema: &Value) -> bool {
+    let allowed = types(schema);
+    allowed.is_empty()
+        || allowed.iter().any(|&t| match t {
+            "string" => value.is_string(),
+            "null" => value.is_null(),
+            "boolean" => value.is_boolean(),
+            "object" => value.is_object(),
+            "number" => value.is_number(),
+            "integer" => {
+                let at_least_minimum = match schema.get("minimum").and_then(Value::as_i64) {
+                    Some(min) => value.as_i64().is_none_or(|v| v >= min),
+                    None => true,
+                };
+                let in_format = match schema.get("format").and_then(Value::as_str) {
+                    Some("uint32") => value.as_u64().is_some_and(|v| v <= u32::MAX as u64),
+                    _ => true,
+                };
+                (value.is_i64() || value.is_u64()) && at_least_minimum && in_format
+            }
+            "array" => value.as_array().is_some_and(|items| {
+                let item = schema.get("items").unwrap_or(&Value::Null);
+                items.iter().all(|v| fits(v, item))
+            }),
+            _ => true,
+        })
+}
+
+/// `a string or null`, `an integer >= 0 or null`, `an array of strings`.
+fn describe_type(schema: &Value) -> String {
+    let one = |t: &str| match t {
+        "integer" => match schema.get("minimum").and_then(Value::as_i64) {
+            Some(min) => format!("an integer >= {min}"),
+            None => "an integer".to_string(),
+        },
+        "array" => {
+            let item = schema.get("items").unwrap_or(&Value::Null);
+            let of: Vec<String> = types(item).iter().map(|t| format!("{t}s")).collect();
+            match of.as_slice() {
+                [] => "an array".to_string(),
+                _ => format!("an array of {}", of.join(" or ")),
+            }
+        }
+        "null" => "null".to_string(),
+        "object" => "an object".to_string(),
+        t => format!("a {t}"),
+    };
+    types(schema)
+        .into_iter()
+        .map(one)
+        .collect::<Vec<_>>()
+        .join(" or ")
 }
 
 fn args<const N: usize>(words: [&str; N]) -> Vec<OsString> {
@@ -276,20 +394,81 @@ fn run(argv: Vec<OsString>) -> Result<serde_json::Value, String> {
     serde_json::from_slice(&out).map_err(|e| format!("memsnap: the command's JSON: {e}"))
 }
 
-/// `memsnap mcp`: serves until the client closes stdin.
+/// The answer JSON-RPC 2.0 requires to a line that is not JSON: Parse error, id null
+/// (there is no id to read). `None` for JSON, and for a blank line (no message at all).
+fn parse_error(line: &[u8]) -> Option<Vec<u8>> {
+    let line = line.strip_prefix(b"\xef\xbb\xbf").unwrap_or(line);
+    if line.trim_ascii().is_empty() {
+        return None;
+    }
+    let e = serde_json::from_slice::<serde::de::IgnoredAny>(line).err()?;
+    let answer = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32700, "message": format!("Parse error: {e}")},
+    });
+    Some(format!("{answer}\n").into_bytes())
+}
+
+/// `memsnap mcp`: serves until the client closes stdin. Lines from stdin go to rmcp through
+/// a pipe, except those that are not JSON, which are answered here ([`parse_error`]); one
+/// task writes stdout, so rmcp's messages and these answers never share a line.
 pub fn serve(_: &Args) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
+        let (mut to_rmcp, rmcp_in) = tokio::io::duplex(1 << 16);
+        let (rmcp_out, from_rmcp) = tokio::io::duplex(1 << 16);
+        let (lines, mut outgoing) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::spawn(async move {
+            let mut stdout = tokio::io::stdout();
+            while let Some(line) = outgoing.recv().await {
+                stdout.write_all(&line).await?;
+                stdout.flush().await?;
+            }
+            std::io::Result::Ok(())
+        });
+        let rmcp_lines = lines.clone();
+        let relay = tokio::spawn(async move {
+            let mut from_rmcp = BufReader::new(from_rmcp);
+            loop {
+                let mut line = Vec::new();
+                if from_rmcp.read_until(b'\n', &mut line).await? == 0
+                    || rmcp_lines.send(line).is_err()
+                {
+                    return std::io::Result::Ok(());
+                }
+            }
+        });
+        let reader = tokio::spawn(async move {
+            let mut stdin = BufReader::new(tokio::io::stdin());
+            loop {
+                let mut line = Vec::new();
+                if stdin.read_until(b'\n', &mut line).await? == 0 {
+                    // Closing the pipe ends rmcp's service.
+                    return std::io::Result::Ok(());
+                }
+                match parse_error(&line) {
+                    Some(answer) => {
+                        let _ = lines.send(answer);
+                    }
+                    None => to_rmcp.write_all(&line).await?,
+                }
+            }
+        });
         let service = Server::default()
-            .serve(rmcp::transport::stdio())
+            .serve((rmcp_in, rmcp_out))
             .await
             .map_err(|e| anyhow::anyhow!("MCP: {e}"))?;
         service
             .waiting()
             .await
             .map_err(|e| anyhow::anyhow!("MCP: {e}"))?;
+        // rmcp is done (stdin closed, or it stopped): what it wrote goes out, then the end.
+        reader.abort();
+        relay.await??;
+        writer.await??;
         anyhow::Ok(ExitCode::SUCCESS)
     })
 }

@@ -5,6 +5,7 @@
 //! person needs then). Cold code.
 
 use crate::args::Attribution;
+use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::At;
 use memsnap_engine::bytes::fmt_bytes;
@@ -65,6 +66,12 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         writeln!(out)?;
         return Ok(0);
     }
+    write_escaped(out, |out| write_text(&r, &a.dir, out))?;
+    Ok(0)
+}
+
+/// The table as text (`dir`: the folder as given, for the `explain` hint).
+fn write_text(r: &Ranks, dir: &Path, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
         "{:>5}  {:>10}  {:>10}  {:>10}  {:>4}  {:<2} file / top site",
@@ -81,9 +88,9 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
                 "-",
                 "-",
                 "??",
-                x.file
+                shown(&x.file)
             )?;
-            writeln!(out, "{:>51}unreadable: {e}", "")?;
+            writeln!(out, "{:>51}unreadable: {}", "", shown(e))?;
             continue;
         }
         writeln!(
@@ -95,16 +102,18 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             fmt_bytes(x.peak_bytes),
             x.ooms,
             if x.outlier { "!!" } else { "" },
-            x.file
+            shown(&x.file)
         )?;
         if let Some(s) = &x.top_site {
-            writeln!(out, "{:>51}{} {s}", "", fmt_bytes(x.top_site_bytes))?;
+            let bytes = fmt_bytes(x.top_site_bytes);
+            writeln!(out, "{:>51}{bytes} {}", "", shown(s))?;
         }
         if x.outlier {
-            writeln!(out, "{:>51}stands out: {}", "", x.reasons.join(", "))?;
+            let reasons = x.reasons.join(", ");
+            writeln!(out, "{:>51}stands out: {}", "", shown(&reasons))?;
         }
         for c in &x.capped {
-            writeln!(out, "{:>51}{c}", "")?;
+            writeln!(out, "{:>51}{}", "", shown(c))?;
         }
     }
     writeln!(
@@ -118,7 +127,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             out,
             "`memsnap explain {}`: which rank ran out of memory first and why, and the sites that \
              differ from the median rank",
-            a.dir.display()
+            shown(&dir.display().to_string())
         )?;
     }
     let unreadable = r.ranks.iter().filter(|x| x.error.is_some()).count();
@@ -129,5 +138,5 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             r.ranks.len()
         )?;
     }
-    Ok(0)
+    Ok(())
 }

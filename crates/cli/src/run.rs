@@ -86,12 +86,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub lib: Option<PathBuf>,
     /// The command and its arguments
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 

@@ -4,6 +4,7 @@
 //! and each OOM. Cold code.
 
 use crate::args::Attribution;
+use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At, Kind};
 use memsnap_engine::bytes::fmt_bytes;
@@ -81,18 +82,21 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         serde_json::to_writer_pretty(&mut *out, &s)?;
         writeln!(out)?;
     } else {
-        write_text(&s, &crate::input::display_name(&a.snap), out)?;
-        // An OOM file ends with explain's verdict.
-        if s.devices.iter().any(|d| !d.ooms.is_empty())
-            && let Some(line) = memsnap_engine::explain::verdict_line(
-                &loaded,
-                &crate::input::display_name(&a.snap),
-                &a.attr.rules(),
-            )
-        {
-            writeln!(out)?;
-            writeln!(out, "{line}")?;
-        }
+        write_escaped(out, |out| {
+            write_text(&s, &crate::input::display_name(&a.snap), out)?;
+            // An OOM file ends with explain's verdict.
+            if s.devices.iter().any(|d| !d.ooms.is_empty())
+                && let Some(line) = memsnap_engine::explain::verdict_line(
+                    &loaded,
+                    &crate::input::display_name(&a.snap),
+                    &a.attr.rules(),
+                )
+            {
+                writeln!(out)?;
+                writeln!(out, "{line}")?;
+            }
+            Ok(())
+        })?;
     }
     Ok(0)
 }
@@ -109,7 +113,7 @@ fn write_sites(out: &mut dyn Write, rows: &[SiteRow], indent: &str) -> std::io::
             "{indent}{:>10}  {:>6}  {}",
             fmt_bytes(r.bytes),
             r.count,
-            r.site
+            shown(&r.site)
         )?;
     }
     Ok(())
@@ -120,7 +124,8 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
     let events: usize = s.devices.iter().map(|d| d.history.events).sum();
     writeln!(
         out,
-        "{name}: {} snapshot, {}, {}",
+        "{}: {} snapshot, {}, {}",
+        shown(name),
         if s.producer == "memsnap" {
             "memsnap"
         } else {
@@ -153,13 +158,13 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
         .and_then(|v| v.as_str())
         .filter(|l| !l.is_empty())
     {
-        writeln!(out, "PyTorch's allocator: {line}")?;
+        writeln!(out, "PyTorch's allocator: {}", shown(line))?;
     }
     if !s.api_calls.is_empty() {
         let list: Vec<String> = s
             .api_calls
             .iter()
-            .map(|c| format!("{} {}", c.api, c.calls))
+            .map(|c| format!("{} {}", shown(&c.api), c.calls))
             .collect();
         writeln!(out, "API calls: {}", list.join(", "))?;
     }
@@ -229,7 +234,7 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
             let list: Vec<String> = d
                 .events_by_api
                 .iter()
-                .map(|a| format!("{} {}", a.api, a.events))
+                .map(|a| format!("{} {}", shown(&a.api), a.events))
                 .collect();
             writeln!(
                 out,
@@ -248,7 +253,12 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
                     .map(fmt_bytes)
                     .unwrap_or_else(|| "unknown".into())
             )?;
-            writeln!(out, "    asked by  {} [{}]", o.site, o.library.as_str())?;
+            writeln!(
+                out,
+                "    asked by  {} [{}]",
+                shown(&o.site),
+                o.library.as_str()
+            )?;
             writeln!(
                 out,
                 "    live then {} requested in {}, reserved {}",
@@ -314,6 +324,7 @@ fn write_at(out: &mut dyn Write, at: &AtDevice) -> std::io::Result<()> {
     for (what, rows) in [("allocation site", sites), ("library", libraries)] {
         heading(out, what)?;
         for (name, f) in rows {
+            let name = shown(name);
             if at_end {
                 writeln!(
                     out,

@@ -13,6 +13,7 @@
 //! Cold code.
 
 use crate::args::Attribution;
+use crate::shown::shown;
 use anyhow::{Context, Result};
 use memsnap_engine::at::{self, At};
 use memsnap_engine::bytes::fmt_bytes;
@@ -69,8 +70,26 @@ pub fn render(
     ))
 }
 
+/// A page may hold this many times the file's bytes, plus [`PAGE_FLOOR_BYTES`]. Real
+/// files' pages are a fraction of the file; one whose history or block list is shared
+/// through the memo would make a page several times its size (415 MB from 83 MB).
+const PAGE_PER_FILE_BYTE: u64 = 2;
+const PAGE_FLOOR_BYTES: u64 = 64 << 20;
+
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let snap = crate::input::load(&a.snap)?;
+    let (snap, file_bytes) = crate::input::load_counted(&a.snap)?;
+    let page_bytes = memsnap_engine::view::page_bytes_estimate(&snap);
+    if page_bytes > file_bytes * PAGE_PER_FILE_BYTE + PAGE_FLOOR_BYTES {
+        anyhow::bail!(
+            "{}: not writing a page of about {} for a file of {}: more than \
+             {PAGE_PER_FILE_BYTE} times its size plus {} (its history or segments repeat \
+             through shared references); `memsnap summary` and `memsnap check` read it",
+            a.snap.display(),
+            fmt_bytes(page_bytes as i64),
+            fmt_bytes(file_bytes as i64),
+            fmt_bytes(PAGE_FLOOR_BYTES as i64)
+        );
+    }
     let html = render(
         &snap,
         &crate::input::display_name(&a.snap),
@@ -80,16 +99,17 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     )?;
     std::fs::write(&a.output, &html)
         .with_context(|| format!("cannot write {}", a.output.display()))?;
+    // The output path is the command line's, shown as the reports show strings.
     writeln!(
         out,
         "wrote {} ({}, one self-contained page, no network needed)",
-        a.output.display(),
+        shown(&a.output.display().to_string()),
         fmt_bytes(html.len() as i64)
     )?;
     writeln!(
         out,
         "open it in a web browser: {}",
-        crate::flamegraph::file_url(&a.output)
+        shown(&crate::flamegraph::file_url(&a.output))
     )?;
     Ok(0)
 }

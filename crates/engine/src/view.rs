@@ -361,6 +361,18 @@ fn page_at(snap: &Snapshot, device: i64, trace: &[TraceEntry], want: At) -> Page
     }
 }
 
+/// About how many bytes of JSON the page of `snap` holds: a site and a delta per event,
+/// five numbers per block of the segment map (what pages of real and generated files
+/// show). Known before the page is built, so that `view` can refuse a file whose page
+/// would be many times its size (a history or a block list shared through the memo).
+pub fn page_bytes_estimate(snap: &Snapshot) -> u64 {
+    const PER_EVENT: u64 = 12;
+    const PER_BLOCK: u64 = 24;
+    let events: u64 = snap.device_traces.iter().map(|t| t.len() as u64).sum();
+    let blocks: u64 = snap.segments.iter().map(|s| s.blocks.len() as u64).sum();
+    events * PER_EVENT + blocks * PER_BLOCK
+}
+
 /// The page data of a snapshot read whole; `title` heads the page, `top` sites are drawn
 /// separately, `at` is the moment it opens at.
 pub fn page(snap: &Snapshot, title: &str, top: usize, at: At, attr: &Attribution) -> Page {

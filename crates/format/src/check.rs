@@ -183,7 +183,10 @@ fn opcode_name(op: u8) -> &'static str {
 /// ([`Encoding`]): protocol 2–4, only the viewer's opcodes, batches of at most 1000
 /// (Producer's rules, rule 3), no LONG1 over 8 bytes (rule 4), well-formed frames (rule 11).
 pub fn check_encoding(enc: &Encoding) -> Vec<Violation> {
-    let mut out = Vec::new();
+    let mut out = Sink {
+        found: Checked::default(),
+        keep: usize::MAX,
+    };
     if !(2..=4).contains(&enc.protocol) {
         let msg = format!(
             "pickle protocol {}: the viewer reads protocols 2 to 4 only (write with protocol=4)",
@@ -227,7 +230,7 @@ pub fn check_encoding(enc: &Encoding) -> Vec<Violation> {
         );
         push(&mut out, None, None, ViolationKind::BadFrame, msg);
     }
-    out
+    out.found.kept
 }
 
 /// One broken rule.
@@ -254,31 +257,58 @@ impl fmt::Display for Violation {
 
 /// Checks `snap` against every rule above; an empty result means valid.
 pub fn check(snap: &Snapshot) -> Vec<Violation> {
-    let mut out = Vec::new();
+    check_keeping(snap, usize::MAX).kept
+}
+
+/// What [`check_keeping`] found: the first violations, and how many there are in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    pub kept: Vec<Violation>,
+    pub total: usize,
+}
+
+/// [`check`], keeping only the first `keep` violations and counting the rest. A file can
+/// break a rule at every event (one history shared by several devices through the memo):
+/// a message for each would take gigabytes for a file of 80 MB, and a report shows the
+/// first few.
+pub fn check_keeping(snap: &Snapshot, keep: usize) -> Checked {
+    let mut out = Sink {
+        found: Checked::default(),
+        keep,
+    };
     check_stacks(snap, &mut out);
     check_segments(snap, &mut out);
     for (device, trace) in snap.device_traces.iter().enumerate() {
         check_history(snap, device as i64, trace, &mut out);
     }
-    out
+    out.found
+}
+
+/// Where the checks put what they find: the first `keep` violations, a count of all.
+struct Sink {
+    found: Checked,
+    keep: usize,
 }
 
 fn push(
-    out: &mut Vec<Violation>,
+    out: &mut Sink,
     device: Option<i64>,
     event: Option<usize>,
     kind: ViolationKind,
     message: String,
 ) {
-    out.push(Violation {
-        device,
-        event,
-        kind,
-        message,
-    });
+    out.found.total += 1;
+    if out.found.kept.len() < out.keep {
+        out.found.kept.push(Violation {
+            device,
+            event,
+            kind,
+            message,
+        });
+    }
 }
 
-fn check_stacks(snap: &Snapshot, out: &mut Vec<Violation>) {
+fn check_stacks(snap: &Snapshot, out: &mut Sink) {
     for (i, stack) in snap.stacks.iter().enumerate() {
         if let Some(&bad) = stack.iter().find(|&&f| f as usize >= snap.frames.len()) {
             let msg = format!(
@@ -332,7 +362,7 @@ fn js_safe(v: i64) -> bool {
     v > -JS_SAFE && v < JS_SAFE
 }
 
-fn check_segments(snap: &Snapshot, out: &mut Vec<Violation>) {
+fn check_segments(snap: &Snapshot, out: &mut Sink) {
     let mut by_device: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
     for s in &snap.segments {
         let dev = Some(s.device);
@@ -746,13 +776,16 @@ impl State {
             Action::Snapshot | Action::Oom => {}
             // Newest PyTorch's note on an allocation; no state change (docs/FORMAT.md#actions).
             Action::Other(s) if s == "annotate" => {}
-            Action::Other(s) => found.push((K::UnknownAction, format!("unknown action {s:?}"))),
+            Action::Other(s) => found.push((
+                K::UnknownAction,
+                format!("unknown action \"{}\"", crate::text::escape_controls(s)),
+            )),
         }
         found
     }
 }
 
-fn check_history(snap: &Snapshot, device: i64, trace: &[TraceEntry], out: &mut Vec<Violation>) {
+fn check_history(snap: &Snapshot, device: i64, trace: &[TraceEntry], out: &mut Sink) {
     use ViolationKind as K;
     let dev = Some(device);
     for (i, e) in trace.iter().enumerate() {
@@ -1088,6 +1121,21 @@ mod tests {
             "{:?}",
             kinds(&snap)
         );
+    }
+
+    #[test]
+    fn keeping_a_few_counts_the_rest() {
+        let mut snap = minimal_example();
+        // A time past what JavaScript holds exactly: a violation at every event.
+        for e in &mut snap.device_traces[0] {
+            e.time_us = i64::MAX;
+        }
+        let all = check(&snap);
+        assert!(all.len() >= 2, "{all:?}");
+        let few = check_keeping(&snap, 1);
+        assert_eq!(few.total, all.len());
+        assert_eq!(few.kept, all[..1]);
+        assert_eq!(check_keeping(&snap, 0).kept, []);
     }
 
     #[test]

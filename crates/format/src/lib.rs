@@ -11,3 +11,4 @@ pub mod live;
 pub mod model;
 pub mod pickle_read;
 pub mod pickle_write;
+pub mod text;

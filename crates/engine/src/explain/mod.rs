@@ -25,6 +25,7 @@ use leaks::{Leak, StepPoint};
 use log::EventLog;
 use memsnap_format::model::{BlockState, Meta, Snapshot, StackId};
 use memsnap_format::pickle_read::ReadError;
+use memsnap_format::text::escape_controls;
 use oom::Verdict;
 use owners::Knowledge;
 use roles::{Role, Roles, StackRole};
@@ -174,6 +175,9 @@ pub struct Digest {
     pub time_range: Option<(i64, i64)>,
     pub oom: Option<Oom>,
     pub instant: Instant,
+    /// Why no device reached the moment asked for (`--at oom` on a file without one), as
+    /// [`device::unreached`] says; the instant is then the end.
+    pub unreached: Option<String>,
     /// The state at the end (a step snapshot's step boundary).
     pub end_point: StepPoint,
     /// The states at the file's own step marks.
@@ -524,6 +528,7 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
     let is_oom = !moments.is_empty()
         && moments.iter().all(|(_, m)| m.kind != Kind::Peak)
         && moments.iter().any(|(_, m)| m.kind == Kind::Oom);
+    d.unreached = device::unreached(moments.iter().map(|(_, m)| m));
     d.instant = Instant {
         moment: describe_moments(&moments),
         oom: is_oom,
@@ -1085,7 +1090,8 @@ fn side_by_side(
     })
 }
 
-/// The verdict line `summary` ends an OOM file with, and whether there is one.
+/// The verdict line `summary` ends an OOM file with, and whether there is one; a text
+/// line, so the site and the file name in it are shown with their controls escaped.
 pub fn verdict_line(loaded: &Summarized, name: &str, attr: &Attribution) -> Option<String> {
     let d = digest(
         name.to_string(),
@@ -1101,7 +1107,7 @@ pub fn verdict_line(loaded: &Summarized, name: &str, attr: &Attribution) -> Opti
                 .first()
                 .map(|s| format!(
                     ", {} the most ({})",
-                    s.site,
+                    escape_controls(&s.site),
                     crate::bytes::fmt_bytes(s.bytes)
                 ))
                 .unwrap_or_default()
@@ -1117,7 +1123,8 @@ pub fn verdict_line(loaded: &Summarized, name: &str, attr: &Attribution) -> Opti
         ),
     };
     Some(format!(
-        "verdict: {why}; `memsnap explain {name}` says more"
+        "verdict: {why}; `memsnap explain {}` says more",
+        escape_controls(name)
     ))
 }
 

@@ -10,7 +10,7 @@ pub enum ReadError {
     #[error("empty file: not a pickle")]
     Empty,
     #[error(
-        "not a pickle snapshot: it starts with {start:?}, not a pickle protocol header (0x80){hint}"
+        "not a pickle snapshot: it starts with \"{start}\", not a pickle protocol header (0x80){hint}"
     )]
     NotPickle { start: String, hint: &'static str },
     #[error("truncated at byte {offset}: {what} needs {need} bytes, {left} left")]

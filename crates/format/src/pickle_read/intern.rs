@@ -274,8 +274,8 @@ impl Interner {
                 }
             }
             (Some(Node::Str(s)), _) => Some(format!(
-                "a frame that is a string ({:?})",
-                s.chars().take(40).collect::<String>()
+                "a frame that is a string (\"{}\")",
+                crate::text::escape_controls(&s.chars().take(40).collect::<String>())
             )),
             (Some(Node::List(_) | Node::Tuple(_)), _) => Some("a frame that is a list".into()),
             (_, Val::Int(i)) => Some(format!("a frame that is an integer ({i})")),

@@ -99,10 +99,9 @@ fn read_chunked(
         None => return Err(ReadError::Empty),
         Some(0x80) => {}
         Some(_) => {
-            let start: String = String::from_utf8_lossy(&buf[..buf.len().min(12)])
-                .chars()
-                .map(|c| if c.is_control() { '.' } else { c })
-                .collect();
+            let start =
+                crate::text::escape_controls(&String::from_utf8_lossy(&buf[..buf.len().min(12)]))
+                    .into_owned();
             let hint = if buf.starts_with(&[0x1f, 0x8b]) {
                 " (gzip-compressed: gunzip it first)"
             } else {
