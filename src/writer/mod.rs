@@ -108,6 +108,8 @@ struct Writer {
     uploader: Option<upload::Uploader>,
     /// The socket `memsnap top` asks through.
     live: live::LiveServer,
+    /// Dump requests (signals, socket) waiting for the next request snapshot.
+    held: requests::HeldRequests,
     /// The most recent out-of-memory error, for `memsnap top`.
     last_oom: Option<OomSample>,
     /// Turns the events' clock readings into microseconds since the epoch.
@@ -165,6 +167,7 @@ impl Writer {
                 .as_ref()
                 .map(|_| upload::Uploader::new(cfg.remote_only)),
             live: live::LiveServer::open(id_pid),
+            held: requests::HeldRequests::default(),
             last_oom: None,
             clock: StampConverter::new(),
             last_time_us: 0,

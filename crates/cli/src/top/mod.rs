@@ -132,7 +132,7 @@ pub fn sample(uid: u32, pid: u32, known: (u32, u32)) -> Result<Sample> {
 /// Asks `pid` for a snapshot now; its path once written.
 pub fn dump_now(uid: u32, pid: u32) -> Result<String> {
     match ask(uid, pid, &Request::Dump, DUMP_TIMEOUT)? {
-        Answer::Dumped { path } => Ok(path),
+        Answer::Dumped { path, .. } => Ok(path),
         Answer::Failed { reason } => bail!("pid {pid} could not write a snapshot: {reason}"),
         Answer::Sample(_) => bail!("pid {pid} answered a dump request with a sample"),
     }
