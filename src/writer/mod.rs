@@ -141,6 +141,10 @@ impl Writer {
     fn new(rec: &'static Recorder, cfg: Config) -> Writer {
         let id = Identity::current();
         let id_pid = id.pid;
+        let uploader = cfg
+            .remote
+            .as_ref()
+            .map(|_| upload::Uploader::new(cfg.remote_only, &id.host, id_pid));
         let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
         ack::forget_dead_processes(live::LiveServer::own_uid());
         Writer {
@@ -162,10 +166,7 @@ impl Writer {
             write_warnings: 0,
             ack: ack::AckFile::new(id_pid),
             crash: None,
-            uploader: cfg
-                .remote
-                .as_ref()
-                .map(|_| upload::Uploader::new(cfg.remote_only)),
+            uploader,
             live: live::LiveServer::open(id_pid),
             held: requests::HeldRequests::default(),
             last_oom: None,
