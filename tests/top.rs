@@ -348,16 +348,23 @@ fn dump_requests_that_arrive_together_share_one_snapshot() {
             })
         })
         .collect();
-    let mut paths = std::collections::BTreeSet::new();
+    // Each file with the number of requests it served, as every one of them was told.
+    let mut paths = std::collections::BTreeMap::new();
     for asker in askers {
         match asker.join().unwrap() {
-            Answer::Dumped { path, .. } => {
+            Answer::Dumped { path, requests } => {
                 assert!(Path::new(&path).is_file(), "{path}");
-                paths.insert(path);
+                let told = paths.entry(path).or_insert(requests);
+                assert_eq!(*told, requests, "one file, one count");
             }
             other => panic!("not dumped: {other:?}"),
         }
     }
+    assert_eq!(
+        paths.values().sum::<u64>(),
+        ASKERS as u64,
+        "the counts add up to the requests: {paths:?}"
+    );
     let (status, folder) = p.finish();
     assert!(status.success());
     let signal_files = std::fs::read_dir(folder.path())
