@@ -94,16 +94,16 @@ impl Writer {
             API_DUMPS.complete(ticket);
         }
         if exit {
-            let exit_file = self.cfg.at_exit.then(|| self.dump(Reason::Exit, ""));
-            // Dump requests still held by the floor: the exit snapshot, written after them,
-            // serves them; without one they get their own now.
+            // Dump requests still held by the floor get their snapshot now, floor or not:
+            // there is no later one (and `memsnap dump` looks for a `signal` file of a
+            // process that ended before it could read the answer).
             let signals = SIGNAL_DUMPS.pending();
             if !signals.is_empty() || self.held.socket > 0 {
-                let written = match exit_file {
-                    Some(written) => written,
-                    None => self.dump(Reason::Signal, ""),
-                };
+                let written = self.dump(Reason::Signal, "");
                 self.answer_held(signals, written);
+            }
+            if self.cfg.at_exit {
+                let _ = self.dump(Reason::Exit, "");
             }
             self.write_stats(Reason::Exit);
             if let Some(uploader) = &mut self.uploader {
