@@ -804,14 +804,17 @@ fn silent_server() -> u16 {
 }
 
 /// The upload helper's list of what it could not send, for the program `pid` (beside
-/// its snapshots in `dir`).
-fn unsent_of(dir: &Path, pid: u32) -> Option<String> {
+/// its snapshots in `dir`): its path and text.
+fn unsent_of(dir: &Path, pid: u32) -> Option<(PathBuf, String)> {
     std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .find(|p| unsent_list(p) == Some(pid))
-        .map(|p| std::fs::read_to_string(p).unwrap())
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
 }
 
 /// Waits until `pid` has ended (or is a zombie); false if it is still there after 10 s.
@@ -862,7 +865,11 @@ fn the_upload_helper_stops_on_sigterm_and_names_what_it_did_not_upload() {
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
     let said = std::fs::read_to_string(&stderr).unwrap();
-    let listed = unsent_of(dir.path(), pid).unwrap_or_else(|| panic!("no list; {said}"));
+    let (list, listed) = unsent_of(dir.path(), pid).unwrap_or_else(|| panic!("no list; {said}"));
+    assert!(
+        said.contains(&*list.to_string_lossy()),
+        "the exit lines name the list: {said}"
+    );
     for file in [&first, &second] {
         let line = listed
             .lines()

@@ -160,8 +160,10 @@ impl Uploader {
                 self.failed, self.handed
             );
         }
+        // The helper writes its list before it answers a failure, and when a signal stops
+        // it: a list on disk is named, as is the one files still under way may go into.
         if let Some(unsent) = &self.unsent
-            && (self.failed > 0 || (running && !self.pending.is_empty()))
+            && (unsent.exists() || (running && !self.pending.is_empty()))
         {
             eprintln!(
                 "memsnap: {} lists each file the upload helper could not send, with the reason{}",
