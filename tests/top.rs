@@ -443,6 +443,56 @@ fn a_flood_of_dump_requests_leaves_top_served_and_few_snapshots() {
     );
 }
 
+/// Dump clients that wait hold one of the program's descriptors each: past 64 waiting, a
+/// client's connection is closed without an answer, and its request is served by the next
+/// snapshot all the same (the counts the others are told include it).
+#[test]
+fn dump_clients_past_the_waiting_limit_are_closed_and_still_counted() {
+    const WAITERS: usize = 80;
+    let p = Program::start("top", &[]);
+    p.results_until_ready();
+    let path = p.socket();
+    let ask = |path: &Path| {
+        let mut conn = UnixStream::connect(path).unwrap();
+        conn.write_all(&live::encode(&Request::Dump)).unwrap();
+        conn
+    };
+    // Served at once: the next request snapshot is a second away.
+    let mut first = ask(&path);
+    let first: Answer = live::read_message(&mut first, live::MAX_ANSWER).unwrap();
+    assert!(
+        matches!(first, Answer::Dumped { requests: 1, .. }),
+        "{first:?}"
+    );
+    let waiting: Vec<UnixStream> = (0..WAITERS).map(|_| ask(&path)).collect();
+    let mut told = std::collections::BTreeMap::<String, (u64, usize)>::new();
+    let mut closed = 0;
+    for mut conn in waiting {
+        match live::read_message::<Answer>(&mut conn, live::MAX_ANSWER) {
+            Ok(Answer::Dumped { path, requests }) => {
+                let entry = told.entry(path).or_insert((requests, 0));
+                assert_eq!(entry.0, requests, "one file, one count");
+                entry.1 += 1;
+            }
+            Ok(other) => panic!("not dumped: {other:?}"),
+            Err(_) => closed += 1,
+        }
+    }
+    let (status, _folder) = p.finish();
+    assert!(status.success(), "the program was hurt: {status}");
+    let answered: usize = told.values().map(|(_, n)| n).sum();
+    assert_eq!(answered + closed, WAITERS);
+    assert!(
+        told.values().all(|&(_, n)| n <= 64),
+        "more than 64 waited: {told:?}"
+    );
+    assert_eq!(
+        told.values().map(|(r, _)| r).sum::<u64>(),
+        WAITERS as u64,
+        "closed clients are counted too: {told:?}"
+    );
+}
+
 #[test]
 fn all_finds_the_program_and_a_process_without_cuda_has_no_socket() {
     let p = Program::start("top", &[]);

@@ -249,6 +249,13 @@ impl LiveServer {
         }
     }
 
+    /// Closes client `client`'s connection without an answer (on the next pass).
+    pub fn close_client(&mut self, client: u64) {
+        if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
+            c.done = true;
+        }
+    }
+
     fn accept(&mut self) {
         let Some(listener) = &self.listener else {
             return;

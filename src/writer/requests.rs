@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 /// at most one snapshot a second, however fast it comes (docs/SIGNALS.md, "Floods").
 pub(super) const REQUEST_FLOOR: Duration = Duration::from_secs(1);
 /// Socket clients that asked for a dump and wait for it, at most (each holds one of the
-/// program's descriptors until answered). One more is told at once that its request is
-/// merged into the next snapshot, without waiting for its path.
+/// program's descriptors until answered). The request of one more is merged into the next
+/// snapshot all the same, but its connection is closed at once, without an answer.
 const MAX_WAITING_DUMPS: usize = 64;
 
 /// The dump requests from outside the program that wait for the next request snapshot.
@@ -173,12 +173,9 @@ impl Writer {
                     } else if self.held.waiting.len() < MAX_WAITING_DUMPS {
                         self.held.waiting.push(a.client);
                     } else {
-                        let answer = Answer::Failed {
-                            reason: format!(
-                                "{MAX_WAITING_DUMPS} dump requests already wait for the next snapshot; this one is merged into it, but its path is not sent"
-                            ),
-                        };
-                        self.live.answer(a.client, live_protocol::encode(&answer));
+                        // Served by the next snapshot all the same, but not worth one more
+                        // of the program's descriptors: closed without an answer.
+                        self.live.close_client(a.client);
                     }
                 }
             }

@@ -86,7 +86,7 @@ pub fn ask(uid: u32, pid: u32, request: &Request, timeout: Duration) -> Result<A
     let answer: Answer = live::read_message(&mut stream, MAX_ANSWER).with_context(|| {
         format!(
             "reading the answer of pid {pid} (a process closes connections while too many \
-             clients are still sending, and from other users)"
+             clients are still sending or waiting for a snapshot, and from other users)"
         )
     })?;
     if let Answer::Sample(s) = &answer
