@@ -362,3 +362,36 @@ fn the_section_scan_reads_titles_across_comment_lines_and_anchors() {
         ["A", "B `c`"]
     );
 }
+
+#[test]
+fn every_setting_has_a_row_in_the_settings_page() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let config =
+        std::fs::read_to_string(root.join("crates/format/src/config.rs")).expect("config.rs");
+    let page = std::fs::read_to_string(root.join("docs/SETTINGS.md")).expect("docs/SETTINGS.md");
+    let names: Vec<&str> = config
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            s.strip_prefix("MEMSNAP_").is_some_and(|r| {
+                !r.is_empty() && r.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+            })
+        })
+        .collect();
+    assert!(
+        names.len() >= 20,
+        "only {} settings found in config.rs",
+        names.len()
+    );
+    let missing: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|name| !page.contains(&format!("| `{name}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/SETTINGS.md has no row for: {}",
+        missing.join(", ")
+    );
+}
