@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# How long exit, out-of-memory and memsnap_dump() requests take while other threads allocate
-# at full speed (the release library on the simulated CUDA driver, MEMSNAP_STACKS=all), and
-# what the snapshot recorded (a request figure from a run that lost events is void).
+# How long a snapshot request takes (memsnap_dump(), the dump signal, an out-of-memory error,
+# exit, SIGTERM) while 2, 8, 32 and 64 other threads allocate at full speed (the release
+# library on the simulated CUDA driver, MEMSNAP_STACKS=all), and what the snapshot recorded
+# (a request figure from a run that lost events is void). From the request to the file (dump,
+# signal, oom) or to the process's end (exit, term).
 #
-#   bash scripts/bench-requests.sh        (RUNS=5 by default; prints a Markdown table)
+#   bash scripts/bench-requests.sh        (RUNS=5 by default; LIB=... another build; prints
+#                                          a Markdown table)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --workspace --quiet
 OUT=target/bench-requests
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
-LIB=$PWD/target/release/libmemsnap.so
+LIB=${LIB:-$PWD/target/release/libmemsnap.so}
 BIN=$PWD/$OUT/fake-cuda/bin/load
 RUNS=${RUNS:-5}
 export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDA_CAPACITY=80G MEMSNAP_STACKS=all MEMSNAP_QUIET=1
@@ -20,15 +23,16 @@ echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo " (+ 
 echo
 echo "| threads allocating | request | ms: median | ms: max | events recorded (last run) | dropped | stackless |"
 echo "|---|---|---|---|---|---|---|"
-for threads in 2 8; do
-    for mode in dump oom exit; do
+for threads in 2 8 32 64; do
+    for mode in dump signal oom exit term; do
         times=() dropped=0 stackless=0 recorded=0
         for _ in $(seq "$RUNS"); do
             dir=$(mktemp -d "$OUT/run.XXXXXX")
-            out=$(MEMSNAP_FOLDER=$dir LD_PRELOAD=$LIB "$BIN" "$threads" "$mode")
+            # A term run ends by its SIGTERM (status 143), as it would without memsnap.
+            out=$(MEMSNAP_FOLDER=$dir LD_PRELOAD=$LIB "$BIN" "$threads" "$mode") || [ "$mode" = term ]
             ended=$(awk '{ printf "%.3f", $1 * 1000 }' /proc/uptime)
-            if [ "$mode" = exit ]; then
-                at=$(sed -n 's/^result exit_at_ms=//p' <<<"$out")
+            if [ "$mode" = exit ] || [ "$mode" = term ]; then
+                at=$(sed -n "s/^result ${mode}_at_ms=//p" <<<"$out")
                 times+=("$(awk -v a="$at" -v e="$ended" 'BEGIN { printf "%.1f", e - a }')")
             else
                 times+=("$(sed -n "s/^result ${mode}_ms=//p" <<<"$out")")

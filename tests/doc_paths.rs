@@ -230,6 +230,16 @@ fn normalized_title(title: &str) -> String {
         .to_lowercase()
 }
 
+/// Whether a cited title names a heading: the whole heading, or its part before a colon or a
+/// parenthesis (`"Floods"` for `### Floods: at most one request snapshot a second`).
+fn names_heading(cited: &str, heading: &str) -> bool {
+    let (cited, heading) = (normalized_title(cited), normalized_title(heading));
+    heading == cited
+        || heading
+            .strip_prefix(&cited)
+            .is_some_and(|rest| rest.starts_with(':') || rest.starts_with(" ("))
+}
+
 /// GitHub's anchor for a heading: lower case, punctuation other than `-` and `_` dropped,
 /// spaces made hyphens.
 fn anchor_of(title: &str) -> String {
@@ -311,9 +321,7 @@ fn every_section_of_the_documentation_cited_in_code_or_docs_exists() {
             let titles = headings(&text);
             let exists = match section.strip_prefix('#') {
                 Some(anchor) => titles.iter().any(|t| anchor_of(t) == anchor),
-                None => titles
-                    .iter()
-                    .any(|t| normalized_title(t) == normalized_title(&section)),
+                None => titles.iter().any(|t| names_heading(&section, t)),
             };
             if !exists {
                 stale.push(format!("{name}: {page}, {section:?}"));
@@ -357,6 +365,10 @@ fn the_section_scan_reads_titles_across_comment_lines_and_anchors() {
         anchor_of("`memsnap top` requests (no GPU)"),
         "memsnap-top-requests-no-gpu"
     );
+    assert!(names_heading("Floods", "Floods: at most one a second"));
+    assert!(names_heading("the `view`", "The view (CLI)"));
+    assert!(!names_heading("Flood", "Floods: at most one a second"));
+    assert!(!names_heading("The view", "The viewer"));
     assert_eq!(
         headings("# A\n```\n# not\n```\n## B `c`\n#nope\n"),
         ["A", "B `c`"]

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{run_program, snapshot_files};
+use common::{run_program, snapshot_files, unsent_list};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -790,11 +790,8 @@ fn kill(pid: u32, signal: &str) {
     );
 }
 
-/// The helper does not inherit the writer thread's all-blocked signal mask: SIGTERM stops
-/// it, and it says which files it was handed and did not upload.
-#[test]
-fn the_upload_helper_stops_on_sigterm_and_names_what_it_did_not_upload() {
-    // A server that accepts and never answers: every upload hangs.
+/// A server that accepts and never answers: every upload to it hangs. Its port.
+fn silent_server() -> u16 {
     let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = server.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -803,6 +800,40 @@ fn the_upload_helper_stops_on_sigterm_and_names_what_it_did_not_upload() {
             held.push(conn);
         }
     });
+    port
+}
+
+/// The upload helper's list of what it could not send, for the program `pid` (beside
+/// its snapshots in `dir`): its path and text.
+fn unsent_of(dir: &Path, pid: u32) -> Option<(PathBuf, String)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| unsent_list(p) == Some(pid))
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+}
+
+/// Waits until `pid` has ended (or is a zombie); false if it is still there after 10 s.
+fn ended(pid: u32) -> bool {
+    let start = Instant::now();
+    while status_field(pid, "State").is_some_and(|s| !s.starts_with('Z')) {
+        if start.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// The helper does not inherit the writer thread's all-blocked signal mask: SIGTERM stops
+/// it, and it lists which files it was handed and did not upload.
+#[test]
+fn the_upload_helper_stops_on_sigterm_and_names_what_it_did_not_upload() {
+    let port = silent_server();
     let dir = tempfile::tempdir().unwrap();
     let account = gcs_service_account(dir.path(), &format!("http://127.0.0.1:{port}"));
     let stderr = dir.path().join("stderr");
@@ -829,22 +860,119 @@ fn the_upload_helper_stops_on_sigterm_and_names_what_it_did_not_upload() {
     // Both lines reached the helper before it is stopped.
     std::thread::sleep(Duration::from_millis(500));
     kill(agent, "TERM");
-    let start = Instant::now();
-    while status_field(agent, "State").is_some_and(|s| !s.starts_with('Z')) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the helper ignored SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(ended(agent), "the helper ignored SIGTERM");
+    let pid = child.id();
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
     let said = std::fs::read_to_string(&stderr).unwrap();
-    let line = said
+    let (list, listed) = unsent_of(dir.path(), pid).unwrap_or_else(|| panic!("no list; {said}"));
+    assert!(
+        said.contains(&*list.to_string_lossy()),
+        "the exit lines name the list: {said}"
+    );
+    for file in [&first, &second] {
+        let line = listed
+            .lines()
+            .find(|l| l.starts_with(&format!("{file}\t")))
+            .unwrap_or_else(|| panic!("{file} is not listed: {listed}"));
+        assert!(line.ends_with("stopped by signal 15"), "{line}");
+    }
+}
+
+/// The helper holds none of the program's descriptors: `prog 2>&1 | cat` ends with the
+/// program while the helper still waits on a server that never answers, the exit line
+/// names the list of files not sent, and a stop lists every one with its reason.
+#[test]
+fn the_upload_helper_lets_go_of_the_programs_output_and_lists_what_it_did_not_send() {
+    let port = silent_server();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let account = gcs_service_account(keys.path(), &format!("http://127.0.0.1:{port}"));
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("\"$0\" 3 2>&1 | cat")
+        .arg(common::program_path("steps"));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("MEMSNAP_") || key.starts_with("FAKE_CUDA") || key == "LD_PRELOAD" {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    let mut pipeline = cmd
+        .env("LD_LIBRARY_PATH", common::fake_lib_dir())
+        .env(
+            "FAKE_CUDART",
+            common::fake_lib_dir().join("libcudart.so.13"),
+        )
+        .env("LD_PRELOAD", common::preload_lib())
+        .env("MEMSNAP_FOLDER", dir.path())
+        .env("MEMSNAP_REMOTE", "gs://snaps/{reason}-{seq}.pickle")
+        .env("GOOGLE_SERVICE_ACCOUNT", &account)
+        .env("MEMSNAP_REMOTE_WAIT", "1s")
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read on a thread: a pipeline held open by the helper would block here.
+    let output = std::thread::spawn(move || {
+        let mut out = String::new();
+        use std::io::Read;
+        pipeline
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        (pipeline.wait().unwrap(), out)
+    });
+    let start = Instant::now();
+    while !output.is_finished() && start.elapsed() < Duration::from_secs(50) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let agent = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("upload-agent") && c.contains(&*dir.path().to_string_lossy())
+            })
+        });
+    assert!(
+        output.is_finished(),
+        "the pipeline did not end with the program (helper: {agent:?})"
+    );
+    let (status, out) = output.join().unwrap();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("result "), "the program's output: {out}");
+    // The server never answers: a helper already gone means the pipeline waited for it.
+    let agent = agent.expect("the pipeline ended only once the upload helper had given up");
+    let local = snapshot_files(dir.path());
+    assert_eq!(local.len(), 1, "{local:?}");
+    let named = out
         .lines()
-        .find(|l| l.contains("stopped by signal 15"))
-        .unwrap_or_else(|| panic!("{said}"));
-    assert!(line.contains(&first) && line.contains(&second), "{said}");
+        .find(|l| l.contains("memsnap-unsent-"))
+        .unwrap_or_else(|| panic!("the exit lines name no list: {out}"));
+    kill(agent, "TERM");
+    assert!(ended(agent), "the helper ignored SIGTERM");
+    let list = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| unsent_list(p).is_some())
+        .expect("the list of files not sent");
+    assert!(named.contains(&*list.to_string_lossy()), "{named}");
+    let listed = std::fs::read_to_string(&list).unwrap();
+    let file = local[0].display().to_string();
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(&format!("{file}\t")) && l.contains("signal 15")),
+        "{listed}"
+    );
 }
 
 /// `MEMSNAP_REMOTE_WAIT` (here its largest, 60 s) nests inside the library's exit wait: the

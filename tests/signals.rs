@@ -171,6 +171,30 @@ fn a_signal_storm_becomes_a_few_snapshots_and_every_signal_is_counted() {
     assert_eq!(live, 2 << 20);
 }
 
+/// A flood of dump signals (2,000 in about 2 s, from a thread of the program) costs at
+/// most one snapshot a second (the floor, docs/SIGNALS.md): the program ends with its own
+/// status and output, and every signal it took is counted.
+#[test]
+fn a_flood_of_dump_signals_is_held_to_one_snapshot_a_second() {
+    let run = run_program("sigchain", &["flood"], &[], true);
+    assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
+    let r = run.results();
+    assert_eq!(r["survived"], "1");
+    let flood_ms: u64 = r["flood_ms"].parse().unwrap();
+    let calls: u64 = r["calls"].parse().unwrap();
+    assert!(calls > 0 && r["allocs"].parse::<u64>().unwrap() > 0);
+    let signal = files_with_reason(run.dir.path(), "signal");
+    let bound = flood_ms / 1000 + 2;
+    assert!(
+        !signal.is_empty() && signal.len() as u64 <= bound,
+        "{} snapshots for {calls} signals in {flood_ms} ms (at most {bound})",
+        signal.len()
+    );
+    let exit = &files_with_reason(run.dir.path(), "exit")[0];
+    let snap = python_load_json(exit);
+    assert_eq!(snap["memsnap"]["dump_signals_received"], calls);
+}
+
 #[test]
 fn python_signal_handlers_and_faulthandler_are_chained() {
     let run = run_program("py_signals.py", &["signal"], &[], true);

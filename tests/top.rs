@@ -314,7 +314,7 @@ fn garbage_stalled_and_flooding_clients_leave_the_program_intact() {
     let mut asker = UnixStream::connect(&path).unwrap();
     asker.write_all(&live::encode(&Request::Dump)).unwrap();
     let answer: Answer = live::read_message(&mut asker, live::MAX_ANSWER).unwrap();
-    let Answer::Dumped { path: dumped } = answer else {
+    let Answer::Dumped { path: dumped, .. } = answer else {
         panic!("no dump: {answer:?}")
     };
     assert!(Path::new(&dumped).is_file(), "{dumped}");
@@ -348,16 +348,23 @@ fn dump_requests_that_arrive_together_share_one_snapshot() {
             })
         })
         .collect();
-    let mut paths = std::collections::BTreeSet::new();
+    // Each file with the number of requests it served, as every one of them was told.
+    let mut paths = std::collections::BTreeMap::new();
     for asker in askers {
         match asker.join().unwrap() {
-            Answer::Dumped { path } => {
+            Answer::Dumped { path, requests } => {
                 assert!(Path::new(&path).is_file(), "{path}");
-                paths.insert(path);
+                let told = paths.entry(path).or_insert(requests);
+                assert_eq!(*told, requests, "one file, one count");
             }
             other => panic!("not dumped: {other:?}"),
         }
     }
+    assert_eq!(
+        paths.values().sum::<u64>(),
+        ASKERS as u64,
+        "the counts add up to the requests: {paths:?}"
+    );
     let (status, folder) = p.finish();
     assert!(status.success());
     let signal_files = std::fs::read_dir(folder.path())
@@ -370,6 +377,119 @@ fn dump_requests_that_arrive_together_share_one_snapshot() {
         paths.len() <= ASKERS / 4,
         "{} snapshots for {ASKERS} requests",
         paths.len()
+    );
+}
+
+/// A flood of dump requests from clients that ask and leave at once, for about 2 s:
+/// `memsnap top` is answered throughout, the snapshots are held to one a second (the
+/// floor, docs/SIGNALS.md), and the program ends as it would have.
+#[test]
+fn a_flood_of_dump_requests_leaves_top_served_and_few_snapshots() {
+    const FLOODERS: usize = 4;
+    let p = Program::start("top", &[]);
+    let truth = p.results_until_ready();
+    let path = p.socket();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Instant::now();
+    let flooders: Vec<_> = (0..FLOODERS)
+        .map(|_| {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut asked = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(mut conn) = UnixStream::connect(&path)
+                        && conn.write_all(&live::encode(&Request::Dump)).is_ok()
+                    {
+                        asked += 1;
+                    }
+                }
+                asked
+            })
+        })
+        .collect();
+    let mut samples = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let top = top_json(p.pid());
+        assert_eq!(top["live_bytes"].as_u64(), Some(num(&truth, "live_bytes")));
+        samples += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let asked: u64 = flooders.into_iter().map(|f| f.join().unwrap()).sum();
+    let flood = started.elapsed();
+    // A client that waits is still told which file served it.
+    let mut waiter = UnixStream::connect(&path).unwrap();
+    waiter.write_all(&live::encode(&Request::Dump)).unwrap();
+    let answer: Answer = live::read_message(&mut waiter, live::MAX_ANSWER).unwrap();
+    let Answer::Dumped { path: dumped, .. } = answer else {
+        panic!("no dump: {answer:?}")
+    };
+    assert!(Path::new(&dumped).is_file(), "{dumped}");
+
+    let (status, folder) = p.finish();
+    assert!(status.success(), "the program was hurt: {status}");
+    assert!(
+        samples >= 2 && asked > 100,
+        "{samples} samples, {asked} requests"
+    );
+    let signal_files = std::fs::read_dir(folder.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("-signal-"))
+        .count() as u64;
+    let bound = flood.as_secs() + 2 + 1;
+    assert!(
+        (1..=bound).contains(&signal_files),
+        "{signal_files} snapshots for {asked} requests in {flood:?} (at most {bound}: the flood, then the waiting client's)"
+    );
+}
+
+/// Dump clients that wait hold one of the program's descriptors each: past 64 waiting, a
+/// client's connection is closed without an answer, and its request is served by the next
+/// snapshot all the same (the counts the others are told include it).
+#[test]
+fn dump_clients_past_the_waiting_limit_are_closed_and_still_counted() {
+    const WAITERS: usize = 80;
+    let p = Program::start("top", &[]);
+    p.results_until_ready();
+    let path = p.socket();
+    let ask = |path: &Path| {
+        let mut conn = UnixStream::connect(path).unwrap();
+        conn.write_all(&live::encode(&Request::Dump)).unwrap();
+        conn
+    };
+    // Served at once: the next request snapshot is a second away.
+    let mut first = ask(&path);
+    let first: Answer = live::read_message(&mut first, live::MAX_ANSWER).unwrap();
+    assert!(
+        matches!(first, Answer::Dumped { requests: 1, .. }),
+        "{first:?}"
+    );
+    let waiting: Vec<UnixStream> = (0..WAITERS).map(|_| ask(&path)).collect();
+    let mut told = std::collections::BTreeMap::<String, (u64, usize)>::new();
+    let mut closed = 0;
+    for mut conn in waiting {
+        match live::read_message::<Answer>(&mut conn, live::MAX_ANSWER) {
+            Ok(Answer::Dumped { path, requests }) => {
+                let entry = told.entry(path).or_insert((requests, 0));
+                assert_eq!(entry.0, requests, "one file, one count");
+                entry.1 += 1;
+            }
+            Ok(other) => panic!("not dumped: {other:?}"),
+            Err(_) => closed += 1,
+        }
+    }
+    let (status, _folder) = p.finish();
+    assert!(status.success(), "the program was hurt: {status}");
+    let answered: usize = told.values().map(|(_, n)| n).sum();
+    assert_eq!(answered + closed, WAITERS);
+    assert!(
+        told.values().all(|&(_, n)| n <= 64),
+        "more than 64 waited: {told:?}"
+    );
+    assert_eq!(
+        told.values().map(|(r, _)| r).sum::<u64>(),
+        WAITERS as u64,
+        "closed clients are counted too: {told:?}"
     );
 }
 

@@ -79,8 +79,9 @@ pub static API_DUMP_LOG: Mutex<Vec<ApiDump>> = Mutex::new(Vec::new());
 /// `memsnap_dump(tag)` calls.
 pub static API_DUMPS: DumpRequests = DumpRequests::new();
 /// The dump signal: each signal takes a ticket (async-signal-safe); one snapshot completes
-/// every ticket taken before the writer looked, so a storm of signals becomes a few
-/// snapshots and the count of signals stays exact.
+/// every ticket taken before the writer looked, and the writer writes at most one such
+/// snapshot a second (`writer::requests`), so a storm of signals becomes a few snapshots
+/// and the count of signals stays exact.
 pub static SIGNAL_DUMPS: DumpRequests = DumpRequests::new();
 
 /// A signal that ends the job (SIGTERM, SIGABRT, SIGSEGV, SIGBUS): the first one asks for

@@ -37,6 +37,9 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 /// Lanes at most: threads recording at the same time beyond this many use the shared
 /// queue (their events are merged just the same).
 pub const MAX_LANES: usize = 256;
+/// The fewest events a lane may hold however many lanes share the channel's budget; also
+/// the most events a producer publishes between two looks at its lane's `head` and share.
+const MIN_LANE_SHARE: u64 = 256;
 
 /// One cache line.
 #[repr(C, align(64))]
@@ -62,6 +65,10 @@ struct Claim {
     /// (the two synchronize through `owner`).
     tail: UnsafeCell<u64>,
     owner: AtomicU32,
+    /// The lane's share of the channel's budget, minus one: it holds at most this many
+    /// events plus one. Lowered (never raised) as lanes are mapped; read by the owner at
+    /// its next look (see [`Lanes::try_push`]).
+    limit: AtomicU32,
 }
 
 /// A thread's hold on the lane it claimed: where the slots are, and its positions. Kept
@@ -78,8 +85,10 @@ pub struct Cursor {
     mask: u64,
     /// Events ever published into the lane.
     tail: u64,
-    /// The producer's last reading of the lane's `head`.
-    head_seen: u64,
+    /// The position at which the producer looks at its lane's `head` and share again:
+    /// where the share it last read would be full, and at most [`MIN_LANE_SHARE`] events
+    /// after that look.
+    next_look: u64,
 }
 
 impl Cursor {
@@ -95,14 +104,14 @@ impl Cursor {
             slots,
             mask: 0,
             tail: 0,
-            head_seen: 0,
+            next_look: 0,
         }
     }
 
     /// Whether every field is zero ([`Cursor::NONE`] must be: a thread's hook state starts
     /// as zero bytes).
     pub const fn is_all_zero(&self) -> bool {
-        self.slots.is_null() && self.mask == 0 && self.tail == 0 && self.head_seen == 0
+        self.slots.is_null() && self.mask == 0 && self.tail == 0 && self.next_look == 0
     }
 
     /// Whether this is [`Cursor::NO_LANE`].
@@ -168,11 +177,22 @@ impl Lane {
 }
 
 /// Every lane of a channel, and how big each is.
+///
+/// The lanes share one budget: a snapshot asked for now (exit, a signal, `memsnap dump`, a
+/// crash) waits until the writer has applied every event published before it, so what is
+/// queued over all lanes is the work between a request and its file. Each lane may hold
+/// the budget divided by the lanes mapped (at least [`MIN_LANE_SHARE`]): one thread gets the
+/// whole ring, 64 threads a 64th each. A producer looks at its share again at least every
+/// [`MIN_LANE_SHARE`] events, so a lane runs at most that many past a lowered share: the
+/// total stays under the budget plus [`MIN_LANE_SHARE`] per lane (81,920 events for 64
+/// threads at the default budget of 65,536), however many threads record.
 pub struct Lanes {
     /// Whether threads get lanes (the event clock orders events across cores).
     on: bool,
     /// Events per lane minus one (a power of two minus one).
     mask: u64,
+    /// Events all lanes together may hold: `MEMSNAP_QUEUE_CAPACITY`.
+    budget: u64,
     /// The lanes mapped so far. A thread claims the first free one and maps a new one only
     /// in the first empty entry, which it tries before any later one: the mapped lanes are
     /// always the entries before the first empty one, with no gap (the writer reads up to
@@ -187,6 +207,7 @@ impl Lanes {
         Lanes {
             on,
             mask: capacity.max(2).next_power_of_two() as u64 - 1,
+            budget: capacity.max(2) as u64,
             table: (0..MAX_LANES)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
@@ -198,13 +219,21 @@ impl Lanes {
         self.mask + 1
     }
 
+    /// Each lane's share of the budget, minus one, once `lanes` are mapped (never more than
+    /// its ring holds).
+    fn limit_for(&self, lanes: usize) -> u32 {
+        let share = (self.budget / lanes.max(1) as u64).max(MIN_LANE_SHARE);
+        (share.min(self.capacity()) - 1) as u32
+    }
+
     fn bytes(&self) -> usize {
         size_of::<Lane>() + self.capacity() as usize * size_of::<Slot>()
     }
 
-    /// Publishes `ev` in the lane of `cursor`; `false` when the ring is full (the writer is
-    /// behind). Reads nothing but the cursor before its stores, except when the ring looks
-    /// full (then the lane's `head`).
+    /// Publishes `ev` in the lane of `cursor`; `false` when the lane holds its share (the
+    /// writer is behind). Reads nothing but the cursor before its stores, except at a look
+    /// (the lane's `head` and share: when the share last read would be full, and at least
+    /// every [`MIN_LANE_SHARE`] events).
     ///
     /// # Safety
     /// `cursor` holds a cursor [`Lanes::claim`] returned, of a lane the calling thread owns.
@@ -212,18 +241,23 @@ impl Lanes {
     pub unsafe fn try_push(cursor: &Cell<Cursor>, ev: &Event) -> bool {
         let mut c = cursor.get();
         let at = c.tail;
-        if at.wrapping_sub(c.head_seen) > c.mask {
+        if at >= c.next_look {
             // SAFETY: the cursor's lane, mapped for the life of the process.
-            c.head_seen = unsafe { (*c.lane()).head.0.load(Acquire) };
-            cursor.set(c);
-            if at.wrapping_sub(c.head_seen) > c.mask {
+            let lane = unsafe { &*c.lane() };
+            let head = lane.head.0.load(Acquire);
+            // Lanes mapped since the last look may have lowered this lane's share.
+            let limit = u64::from(lane.claim.0.limit.load(Relaxed));
+            if at.wrapping_sub(head) > limit {
                 return false;
             }
+            c.next_look = (head + limit + 1).min(at + MIN_LANE_SHARE);
+            cursor.set(c);
         }
         // SAFETY: the caller's contract.
         let slot = unsafe { c.slot(at) };
-        // SAFETY: the slot of position `at` is free: the writer has taken every event up to
-        // `head_seen`, at most `mask + 1` behind, and only the owner writes the lane.
+        // SAFETY: the slot of position `at` is free: at the last look the writer had taken
+        // every event up to a `head` at most `limit + 1 <= mask + 1` behind `next_look`, and
+        // only the owner writes the lane.
         unsafe { (*slot.event.get()).write(*ev) };
         slot.published.store(at.wrapping_add(1), Release);
         // Only the count changed: one store, not the whole cursor's four.
@@ -255,13 +289,15 @@ impl Lanes {
     #[cold]
     pub fn claim(&self) -> Option<Cursor> {
         let lane = self.claim_lane()?;
+        // SAFETY: this thread owns the lane now; the previous owner's `tail` came with the
+        // claim.
+        let tail = unsafe { *lane.claim.0.tail.get() };
         Some(Cursor {
             slots: lane.slots(),
             mask: self.mask,
-            // SAFETY: this thread owns the lane now; the previous owner's `tail` came with
-            // the claim.
-            tail: unsafe { *lane.claim.0.tail.get() },
-            head_seen: lane.head.0.load(Acquire),
+            tail,
+            // The first push looks at the lane.
+            next_look: tail,
         })
     }
 
@@ -269,12 +305,19 @@ impl Lanes {
         if !self.on {
             return None;
         }
-        for entry in self.table.iter() {
+        for (index, entry) in self.table.iter().enumerate() {
             let mut lane = entry.load(Acquire);
             if lane.is_null() {
                 let fresh = self.map_lane()?;
+                let limit = self.limit_for(index + 1);
+                // SAFETY: our mapping, not yet published.
+                unsafe { (*fresh).claim.0.limit.store(limit, Relaxed) };
                 match entry.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
                     Ok(_) => {
+                        // One more lane: every lane's share is lowered to its new size.
+                        for other in self.mapped() {
+                            other.claim.0.limit.fetch_min(limit, Relaxed);
+                        }
                         // SAFETY: just mapped and published, owned by this thread.
                         return Some(unsafe { &*fresh });
                     }
@@ -526,6 +569,68 @@ mod tests {
         ev.time = Stamp(time);
         ev.set_addr(time);
         guard::with_thread(|t| rec.push(t, ev));
+    }
+
+    /// Pushes into a lane of its own until it is full; returns how many it took.
+    fn fill_a_lane(lanes: &Lanes, all_claimed: &Barrier) -> u64 {
+        let cursor = Cell::new(lanes.claim().expect("a lane"));
+        all_claimed.wait();
+        let ev = Event::new(Kind::Alloc, Api::CudaMalloc);
+        let mut pushed = 0;
+        // SAFETY: the cursor of the lane this thread claimed and owns.
+        while unsafe { Lanes::try_push(&cursor, &ev) } {
+            pushed += 1;
+        }
+        pushed
+    }
+
+    /// What is queued over all lanes is the work between a snapshot request and its file:
+    /// one thread may fill the whole budget, eight threads share it, and nothing is
+    /// refused that fits the share (the writer takes nothing here).
+    #[test]
+    fn the_lanes_share_one_budget_however_many_threads_record() {
+        const BUDGET: usize = 4096;
+        let alone = Lanes::new(true, BUDGET);
+        assert_eq!(fill_a_lane(&alone, &Barrier::new(1)), BUDGET as u64);
+
+        const THREADS: usize = 8;
+        let lanes = Arc::new(Lanes::new(true, BUDGET));
+        let all_claimed = Arc::new(Barrier::new(THREADS));
+        let filled: Vec<u64> = (0..THREADS)
+            .map(|_| {
+                let (lanes, all_claimed) = (lanes.clone(), all_claimed.clone());
+                std::thread::spawn(move || fill_a_lane(&lanes, &all_claimed))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        // Each lane looked at its share as it began: every lane was mapped by then.
+        assert_eq!(filled, vec![(BUDGET / THREADS) as u64; THREADS]);
+        assert_eq!(lanes.queued(), BUDGET as u64);
+    }
+
+    /// A lane whose share was lowered while it was sending (threads that start later) takes
+    /// the lower share at its next look, at most [`MIN_LANE_SHARE`] events later.
+    #[test]
+    fn a_lowered_share_is_taken_within_a_look() {
+        const BUDGET: usize = 8192;
+        let lanes = Lanes::new(true, BUDGET);
+        let first = Cell::new(lanes.claim().unwrap());
+        let ev = Event::new(Kind::Alloc, Api::CudaMalloc);
+        for _ in 0..1000 {
+            // SAFETY: the cursor of a lane this thread claimed and owns.
+            assert!(unsafe { Lanes::try_push(&first, &ev) });
+        }
+        // Seven more lanes: a share of 1024 each.
+        let _others: Vec<Cursor> = (0..7).map(|_| lanes.claim().unwrap()).collect();
+        let mut more = 0;
+        // SAFETY: as above.
+        while unsafe { Lanes::try_push(&first, &ev) } {
+            more += 1;
+        }
+        assert!(1000 + more <= 1024 + MIN_LANE_SHARE as usize, "{more} more");
+        assert!(1000 + more >= 1024, "{more} more");
     }
 
     /// The line a hook asks for before its walks is where its next push writes: the event

@@ -39,15 +39,20 @@ impl AckFile {
         }
     }
 
-    /// The dump signals seen so far (`received` tickets).
+    /// The dump signals seen so far (`received` tickets); written only when that changed.
     pub fn received(&mut self, received: u64) {
+        if received == self.state.received {
+            return;
+        }
         self.state.received = received;
         self.write();
     }
 
-    /// Signals up to `served` are done, with this outcome.
-    pub fn served(&mut self, served: u64, outcome: &Result<PathBuf, String>) {
+    /// Signals up to `served` are done, with this outcome, by a snapshot that served
+    /// `requests` dump requests (signals and socket requests together).
+    pub fn served(&mut self, served: u64, outcome: &Result<PathBuf, String>, requests: u64) {
         self.state.served = served;
+        self.state.requests = requests;
         self.state.last = Some(match outcome {
             Ok(path) => Outcome::Written(fs::canonicalize(path).unwrap_or_else(|_| path.clone())),
             Err(reason) => Outcome::Failed(reason.clone()),
@@ -132,10 +137,11 @@ mod tests {
             (first.received, first.served, first.last.clone()),
             (2, 0, None)
         );
-        file.served(2, &Err("disk full".into()));
+        file.served(2, &Err("disk full".into()), 3);
         let second = Ack::read(&path).unwrap();
         assert_eq!(second.served, 2);
         assert_eq!(second.last, Some(Outcome::Failed("disk full".into())));
+        assert_eq!(second.requests, 3);
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
         file.remove();
         assert!(!path.exists());

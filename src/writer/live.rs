@@ -13,16 +13,20 @@
 use crate::snapshot::live::{self, MAX_REQUEST, Request};
 use crate::writer::ack::private_folder;
 use crate::writer::own_fd::OwnFd;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Clients still sending their request at once; more are closed as soon as accepted.
+/// Clients still sending their request at once; a connection past that cuts off the one
+/// that has been sending longest (a flood of stalled clients cannot lock out the next
+/// `memsnap top`, whose request follows its connection at once).
 const MAX_CLIENTS: usize = 8;
-/// Connections accepted per pass of the drain loop (a flood cannot keep the writer here).
-const ACCEPTS_PER_PASS: usize = 16;
+/// Connections accepted per pass of the drain loop (a flood cannot keep the writer here,
+/// and a flood of clients that ask and leave is taken from the kernel's backlog faster
+/// than it comes, so a `memsnap top` behind it is reached in the next passes).
+const ACCEPTS_PER_PASS: usize = 64;
 /// Time a client has from its connection to its whole request, and then for each part of
 /// the answer the socket takes (a client that stops reading is cut off after this long).
 const CLIENT_DEADLINE: Duration = Duration::from_secs(2);
@@ -39,6 +43,8 @@ const REBIND_EVERY: Duration = Duration::from_secs(1);
 
 /// An accepted client: its request as it arrives, then its answer as it leaves.
 struct Client {
+    /// Unique for the life of the server: what the writer answers by.
+    id: u64,
     stream: OwnFd<UnixStream>,
     inbox: Vec<u8>,
     /// The encoded answer and how much of it was sent; empty until answered.
@@ -55,8 +61,11 @@ struct Client {
 
 /// A request read in full, for the writer to answer with [`LiveServer::answer`].
 pub struct Asked {
-    pub client: usize,
+    pub client: u64,
     pub request: Request,
+    /// The client closed its end after asking: there is nobody to answer (the request
+    /// still counts), and its descriptor is already closed.
+    pub gone: bool,
 }
 
 pub struct LiveServer {
@@ -72,6 +81,7 @@ pub struct LiveServer {
     path: Option<PathBuf>,
     pub uid: u32,
     clients: Vec<Client>,
+    next_id: u64,
     /// Connections cut off (refused peer, garbage, stall, flood), for tests and benches.
     pub refused: u64,
     /// Requests answered.
@@ -100,6 +110,7 @@ impl LiveServer {
             path: None,
             uid,
             clients: Vec::new(),
+            next_id: 0,
             refused: 0,
             answered: 0,
         };
@@ -202,7 +213,9 @@ impl LiveServer {
     }
 
     /// One pass: accepts new clients, reads what arrived, sends what can be sent, cuts off
-    /// the ones past their deadline or misbehaving. Returns the requests read in full.
+    /// the ones past their deadline or misbehaving. Returns the requests read in full. A
+    /// client that asked waits for its answer without a deadline (the writer answers a
+    /// sample in the same pass, a dump within the floor between request snapshots).
     pub fn poll(&mut self) -> Vec<Asked> {
         self.keep_descriptors();
         self.accept();
@@ -210,39 +223,44 @@ impl LiveServer {
         let mut asked = Vec::new();
         let mut keep = Vec::with_capacity(self.clients.len());
         for mut c in std::mem::take(&mut self.clients) {
+            let request = if c.done || c.asked || !c.outbox.is_empty() {
+                None
+            } else if let Some(request) = c.pending.take() {
+                Some(request)
+            } else {
+                match c.receive() {
+                    Received::Waiting => None,
+                    Received::Request(request) => Some(request),
+                    Received::Bad => {
+                        self.refused += 1;
+                        continue;
+                    }
+                }
+            };
+            if let Some(request) = request {
+                c.asked = true;
+                let gone = c.peer_gone();
+                asked.push(Asked {
+                    client: c.id,
+                    request,
+                    gone,
+                });
+                if !gone {
+                    keep.push(c);
+                }
+                continue;
+            }
+            let stalled = now > c.deadline && !(c.asked && c.outbox.is_empty());
             let alive = if c.done {
                 // Answered in full: closed without counting it.
                 false
-            } else if now > c.deadline {
+            } else if stalled {
                 self.refused += 1;
                 false
             } else if !c.outbox.is_empty() {
                 c.send()
-            } else if let Some(request) = c.pending.take() {
-                c.asked = true;
-                asked.push(Asked {
-                    client: keep.len(),
-                    request,
-                });
-                true
-            } else if c.asked {
-                true
             } else {
-                match c.receive() {
-                    Received::Waiting => true,
-                    Received::Request(request) => {
-                        c.asked = true;
-                        asked.push(Asked {
-                            client: keep.len(),
-                            request,
-                        });
-                        true
-                    }
-                    Received::Bad => {
-                        self.refused += 1;
-                        false
-                    }
-                }
+                true
             };
             if alive {
                 keep.push(c);
@@ -252,14 +270,22 @@ impl LiveServer {
         asked
     }
 
-    /// Queues `answer` (already encoded) for client `client` and sends what fits now.
-    pub fn answer(&mut self, client: usize, answer: Vec<u8>) {
+    /// Queues `answer` (already encoded) for client `client` and sends what fits now. A
+    /// client that is gone is skipped.
+    pub fn answer(&mut self, client: u64, answer: Vec<u8>) {
         self.answered += 1;
-        if let Some(c) = self.clients.get_mut(client) {
+        if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
             c.outbox = answer;
             c.sent = 0;
             // Sent in full, or the peer is gone: either way this client is done.
             c.done = !c.send();
+        }
+    }
+
+    /// Closes client `client`'s connection without an answer (on the next pass).
+    pub fn close_client(&mut self, client: u64) {
+        if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
+            c.done = true;
         }
     }
 
@@ -292,7 +318,8 @@ impl LiveServer {
                 self.refused += 1;
                 continue; // dropped: closed without a word
             }
-            let Some(mut client) = Client::new(stream) else {
+            self.next_id += 1;
+            let Some(mut client) = Client::new(self.next_id, stream) else {
                 self.refused += 1;
                 continue;
             };
@@ -307,14 +334,14 @@ impl LiveServer {
                     continue;
                 }
                 Received::Waiting => {
-                    let waiting = self
-                        .clients
-                        .iter()
-                        .filter(|c| !c.asked && c.pending.is_none() && !c.done)
-                        .count();
-                    if waiting >= MAX_CLIENTS {
+                    let still_sending = |c: &Client| !c.asked && c.pending.is_none() && !c.done;
+                    let waiting = self.clients.iter().filter(|c| still_sending(c)).count();
+                    if waiting >= MAX_CLIENTS
+                        && let Some(oldest) = self.clients.iter().position(still_sending)
+                    {
+                        // The newest connection is the likeliest to ask at once.
+                        self.clients.remove(oldest);
                         self.refused += 1;
-                        continue;
                     }
                 }
             }
@@ -330,8 +357,9 @@ enum Received {
 }
 
 impl Client {
-    fn new(stream: UnixStream) -> Option<Client> {
+    fn new(id: u64, stream: UnixStream) -> Option<Client> {
         Some(Client {
+            id,
             stream: OwnFd::new(stream)?,
             inbox: Vec::new(),
             outbox: Vec::new(),
@@ -369,13 +397,49 @@ impl Client {
         }
     }
 
+    /// Whether the peer closed its end (after sending its request): nothing is left to
+    /// read and the next read would see the end.
+    fn peer_gone(&self) -> bool {
+        let Some(stream) = self.stream.last_seen() else {
+            return true;
+        };
+        let mut byte = 0u8;
+        // SAFETY: a valid socket fd and a one-byte buffer; MSG_PEEK leaves the data queued.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n == 0
+    }
+
     /// Sends what the socket takes now; `false` once done (all sent) or failed.
     fn send(&mut self) -> bool {
         let Some(stream) = self.stream.last_seen() else {
             return false;
         };
         while self.sent < self.outbox.len() {
-            match (&mut &*stream).write(&self.outbox[self.sent..]) {
+            let rest = &self.outbox[self.sent..];
+            // SAFETY: a valid socket fd and a live byte slice of the given length.
+            // MSG_NOSIGNAL: a client that left is an error here, never a SIGPIPE that would
+            // end the program.
+            let n = unsafe {
+                libc::send(
+                    stream.as_raw_fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            let written = if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            };
+            match written {
                 Ok(0) => return false,
                 Ok(n) => {
                     self.sent += n;
@@ -422,6 +486,7 @@ pub fn peer_allowed(peer_uid: Option<u32>, own_uid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn only_the_same_user_is_served() {
@@ -454,7 +519,8 @@ mod tests {
             last_accept: Instant::now(),
             path: None,
             uid: 0,
-            clients: vec![Client::new(ours).unwrap()],
+            clients: vec![Client::new(1, ours).unwrap()],
+            next_id: 1,
             refused: 0,
             answered: 0,
         };

@@ -113,6 +113,8 @@ struct Writer {
     uploader: Option<upload::Uploader>,
     /// The socket `memsnap top` asks through.
     live: live::LiveServer,
+    /// Dump requests (signals, socket) waiting for the next request snapshot.
+    held: requests::HeldRequests,
     /// The most recent out-of-memory error, for `memsnap top`.
     last_oom: Option<OomSample>,
     /// Turns the events' clock readings into microseconds since the epoch.
@@ -146,6 +148,10 @@ impl Writer {
     fn new(rec: &'static Recorder, cfg: Config) -> Writer {
         let id = Identity::current();
         let id_pid = id.pid;
+        let uploader = cfg
+            .remote
+            .as_ref()
+            .map(|_| upload::Uploader::new(cfg.remote_only, &id.host, id_pid));
         let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
         ack::forget_dead_processes(live::LiveServer::own_uid());
         Writer {
@@ -168,11 +174,9 @@ impl Writer {
             write_warnings: 0,
             ack: ack::AckFile::new(id_pid),
             crash: None,
-            uploader: cfg
-                .remote
-                .as_ref()
-                .map(|_| upload::Uploader::new(cfg.remote_only)),
+            uploader,
             live: live::LiveServer::open(id_pid),
+            held: requests::HeldRequests::default(),
             last_oom: None,
             clock: StampConverter::new(),
             last_time_us: 0,

@@ -5,6 +5,12 @@
 //! Cold (writer thread). Each request first applies every event queued when it was seen,
 //! so the snapshot holds all that the asking thread did before it asked. The requests
 //! themselves travel through `channel::handshake`.
+//!
+//! Dump requests from outside the program (the dump signal, the socket's dump requests)
+//! are held to a floor: after a snapshot served from them, the next one is written
+//! [`REQUEST_FLOOR`] later at the earliest, and every request that arrives meanwhile waits
+//! for it and shares it (docs/SIGNALS.md, "Floods"). Exit, out-of-memory, crash, step,
+//! period and `memsnap_dump` snapshots are not held.
 
 use super::files::Reason;
 use super::{CrashInfo, Flow, Writer, absolute, dump};
@@ -13,7 +19,31 @@ use crate::channel::handshake::{
     API_DUMP_LOG, API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, SIGNAL_DUMPS,
 };
 use crate::snapshot::live::{self as live_protocol, Answer, Request, Sample};
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
+use std::time::{Duration, Instant};
+
+/// The least time between the end of a snapshot served from dump requests and the start of
+/// the next. A second: a person or a script asking again sees a new file within about a
+/// second, and a flood (a loop of `kill -USR1`, clients that ask and leave) costs the job
+/// at most one snapshot a second, however fast it comes (docs/SIGNALS.md, "Floods").
+pub(super) const REQUEST_FLOOR: Duration = Duration::from_secs(1);
+/// Socket clients that asked for a dump and wait for it, at most (each holds one of the
+/// program's descriptors until answered). The request of one more is merged into the next
+/// snapshot all the same, but its connection is closed at once, without an answer.
+const MAX_WAITING_DUMPS: usize = 64;
+
+/// The dump requests from outside the program that wait for the next request snapshot.
+#[derive(Default)]
+pub(super) struct HeldRequests {
+    /// Socket clients waiting for the path.
+    waiting: Vec<u64>,
+    /// Socket requests waiting, those whose client left included.
+    socket: u64,
+    /// When the next request snapshot may be written; `None` before the first.
+    floor_until: Option<Instant>,
+}
 
 impl Writer {
     /// Requests that do not travel in the queue (docs: `channel::handshake`): exit,
@@ -24,12 +54,14 @@ impl Writer {
         let crash = CRASH.dumps.pending();
         let signals = SIGNAL_DUMPS.pending();
         let dumps = API_DUMPS.pending();
-        if !exit && crash.is_empty() && signals.is_empty() && dumps.is_empty() {
-            return Flow::Continue;
-        }
         if !signals.is_empty() {
-            // Acknowledged before anything else, so `memsnap dump` knows at once.
+            // Acknowledged before anything else, so `memsnap dump` knows at once (written
+            // once per new signal, not once per pass while it waits for the floor).
             self.ack.received(*signals.end());
+        }
+        if !exit && crash.is_empty() && dumps.is_empty() {
+            // Dump signals are served with the socket's dump requests (`serve_live`).
+            return Flow::Continue;
         }
         if let Flow::Exit = self.apply_queued() {
             return Flow::Exit;
@@ -38,11 +70,6 @@ impl Writer {
             // The job is ending: its snapshot comes first.
             self.crash_snapshot();
             CRASH.dumps.complete(*crash.end());
-        }
-        if !signals.is_empty() {
-            let written = self.dump(Reason::Signal, "");
-            self.ack.served(*signals.end(), &written);
-            SIGNAL_DUMPS.complete(*signals.end());
         }
         for ticket in dumps {
             let index = ticket as usize - 1;
@@ -67,6 +94,14 @@ impl Writer {
             API_DUMPS.complete(ticket);
         }
         if exit {
+            // Dump requests still held by the floor get their snapshot now, floor or not:
+            // there is no later one (and `memsnap dump` looks for a `signal` file of a
+            // process that ended before it could read the answer).
+            let signals = SIGNAL_DUMPS.pending();
+            if !signals.is_empty() || self.held.socket > 0 {
+                let written = self.dump(Reason::Signal, "");
+                self.answer_held(signals, written);
+            }
             if self.cfg.at_exit {
                 let _ = self.dump(Reason::Exit, "");
             }
@@ -110,48 +145,89 @@ impl Writer {
 
     /// `memsnap top` and `memsnap dump`: answers the requests that arrived in full, from
     /// the state after every event queued so far. Never waits on a client (docs/LIVE.md).
-    /// Every dump request read in this pass (those that arrived while the last snapshot
-    /// was being written, say) and every dump signal not yet served share one snapshot, as
-    /// signals always have: a flood of requests costs a few snapshots, not one each.
+    /// Samples are answered in this pass, before any snapshot is written, so `memsnap top`
+    /// is served whatever else asks. Dump requests join the dump signals that wait for the
+    /// next request snapshot, which is written once the floor allows
+    /// ([`Writer::serve_held_requests`]).
     pub(super) fn serve_live(&mut self) {
-        let asked = self.live.poll();
-        if asked.is_empty() {
-            return;
-        }
-        // Everything the program did before it was asked is in the answer; `apply` never
-        // ends the loop, so the flow is always `Continue` here.
-        let _ = self.apply_queued();
-        let mut dumped: Option<Answer> = None;
-        for a in asked {
-            let answer = match a.request {
+        let mut applied = false;
+        for a in self.live.poll() {
+            match a.request {
                 Request::Sample {
                     known_frames,
                     known_stacks,
-                } => Answer::Sample(self.sample(known_frames, known_stacks)),
-                Request::Dump => dumped.get_or_insert_with(|| self.merged_dump()).clone(),
-            };
-            self.live.answer(a.client, live_protocol::encode(&answer));
+                } => {
+                    if !applied {
+                        // Everything the program did before it was asked is in the answer;
+                        // `apply` never ends the loop, so the flow is always `Continue`.
+                        let _ = self.apply_queued();
+                        applied = true;
+                    }
+                    let answer = Answer::Sample(self.sample(known_frames, known_stacks));
+                    self.live.answer(a.client, live_protocol::encode(&answer));
+                }
+                Request::Dump => {
+                    self.held.socket += 1;
+                    if a.gone {
+                        // Counted: it is served by the next snapshot, with nobody to tell.
+                    } else if self.held.waiting.len() < MAX_WAITING_DUMPS {
+                        self.held.waiting.push(a.client);
+                    } else {
+                        // Served by the next snapshot all the same, but not worth one more
+                        // of the program's descriptors: closed without an answer.
+                        self.live.close_client(a.client);
+                    }
+                }
+            }
         }
+        self.serve_held_requests();
     }
 
-    /// One `signal` snapshot for the socket's dump requests of this pass, serving the dump
-    /// signals that are waiting too.
-    fn merged_dump(&mut self) -> Answer {
+    /// The next request snapshot, once the floor allows it: one `signal` snapshot serves
+    /// every dump signal and socket dump request that waits.
+    fn serve_held_requests(&mut self) {
         let signals = SIGNAL_DUMPS.pending();
-        if !signals.is_empty() {
-            self.ack.received(*signals.end());
+        if signals.is_empty() && self.held.socket == 0 {
+            return;
         }
+        if self
+            .held
+            .floor_until
+            .is_some_and(|until| Instant::now() < until)
+        {
+            return;
+        }
+        // What the program did before it asked is in the snapshot (see `serve_live`).
+        let _ = self.apply_queued();
         let written = self.dump(Reason::Signal, "");
+        self.held.floor_until = Some(Instant::now() + REQUEST_FLOOR);
+        self.answer_held(signals, written);
+    }
+
+    /// Tells the held requests which file served them: the acknowledgement file for the
+    /// signals `signals`, an answer for each waiting socket client.
+    fn answer_held(&mut self, signals: RangeInclusive<u64>, written: Result<PathBuf, String>) {
+        let served_signals = if signals.is_empty() {
+            0
+        } else {
+            signals.end() - signals.start() + 1
+        };
+        let requests = served_signals + self.held.socket;
         if !signals.is_empty() {
-            self.ack.served(*signals.end(), &written);
+            self.ack.served(*signals.end(), &written, requests);
             SIGNAL_DUMPS.complete(*signals.end());
         }
-        match written {
+        let answer = live_protocol::encode(&match written {
             Ok(path) => Answer::Dumped {
                 path: absolute(&path).display().to_string(),
+                requests,
             },
             Err(reason) => Answer::Failed { reason },
+        });
+        for client in std::mem::take(&mut self.held.waiting) {
+            self.live.answer(client, answer.clone());
         }
+        self.held.socket = 0;
     }
 
     /// What is live now, with the counters `memsnap top` shows.

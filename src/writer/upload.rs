@@ -8,10 +8,16 @@
 //! `MEMSNAP_REMOTE_WAIT`; what did not finish is named with its local path. The agent gets
 //! no `LD_PRELOAD` (it must not record itself) and ends when its input closes, which also
 //! happens when this process dies: it finishes the lines it already has, then exits. It
-//! starts with no signal blocked (not the writer's mask), so SIGTERM stops it; it then
-//! names the files it did not upload. With `MEMSNAP_REMOTE_ONLY=1` the files it confirmed
-//! are gone locally, and the exit line names their URLs instead ([`Uploader::moved_to`]).
+//! starts with no signal blocked (not the writer's mask), so SIGTERM stops it. It holds
+//! none of the program's descriptors: its stderr is /dev/null and every descriptor above
+//! stderr is closed in it, so a pipe the program writes to (`prog 2>&1 | tee log`) ends
+//! with the program, whatever the helper still does. What it could not send (a failure,
+//! before or after the program's exit, or a stop by a signal) it lists, each file with the
+//! reason, in `memsnap-unsent-HOST-PID.txt` beside the snapshots, which the exit line names.
+//! With `MEMSNAP_REMOTE_ONLY=1` the files it confirmed are gone locally, and the exit line
+//! names their URLs instead ([`Uploader::moved_to`]).
 
+use super::own_fd::OwnFd;
 use std::ffi::CStr;
 use std::io::{ErrorKind, Read};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -26,11 +32,17 @@ const CLI_NAME: &str = "memsnap";
 
 pub struct Uploader {
     remove_local: bool,
+    /// The name of the list of files not uploaded (`memsnap-unsent-HOST-PID.txt`).
+    unsent_name: String,
+    /// That list, beside the first snapshot handed over, once the helper started.
+    unsent: Option<PathBuf>,
     agent: Agent,
     /// Local paths sent to the agent and not yet answered, with their URLs.
     pending: Vec<(PathBuf, String)>,
     /// Bytes of answers read but not yet ending in a newline.
     partial: Vec<u8>,
+    /// Files handed over (or refused before), answered or not.
+    handed: u64,
     uploaded: u64,
     failed: u64,
     /// With `remove_local`: files the agent confirmed (and then removed locally), with their
@@ -42,19 +54,35 @@ enum Agent {
     NotStarted,
     Running {
         child: Child,
-        socket: UnixStream,
+        /// memsnap's end of the agent's input and output, checked before each use
+        /// (`own_fd`: the program may close it and reuse its number).
+        socket: OwnFd<UnixStream>,
     },
     /// Could not start or went away: said once on stderr; snapshots stay local.
     Gone,
 }
 
 impl Uploader {
-    pub fn new(remove_local: bool) -> Uploader {
+    /// `host` and `pid` name the list of files not uploaded.
+    pub fn new(remove_local: bool, host: &str, pid: u32) -> Uploader {
+        let host: String = host
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         Uploader {
             remove_local,
+            unsent_name: format!("memsnap-unsent-{host}-{pid}.txt"),
+            unsent: None,
             agent: Agent::NotStarted,
             pending: Vec::new(),
             partial: Vec::new(),
+            handed: 0,
             uploaded: 0,
             failed: 0,
             moved: Vec::new(),
@@ -65,14 +93,23 @@ impl Uploader {
     /// waits for the copy. Answers that already arrived are read and reported.
     pub fn send(&mut self, local: &Path, url: &str) {
         self.collect(Duration::ZERO);
+        self.handed += 1;
         let line = format!("{}\t{url}\n", local.display());
         if line.matches(['\t', '\n']).count() != 2 {
             self.fail(local, url, "the path or URL contains a tab or newline");
             return;
         }
         if let Agent::NotStarted = self.agent {
-            self.agent = match start_agent(self.remove_local) {
-                Ok((child, socket)) => Agent::Running { child, socket },
+            let dir = local.parent().unwrap_or(Path::new("."));
+            let unsent = super::absolute(&dir.join(&self.unsent_name));
+            self.agent = match start_agent(self.remove_local, &unsent) {
+                Ok((child, socket)) => match OwnFd::new(socket) {
+                    Some(socket) => {
+                        self.unsent = Some(unsent);
+                        Agent::Running { child, socket }
+                    }
+                    None => Agent::Gone,
+                },
                 Err(why) => {
                     eprintln!(
                         "memsnap: snapshots are not uploaded to MEMSNAP_REMOTE: {why}; they stay local"
@@ -81,7 +118,7 @@ impl Uploader {
                 }
             };
         }
-        let Agent::Running { socket, .. } = &self.agent else {
+        let Some(socket) = self.agent_socket() else {
             return;
         };
         match send_all(socket, line.as_bytes()) {
@@ -94,9 +131,11 @@ impl Uploader {
     }
 
     /// At exit: waits at most `wait` for the copies under way, then names the local path
-    /// of each one that did not finish, and ends the agent's input.
+    /// of each one that did not finish and the list of files not uploaded, and ends the
+    /// agent's input.
     pub fn finish(&mut self, wait: Duration) {
         self.collect(wait);
+        let running = matches!(self.agent, Agent::Running { .. });
         if !self.pending.is_empty() {
             let paths: Vec<String> = self
                 .pending
@@ -104,10 +143,15 @@ impl Uploader {
                 .map(|(p, _)| p.display().to_string())
                 .collect();
             eprintln!(
-                "memsnap: {} upload{} to MEMSNAP_REMOTE did not finish within {:?} (MEMSNAP_REMOTE_WAIT); {}: {}",
+                "memsnap: {} upload{} to MEMSNAP_REMOTE did not finish within {:?} (MEMSNAP_REMOTE_WAIT){}; {}: {}",
                 paths.len(),
                 if paths.len() == 1 { "" } else { "s" },
                 wait,
+                if running {
+                    "; the upload helper goes on with them after this process ends"
+                } else {
+                    ""
+                },
                 if paths.len() == 1 {
                     "the local file stays"
                 } else {
@@ -119,15 +163,30 @@ impl Uploader {
         if self.failed > 1 {
             eprintln!(
                 "memsnap: {} of {} uploads to MEMSNAP_REMOTE failed; their local files stay",
-                self.failed,
-                self.failed + self.uploaded
+                self.failed, self.handed
+            );
+        }
+        // The helper writes its list before it answers a failure, and when a signal stops
+        // it: a list on disk is named, as is the one files still under way may go into.
+        if let Some(unsent) = &self.unsent
+            && (unsent.exists() || (running && !self.pending.is_empty()))
+        {
+            eprintln!(
+                "memsnap: {} lists each file the upload helper could not send, with the reason{}",
+                unsent.display(),
+                if running && !self.pending.is_empty() {
+                    " (those still under way are added if they fail)"
+                } else {
+                    ""
+                }
             );
         }
         // Closing our end is the agent's signal to finish what it has and exit; it is not
         // waited for (a copy that outlives the wait goes on after this process is gone).
-        if let Agent::Running { socket, .. } = std::mem::replace(&mut self.agent, Agent::Gone) {
+        if let Some(socket) = self.agent_socket() {
             let _ = socket.shutdown(std::net::Shutdown::Write);
         }
+        self.agent = Agent::Gone;
     }
 
     /// Where `local` went when the agent copied it and removed the local file
@@ -143,7 +202,7 @@ impl Uploader {
     fn collect(&mut self, wait: Duration) {
         let deadline = Instant::now() + wait;
         while !self.pending.is_empty() {
-            let Agent::Running { socket, .. } = &self.agent else {
+            let Some(socket) = self.agent_socket() else {
                 return;
             };
             let left = deadline.saturating_duration_since(Instant::now());
@@ -213,6 +272,26 @@ impl Uploader {
         }
     }
 
+    /// The agent's socket while it is still memsnap's. Once the program closed it (and its
+    /// number may be a file of the program's now), the agent has seen its input end and
+    /// finishes what it was given; nothing more is sent.
+    fn agent_socket(&mut self) -> Option<&UnixStream> {
+        let Agent::Running { socket, .. } = &mut self.agent else {
+            return None;
+        };
+        if socket.ours().is_none() {
+            self.agent = Agent::Gone;
+            eprintln!(
+                "memsnap: the program closed memsnap's socket to the upload helper; later snapshots stay local"
+            );
+            return None;
+        }
+        match &self.agent {
+            Agent::Running { socket, .. } => socket.last_seen(),
+            _ => None,
+        }
+    }
+
     fn agent_gone(&mut self, why: &str) {
         if let Agent::Running { mut child, .. } = std::mem::replace(&mut self.agent, Agent::Gone) {
             // Its socket is closed or broken: it has ended or ends now; no zombie is left.
@@ -257,8 +336,10 @@ fn send_all(socket: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Starts `memsnap upload-agent` with one end of a socket pair as its stdin and stdout.
-fn start_agent(remove_local: bool) -> Result<(Child, UnixStream), String> {
+/// Starts `memsnap upload-agent` with one end of a socket pair as its stdin and stdout,
+/// stderr on /dev/null and none of the program's other descriptors; it lists what it could
+/// not send in `unsent`.
+fn start_agent(remove_local: bool, unsent: &Path) -> Result<(Child, UnixStream), String> {
     let cli = find_cli().ok_or_else(|| {
         format!(
             "the `{CLI_NAME}` command that copies them was not found beside libmemsnap.so, in ../bin or on PATH"
@@ -271,7 +352,8 @@ fn start_agent(remove_local: bool) -> Result<(Child, UnixStream), String> {
         .map_err(|e| format!("no socket pair: {e}"))?;
     let mut cmd = Command::new(&cli);
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (sigemptyset, pthread_sigmask) on a local set.
+    // async-signal-safe functions (sigemptyset, pthread_sigmask, the close_range system
+    // call) on a local set.
     unsafe {
         cmd.pre_exec(|| {
             // This thread (the writer) blocks every signal, and a child inherits its mask:
@@ -279,14 +361,27 @@ fn start_agent(remove_local: bool) -> Result<(Child, UnixStream), String> {
             let mut none: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut none);
             libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            // The program's descriptors that lack close-on-exec (a pipe it writes to, a
+            // file it holds) are closed at exec: the helper must not keep them open after
+            // the program ends. Marked, not closed, so the exec error report still works;
+            // a kernel without close_range (before 5.11) leaves them as they are.
+            libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_uint,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             Ok(())
         });
     }
     cmd.arg("upload-agent")
+        .arg("--unsent")
+        .arg(unsent)
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::from(theirs_out))
-        .stderr(Stdio::inherit());
+        // Never the program's stderr: a pipe held by the helper would outlive the program.
+        .stderr(Stdio::null());
     if remove_local {
         cmd.arg("--remove-local");
     }

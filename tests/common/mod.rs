@@ -261,10 +261,18 @@ pub fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
         .filter_map(|entry| entry.ok())
         .map(|entry| entry.path())
-        .filter(|path| path.is_file())
+        .filter(|path| path.is_file() && unsent_list(path).is_none())
         .collect();
     files.sort();
     files
+}
+
+/// For the upload helper's list of files it could not send (`memsnap-unsent-HOST-PID.txt`,
+/// beside the snapshots): the pid in its name.
+pub fn unsent_list(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let rest = name.strip_prefix("memsnap-unsent-")?.strip_suffix(".txt")?;
+    rest.rsplit_once('-')?.1.parse().ok()
 }
 
 const PICKLE_TO_JSON: &str = r#"

@@ -48,6 +48,19 @@ int main(void) {
      * of its own libraries (docs/SIGNALS.md, "Descriptors"). */
     kill(getpid(), SIGUSR1);
     for (int waited = 0; waited < 5000 && count_files("-signal-") < 1; waited += 10) sleep_ms(10);
+    /* The writer's last word on that signal is its acknowledgement file's "served" line;
+     * then it is idle. */
+    char ack_path[256], ack[512];
+    snprintf(ack_path, sizeof ack_path, "/tmp/memsnap-%u/%d.ack", (unsigned)getuid(), (int)getpid());
+    for (int waited = 0; waited < 5000; waited += 10) {
+        FILE *f = fopen(ack_path, "r");
+        size_t n = f ? fread(ack, 1, sizeof ack - 1, f) : 0;
+        if (f) fclose(f);
+        ack[n] = 0;
+        if (strstr(ack, "served 1")) break;
+        sleep_ms(10);
+    }
+    sleep_ms(100);
 
     for (int fd = 3; fd < 4096; fd++) close(fd);
 

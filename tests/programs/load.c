@@ -6,12 +6,17 @@
  *   snapshot before the call returns); prints result oom_rc= and oom_ms=.
  * - exit: prints result exit_at_ms= (CLOCK_BOOTTIME, the clock of /proc/uptime) and calls
  *   exit() while the threads still allocate; the test compares it with when the process ended.
+ * - signal: sends itself the dump signal (SIGUSR1) and waits for its snapshot file in
+ *   MEMSNAP_FOLDER; prints result signal_ms=.
+ * - term: prints result term_at_ms= (CLOCK_BOOTTIME) and sends itself SIGTERM while the
+ *   threads still allocate; the caller compares it with when the process ended.
  * - wait: prints result ready=1 and waits (the threads allocating) until a signal ends it
  *   (scripts/validate-host.sh sends the signals); an alarm ends it after 120 s.
  * The allocating threads keep 8 buffers each, freeing the oldest, sizes from 4 KiB to 1 MiB. */
 #include "prog_common.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
@@ -71,12 +76,21 @@ int main(int argc, char **argv) {
         fflush(stdout);
         exit(0); /* threads still allocating */
     }
+    if (strcmp(mode, "term") == 0) {
+        printf("result term_at_ms=%.3f\n", now_ms());
+        fflush(stdout);
+        kill(getpid(), SIGTERM); /* threads still allocating */
+        for (;;) pause();
+    }
     double t0 = now_ms();
     if (strcmp(mode, "dump") == 0) {
         typedef int (*dump_fn)(const char *);
         dump_fn dump = (dump_fn)dlsym(RTLD_DEFAULT, "memsnap_dump");
         int rc = dump ? dump("under_load") : -2;
         printf("result dump_rc=%d\n", rc);
+    } else if (strcmp(mode, "signal") == 0) {
+        kill(getpid(), SIGUSR1);
+        while (count_files("-signal-") < 1) sleep_ms(1);
     } else if (strcmp(mode, "oom") == 0) {
         void *p = NULL;
         cudaError_t e = cudaMalloc(&p, (size_t)1 << 50);

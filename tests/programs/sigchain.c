@@ -22,6 +22,9 @@
  *   blocked    no handler; the program blocks SIGUSR1 with sigprocmask, sends it, waits:
  *              no snapshot while blocked; one after it unblocks
  *   storm      a counting handler; 5000 signals in a tight loop while allocating
+ *   flood      a counting handler; a thread of its own sends 2000 signals, one a millisecond,
+ *              while the main thread allocates and frees; prints how long the flood took
+ *              (flood_ms) and its own count of allocations (allocs), and exits with 3
  * Prints `result KEY=VALUE` lines. */
 #include "prog_common.h"
 
@@ -100,6 +103,24 @@ static void *alloc(size_t bytes) {
     return p;
 }
 
+static volatile int flood_done;
+
+static void *flood_sender(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 2000; i++) {
+        kill(getpid(), SIGUSR1);
+        sleep_ms(1);
+    }
+    flood_done = 1;
+    return NULL;
+}
+
+static long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000L + t.tv_nsec / 1000000L;
+}
+
 static void set_action(void (*fn)(int, siginfo_t *, void *), void (*plain)(int),
                        sighandler_t disposition, int flags, int mask_usr2) {
     struct sigaction sa, old;
@@ -155,7 +176,7 @@ int main(int argc, char **argv) {
         set_action(NULL, plain_handler, 0, 0, 1);
     } else if (!strcmp(mode, "nodefer")) {
         set_action(NULL, plain_handler, 0, SA_NODEFER, 0);
-    } else if (!strcmp(mode, "storm")) {
+    } else if (!strcmp(mode, "storm") || !strcmp(mode, "flood")) {
         set_action(info_handler, NULL, 0, SA_RESTART, 0);
     } else if (!strcmp(mode, "restored")) {
         install_library_handler();
@@ -184,6 +205,19 @@ int main(int argc, char **argv) {
             void *p = alloc((size_t)(i % 7 + 1) * 4096);
             CHECK_RT(cudaFree(p));
         }
+    } else if (!strcmp(mode, "flood")) {
+        long start = now_ms();
+        pthread_t sender;
+        pthread_create(&sender, NULL, flood_sender, NULL);
+        long allocs = 0;
+        while (!flood_done) {
+            void *p = alloc((size_t)(allocs % 7 + 1) * 4096);
+            CHECK_RT(cudaFree(p));
+            allocs++;
+        }
+        pthread_join(sender, NULL);
+        printf("result flood_ms=%ld\n", now_ms() - start);
+        printf("result allocs=%ld\n", allocs);
     } else {
         kill(getpid(), SIGUSR1);
     }
@@ -211,5 +245,5 @@ int main(int argc, char **argv) {
     printf("result signal_files=%d\n", count_files("-signal-"));
     CHECK_RT(cudaFree(a));
     (void)b;
-    return 0;
+    return !strcmp(mode, "flood") ? 3 : 0;
 }

@@ -411,7 +411,10 @@ fn poll(t: &mut Target, elapsed: Duration) -> Poll {
     let ours = t.received.unwrap_or(u64::MAX);
     match ack {
         Some(a) if a.served >= ours => match a.last {
-            Some(Outcome::Written(path)) => Poll::Done(Ok(path)),
+            Some(Outcome::Written(path)) => {
+                shared(t.pid, a.requests);
+                Poll::Done(Ok(path))
+            }
             Some(Outcome::Failed(reason)) => Poll::Done(Err(format!(
                 "pid {} received the signal but could not write its snapshot: {reason}",
                 t.pid
@@ -471,13 +474,26 @@ fn alive(proc: &Path) -> bool {
 fn ask_through_socket(uid: u32, t: &Target, timeout: Duration) -> Result<PathBuf, String> {
     let pid = t.pid;
     match crate::top::ask(uid, pid, &Request::Dump, timeout) {
-        Ok(Answer::Dumped { path }) => Ok(PathBuf::from(path)),
+        Ok(Answer::Dumped { path, requests }) => {
+            shared(pid, requests);
+            Ok(PathBuf::from(path))
+        }
         Ok(Answer::Failed { reason }) => {
             Err(format!("pid {pid} could not write its snapshot: {reason}"))
         }
         Ok(Answer::Sample(_)) => Err(format!("pid {pid} answered a dump request with a sample")),
         // It may have written the file and exited before answering.
         Err(e) => written_since(t).ok_or_else(|| format!("{e:#}")),
+    }
+}
+
+/// Says when the snapshot that answered also served other requests: requests that arrive
+/// within the process's floor between request snapshots (docs/SIGNALS.md) share the next one.
+fn shared(pid: u32, requests: u64) {
+    if requests > 1 {
+        eprintln!(
+            "memsnap: pid {pid}: one snapshot served {requests} dump requests (signals and socket requests that arrive within a second of the last one share the next)"
+        );
     }
 }
 

@@ -7,8 +7,12 @@
 //! and backoff), and exits when its input ends (the host has exited
 //! or died), after finishing the lines it already read. A local file is removed only
 //! with `--remove-local` and only after its copy is complete and renamed into place.
-//! SIGTERM, SIGINT or SIGHUP end it at once, with one line naming the files it was handed
-//! and did not upload (their local copies stay).
+//! SIGTERM, SIGINT or SIGHUP end it at once (their local copies stay).
+//!
+//! Its stderr is /dev/null (the library gives it none of the program's descriptors), so
+//! what it could not send goes into the file `--unsent` names, beside the snapshots: one
+//! line per file, `LOCAL<TAB>URL<TAB>REASON`, rewritten on each failure, and on a stop by
+//! a signal with every file handed over and not sent yet.
 
 use anyhow::{Context, Result, bail};
 use std::fs;
@@ -22,26 +26,71 @@ pub struct Args {
     /// Remove each local file once its copy is confirmed (MEMSNAP_REMOTE_ONLY=1).
     #[arg(long)]
     remove_local: bool,
+    /// Where to list the files not uploaded, with the reason
+    #[arg(long, value_name = "FILE")]
+    unsent: Option<PathBuf>,
 }
 
-/// The local files handed over and not uploaded yet, oldest first.
-type NotUploaded = Arc<Mutex<Vec<String>>>;
+/// What was handed over and not uploaded.
+#[derive(Default)]
+struct Ledger {
+    /// Handed over and not finished yet (`LOCAL`, `URL`), oldest first.
+    handed: Vec<(String, String)>,
+    /// Given up on: `LOCAL`, `URL`, the reason.
+    failed: Vec<(String, String, String)>,
+    /// The list's path (`--unsent`).
+    unsent: Option<PathBuf>,
+}
+
+impl Ledger {
+    /// Rewrites the list with the failures, and `stopped` as the reason of each file
+    /// still handed over (when a signal stops the helper). No list while nothing failed.
+    fn write(&self, stopped: Option<&str>) {
+        let Some(path) = &self.unsent else { return };
+        let mut text = String::new();
+        for (local, url, reason) in &self.failed {
+            text += &format!("{local}\t{url}\t{reason}\n");
+        }
+        if let Some(reason) = stopped {
+            for (local, url) in &self.handed {
+                text += &format!("{local}\t{url}\t{reason}\n");
+            }
+        }
+        if text.is_empty() {
+            return;
+        }
+        // Never through a link put in its place.
+        let written = if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            Err(std::io::Error::other("a symbolic link is in its place"))
+        } else {
+            fs::write(path, text.as_bytes())
+        };
+        if let Err(e) = written {
+            eprintln!("memsnap upload-agent: cannot write {}: {e}", path.display());
+        }
+    }
+}
+
+type Shared = Arc<Mutex<Ledger>>;
 
 pub fn run(args: &Args) -> Result<ExitCode> {
-    let not_uploaded: NotUploaded = Arc::default();
-    stop_on_signals(not_uploaded.clone())?;
+    let ledger: Shared = Arc::new(Mutex::new(Ledger {
+        unsent: args.unsent.clone(),
+        ..Ledger::default()
+    }));
+    stop_on_signals(ledger.clone())?;
     // Lines are read as they arrive, on a thread of their own, so that a signal while a
     // copy is under way names every file handed over, not only the one being copied.
     let (lines, requests) = std::sync::mpsc::channel::<String>();
     {
-        let not_uploaded = not_uploaded.clone();
+        let ledger = ledger.clone();
         std::thread::spawn(move || {
             for line in std::io::stdin().lock().lines() {
                 let Ok(line) = line else { break };
-                if let Some((local, _)) = line.split_once('\t')
-                    && let Ok(mut list) = not_uploaded.lock()
+                if let Some((local, url)) = line.split_once('\t')
+                    && let Ok(mut ledger) = ledger.lock()
                 {
-                    list.push(local.to_string());
+                    ledger.handed.push((local.to_string(), url.to_string()));
                 }
                 if lines.send(line).is_err() {
                     break;
@@ -70,10 +119,19 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             }
             Err(e) => format!("failed\t{local}\t{}\n", one_line(&format!("{e:#}"))),
         };
-        if let Ok(mut list) = not_uploaded.lock()
-            && let Some(at) = list.iter().position(|l| l == local)
-        {
-            list.remove(at);
+        if let Ok(mut ledger) = ledger.lock() {
+            if let Some(at) = ledger.handed.iter().position(|(l, _)| l == local) {
+                ledger.handed.remove(at);
+            }
+            if let Some(reason) = answer.strip_prefix(&format!("failed\t{local}\t")) {
+                let reason = reason.trim_end().to_string();
+                ledger
+                    .failed
+                    .push((local.to_string(), url.to_string(), reason));
+                // Listed before the library hears of it: the file its exit line names
+                // already holds every failure it counts.
+                ledger.write(None);
+            }
         }
         if out
             .write_all(answer.as_bytes())
@@ -87,15 +145,27 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// On SIGTERM, SIGINT or SIGHUP: one line naming what was not uploaded, then the exit
-/// status of a process the signal ended (128 + N).
-fn stop_on_signals(not_uploaded: NotUploaded) -> Result<()> {
+/// On SIGTERM, SIGINT or SIGHUP: the list of what was not uploaded (the failures and every
+/// file handed over and not sent yet) and one line saying so, then the exit status of a
+/// process the signal ended (128 + N).
+fn stop_on_signals(ledger: Shared) -> Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
         .context("installing the upload helper's signal handlers")?;
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
-            let left = not_uploaded.lock().map(|l| l.clone()).unwrap_or_default();
+            let left: Vec<String> = match ledger.lock() {
+                Ok(ledger) => {
+                    ledger.write(Some(&format!(
+                        "not sent: the upload helper was stopped by signal {signal}"
+                    )));
+                    let failed = ledger.failed.iter().map(|(l, _, _)| l.clone());
+                    failed
+                        .chain(ledger.handed.iter().map(|(l, _)| l.clone()))
+                        .collect()
+                }
+                Err(_) => Vec::new(),
+            };
             if left.is_empty() {
                 eprintln!(
                     "memsnap upload-agent: stopped by signal {signal}; nothing was left to upload"
@@ -151,4 +221,36 @@ fn copy(local: &Path, url: &str) -> Result<()> {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_list_holds_every_failure_and_on_a_stop_every_file_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memsnap-unsent-h-1.txt");
+        let mut ledger = Ledger {
+            unsent: Some(path.clone()),
+            ..Ledger::default()
+        };
+        ledger.write(None);
+        assert!(!path.exists(), "no list while nothing failed");
+        for i in 0..22 {
+            let (local, url) = (format!("/s/{i}.pickle"), format!("gs://b/{i}.pickle"));
+            if i < 20 {
+                ledger.failed.push((local, url, "timed out".into()));
+            } else {
+                ledger.handed.push((local, url));
+            }
+        }
+        ledger.write(None);
+        assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 20);
+        ledger.write(Some("stopped by signal 15"));
+        let listed = fs::read_to_string(&path).unwrap();
+        assert_eq!(listed.lines().count(), 22, "{listed}");
+        assert!(listed.contains("/s/0.pickle\tgs://b/0.pickle\ttimed out\n"));
+        assert!(listed.ends_with("/s/21.pickle\tgs://b/21.pickle\tstopped by signal 15\n"));
+    }
 }

@@ -10,7 +10,11 @@
 //! received 3              # dump signals seen so far
 //! served 2                # signals whose snapshot is done (written or failed)
 //! written /abs/path.pickle    (or: failed REASON)
+//! requests 5              # dump requests (signals and socket) that snapshot served
 //! ```
+//!
+//! Requests that arrive within the writer's floor between request snapshots wait for the
+//! next one and share it: `requests` above 1 says so (absent: 1).
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +44,9 @@ pub struct Ack {
     pub received: u64,
     pub served: u64,
     pub last: Option<Outcome>,
+    /// How many dump requests (signals and socket requests together) the last snapshot
+    /// served; 0 when not said.
+    pub requests: u64,
 }
 
 impl Ack {
@@ -53,6 +60,9 @@ impl Ack {
             // One line: a reason never carries a newline into the next key.
             Some(Outcome::Failed(r)) => s += &format!("failed {}\n", r.replace('\n', " ")),
             None => {}
+        }
+        if self.requests > 0 {
+            s += &format!("requests {}\n", self.requests);
         }
         s
     }
@@ -71,6 +81,7 @@ impl Ack {
                 "served" => (ack.served, served) = (value.parse().ok()?, true),
                 "written" => ack.last = Some(Outcome::Written(PathBuf::from(value))),
                 "failed" => ack.last = Some(Outcome::Failed(value.to_string())),
+                "requests" => ack.requests = value.parse().ok()?,
                 _ => {}
             }
         }
@@ -118,6 +129,7 @@ mod tests {
             received: 3,
             served: 2,
             last: Some(Outcome::Failed("no space\nleft".into())),
+            requests: 0,
         };
         let back = Ack::parse(&ack.to_text()).unwrap();
         assert_eq!(back.last, Some(Outcome::Failed("no space left".into())));
@@ -127,6 +139,7 @@ mod tests {
         );
         let written = Ack {
             last: Some(Outcome::Written("/x/a b.pickle".into())),
+            requests: 7,
             ..ack
         };
         assert_eq!(Ack::parse(&written.to_text()).unwrap(), written);

@@ -47,8 +47,17 @@ pub enum Request {
 #[serde(tag = "answer", rename_all = "snake_case")]
 pub enum Answer {
     Sample(Sample),
-    Dumped { path: String },
-    Failed { reason: String },
+    /// The snapshot's path, and how many dump requests it served (signals and socket
+    /// requests that arrived within the floor between request snapshots share the next
+    /// one; 0 when not said).
+    Dumped {
+        path: String,
+        #[serde(default)]
+        requests: u64,
+    },
+    Failed {
+        reason: String,
+    },
 }
 
 /// One device's totals, as a snapshot's `memsnap.devices` would give them now.

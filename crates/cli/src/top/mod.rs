@@ -86,7 +86,7 @@ pub fn ask(uid: u32, pid: u32, request: &Request, timeout: Duration) -> Result<A
     let answer: Answer = live::read_message(&mut stream, MAX_ANSWER).with_context(|| {
         format!(
             "reading the answer of pid {pid} (a process closes connections while too many \
-             clients are still sending, and from other users)"
+             clients are still sending or waiting for a snapshot, and from other users)"
         )
     })?;
     if let Answer::Sample(s) = &answer
@@ -132,7 +132,7 @@ pub fn sample(uid: u32, pid: u32, known: (u32, u32)) -> Result<Sample> {
 /// Asks `pid` for a snapshot now; its path once written.
 pub fn dump_now(uid: u32, pid: u32) -> Result<String> {
     match ask(uid, pid, &Request::Dump, DUMP_TIMEOUT)? {
-        Answer::Dumped { path } => Ok(path),
+        Answer::Dumped { path, .. } => Ok(path),
         Answer::Failed { reason } => bail!("pid {pid} could not write a snapshot: {reason}"),
         Answer::Sample(_) => bail!("pid {pid} answered a dump request with a sample"),
     }
