@@ -18,7 +18,7 @@ pub mod layout;
 pub mod library;
 pub mod std_function;
 
-use crate::channel::event::Kind;
+use crate::channel::event::{Kind, PoolId};
 use crate::guard::{self, Scope};
 use crate::process::allocator_route::{self, AllocatorRoute};
 use crate::process::clock;
@@ -247,8 +247,21 @@ pub(crate) unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: 
         Action::Alloc => Kind::BlockAlloc,
         Action::FreeRequested => Kind::BlockFreeRequested,
         Action::FreeCompleted => Kind::BlockFreeCompleted,
-        Action::SegmentAlloc => Kind::CacheSegment,
-        Action::SegmentMap => Kind::CacheSegmentMap,
+        // Out of line, with the segment's pool: the block events above gain nothing.
+        Action::SegmentAlloc => {
+            let kind = Kind::CacheSegment;
+            // SAFETY: `entry` is the live entry, of `layout`'s release.
+            return unsafe {
+                segment_entry(by, kind, layout, entry, device, addr, size, stream, time)
+            };
+        }
+        Action::SegmentMap => {
+            let kind = Kind::CacheSegmentMap;
+            // SAFETY: `entry` is the live entry, of `layout`'s release.
+            return unsafe {
+                segment_entry(by, kind, layout, entry, device, addr, size, stream, time)
+            };
+        }
         // `addr` is the device's free memory as CUDA reported it.
         Action::Oom => return record::allocator_oom(by, device, size, addr, stream),
         // Segment frees and unmaps are recorded from the CUDA calls that follow them.
@@ -256,4 +269,33 @@ pub(crate) unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: 
     };
     // One call site: the stack capture it inlines is in the binary once.
     record::block(by, kind, device, addr, size, stream, time);
+}
+
+/// A segment entry (`SEGMENT_ALLOC`, `SEGMENT_MAP`): its event, then its pool's when that is
+/// a private one. Read once per segment, never per block.
+///
+/// # Safety
+/// `entry` points at a live `TraceEntry` of `layout`'s release.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)] // the entry's fields, read once by the caller
+unsafe fn segment_entry(
+    by: record::Sender,
+    kind: Kind,
+    layout: layout::TraceEntryLayout,
+    entry: *const u8,
+    device: i32,
+    addr: u64,
+    size: u64,
+    stream: u64,
+    time: clock::Stamp,
+) {
+    // SAFETY: the offsets are this PyTorch release's (`layout`), inside the live entry.
+    let pool = unsafe {
+        PoolId {
+            first: (entry.add(layout.mempool) as *const u64).read_unaligned(),
+            second: (entry.add(layout.mempool + 8) as *const u64).read_unaligned(),
+        }
+    };
+    record::cache_segment(by, kind, device, addr, size, stream, time, pool);
 }

@@ -375,6 +375,11 @@ impl Writer {
                 let matched = self.state.cache_segment_map(ev.device, ev.addr(), ev.size);
                 self.state.check_first_cache_segment(matched);
             }
+            Kind::CachePool => {
+                if let Payload::Pool(pool) = ev.payload() {
+                    self.state.cache_pool(ev.addr(), ev.size, pool);
+                }
+            }
             Kind::Step => {
                 // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so that
                 // file has its closing boundary too.
