@@ -446,6 +446,31 @@ fn private_pools_segments_carry_their_pool_ids() {
         assert_blocks_equal(&snap, &truth, label);
         assert_eq!(pool_ids(&snap), want, "{label}: segment_pool_id");
     }
+    // The reports say which memory is in a private pool: (0, 1) holds a 2 MiB small
+    // segment with one 2048-byte block, a 20 MiB one with a 3 MiB block and an 18 MiB one,
+    // free; (2, 0) a 2 MiB segment with one 1024-byte block (700 bytes asked for).
+    let file = snapshot_file(&run, "standin");
+    let report = |command: &str| {
+        let out = std::process::Command::new(common::memsnap_bin())
+            .arg(command)
+            .arg(&file)
+            .output()
+            .expect("memsnap runs");
+        assert!(out.status.success(), "memsnap {command}: {out:?}");
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let summary = report("summary");
+    for line in [
+        "private   pool (0, 1): 40.0 MiB reserved in 3 segments, 3.0 MiB live",
+        "private   pool (2, 0): 2.0 MiB reserved in 1 segment, 1.0 KiB live",
+    ] {
+        assert!(summary.contains(line), "no {line:?} in\n{summary}");
+    }
+    let explain = report("explain");
+    assert!(
+        explain.contains("device 0: private pool (0, 1): 40.0 MiB reserved in 3 segments"),
+        "{explain}"
+    );
 }
 
 #[test]

@@ -449,6 +449,15 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
     let mut timelines = Some(Vec::new());
     let mut first_oom = None;
     for &dev in &devs {
+        for pool in device::private_pools(snap, dev) {
+            d.notes.push(format!(
+                "{}: device {dev}: private {} at the end: a CUDA graph's (torch.compile \
+                 mode=\"reduce-overhead\") or a torch.cuda.MemPool's, kept for that pool's own \
+                 allocations",
+                d.file,
+                device::describe_private_pool(&pool)
+            ));
+        }
         let hist = device::history_of(histories, dev);
         let end = device::end_blocks(snap, dev);
         let end_reserved = device::end_reserved(snap, dev);
@@ -1372,6 +1381,28 @@ pub(crate) mod tests {
         assert!(o.advice.unwrap().contains("expandable_segments:True"));
         assert_eq!(o.owners.get(owners::TORCH_TENSORS), Some(&(60 * MIB)));
         assert_eq!(o.owners.get(owners::TORCH_CACHE_FREE), Some(&(40 * MIB)));
+    }
+
+    #[test]
+    fn a_private_pools_segments_are_named_with_their_pool() {
+        let mut snap = file(
+            0,
+            0,
+            Vec::new(),
+            &[(0x1000, 4 * MIB, 0), (0x80_0000, MIB, 1)],
+        );
+        snap.segments[1].segment_pool_id = (0, 1);
+        let d = digest_of("graphs.pickle", snap);
+        let pools: Vec<&String> = d.notes.iter().filter(|n| n.contains("pool")).collect();
+        assert_eq!(
+            pools,
+            vec![
+                "graphs.pickle: device 0: private pool (0, 1): 1.0 MiB reserved in 1 segment, \
+                 1.0 MiB live at the end: a CUDA graph's (torch.compile \
+                 mode=\"reduce-overhead\") or a torch.cuda.MemPool's, kept for that pool's own \
+                 allocations"
+            ]
+        );
     }
 
     #[test]
