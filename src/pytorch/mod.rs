@@ -171,7 +171,7 @@ fn try_attach() -> Option<AllocatorRoute> {
         return Some(AllocatorRoute::SegmentsOnly {
             reason: format!(
                 "PyTorch {version}: this memsnap knows the allocator's trace entries of \
-                 releases 2.8 to 2.15 only"
+                 releases 2.4 to 2.15 only"
             ),
         });
     };
