@@ -6,7 +6,7 @@
 # (the folder name a pip install gives it: memsnap's reports tell a library's Python files
 # from the program's by it), installs its pure-Python requirements into DIR/deps, and builds
 # into DIR/lib what the wheel needs of NVIDIA's: the simulated driver
-# (tests/fake_cuda/fake_cuda.c) as libcuda.so.1, the simulated runtime
+# (tests/fake_cuda/fake_cuda.c, with scripts/real-torch/driver.c) as libcuda.so.1, the simulated runtime
 # (tests/fake_cuda/fake_cudart.c with scripts/real-torch/runtime.c) as libcudart.so.13 (.12
 # for a wheel built for CUDA 12), and stand-ins for cuBLAS, cuDNN, NCCL and the others
 # (scripts/real-torch/stubs.py; cuBLASLt's with scripts/real-torch/cublaslt.c). Then
@@ -54,11 +54,13 @@ if [ ! -f "$DIR/deps/.installed" ]; then
     touch "$DIR/deps/.installed"
 fi
 
-bash "$ROOT/scripts/build-fake-cuda.sh" "$DIR/fake" >/dev/null
-rm -rf "$DIR/lib" "$DIR/stubs" # (made again each time, from this wheel only)
+rm -rf "$DIR/lib" "$DIR/stubs" "$DIR/fake" # (made again each time, from this wheel only; fake: where the driver was built before)
 mkdir -p "$DIR/lib" "$DIR/stubs"
-cp "$DIR/fake/lib/libcuda.so.1" "$DIR/lib/libcuda.so.1"
 CFLAGS="-O2 -fPIC -w"
+# The simulated driver with the driver functions it lacks that releases up to 2.7 look up in it
+# by name (scripts/real-torch/driver.c); -Bsymbolic as scripts/build-fake-cuda.sh builds it.
+cc $CFLAGS -shared -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1 -o "$DIR/lib/libcuda.so.1" \
+    "$ROOT/tests/fake_cuda/fake_cuda.c" "$ROOT/scripts/real-torch/driver.c" -ldl -lpthread
 cc $CFLAGS -c -o "$DIR/stubs/fake_cudart.o" "$ROOT/tests/fake_cuda/fake_cudart.c"
 cc $CFLAGS -c -o "$DIR/stubs/runtime.o" "$ROOT/scripts/real-torch/runtime.c"
 cc $CFLAGS -c -o "$DIR/stubs/cublaslt.o" "$ROOT/scripts/real-torch/cublaslt.c"
