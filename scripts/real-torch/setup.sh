@@ -45,12 +45,14 @@ if [ ! -f "$DIR/site-packages/.unpacked" ] || [ "$(cat "$DIR/site-packages/.unpa
     basename "$wheel" > "$DIR/site-packages/.unpacked"
 fi
 if [ ! -f "$DIR/deps/.installed" ]; then
-    # The wheel's requirements without NVIDIA's libraries, Triton or the extras.
-    requirements=$(unzip -p "$wheel" "torch-$VERSION.dist-info/METADATA" | sed -n 's/^Requires-Dist: //p' \
-        | grep -v -e 'extra ==' -e '^nvidia-' -e '^cuda-' -e '^triton' | sed 's/;.*//; s/ //g')
+    # The wheel's requirements without NVIDIA's libraries, Triton or the extras, with their
+    # environment markers for pip to weigh (2.5.1 asks for one sympy on Python 3.8 and another
+    # from 3.9: both at once cannot be installed).
+    unzip -p "$wheel" "torch-$VERSION.dist-info/METADATA" | sed -n 's/^Requires-Dist: //p' \
+        | grep -v -e 'extra ==' -e '^nvidia-' -e '^cuda-' -e '^triton' > "$DIR/requirements.txt"
     rm -rf "$DIR/deps" # (what an interrupted install left)
-    # shellcheck disable=SC2086
-    "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$DIR/deps" $requirements
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$DIR/deps" \
+        -r "$DIR/requirements.txt"
     touch "$DIR/deps/.installed"
 fi
 
