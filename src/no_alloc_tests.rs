@@ -198,7 +198,8 @@ fn hooks_do_not_allocate_in_steady_state() {
         e[layout.action..layout.action + 4].copy_from_slice(&3u32.to_ne_bytes());
         e[layout.addr..layout.addr + 8].copy_from_slice(&d.to_ne_bytes());
         e[layout.size..layout.size + 8].copy_from_slice(&SEGMENT.to_ne_bytes());
-        e[layout.mempool + 8..layout.mempool + 16].copy_from_slice(&1u64.to_ne_bytes());
+        let pool = layout.mempool.expect("2.11's entry has a pool");
+        e[pool + 8..pool + 16].copy_from_slice(&1u64.to_ne_bytes());
         track(&e);
     };
     private_segment();

@@ -171,7 +171,7 @@ fn try_attach() -> Option<AllocatorRoute> {
         return Some(AllocatorRoute::SegmentsOnly {
             reason: format!(
                 "PyTorch {version}: this memsnap knows the allocator's trace entries of \
-                 releases 2.8 to 2.15 only"
+                 releases 2.4 to 2.15 only"
             ),
         });
     };
@@ -310,9 +310,13 @@ unsafe fn rare_entry(
     };
     // SAFETY: the caller's; the pool's offsets are this release's, inside the live entry.
     let (f, pool) = unsafe {
-        let pool = PoolId {
-            first: (entry.add(layout.mempool) as *const u64).read_unaligned(),
-            second: (entry.add(layout.mempool + 8) as *const u64).read_unaligned(),
+        let pool = match layout.mempool {
+            Some(at) => PoolId {
+                first: (entry.add(at) as *const u64).read_unaligned(),
+                second: (entry.add(at + 8) as *const u64).read_unaligned(),
+            },
+            // Releases whose entries have no pool (2.4 to 2.7): the default pool's.
+            None => PoolId::DEFAULT,
         };
         (EntryFields::read(layout, entry), pool)
     };
