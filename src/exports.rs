@@ -5,6 +5,8 @@
 //!   written signature per wrapper) and listed here ([`cuda`]);
 //! - `dlsym`, which routes lookups of hooked driver functions to their wrappers;
 //! - the libc signal hooks (`sigaction` and the `signal` family), for the borrowed signals;
+//! - the exec family (`execve`, `execv`, `execvp`, `execvpe`, `fexecve`, `execveat`), for
+//!   the snapshot before the image is replaced (`lifecycle::exec`);
 //! - the public C API, `memsnap_*`, documented in `include/memsnap.h` (a test checks the
 //!   header against the library's exports);
 //! - with the `bench-hooks` feature only (never in the shipped library or the wheel): the
@@ -16,7 +18,7 @@
 // The exported names are libc's and CUDA's own.
 #![allow(non_snake_case)]
 
-use crate::lifecycle::api;
+use crate::lifecycle::{api, exec};
 use crate::signals::hooks;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -153,6 +155,42 @@ signal_exports! {
     sysv_signal;
     /// `__sysv_signal()`: what `signal()` becomes under `_XOPEN_SOURCE` in old headers.
     __sysv_signal;
+}
+
+// ---------------------------------------------------------------------------------------
+// The exec family (`lifecycle::exec`): in the process that records, an `exec` snapshot is
+// written before glibc's function replaces the image. The variadic `execl`, `execlp` and
+// `execle` are not hooked (stable Rust cannot define them; glibc's call its internal
+// `__execve`, not these symbols).
+
+/// Declares each exported member of the exec family, forwarding to its body.
+macro_rules! exec_exports {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As the glibc function of the same name.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            // SAFETY: the caller's arguments, forwarded under the same contract.
+            unsafe { exec::$name($($arg),*) }
+        }
+    )*};
+}
+
+exec_exports! {
+    /// `execve(2)`.
+    execve(path: *const c_char, argv: exec::Argv, envp: exec::Argv);
+    /// `execv(3)`.
+    execv(path: *const c_char, argv: exec::Argv);
+    /// `execvp(3)`.
+    execvp(file: *const c_char, argv: exec::Argv);
+    /// `execvpe(3)`.
+    execvpe(file: *const c_char, argv: exec::Argv, envp: exec::Argv);
+    /// `fexecve(3)`.
+    fexecve(fd: c_int, argv: exec::Argv, envp: exec::Argv);
+    /// `execveat(2)`.
+    execveat(dirfd: c_int, path: *const c_char, argv: exec::Argv, envp: exec::Argv, flags: c_int);
 }
 
 // ---------------------------------------------------------------------------------------

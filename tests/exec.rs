@@ -1,0 +1,126 @@
+//! The record before an `exec` (`lifecycle::exec`), on the fake CUDA driver: a program that
+//! records and then replaces its image gets an `exec` snapshot holding everything it
+//! recorded; an exec that fails returns its error to a program that is still recorded; a
+//! forked or vforked child execs at once, with no snapshot and no wait.
+
+mod common;
+
+use common::{Run, label_of, num, python_load_json, python_script, run_program, snapshot_files};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// The snapshots of `run` whose label is `label`.
+fn files_labelled(run: &Run, label: &str) -> Vec<PathBuf> {
+    snapshot_files(run.dir.path())
+        .into_iter()
+        .filter(|p| label_of(p).as_deref() == Some(label))
+        .collect()
+}
+
+/// The one snapshot labelled `label`, loaded.
+fn only(run: &Run, label: &str) -> (PathBuf, Value) {
+    let files = files_labelled(run, label);
+    assert_eq!(
+        files.len(),
+        1,
+        "expected one {label} snapshot, found {:?}\nstderr: {}",
+        snapshot_files(run.dir.path()),
+        run.stderr
+    );
+    let snap = python_load_json(&files[0]);
+    (files[0].clone(), snap)
+}
+
+/// (bytes, count) of the active blocks on device 0.
+fn live(snap: &Value) -> (u64, u64) {
+    let mut out = (0, 0);
+    for seg in snap["segments"].as_array().unwrap() {
+        if seg["device"] != 0 {
+            continue;
+        }
+        for b in seg["blocks"].as_array().unwrap() {
+            if b["state"] == "active_allocated" {
+                out.0 += b["size"].as_u64().unwrap();
+                out.1 += 1;
+            }
+        }
+    }
+    out
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn the_exec_snapshot_holds_everything_recorded_before_the_image_is_replaced() {
+    for (i, function) in ["execv", "execve", "execvp", "fexecve"]
+        .into_iter()
+        .enumerate()
+    {
+        let run = run_program("exec", &[function], &[], true);
+        run.assert_success();
+        let r = run.results();
+        // The new image ran, in the same process.
+        assert_eq!(
+            r["after_pid"], r["before_pid"],
+            "{function}\n{}",
+            run.stdout
+        );
+        let (path, snap) = only(&run, "exec");
+        if i == 0 {
+            python_script("tests/python/check_snapshot.py", &path);
+        }
+        assert_eq!(live(&snap), (2 * MIB, 2), "{function}");
+        assert_eq!(
+            snap["memsnap"]["pid"].as_u64().unwrap().to_string(),
+            r["before_pid"],
+            "{function}"
+        );
+        // The image that replaced it never allocated: nothing else was written.
+        assert_eq!(snapshot_files(run.dir.path()), vec![path], "{function}");
+    }
+}
+
+#[test]
+fn an_exec_that_fails_returns_its_error_and_recording_goes_on() {
+    let run = run_program("exec", &["missing"], &[], true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(r["exec_rc"], "-1");
+    assert_eq!(r["exec_enoent"], "1", "errno is what the real call set");
+    // Written before the call failed: what was recorded then.
+    let (_, before) = only(&run, "exec");
+    assert_eq!(live(&before), (MIB, 1));
+    // The program went on and was still recorded: its exit snapshot has everything.
+    let (_, exit) = only(&run, "exit");
+    let truth = run.truth_device(0);
+    assert_eq!(num(&truth, "live_bytes"), 3 * MIB);
+    assert_eq!(live(&exit), (3 * MIB, 2));
+}
+
+#[test]
+fn an_exec_snapshot_is_an_exit_snapshot_for_memsnap_at_exit() {
+    let run = run_program("exec", &["execv"], &[("MEMSNAP_AT_EXIT", "0")], true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(r["after_pid"], r["before_pid"]);
+    assert!(snapshot_files(run.dir.path()).is_empty());
+}
+
+#[test]
+fn a_forked_or_vforked_child_that_never_recorded_execs_at_once() {
+    for mode in ["fork", "vfork"] {
+        let run = run_program("exec", &[mode], &[], true);
+        run.assert_success();
+        let r = run.results();
+        assert_eq!(r["child_exit_ok"], "1", "{mode}\n{}", run.stdout);
+        assert_ne!(r["after_pid"], r["before_pid"], "{mode}: the child execed");
+        // No wait for a writer (the parent's exit wait is 60 s; a child that waited for one
+        // would take that long).
+        let child_ms: f64 = r["child_ms"].parse().unwrap();
+        assert!(child_ms < 5_000.0, "{mode}: the child took {child_ms} ms");
+        // Only the parent's exit snapshot: the child asked for none.
+        assert!(files_labelled(&run, "exec").is_empty(), "{mode}");
+        let (_, exit) = only(&run, "exit");
+        assert_eq!(live(&exit), (MIB, 1), "{mode}");
+    }
+}

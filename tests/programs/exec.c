@@ -1,0 +1,121 @@
+/* exec.c (static runtime): a program that records and then replaces its image, as Python's
+ * os.execv* and job wrappers that re-exec themselves do.
+ *
+ *   exec.c execv|execve|execvp|fexecve  allocates 2 x 1 MiB, then execs itself with "after"
+ *                                       through that function (the new image allocates nothing)
+ *   exec.c missing      allocates 1 MiB, execv of a path that does not exist (must fail with
+ *                       ENOENT), then allocates 2 MiB more and exits normally
+ *   exec.c fork         allocates 1 MiB, fork()s; the child (which never allocated) execs
+ *                       itself with "after"; the parent times the child from fork to its end
+ *   exec.c vfork        the same with vfork(): the child shares the parent's memory
+ *   exec.c after        what the new image runs: reports its pid and exits 0
+ *
+ * Results: before_pid, after_pid, exec_rc, exec_enoent, child_ms, child_exit_ok. */
+#include "prog_common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MIB (1u << 20)
+
+extern char **environ;
+
+static void *alloc(size_t bytes) {
+    void *p = NULL;
+    CHECK_RT(cudaMalloc(&p, bytes));
+    return p;
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static char self_path[4096];
+
+static void find_self(void) {
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    if (n <= 0) {
+        perror("readlink /proc/self/exe");
+        exit(1);
+    }
+    self_path[n] = 0;
+}
+
+/* Times a child from its creation to its end; reports it. */
+static void wait_child(pid_t child, double started) {
+    int status = 0;
+    if (waitpid(child, &status, 0) != child) {
+        perror("waitpid");
+        exit(1);
+    }
+    printf("result child_ms=%.0f\n", now_ms() - started);
+    printf("result child_exit_ok=%d\n", WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "execv";
+    if (strcmp(mode, "after") == 0) {
+        printf("result after_pid=%d\n", (int)getpid());
+        return 0;
+    }
+    find_self();
+    char *after[] = {self_path, "after", NULL};
+    printf("result before_pid=%d\n", (int)getpid());
+    fflush(stdout); /* the new image starts with empty buffers */
+
+    if (strcmp(mode, "missing") == 0) {
+        void *a = alloc(MIB);
+        char *missing[] = {"/nonexistent/memsnap-exec-test", NULL};
+        errno = 0;
+        int rc = execv(missing[0], missing);
+        int enoent = errno == ENOENT;
+        void *b = alloc(2 * MIB);
+        (void)a;
+        (void)b;
+        printf("result exec_rc=%d\n", rc);
+        printf("result exec_enoent=%d\n", enoent);
+        print_truth();
+        return 0;
+    }
+    if (strcmp(mode, "fork") == 0 || strcmp(mode, "vfork") == 0) {
+        void *a = alloc(MIB);
+        (void)a;
+        double started = now_ms();
+        pid_t child = strcmp(mode, "fork") == 0 ? fork() : vfork();
+        if (child < 0) {
+            perror("fork");
+            return 1;
+        }
+        if (child == 0) {
+            execv(self_path, after);
+            _exit(127);
+        }
+        wait_child(child, started);
+        print_truth();
+        return 0;
+    }
+
+    void *a = alloc(MIB);
+    void *b = alloc(MIB);
+    (void)a;
+    (void)b;
+    if (strcmp(mode, "execv") == 0) {
+        execv(self_path, after);
+    } else if (strcmp(mode, "execve") == 0) {
+        execve(self_path, after, environ);
+    } else if (strcmp(mode, "execvp") == 0) {
+        execvp(self_path, after);
+    } else if (strcmp(mode, "fexecve") == 0) {
+        int fd = open(self_path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) fexecve(fd, after, environ);
+    } else {
+        fprintf(stderr, "unknown mode %s\n", mode);
+        return 2;
+    }
+    perror("exec");
+    return 1;
+}
