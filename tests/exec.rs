@@ -52,13 +52,21 @@ const MIB: u64 = 1 << 20;
 
 #[test]
 fn the_exec_snapshot_holds_everything_recorded_before_the_image_is_replaced() {
-    for (i, function) in ["execv", "execve", "execvp", "fexecve"]
-        .into_iter()
-        .enumerate()
-    {
+    let functions = [
+        "execv", "execve", "execvp", "fexecve", "execl", "execlp", "execle",
+    ];
+    for (i, function) in functions.into_iter().enumerate() {
         let run = run_program("exec", &[function], &[], true);
         run.assert_success();
         let r = run.results();
+        if function.starts_with("execl") {
+            // Every argument arrived, those passed on the stack included, and execle's
+            // environment.
+            assert_eq!(r["after_argc"], "8", "{function}");
+            assert_eq!(r["after_last"], "a7", "{function}");
+            let mark = if function == "execle" { "le" } else { "none" };
+            assert_eq!(r["after_mark"], mark, "{function}");
+        }
         // The new image ran, in the same process.
         assert_eq!(
             r["after_pid"], r["before_pid"],
@@ -82,19 +90,24 @@ fn the_exec_snapshot_holds_everything_recorded_before_the_image_is_replaced() {
 
 #[test]
 fn an_exec_that_fails_returns_its_error_and_recording_goes_on() {
-    let run = run_program("exec", &["missing"], &[], true);
-    run.assert_success();
-    let r = run.results();
-    assert_eq!(r["exec_rc"], "-1");
-    assert_eq!(r["exec_enoent"], "1", "errno is what the real call set");
-    // Written before the call failed: what was recorded then.
-    let (_, before) = only(&run, "exec");
-    assert_eq!(live(&before), (MIB, 1));
-    // The program went on and was still recorded: its exit snapshot has everything.
-    let (_, exit) = only(&run, "exit");
-    let truth = run.truth_device(0);
-    assert_eq!(num(&truth, "live_bytes"), 3 * MIB);
-    assert_eq!(live(&exit), (3 * MIB, 2));
+    for function in ["execv", "execle"] {
+        let run = run_program("exec", &["missing", function], &[], true);
+        run.assert_success();
+        let r = run.results();
+        assert_eq!(r["exec_rc"], "-1", "{function}");
+        assert_eq!(
+            r["exec_enoent"], "1",
+            "{function}: errno is what the real call set"
+        );
+        // Written before the call failed: what was recorded then.
+        let (_, before) = only(&run, "exec");
+        assert_eq!(live(&before), (MIB, 1), "{function}");
+        // The program went on and was still recorded: its exit snapshot has everything.
+        let (_, exit) = only(&run, "exit");
+        let truth = run.truth_device(0);
+        assert_eq!(num(&truth, "live_bytes"), 3 * MIB, "{function}");
+        assert_eq!(live(&exit), (3 * MIB, 2), "{function}");
+    }
 }
 
 #[test]

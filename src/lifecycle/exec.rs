@@ -13,11 +13,15 @@
 //! recording process's memory without being it (`vfork`, `clone(CLONE_VM)`: its pid is not
 //! the recording process's).
 //!
-//! Not hooked: `execl`, `execlp` and `execle`. They are variadic, which stable Rust cannot
-//! define, and glibc's own build the argument array and call its internal `__execve`, never
-//! the `execve` symbol, so their calls do not reach the hooks above: a program that ends
-//! with one of them loses its record as before. `posix_spawn` is not an exec of the calling
-//! process (its child, made with `clone(CLONE_VFORK)`, calls `__execve` too).
+//! The variadic `execl`, `execlp` and `execle` cannot be defined in stable Rust, and
+//! glibc's own build their argument array and call its internal `__execve`, never the
+//! `execve` symbol, so the hooks above never see them. On x86-64 `exports.rs` defines them
+//! in assembly: the entry lays the arguments out as the array glibc would build (the
+//! registers' arguments pushed in front of those the caller left on the stack) and calls
+//! [`execl_array`], [`execlp_array`] or [`execle_array`], which go on as `execv`, `execvp`
+//! and `execve`. On other architectures they are not hooked: a program that ends with one
+//! of them loses its record, as without these hooks. `posix_spawn` replaces no image of the
+//! calling process (its child, made with `clone(CLONE_VFORK)`, calls `__execve` too).
 
 use super::EXIT_WAIT;
 use crate::channel::handshake::EXEC_DUMPS;
@@ -137,4 +141,42 @@ exec_family! {
     fexecve = FEXECVE(fd: c_int, argv: Argv, envp: Argv);
     /// `execveat(2)`.
     execveat = EXECVEAT(dirfd: c_int, path: *const c_char, argv: Argv, envp: Argv, flags: c_int);
+}
+
+/// `execl(path, arg0, ..., NULL)`, its arguments laid out as an array by the exported entry
+/// (`exports.rs`).
+///
+/// # Safety
+/// `argv` is a NULL-terminated array of C strings, as `execv(3)`'s.
+pub unsafe extern "C" fn execl_array(path: *const c_char, argv: Argv) -> c_int {
+    // SAFETY: the caller's arguments, as execv's.
+    unsafe { execv(path, argv) }
+}
+
+/// `execlp(file, arg0, ..., NULL)`, as [`execl_array`].
+///
+/// # Safety
+/// As [`execl_array`].
+pub unsafe extern "C" fn execlp_array(file: *const c_char, argv: Argv) -> c_int {
+    // SAFETY: the caller's arguments, as execvp's.
+    unsafe { execvp(file, argv) }
+}
+
+/// `execle(path, arg0, ..., NULL, envp)`, as [`execl_array`]: the environment is the
+/// pointer after the NULL that ends the arguments.
+///
+/// # Safety
+/// `argv` is a NULL-terminated array of C strings followed by the environment array.
+pub unsafe extern "C" fn execle_array(path: *const c_char, argv: Argv) -> c_int {
+    let mut n = 0;
+    // SAFETY: the caller passed the arguments up to a NULL, then the environment: every
+    // slot read here was passed.
+    let envp = unsafe {
+        while !(*argv.add(n)).is_null() {
+            n += 1;
+        }
+        *argv.add(n + 1)
+    };
+    // SAFETY: the caller's arguments, as execve's.
+    unsafe { execve(path, argv, envp.cast()) }
 }

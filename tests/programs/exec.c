@@ -1,16 +1,21 @@
 /* exec.c (static runtime): a program that records and then replaces its image, as Python's
  * os.execv* and job wrappers that re-exec themselves do.
  *
- *   exec.c execv|execve|execvp|fexecve  allocates 2 x 1 MiB, then execs itself with "after"
- *                                       through that function (the new image allocates nothing)
- *   exec.c missing      allocates 1 MiB, execv of a path that does not exist (must fail with
+ *   exec.c execv|execve|execvp|fexecve|execl|execlp|execle
+ *                       allocates 2 x 1 MiB, then execs itself with "after" through that
+ *                       function (the new image allocates nothing); the variadic ones pass
+ *                       eight arguments, so that some travel on the stack, and execle adds
+ *                       EXEC_MARK=le to the environment
+ *   exec.c missing [execv|execle]
+ *                       allocates 1 MiB, execs a path that does not exist (must fail with
  *                       ENOENT), then allocates 2 MiB more and exits normally
  *   exec.c fork         allocates 1 MiB, fork()s; the child (which never allocated) execs
  *                       itself with "after"; the parent times the child from fork to its end
  *   exec.c vfork        the same with vfork(): the child shares the parent's memory
- *   exec.c after        what the new image runs: reports its pid and exits 0
+ *   exec.c after        what the new image runs: reports its pid, arguments and EXEC_MARK
  *
- * Results: before_pid, after_pid, exec_rc, exec_enoent, child_ms, child_exit_ok. */
+ * Results: before_pid, after_pid, after_argc, after_last, after_mark, exec_rc, exec_enoent,
+ * child_ms, child_exit_ok. */
 #include "prog_common.h"
 
 #include <errno.h>
@@ -59,7 +64,11 @@ static void wait_child(pid_t child, double started) {
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "execv";
     if (strcmp(mode, "after") == 0) {
+        const char *mark = getenv("EXEC_MARK");
         printf("result after_pid=%d\n", (int)getpid());
+        printf("result after_argc=%d\n", argc);
+        printf("result after_last=%s\n", argv[argc - 1]);
+        printf("result after_mark=%s\n", mark ? mark : "none");
         return 0;
     }
     find_self();
@@ -70,8 +79,10 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "missing") == 0) {
         void *a = alloc(MIB);
         char *missing[] = {"/nonexistent/memsnap-exec-test", NULL};
+        int listed = argc > 2 && strcmp(argv[2], "execle") == 0;
         errno = 0;
-        int rc = execv(missing[0], missing);
+        int rc = listed ? execle(missing[0], missing[0], (char *)NULL, environ)
+                        : execv(missing[0], missing);
         int enoent = errno == ENOENT;
         void *b = alloc(2 * MIB);
         (void)a;
@@ -109,6 +120,18 @@ int main(int argc, char **argv) {
         execve(self_path, after, environ);
     } else if (strcmp(mode, "execvp") == 0) {
         execvp(self_path, after);
+    } else if (strcmp(mode, "execl") == 0) {
+        execl(self_path, self_path, "after", "a2", "a3", "a4", "a5", "a6", "a7", (char *)NULL);
+    } else if (strcmp(mode, "execlp") == 0) {
+        execlp(self_path, self_path, "after", "a2", "a3", "a4", "a5", "a6", "a7", (char *)NULL);
+    } else if (strcmp(mode, "execle") == 0) {
+        size_t n = 0;
+        while (environ[n]) n++;
+        char **env = calloc(n + 2, sizeof *env);
+        memcpy(env, environ, n * sizeof *env);
+        env[n] = "EXEC_MARK=le";
+        execle(self_path, self_path, "after", "a2", "a3", "a4", "a5", "a6", "a7", (char *)NULL,
+               env);
     } else if (strcmp(mode, "fexecve") == 0) {
         int fd = open(self_path, O_RDONLY | O_CLOEXEC);
         if (fd >= 0) fexecve(fd, after, environ);
