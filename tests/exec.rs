@@ -120,6 +120,25 @@ fn an_exec_snapshot_is_an_exit_snapshot_for_memsnap_at_exit() {
 }
 
 #[test]
+fn a_signal_the_program_ignores_is_inherited_ignored_by_the_new_image() {
+    // Without memsnap, SIGUSR1 ignored before an exec stays ignored in the new image; the
+    // dump signal's handler in the kernel would have become the default (death) there.
+    let plain = run_program("exec", &["ignored"], &[], false);
+    plain.assert_success();
+    assert_eq!(plain.results()["after_usr1_ignored"], "1");
+    let run = run_program("exec", &["ignored"], &[], true);
+    run.assert_success();
+    assert_eq!(run.results()["after_usr1_ignored"], "1");
+    assert_eq!(live(&only(&run, "exec").1), (MIB, 1));
+    // An exec that fails puts memsnap's handler back: the dump signal still works.
+    let run = run_program("exec", &["ignored", "missing"], &[], true);
+    run.assert_success();
+    assert_eq!(run.results()["exec_rc"], "-1");
+    assert_eq!(run.results()["signal_snapshot"], "1", "{}", run.stderr);
+    assert_eq!(live(&only(&run, "signal").1), (MIB, 1));
+}
+
+#[test]
 fn a_forked_or_vforked_child_that_never_recorded_execs_at_once() {
     for mode in ["fork", "vfork"] {
         let run = run_program("exec", &[mode], &[], true);

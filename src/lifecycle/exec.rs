@@ -5,7 +5,10 @@
 //! themselves). In the process that records, each hook asks the writer for an `exec`
 //! snapshot and waits until it is on disk (at most the exit wait; never once the writer is
 //! gone), then calls glibc's function of the same name. Recording stays on: an exec that
-//! fails returns -1 with the errno glibc set, to a program that is still recorded.
+//! fails returns -1 with the errno glibc set, to a program that is still recorded. Every
+//! caller, just before glibc's function, has the signals the program ignores ignored in the
+//! kernel too (`signals::before_exec`): the new image inherits them ignored, as without
+//! memsnap, where memsnap's handler would have become the default action.
 //!
 //! Cold. Every other caller goes to glibc at once, with atomic loads and `getpid` on the way:
 //! no allocation, no lock, no wait. That is a forked child that never recorded (its state
@@ -27,6 +30,7 @@ use super::EXIT_WAIT;
 use crate::channel::handshake::EXEC_DUMPS;
 use crate::process::dlsym::real_dlsym;
 use crate::process::recording;
+use crate::signals;
 use std::ffi::{CStr, c_char, c_int};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::*};
 
@@ -121,9 +125,19 @@ macro_rules! exec_family {
             before_exec();
             let Some(p) = real($index) else { return -1 };
             type Real = unsafe extern "C" fn($($ty),*) -> c_int;
+            let ignored = signals::before_exec();
             // SAFETY: glibc's function of this name (its signature is `Real`), with the
             // caller's arguments.
-            unsafe { std::mem::transmute::<usize, Real>(p)($($arg),*) }
+            let rc = unsafe { std::mem::transmute::<usize, Real>(p)($($arg),*) };
+            if ignored {
+                // Failed: the program goes on, memsnap's handler with it (errno kept).
+                // SAFETY: errno is thread-local.
+                let errno = unsafe { *libc::__errno_location() };
+                signals::after_failed_exec();
+                // SAFETY: as above.
+                unsafe { *libc::__errno_location() = errno };
+            }
+            rc
         }
     )*};
 }

@@ -9,17 +9,23 @@
  *   exec.c missing [execv|execle]
  *                       allocates 1 MiB, execs a path that does not exist (must fail with
  *                       ENOENT), then allocates 2 MiB more and exits normally
+ *   exec.c ignored [missing]
+ *                       allocates 1 MiB, ignores SIGUSR1 (memsnap's dump signal), execs itself
+ *                       with "after", or with "missing" a path that does not exist, then
+ *                       sends itself SIGUSR1 and waits (at most 10 s) for a signal snapshot
  *   exec.c fork         allocates 1 MiB, fork()s; the child (which never allocated) execs
  *                       itself with "after"; the parent times the child from fork to its end
  *   exec.c vfork        the same with vfork(): the child shares the parent's memory
- *   exec.c after        what the new image runs: reports its pid, arguments and EXEC_MARK
+ *   exec.c after        what the new image runs: reports its pid, arguments, EXEC_MARK and
+ *                       whether it inherited SIGUSR1 ignored
  *
- * Results: before_pid, after_pid, after_argc, after_last, after_mark, exec_rc, exec_enoent,
- * child_ms, child_exit_ok. */
+ * Results: before_pid, after_pid, after_argc, after_last, after_mark, after_usr1_ignored,
+ * exec_rc, exec_enoent, signal_snapshot, child_ms, child_exit_ok. */
 #include "prog_common.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,6 +75,9 @@ int main(int argc, char **argv) {
         printf("result after_argc=%d\n", argc);
         printf("result after_last=%s\n", argv[argc - 1]);
         printf("result after_mark=%s\n", mark ? mark : "none");
+        struct sigaction usr1;
+        sigaction(SIGUSR1, NULL, &usr1);
+        printf("result after_usr1_ignored=%d\n", usr1.sa_handler == SIG_IGN);
         return 0;
     }
     find_self();
@@ -90,6 +99,28 @@ int main(int argc, char **argv) {
         printf("result exec_rc=%d\n", rc);
         printf("result exec_enoent=%d\n", enoent);
         print_truth();
+        return 0;
+    }
+    if (strcmp(mode, "ignored") == 0) {
+        void *a = alloc(MIB);
+        (void)a;
+        signal(SIGUSR1, SIG_IGN);
+        if (argc > 2 && strcmp(argv[2], "missing") == 0) {
+            char *missing[] = {"/nonexistent/memsnap-exec-test", NULL};
+            printf("result exec_rc=%d\n", execv(missing[0], missing));
+        } else {
+            execv(self_path, after);
+            perror("exec");
+            return 1;
+        }
+        /* memsnap's handler is back: the dump signal still asks for a snapshot. */
+        kill(getpid(), SIGUSR1);
+        int found = 0;
+        for (int i = 0; i < 1000 && !found; i++) {
+            found = count_files("-signal-") > 0;
+            if (!found) sleep_ms(10);
+        }
+        printf("result signal_snapshot=%d\n", found);
         return 0;
     }
     if (strcmp(mode, "fork") == 0 || strcmp(mode, "vfork") == 0) {
