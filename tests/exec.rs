@@ -55,6 +55,7 @@ fn the_exec_snapshot_holds_everything_recorded_before_the_image_is_replaced() {
     let functions = [
         "execv", "execve", "execvp", "fexecve", "execl", "execlp", "execle",
     ];
+    let plain = run_program("exec", &["execv"], &[], false).results();
     for (i, function) in functions.into_iter().enumerate() {
         let run = run_program("exec", &[function], &[], true);
         run.assert_success();
@@ -67,6 +68,9 @@ fn the_exec_snapshot_holds_everything_recorded_before_the_image_is_replaced() {
             let mark = if function == "execle" { "le" } else { "none" };
             assert_eq!(r["after_mark"], mark, "{function}");
         }
+        // None of memsnap's descriptors (folders, socket, wake-ups) outlives the image: the
+        // new image holds what it holds without memsnap (what the test runner passed on).
+        assert_eq!(r["after_open_fds"], plain["after_open_fds"], "{function}");
         // The new image ran, in the same process.
         assert_eq!(
             r["after_pid"], r["before_pid"],
@@ -86,6 +90,22 @@ fn the_exec_snapshot_holds_everything_recorded_before_the_image_is_replaced() {
         // The image that replaced it never allocated: nothing else was written.
         assert_eq!(snapshot_files(run.dir.path()), vec![path], "{function}");
     }
+}
+
+#[test]
+fn an_image_that_records_after_the_exec_keeps_its_own_record() {
+    // A job wrapper that re-execs itself: both images record, in the same process.
+    let run = run_program("exec", &["reexec"], &[], true);
+    run.assert_success();
+    let r = run.results();
+    assert_eq!(r["after_pid"], r["before_pid"]);
+    assert_eq!(live(&only(&run, "exec").1), (2 * MIB, 2));
+    // The new image's exit snapshot holds its own allocation only (the fake driver starts
+    // afresh with the image too).
+    let (_, exit) = only(&run, "exit");
+    assert_eq!(num(&run.truth_device(0), "live_bytes"), MIB);
+    assert_eq!(live(&exit), (MIB, 1));
+    assert_eq!(snapshot_files(run.dir.path()).len(), 2);
 }
 
 #[test]

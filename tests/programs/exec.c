@@ -16,10 +16,12 @@
  *   exec.c fork         allocates 1 MiB, fork()s; the child (which never allocated) execs
  *                       itself with "after"; the parent times the child from fork to its end
  *   exec.c vfork        the same with vfork(): the child shares the parent's memory
- *   exec.c after        what the new image runs: reports its pid, arguments, EXEC_MARK and
- *                       whether it inherited SIGUSR1 ignored
+ *   exec.c reexec       as execv, and the new image allocates 1 MiB of its own ("after alloc")
+ *   exec.c after        what the new image runs: reports its pid, arguments, EXEC_MARK,
+ *                       whether it inherited SIGUSR1 ignored, and its descriptors above 2
  *
  * Results: before_pid, after_pid, after_argc, after_last, after_mark, after_usr1_ignored,
+ * after_open_fds,
  * exec_rc, exec_enoent, signal_snapshot, child_ms, child_exit_ok. */
 #include "prog_common.h"
 
@@ -78,6 +80,19 @@ int main(int argc, char **argv) {
         struct sigaction usr1;
         sigaction(SIGUSR1, NULL, &usr1);
         printf("result after_usr1_ignored=%d\n", usr1.sa_handler == SIG_IGN);
+        /* Descriptors the new image inherited beyond 0, 1, 2 (the listing's own excepted). */
+        int fds = 0;
+        DIR *dir = opendir("/proc/self/fd");
+        struct dirent *e;
+        while (dir && (e = readdir(dir)) != NULL)
+            if (e->d_name[0] != '.' && atoi(e->d_name) > 2 && atoi(e->d_name) != dirfd(dir)) fds++;
+        if (dir) closedir(dir);
+        printf("result after_open_fds=%d\n", fds);
+        if (strcmp(argv[argc - 1], "alloc") == 0) {
+            void *c = alloc(MIB);
+            (void)c;
+            print_truth();
+        }
         return 0;
     }
     find_self();
@@ -147,6 +162,9 @@ int main(int argc, char **argv) {
     (void)b;
     if (strcmp(mode, "execv") == 0) {
         execv(self_path, after);
+    } else if (strcmp(mode, "reexec") == 0) {
+        char *again[] = {self_path, "after", "alloc", NULL};
+        execv(self_path, again);
     } else if (strcmp(mode, "execve") == 0) {
         execve(self_path, after, environ);
     } else if (strcmp(mode, "execvp") == 0) {
