@@ -87,8 +87,30 @@ fn the_exec_snapshot_holds_everything_recorded_before_the_image_is_replaced() {
             r["before_pid"],
             "{function}"
         );
+        // The exit line, which the replaced image never prints, came before the exec.
+        let exec_name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            run.stderr.contains("memsnap: wrote 1 snapshot") && run.stderr.contains(&exec_name),
+            "{function}: {}",
+            run.stderr
+        );
         // The image that replaced it never allocated: nothing else was written.
         assert_eq!(snapshot_files(run.dir.path()), vec![path], "{function}");
+    }
+}
+
+#[test]
+fn pythons_os_exec_functions_keep_the_record() {
+    for function in ["execv", "execve", "execvp", "execvpe"] {
+        let run = run_program("py_exec.py", &[function], &[], true);
+        run.assert_success();
+        let r = run.results();
+        assert_eq!(
+            r["after_pid"], r["before_pid"],
+            "{function}\n{}",
+            run.stderr
+        );
+        assert_eq!(live(&only(&run, "exec").1), (3 * MIB, 2), "{function}");
     }
 }
 
