@@ -10,11 +10,12 @@
 //! kernel too (`signals::before_exec`): the new image inherits them ignored, as without
 //! memsnap, where memsnap's handler would have become the default action.
 //!
-//! Cold. Every other caller goes to glibc at once, with atomic loads and `getpid` on the way:
+//! Cold. Every other caller goes to glibc at once, past atomic loads, `getpid` and a thread-local:
 //! no allocation, no lock, no wait. That is a forked child that never recorded (its state
-//! went back to "never started" in the fork handler), and a child that shares the
+//! went back to "never started" in the fork handler); a child that shares the
 //! recording process's memory without being it (`vfork`, `clone(CLONE_VM)`: its pid is not
-//! the recording process's).
+//! the recording process's); and a signal handler that execs from inside one of memsnap's
+//! hooks on its thread (the writer could be waiting for what that hook holds).
 //!
 //! The variadic `execl`, `execlp` and `execle` cannot be defined in stable Rust, and
 //! glibc's own build their argument array and call its internal `__execve`, never the
@@ -53,6 +54,11 @@ fn before_exec() {
     if unsafe { libc::getpid() } != RECORDING_PID.load(Acquire) {
         // The child of a vfork (or a clone sharing memory): the writer is not its own, and
         // the parent is suspended until it execs.
+        return;
+    }
+    if crate::guard::inside_hook_or_internal() {
+        // A signal handler that interrupted one of memsnap's hooks on this thread (or
+        // memsnap's own thread): the writer may need what the interrupted hook holds.
         return;
     }
     let Some(rec) = recording::recorder_if_started() else {
