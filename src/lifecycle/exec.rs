@@ -168,6 +168,7 @@ exec_family! {
 ///
 /// # Safety
 /// `argv` is a NULL-terminated array of C strings, as `execv(3)`'s.
+#[cfg(target_arch = "x86_64")]
 pub unsafe extern "C" fn execl_array(path: *const c_char, argv: Argv) -> c_int {
     // SAFETY: the caller's arguments, as execv's.
     unsafe { execv(path, argv) }
@@ -177,6 +178,7 @@ pub unsafe extern "C" fn execl_array(path: *const c_char, argv: Argv) -> c_int {
 ///
 /// # Safety
 /// As [`execl_array`].
+#[cfg(target_arch = "x86_64")]
 pub unsafe extern "C" fn execlp_array(file: *const c_char, argv: Argv) -> c_int {
     // SAFETY: the caller's arguments, as execvp's.
     unsafe { execvp(file, argv) }
@@ -187,6 +189,7 @@ pub unsafe extern "C" fn execlp_array(file: *const c_char, argv: Argv) -> c_int 
 ///
 /// # Safety
 /// `argv` is a NULL-terminated array of C strings followed by the environment array.
+#[cfg(target_arch = "x86_64")]
 pub unsafe extern "C" fn execle_array(path: *const c_char, argv: Argv) -> c_int {
     let mut n = 0;
     // SAFETY: the caller passed the arguments up to a NULL, then the environment: every
