@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # validate-host.sh [LIB]: the host-behaviour fault shapes on the fake CUDA driver, with
-# figures (docs/VALIDATION.md, "host behaviour"). No GPU. Needs `cargo build` (LIB defaults
-# to target/debug/libmemsnap.so) and the fake driver (built here into target/tmp/fake-cuda).
+# figures (docs/VALIDATION.md, "Host behaviour on the fake driver"). No GPU. Needs `cargo
+# build` (LIB defaults to target/debug/libmemsnap.so) and the fake driver (built here into
+# target/tmp/fake-cuda).
 #
 #   1. SIGTERM, SIGSEGV (sent) and SIGTERM twice (5 ms apart) to `load T wait` while T threads
 #      allocate at full speed, T = 1..32: time from the first kill to the reaped exit, the exit

@@ -4,7 +4,7 @@ the last R walks instead of only the previous one: an estimate from a snapshot's
     python3 scripts/bench/reuse_depth.py SNAPSHOT.pickle [R ...]   (default R: 1 2 4 ... 512)
     python3 scripts/bench/reuse_depth.py --paths SNAPSHOT.pickle [W]  (default W: 450)
 
-The native walk (src/capture/native.rs) unwinds a stack's frames from the innermost until it
+The native walk (src/capture/native/) unwinds a stack's frames from the innermost until it
 meets the previous walk in the same unwinder state, then takes the rest from it. A snapshot
 does not keep unwinder states, so this compares frames: two stacks share an outer part when
 their native frames, compared by file, function and line from the outermost, are the same;
@@ -14,7 +14,7 @@ depth minus the longest shared outer part with any of the R stacks before it. Py
 are skipped (they have fewer predecessors). Prints, per R: the mean frames unwound, the share
 of stacks that would unwind none, and the median.
 
---paths: how many nodes the native walk's tree of paths (src/capture/native.rs: a node per
+--paths: how many nodes the native walk's tree of paths (src/capture/native/paths.rs: a node per
 frame and the path outside it) needs for these stacks: the distinct outer parts of the
 stacks' native frames (each frame with all the frames outside it), over the whole snapshot
 and per window of W consecutive stacks (a training step's worth: 450 in the transformer of

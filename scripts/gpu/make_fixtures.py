@@ -21,7 +21,7 @@ refuses any other invocation. Every Python stack in the files therefore starts w
 
 The lines that tests look for end in a `# FIXTURE-ANCHOR: <name>` comment; the tests find
 the line number by reading this file, so lines may move. Rename an anchor only together
-with the tests that use it (tests/cli.rs, crates/format/src/pickle_read.rs).
+with the tests that use it (tests/cli.rs, crates/format/src/pickle_read/fixtures.rs).
 """
 
 import json

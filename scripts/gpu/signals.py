@@ -1,9 +1,15 @@
 """memsnap's borrowed signals on a real GPU: a Lightning fit whose SLURM handler takes SIGUSR1,
-a PyTorch job that aborts, one killed with SIGTERM, and `memsnap dump` of one that registered
-faulthandler on SIGUSR1. Each case runs scripts/gpu/signal_child.py; the abort and SIGTERM
-cases also run without memsnap to compare how the job ended.
+a PyTorch job that aborts, one killed with SIGTERM, `memsnap dump` of one that registered
+faulthandler on SIGUSR1 (asked through the live socket: no signal), a job compiled with
+torch.compile(mode="reduce-overhead") and cold compile caches sent SIGUSR1 twice (it must live
+on), and Ctrl-C on a PyTorch job. Each case runs scripts/gpu/signal_child.py; the abort,
+SIGTERM and Ctrl-C cases also run without memsnap to compare how the job ended.
 
-    python3 scripts/gpu/signals.py --lib target/release/libmemsnap.so --cli target/release/memsnap --out OUT
+    python3 scripts/gpu/signals.py --lib target/release/libmemsnap.so --cli target/release/memsnap --out OUT \
+        [--sigaction-log sigaction_log.so] [--only CASE,...]
+
+--sigaction-log: scripts/gpu/sigaction_log.c built as a library, preloaded before memsnap in the
+torch.compile case, so that its detail names every library that set SIGUSR1 and how.
 
 Writes OUT/signals.json and prints one line per case; exits 1 if any case failed.
 """
@@ -143,10 +149,11 @@ def case_dump_faulthandler(lib, cli):
     with open(os.path.join(folder, "traceback.txt")) as f:
         tb = f.read()
     path = d.stdout.strip()
+    # `memsnap dump` asks through the process's live socket (docs/LIVE.md): no signal
+    # interrupts the job, so faulthandler, registered on the dump signal, stays silent.
     checks = {
         "dump printed the file": d.returncode == 0 and os.path.isfile(path),
-        "dump said it was received": "received the signal" in d.stderr,
-        "faulthandler's traceback written": "signal_child.py" in tb,
+        "asked through the socket, no signal (faulthandler silent)": "signal_child.py" not in tb,
         "job exited 0": rc == 0,
     }
     return checks, {"dump_stdout": path, "dump_stderr": d.stderr.strip()}

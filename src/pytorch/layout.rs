@@ -35,6 +35,11 @@ pub struct TraceEntryLayout {
     /// `size_t size_`: the requested size for block events, the segment's for segment
     /// events.
     pub size: usize,
+    /// `MempoolId_t mempool_`: two 64-bit ids, the pool that owns the block or segment
+    /// (`(0, 0)`: the default pool; a CUDA graph's private pool or a `torch.cuda.MemPool`
+    /// otherwise). Read for segment entries only (`SEGMENT_ALLOC`, `SEGMENT_MAP`), where
+    /// PyTorch passes the segment's `pool->owner_MempoolId()`.
+    pub mempool: usize,
     /// `trace_time_ time_`: when PyTorch made the entry, on its approximate clock, which on
     /// x86-64 is the time-stamp counter (`rdtsc` in `record_trace` of every release from
     /// 2.8 to 2.15, read from the wheels' `libc10_cuda.so`): the event clock's own reading
@@ -68,6 +73,7 @@ const FROM_2_8: TraceEntryLayout = TraceEntryLayout {
     addr: 8,
     stream: 32,
     size: 40,
+    mempool: 48,
     time: 64,
 };
 
@@ -181,6 +187,15 @@ mod tests {
         assert_eq!(version_from_py(text), Some("2.11.0+cu130"));
         assert_eq!(version_from_py("__version__ = \"2.9.1\"\n"), Some("2.9.1"));
         assert_eq!(version_from_py("version = '1'\n"), None);
+    }
+
+    #[test]
+    fn the_pool_id_sits_between_the_size_and_the_time() {
+        // `size_t size_` ends at 48 and `trace_time_ time_` starts at 64: the two 64-bit
+        // ids of `MempoolId_t` fill the gap exactly.
+        let l = FROM_2_8;
+        assert_eq!(l.mempool, l.size + 8);
+        assert_eq!(l.mempool + 16, l.time);
     }
 
     #[test]

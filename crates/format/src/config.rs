@@ -9,7 +9,8 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-/// Names of every variable memsnap reads. The README documents each of them.
+/// Names of every variable memsnap reads. docs/SETTINGS.md documents each of them
+/// (`tests/doc_paths.rs` checks it).
 pub mod var {
     pub const DISABLE: &str = "MEMSNAP_DISABLE";
     pub const FOLDER: &str = "MEMSNAP_FOLDER";
