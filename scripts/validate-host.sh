@@ -79,7 +79,7 @@ for mode in double-term two-faults; do
 done
 
 echo "# 4. exec (exec MODE)"
-for args in execv execve execvp fexecve execl execlp execle reexec "missing execv" \
+for args in execv execve execvp execvpe fexecve execveat execl execlp execle reexec "missing execv" \
     "missing execle" fork vfork ignored "ignored missing"; do
     dir=$(mktemp -d)
     t0=$(ms)

@@ -59,14 +59,21 @@ const VARIADIC: &[&str] = if cfg!(target_arch = "x86_64") {
 
 #[test]
 fn the_exec_snapshot_holds_everything_recorded_before_the_image_is_replaced() {
-    let functions = ["execv", "execve", "execvp", "fexecve"]
-        .into_iter()
-        .chain(VARIADIC.iter().copied());
+    let functions = [
+        "execv", "execve", "execvp", "execvpe", "fexecve", "execveat",
+    ]
+    .into_iter()
+    .chain(VARIADIC.iter().copied());
     let plain = run_program("exec", &["execv"], &[], false).results();
     for (i, function) in functions.enumerate() {
         let run = run_program("exec", &[function], &[], true);
         run.assert_success();
         let r = run.results();
+        if r.contains_key("unsupported") {
+            // execveat before glibc 2.34: memsnap's hook fails as glibc's absence would.
+            assert_eq!(function, "execveat");
+            continue;
+        }
         if function.starts_with("execl") {
             // Every argument arrived, those passed on the stack included, and execle's
             // environment.

@@ -1,7 +1,7 @@
 /* exec.c (static runtime): a program that records and then replaces its image, as Python's
  * os.execv* and job wrappers that re-exec themselves do.
  *
- *   exec.c execv|execve|execvp|fexecve|execl|execlp|execle
+ *   exec.c execv|execve|execvp|execvpe|fexecve|execveat|execl|execlp|execle
  *                       allocates 2 x 1 MiB, then execs itself with "after" through that
  *                       function (the new image allocates nothing); the variadic ones pass
  *                       eight arguments, so that some travel on the stack, and execle adds
@@ -20,7 +20,7 @@
  *   exec.c after        what the new image runs: reports its pid, arguments, EXEC_MARK,
  *                       whether it inherited SIGUSR1 ignored, and its descriptors above 2
  *
- * Results: before_pid, after_pid, after_argc, after_last, after_mark, after_usr1_ignored,
+ * Results: unsupported (execveat where glibc has none), before_pid, after_pid, after_argc, after_last, after_mark, after_usr1_ignored,
  * after_open_fds,
  * exec_rc, exec_enoent, signal_snapshot, child_ms, child_exit_ok. */
 #include "prog_common.h"
@@ -169,6 +169,19 @@ int main(int argc, char **argv) {
         execve(self_path, after, environ);
     } else if (strcmp(mode, "execvp") == 0) {
         execvp(self_path, after);
+    } else if (strcmp(mode, "execvpe") == 0) {
+        execvpe(self_path, after, environ);
+    } else if (strcmp(mode, "execveat") == 0) {
+        /* Looked up, as a call would bind it: glibc before 2.34 has no execveat. */
+        int (*at)(int, const char *, char *const[], char *const[], int) =
+            (int (*)(int, const char *, char *const[], char *const[], int))dlsym(RTLD_DEFAULT,
+                                                                                "execveat");
+        int fd = open(self_path, O_RDONLY | O_CLOEXEC);
+        if (at && fd >= 0) at(fd, "", after, environ, AT_EMPTY_PATH);
+        if (!at || errno == ENOSYS) {
+            printf("result unsupported=1\n"); /* this glibc has no execveat */
+            return 0;
+        }
     } else if (strcmp(mode, "execl") == 0) {
         execl(self_path, self_path, "after", "a2", "a3", "a4", "a5", "a6", "a7", (char *)NULL);
     } else if (strcmp(mode, "execlp") == 0) {
