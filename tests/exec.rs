@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{Run, label_of, num, python_load_json, python_script, run_program, snapshot_files};
+use common::{
+    Run, csv, label_of, num, python_load_json, python_script, run_program, snapshot_files,
+};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -168,12 +170,23 @@ fn an_exec_that_fails_returns_its_error_and_recording_goes_on() {
 }
 
 #[test]
-fn an_exec_snapshot_is_an_exit_snapshot_for_memsnap_at_exit() {
-    let run = run_program("exec", &["execv"], &[("MEMSNAP_AT_EXIT", "0")], true);
+fn an_exec_snapshot_is_an_exit_snapshot_for_memsnap_at_exit_and_memsnap_stats() {
+    let stats_dir = tempfile::tempdir().unwrap();
+    let stats = stats_dir.path().join("mem.csv");
+    let env = [
+        ("MEMSNAP_AT_EXIT", "0"),
+        ("MEMSNAP_STATS", stats.to_str().unwrap()),
+    ];
+    let run = run_program("exec", &["execv"], &env, true);
     run.assert_success();
     let r = run.results();
     assert_eq!(r["after_pid"], r["before_pid"]);
     assert!(snapshot_files(run.dir.path()).is_empty());
+    // The stats row an exit would have written, with what was live before the exec.
+    let rows = csv(&stats);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["reason"], "exec");
+    assert_eq!(num(&rows[0], "allocated_bytes"), 2 * MIB);
 }
 
 #[test]

@@ -97,11 +97,12 @@ impl Writer {
         if !exec.is_empty() {
             // The image is about to be replaced, with no exit of its own: this snapshot stands
             // in for its exit snapshot (and, like it, is off with MEMSNAP_AT_EXIT=0), and the
-            // exit line is printed now, which the image's exit never will. One file serves
-            // every thread that asked meanwhile.
+            // exit's stats row and line are written now, which the image's exit never will.
+            // One file serves every thread that asked meanwhile.
             if self.cfg.at_exit {
                 let _ = self.dump(Reason::Exec, "");
             }
+            self.write_stats(Reason::Exec);
             self.report_at_exit();
             EXEC_DUMPS.complete(*exec.end());
         }
