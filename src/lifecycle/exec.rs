@@ -10,12 +10,12 @@
 //! kernel too (`signals::before_exec`): the new image inherits them ignored, as without
 //! memsnap, where memsnap's handler would have become the default action.
 //!
-//! Cold. Every other caller goes to glibc at once, past atomic loads, `getpid` and a thread-local:
-//! no allocation, no lock, no wait. That is a forked child that never recorded (its state
-//! went back to "never started" in the fork handler); a child that shares the
-//! recording process's memory without being it (`vfork`, `clone(CLONE_VM)`: its pid is not
-//! the recording process's); and a signal handler that execs from inside one of memsnap's
-//! hooks on its thread (the writer could be waiting for what that hook holds).
+//! Cold. Every other caller goes to glibc at once, past atomic loads, `getpid` and a
+//! thread-local: no allocation, no lock, no wait. That is a forked child that never
+//! recorded (its state went back to "never started" in the fork handler); a child that
+//! shares the recording process's memory without being it (`vfork`, `clone(CLONE_VM)`: its
+//! pid is not the recording process's); and a signal handler that execs from inside one of
+//! memsnap's hooks on its thread (the writer could be waiting for what that hook holds).
 //!
 //! The variadic `execl`, `execlp` and `execle` cannot be defined in stable Rust, and
 //! glibc's own build their argument array and call its internal `__execve`, never the
@@ -70,7 +70,8 @@ fn before_exec() {
 }
 
 /// glibc's functions, found once (`resolve`, when the library is loaded) so that the path
-/// of a forked or vforked child never looks anything up.
+/// of a forked or vforked child looks nothing up (only a function this glibc lacks is
+/// looked for again, at its call).
 static REAL: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
 const NAMES: [&CStr; 6] = [
     c"execve",
