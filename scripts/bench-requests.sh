@@ -5,17 +5,22 @@
 # (a request figure from a run that lost events is void). From the request to the file (dump,
 # signal, oom) or to the process's end (exit, term).
 #
-#   bash scripts/bench-requests.sh        (RUNS=5 by default; LIB=... another build; prints
-#                                          a Markdown table)
+#   bash scripts/bench-requests.sh        (RUNS=5 by default; LIB=... another build; FAKE_CUDA=...
+#                                          below; prints a Markdown table)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -n "${LIB:-}" ] || cargo build --release --workspace --quiet
 OUT=target/bench-requests
-bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
+mkdir -p "$OUT"
+# FAKE_CUDA=DIR: a simulated driver and test programs built before (scripts/build-fake-cuda.sh
+# DIR), for a machine that cannot build them (one without the C++ stand-in's compiler).
+FAKE=${FAKE_CUDA:-$OUT/fake-cuda}
+[ -n "${FAKE_CUDA:-}" ] || bash scripts/build-fake-cuda.sh "$FAKE" >/dev/null
+FAKE=$(cd "$FAKE" && pwd)
 LIB=${LIB:-$PWD/target/release/libmemsnap.so}
-BIN=$PWD/$OUT/fake-cuda/bin/load
+BIN=$FAKE/bin/load
 RUNS=${RUNS:-5}
-export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDA_CAPACITY=80G MEMSNAP_STACKS=all MEMSNAP_QUIET=1
+export LD_LIBRARY_PATH=$FAKE/lib FAKE_CUDA_CAPACITY=80G MEMSNAP_STACKS=all MEMSNAP_QUIET=1
 
 echo "command: bash scripts/bench-requests.sh (RUNS=$RUNS)"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"

@@ -551,3 +551,26 @@ fn a_program_that_closes_every_descriptor_keeps_its_files_to_itself() {
     let stats = std::fs::read_to_string(run.dir.path().join("stats.csv")).unwrap();
     assert!(stats.lines().any(|l| l.contains(",exit,")), "{stats}");
 }
+
+/// A program that exits while other threads still allocate: its exit snapshot holds what
+/// came before `exit()`, and what the threads do after it is not reported as a loss (the
+/// writer ended because the program did, not early).
+#[test]
+fn exiting_while_threads_allocate_reports_no_loss() {
+    for _ in 0..3 {
+        let run = run_program(
+            "load",
+            &["8", "exit"],
+            &[("FAKE_CUDA_CAPACITY", "80G")],
+            true,
+        );
+        run.assert_success();
+        assert!(!run.stderr.contains("stopped early"), "{}", run.stderr);
+        let exit = snapshot_files(run.dir.path())
+            .into_iter()
+            .find(|p| label_of(p).as_deref() == Some("exit"))
+            .expect("the exit snapshot");
+        let snap = python_load_json(&exit);
+        assert_eq!(snap["memsnap"]["dropped_events"], 0, "{}", snap["memsnap"]);
+    }
+}

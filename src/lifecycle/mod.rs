@@ -155,6 +155,9 @@ extern "C" fn at_exit() {
         let uploads = Duration::from_millis(UPLOAD_WAIT_MS.load(Relaxed));
         rec.wait_for(|| EXIT_DONE.load(Acquire), EXIT_WAIT + uploads);
         recording::turn_off();
+        // What other threads allocate after the exit snapshot (the program is ending) is
+        // not the record's to lose: the writer ended because it was asked to.
+        return;
     } else if !WRITER_ENDED_EARLY.load(Acquire) {
         return; // never started
     }
