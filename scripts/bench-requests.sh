@@ -9,7 +9,7 @@
 #                                          a Markdown table)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cargo build --release --workspace --quiet
+[ -n "${LIB:-}" ] || cargo build --release --workspace --quiet
 OUT=target/bench-requests
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
 LIB=${LIB:-$PWD/target/release/libmemsnap.so}

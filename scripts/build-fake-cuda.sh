@@ -29,14 +29,14 @@ TORCH=$ROOT/tests/fake_torch
 mkdir -p "$1"
 OUT=$(cd "$1" && pwd)
 
-STATIC_RT_PROGRAMS="static_rt oom threads handoff fork fork_signal signal sigchain crash closefds demo steps wait load top explain_steps explain_oom"
+STATIC_RT_PROGRAMS="static_rt oom threads handoff fork fork_signal signal sigchain crash closefds demo steps wait load top explain_steps explain_oom exec"
 SHARED_RT_PROGRAMS="shared_rt multi_device expandable torch_standin"
 DRIVER_PROGRAMS="driver_direct"
 DLOPEN_PROGRAMS="jax_dlsym driver_checks"
 PLAIN_PROGRAMS="nocuda"
 # Built with -rdynamic: their own symbols are what dlsym(RTLD_DEFAULT) finds.
 RDYNAMIC_PROGRAMS="old_python"
-PY_PROGRAMS="py_alloc.py py_steps.py py_signals.py py_callbacks.py torch_leak.py"
+PY_PROGRAMS="py_alloc.py py_steps.py py_signals.py py_callbacks.py torch_leak.py py_exec.py"
 
 exec 9>"$OUT/.build.lock"
 flock 9

@@ -9,10 +9,12 @@ For each release it prints one line: the version, whether libc10_cuda.so keeps a
 with NativeCachingAllocator's virtual table, initialized() and attachAllocatorTraceTracker(), and
 exports CUDACachingAllocator::allocator; where attachAllocatorTraceTracker sits in the virtual
 table (read from the relocations; memsnap finds it at run time, this is for the record); and
-whether TraceEntry's members up to size_ are in the order memsnap reads them
+whether TraceEntry's members up to time_ are in one of the orders memsnap reads
 (src/pytorch/layout.rs): action_, device_, addr_, context_ (a shared_ptr), stream_, size_,
-mempool_ (a MempoolId_t: two 64-bit ids), time_; and whether record_trace reads the time-stamp
-counter (rdtsc) for time_, which memsnap then takes as the entry's time.
+then mempool_ (a MempoolId_t: two 64-bit ids) and time_ (2.8 to 2.15: time_ at byte 64), or
+time_ at once (2.4 to 2.7: at byte 48), printed as "layout 2.8" or "layout 2.4" (a release
+whose order is not the one memsnap picks for its version does not fit); and whether
+record_trace reads the time-stamp counter (rdtsc) for time_, which memsnap then takes as the entry's time.
 Exits 1 if any release does not fit. Needs binutils (nm, readelf). docs/PYTORCH.md,
 "Adding a PyTorch release", says what to do with a release that does not fit.
 """
@@ -30,7 +32,13 @@ SYMBOLS = {
     "attach": f"_Z{NATIVE}27attachAllocatorTraceTracker",
 }
 ALLOCATOR = "_ZN3c104cuda20CUDACachingAllocator9allocatorE"
-LAYOUT = ["action_", "device_", "addr_", "context_", "stream_", "size_", "mempool_", "time_"]
+# The member orders memsnap knows, each named by its first release, with the releases
+# memsnap reads with it (src/pytorch/layout.rs, KNOWN).
+LAYOUTS = {
+    "2.8": ["action_", "device_", "addr_", "context_", "stream_", "size_", "mempool_", "time_"],
+    "2.4": ["action_", "device_", "addr_", "context_", "stream_", "size_", "time_"],
+}
+RELEASES = {"2.8": ((2, 8), (2, 15)), "2.4": ((2, 4), (2, 7))}
 HEADERS = ["c10/core/CachingDeviceAllocator.h", "c10/cuda/CUDACachingAllocator.h"]
 
 
@@ -113,6 +121,20 @@ def version(torch_dir):
     return m.group(1) if m else "?"
 
 
+def major_minor(text):
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def describe(order, layout, picked):
+    """Why the layout does not fit."""
+    if layout is None:
+        return f"DIFFERS: {order}"
+    if picked is None:
+        return f"{layout}, but memsnap picks no layout for this release (src/pytorch/layout.rs)"
+    return f"DIFFERS: {layout}'s order, where memsnap reads this release with {picked}'s"
+
+
 def check(path):
     with tempfile.TemporaryDirectory() as work:
         torch_dir = unpack(path, work)
@@ -124,13 +146,18 @@ def check(path):
         exported = ALLOCATOR in symbols(lib, dynamic=True)
         slot = vtable_slot(lib, table)
         order = members(torch_dir)
-        layout_ok = order is not None and order[: len(LAYOUT)] == LAYOUT
+        layout = next((name for name, members in LAYOUTS.items()
+                       if order is not None and order[: len(members)] == members), None)
+        release = major_minor(version(torch_dir))
+        picked = next((name for name, (low, high) in RELEASES.items()
+                       if release is not None and low <= release <= high), None)
+        layout_ok = layout is not None and layout == picked
         counter = record_trace_reads_counter(lib)
         ok = all(found.values()) and exported and layout_ok and counter
         missing = [k for k, v in found.items() if not v] + ([] if exported else ["allocator export"])
         line = (f"{version(torch_dir):<16} symbols {'ok' if not missing else 'MISSING ' + ','.join(missing)}"
                 f"  attach entry {slot if slot is not None else '?'}"
-                f"  layout {'ok' if layout_ok else 'DIFFERS: ' + str(order)}"
+                f"  layout {layout if layout_ok else describe(order, layout, picked)}"
                 f"  time {'rdtsc' if counter else 'NOT the time-stamp counter'}")
         return ok, line
 

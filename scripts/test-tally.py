@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The closing lines of scripts/test.sh: every test counted once, over all its cargo logs.
 
-    python3 scripts/test-tally.py [--why PREFIX=REASON ...] LOG...
+    python3 scripts/test-tally.py [--why PREFIX=REASON ...] [--skips FOLDER] LOG...
 
 Each LOG is the output of one `cargo test` run. A test is named by its test binary (the
 `Running ...` or `Doc-tests ...` line above it) and its name. `cargo test` ignores the
@@ -9,13 +9,16 @@ Each LOG is the output of one `cargo test` run. A test is named by its test bina
 a test counts once, by its later result, not as ignored too. What is still ignored at the
 end did not run; it is listed with why, one line per reason: the script's reason when a
 `--why PREFIX=REASON` names the start of the test's name or of BINARY::NAME (the script
-knows which tool was missing), else the test's own `#[ignore = "..."]` reason.
+knows which tool was missing), else the test's own `#[ignore = "..."]` reason. A test that
+found its tool missing at run time reports "ok" to cargo and leaves a file BINARY::TEST with the
+reason in FOLDER (`--skips`, tests/common/mod.rs's `skip`): it counts as skipped, not passed.
 
 Prints the not-run lines, then one line that CI reads, alone:
     N passed, N failed, N skipped
 Exit status 0; scripts/test.sh decides the outcome from cargo's own exit statuses.
 """
 
+import os
 import re
 import sys
 
@@ -45,19 +48,40 @@ def read(path, results):
                     results[key] = (status, reason)
 
 
+def skip_records(folder):
+    """{(binary, test name): reason} from the files tests/common's skip() left in folder."""
+    found = {}
+    if folder and os.path.isdir(folder):
+        for entry in os.listdir(folder):
+            binary, sep, name = entry.partition("::")
+            if sep:
+                with open(os.path.join(folder, entry), errors="replace") as f:
+                    found[(binary, name.rsplit("::", 1)[-1])] = f.read().strip() or "skipped"
+    return found
+
+
 def main(argv):
     why = []
     logs = []
+    records = None
     args = iter(argv)
     for arg in args:
         if arg == "--why":
             prefix, _, reason = next(args).partition("=")
             why.append((prefix, reason))
+        elif arg == "--skips":
+            records = next(args)
         else:
             logs.append(arg)
     results = {}
     for log in logs:
         read(log, results)
+    # Tests that found a tool missing said "ok" to cargo and left a record (tests/common's
+    # skip): they did not run.
+    for (binary, name), reason in skip_records(records).items():
+        for key in [k for k in results if k[0] == binary and k[1].rsplit("::", 1)[-1] == name]:
+            if results[key][0] == "ok":
+                results[key] = ("ignored", reason)
     passed = sum(1 for s, _ in results.values() if s == "ok")
     failed = sorted(f"{b}: {n}" for (b, n), (s, _) in results.items() if s == "FAILED")
     skipped = {}

@@ -10,6 +10,9 @@
 #   2. forked children (`fork_signal MODE 4`): four children of a recording parent ended
 #      together (Pool(4).terminate()), and a child that records.
 #   3. `crash double-term` and `crash two-faults`, ten tries each: files written.
+#   4. exec (`exec MODE`): a recording program that replaces its image through each hooked
+#      function, an exec that fails, a fork()ed and a vfork()ed child that exec, SIGUSR1
+#      ignored across the exec: the time, the results and the files written.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LIB=${1:-$ROOT/target/debug/libmemsnap.so}
@@ -73,4 +76,16 @@ for mode in double-term two-faults; do
         rm -rf "$dir"
     done
     echo "crash $mode: snapshots in 10 tries=$kept last_status=$status last_die_ms=$(elapsed "$t0" "$t1")"
+done
+
+echo "# 4. exec (exec MODE)"
+for args in execv execve execvp execvpe fexecve execveat execl execlp execle reexec "missing execv" \
+    "missing execle" fork vfork ignored "ignored missing"; do
+    dir=$(mktemp -d)
+    t0=$(ms)
+    # shellcheck disable=SC2086
+    result=$( (with_memsnap "$dir" "$FAKE/bin/exec" $args 2>/dev/null) | grep -E "^result (exec_rc|exec_enoent|child_ms|after_usr1_ignored|signal_snapshot)" | sed 's/^result //' | tr '\n' ' ')
+    t1=$(ms)
+    echo "exec $args: ms=$(elapsed "$t0" "$t1") $result exec_files=$(find "$dir" -maxdepth 1 -name '*-exec-[0-9]*.pickle' | wc -l) files=$(find "$dir" -maxdepth 1 -name '*.pickle' | wc -l)"
+    rm -rf "$dir"
 done

@@ -5,6 +5,9 @@
 //!   written signature per wrapper) and listed here ([`cuda`]);
 //! - `dlsym`, which routes lookups of hooked driver functions to their wrappers;
 //! - the libc signal hooks (`sigaction` and the `signal` family), for the borrowed signals;
+//! - the exec family (`execve`, `execv`, `execvp`, `execvpe`, `fexecve`, `execveat`, and on
+//!   x86-64 `execl`, `execlp`, `execle`), for the snapshot before the image is replaced
+//!   (`lifecycle::exec`);
 //! - the public C API, `memsnap_*`, documented in `include/memsnap.h` (a test checks the
 //!   header against the library's exports);
 //! - with the `bench-hooks` feature only (never in the shipped library or the wheel): the
@@ -16,7 +19,7 @@
 // The exported names are libc's and CUDA's own.
 #![allow(non_snake_case)]
 
-use crate::lifecycle::api;
+use crate::lifecycle::{api, exec};
 use crate::signals::hooks;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -153,6 +156,94 @@ signal_exports! {
     sysv_signal;
     /// `__sysv_signal()`: what `signal()` becomes under `_XOPEN_SOURCE` in old headers.
     __sysv_signal;
+}
+
+// ---------------------------------------------------------------------------------------
+// The exec family (`lifecycle::exec`): in the process that records, an `exec` snapshot is
+// written before glibc's function replaces the image. The variadic `execl`, `execlp` and
+// `execle` (glibc's call its internal `__execve`, never the symbols above) are entries in
+// assembly on x86-64, and not hooked elsewhere.
+
+/// Declares each exported member of the exec family, forwarding to its body.
+macro_rules! exec_exports {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As the glibc function of the same name.
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            // SAFETY: the caller's arguments, forwarded under the same contract.
+            unsafe { exec::$name($($arg),*) }
+        }
+    )*};
+}
+
+exec_exports! {
+    /// `execve(2)`.
+    execve(path: *const c_char, argv: exec::Argv, envp: exec::Argv);
+    /// `execv(3)`.
+    execv(path: *const c_char, argv: exec::Argv);
+    /// `execvp(3)`.
+    execvp(file: *const c_char, argv: exec::Argv);
+    /// `execvpe(3)`.
+    execvpe(file: *const c_char, argv: exec::Argv, envp: exec::Argv);
+    /// `fexecve(3)`.
+    fexecve(fd: c_int, argv: exec::Argv, envp: exec::Argv);
+    /// `execveat(2)`.
+    execveat(dirfd: c_int, path: *const c_char, argv: exec::Argv, envp: exec::Argv, flags: c_int);
+}
+
+/// Declares each variadic member of the exec family (`execl`, `execlp`, `execle`; x86-64
+/// only): stable Rust cannot define a variadic function, so each is an assembly entry that
+/// turns its arguments into the array their `v` forms take and calls its body. The first
+/// argument (the path) stays in `rdi`; the five in `rsi`, `rdx`, `rcx`, `r8`, `r9` are
+/// pushed, last first, where the return address was, just in front of the arguments the
+/// caller left on the stack: together, in order, they are the array (up to the NULL that
+/// ends it, and `execle`'s environment after it). The body gets that array as its second
+/// argument; the entry then drops the five and returns the body's result. The Rust
+/// signature names only the fixed arguments: C callers use the variadic prototype of
+/// `<unistd.h>`, and nothing in Rust calls these.
+macro_rules! exec_list_exports {
+    ($($(#[$doc:meta])* $name:ident => $body:path;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As the glibc function of the same name.
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(naked)]
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(path: *const c_char, arg0: *const c_char) -> c_int {
+            core::arch::naked_asm!(
+                // The return address, kept in rax.
+                "pop rax",
+                "push r9",
+                "push r8",
+                "push rcx",
+                "push rdx",
+                "push rsi",
+                // The array: arg0, the four after it, then the caller's stack arguments.
+                "mov rsi, rsp",
+                // Entry rsp was 8 mod 16: one pop and six pushes leave it 0 mod 16.
+                "push rax",
+                "call {body}",
+                "pop rcx",
+                "add rsp, 40",
+                "push rcx",
+                "ret",
+                body = sym $body,
+            )
+        }
+    )*};
+}
+
+exec_list_exports! {
+    /// `execl(3)`: as `execv` with the arguments listed.
+    execl => exec::execl_array;
+    /// `execlp(3)`: as `execvp` with the arguments listed.
+    execlp => exec::execlp_array;
+    /// `execle(3)`: as `execve` with the arguments listed and the environment after them.
+    execle => exec::execle_array;
 }
 
 // ---------------------------------------------------------------------------------------

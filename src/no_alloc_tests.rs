@@ -184,4 +184,38 @@ fn hooks_do_not_allocate_in_steady_state() {
         0,
         "the OOM path allocated"
     );
+
+    // A segment of a CUDA graph's private pool (cold, once per segment): the segment's
+    // event and its pool's, without allocating.
+    hooks::routing::set_real_for_test(HookId::cuMemAlloc_v2, fake_mem_alloc as *mut c_void);
+    const SEGMENT: u64 = 2 << 20;
+    let private_segment = || {
+        let mut d: CuDevicePtr = 0;
+        // SAFETY: our wrapper over the stand-in above, with a valid out-pointer.
+        let allocated = unsafe { hooks::cuMemAlloc_v2(&mut d, SEGMENT as usize) };
+        assert_eq!(allocated, CUDA_SUCCESS);
+        let mut e = [0u8; 136];
+        e[layout.action..layout.action + 4].copy_from_slice(&3u32.to_ne_bytes());
+        e[layout.addr..layout.addr + 8].copy_from_slice(&d.to_ne_bytes());
+        e[layout.size..layout.size + 8].copy_from_slice(&SEGMENT.to_ne_bytes());
+        let pool = layout.mempool.expect("2.11's entry has a pool");
+        e[pool + 8..pool + 16].copy_from_slice(&1u64.to_ne_bytes());
+        track(&e);
+    };
+    private_segment();
+    let applied_before = applied_when_drained(rec);
+    let before = allocations_on_this_thread();
+    for _ in 0..100 {
+        private_segment();
+    }
+    assert_eq!(
+        allocations_on_this_thread() - before,
+        0,
+        "a private pool's segment allocated"
+    );
+    assert_eq!(
+        applied_since(rec, applied_before, 300),
+        300,
+        "the allocation, the segment and its pool, each once"
+    );
 }

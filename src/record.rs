@@ -9,7 +9,7 @@
 //! the snapshot before the failing call returns.
 
 use crate::capture;
-use crate::channel::event::{Api, Event, Kind, MAX_OOM_DUMPS, Payload};
+use crate::channel::event::{Api, Event, Kind, MAX_OOM_DUMPS, Payload, PoolId};
 use crate::channel::handshake::{self, OOM_DUMPS};
 use crate::channel::queue::Recorder;
 use crate::channel::sent;
@@ -283,7 +283,7 @@ fn oom_episode(by: Sender, api: Api, device: i32, free_bytes: Option<u64>, size:
 
 /// A trace entry of PyTorch's caching allocator (`pytorch::on_trace_entry`): a block
 /// handed out (with the stack that asked for it), a free requested (with its stack under
-/// `MEMSNAP_CONTEXT=all`), a free completed, or a segment the allocator took as its own.
+/// `MEMSNAP_CONTEXT=all`) or a free completed (segments: [`cache_segment`]).
 /// `device` and `time` come with the entry: no driver query, no clock read.
 #[inline(always)]
 pub fn block(by: Sender, kind: Kind, device: i32, addr: u64, size: u64, stream: u64, time: Stamp) {
@@ -305,6 +305,41 @@ pub fn block(by: Sender, kind: Kind, device: i32, addr: u64, size: u64, stream: 
         );
         send(by, ev, with_stack);
     });
+}
+
+/// A segment PyTorch's caching allocator took (`Kind::CacheSegment`) or mapped
+/// (`Kind::CacheSegmentMap`), from its trace entry, then, when `pool` is a private one (a
+/// CUDA graph's), a `Kind::CachePool` naming it, on the same lane right behind: the writer
+/// applies them in that order. No stack: the CUDA call before it has one.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)] // one per field of the trace entry
+pub fn cache_segment(
+    by: Sender,
+    kind: Kind,
+    device: i32,
+    addr: u64,
+    size: u64,
+    stream: u64,
+    time: Stamp,
+    pool: PoolId,
+) {
+    let allocator_event = |kind, payload| {
+        let api = Api::CachingAllocator;
+        by.event(time, kind, api, device, addr, size, payload)
+    };
+    capture::timed_event!(send(
+        by,
+        allocator_event(kind, Payload::Stream(stream)),
+        false
+    ));
+    if pool.is_private() {
+        send(
+            by,
+            allocator_event(Kind::CachePool, Payload::Pool(pool)),
+            false,
+        );
+    }
 }
 
 /// PyTorch's caching allocator gave up on a request of `size` bytes (after freeing its

@@ -610,7 +610,7 @@ fn memsnap_files_metadata_libraries_and_apis() {
     )
     .is_none()
     {
-        eprintln!("NOTICE: python3 not found; skipping the generated memsnap-file test");
+        common::skip("python3 missing");
         return;
     }
     let o = memsnap(&["summary", "--json", a.to_str().unwrap()]);
@@ -695,7 +695,7 @@ fn large_generated_view(dir: &Path) -> Option<PathBuf> {
 fn view_of_a_large_generated_snapshot_is_written() {
     let dir = tempfile::tempdir().unwrap();
     if large_generated_view(dir.path()).is_none() {
-        eprintln!("NOTICE: python3 not found; skipping the large-page test");
+        common::skip("python3 missing");
     }
 }
 

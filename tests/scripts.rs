@@ -61,6 +61,41 @@ fn test_tally_counts_each_test_once_and_says_what_did_not_run() {
     );
 }
 
+/// A test that found its tool missing reports "ok" to cargo and leaves a record: the tally
+/// counts it as skipped, with the record's reason, not as passed.
+#[test]
+fn the_tally_counts_a_test_that_found_its_tool_missing_as_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("test.log");
+    std::fs::write(
+        &log,
+        "     Running tests/cli.rs (target/debug/deps/cli-0123456789abcdef)\n\
+         test view_of_a_large_generated_snapshot_is_written ... ok\n\
+         test summary_of_a_file ... ok\n",
+    )
+    .unwrap();
+    let skips = dir.path().join("test-skips");
+    std::fs::create_dir(&skips).unwrap();
+    std::fs::write(
+        skips.join("cli::view_of_a_large_generated_snapshot_is_written"),
+        "python3 missing",
+    )
+    .unwrap();
+    let out = Command::new("python3")
+        .arg(root().join("scripts/test-tally.py"))
+        .arg("--skips")
+        .arg(&skips)
+        .arg(&log)
+        .output()
+        .expect("python3 scripts/test-tally.py");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "not run: 1 (python3 missing): cli::view_of_a_large_generated_snapshot_is_written\n\
+         1 passed, 0 failed, 1 skipped\n"
+    );
+}
+
 #[test]
 #[ignore = "builds the release profile: scripts/test.sh runs it after the wheel's release build"]
 fn try_simulated_runs_a_c_and_a_python_file_and_says_where_the_snapshots_are() {

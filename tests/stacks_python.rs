@@ -10,6 +10,8 @@
 //! with the `bench-hooks` feature, in a target folder of its own (`target/with-bench-hooks`)
 //! so that `target/<profile>/libmemsnap.so` stays the library that ships.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -148,7 +150,7 @@ fn capture_in_python_allocates_nothing_after_setup() {
 fn unsupported_python_turns_python_frames_off_with_one_warning() {
     let root = pyenv_root();
     let Ok(entries) = std::fs::read_dir(root.join("versions")) else {
-        eprintln!("no pyenv: skipped");
+        common::skip("no pyenv with CPython 3.9");
         return;
     };
     let Some(py) = entries
@@ -156,7 +158,7 @@ fn unsupported_python_turns_python_frames_off_with_one_warning() {
         .map(|e| e.path().join("bin/python3"))
         .find(|p| p.to_string_lossy().contains("/3.9.") && p.is_file())
     else {
-        eprintln!("no CPython 3.9: skipped");
+        common::skip("no pyenv with CPython 3.9");
         return;
     };
     let so = libmemsnap();

@@ -412,6 +412,67 @@ fn threads_blocks_equal_the_allocators_own_state() {
     assert_allocs_have_frames(&snap, &truth);
 }
 
+/// `(device, address) -> segment_pool_id` of every segment of a snapshot or a truth.
+fn pool_ids(v: &Value) -> BTreeMap<(u64, u64), (u64, u64)> {
+    segments(v)
+        .iter()
+        .map(|seg| {
+            let pool = seg["segment_pool_id"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no segment_pool_id pair in {seg}"));
+            let id = |i: usize| pool[i].as_u64().expect("a pool id is an integer");
+            ((u(seg, "device"), u(seg, "address")), (id(0), id(1)))
+        })
+        .collect()
+}
+
+/// CUDA graphs' private pools (torch.compile's `reduce-overhead`): each segment carries its
+/// pool's id as the allocator records it, the default pool's (0, 0), a graph's its own.
+#[test]
+fn private_pools_segments_carry_their_pool_ids() {
+    let (run, truth) = run_standin("graphs", &[], true);
+    assert_eq!(run.results()["dump_rc"], "0", "{}", run.stderr);
+    let want = pool_ids(&truth);
+    let private: Vec<(u64, u64)> = want.values().copied().filter(|p| *p != (0, 0)).collect();
+    assert_eq!(
+        private,
+        vec![(0, 1), (0, 1), (0, 1), (2, 0)],
+        "the stand-in's own record: three segments of pool (0, 1), one of (2, 0)"
+    );
+    assert!(want.values().any(|p| *p == (0, 0)), "{truth}");
+    for label in ["standin", "exit"] {
+        let snap = snapshot(&run, label);
+        assert!(torch_allocator_meta(&snap).starts_with("blocks"));
+        assert_blocks_equal(&snap, &truth, label);
+        assert_eq!(pool_ids(&snap), want, "{label}: segment_pool_id");
+    }
+    // The reports say which memory is in a private pool: (0, 1) holds a 2 MiB small
+    // segment with one 2048-byte block, a 20 MiB one with a 3 MiB block and an 18 MiB one,
+    // free; (2, 0) a 2 MiB segment with one 1024-byte block (700 bytes asked for).
+    let file = snapshot_file(&run, "standin");
+    let report = |command: &str| {
+        let out = std::process::Command::new(common::memsnap_bin())
+            .arg(command)
+            .arg(&file)
+            .output()
+            .expect("memsnap runs");
+        assert!(out.status.success(), "memsnap {command}: {out:?}");
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let summary = report("summary");
+    for line in [
+        "private   pool (0, 1): 40.0 MiB reserved in 3 segments, 3.0 MiB live",
+        "private   pool (2, 0): 2.0 MiB reserved in 1 segment, 1.0 KiB live",
+    ] {
+        assert!(summary.contains(line), "no {line:?} in\n{summary}");
+    }
+    let explain = report("explain");
+    assert!(
+        explain.contains("device 0: private pool (0, 1): 40.0 MiB reserved in 3 segments"),
+        "{explain}"
+    );
+}
+
 #[test]
 fn oom_file_shows_reserved_but_unallocated_bytes() {
     let (run, truth) = run_standin("oom", &[("FAKE_CUDA_CAPACITY", "64M")], true);

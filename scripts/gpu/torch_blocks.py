@@ -1,7 +1,7 @@
 """PyTorch's default caching allocator on a real GPU: memsnap's blocks against PyTorch's own.
 
     python3 scripts/gpu/torch_blocks.py --lib target/gpu/libmemsnap.so --cli target/gpu/memsnap \
-        --out $OUT [--cases compare,expandable,step,leak,oom,cost,cost-async] [--cost-rounds 3] [--blocks 12]
+        --out $OUT [--cases compare,expandable,graphs,step,leak,oom,cost,cost-async] [--cost-rounds 3] [--blocks 12]
         [--isolate]
 
 Each case runs in its own process with libmemsnap.so preloaded (no allocator switch, no code
@@ -14,6 +14,12 @@ change) and writes one JSON record; the driver prints a table and writes results
   state; requested size of live blocks); torch.cuda.memory_allocated() equal to the bytes of
   memsnap's live blocks; the snapshot's memsnap.torch_allocator line starts with "blocks".
   expandable runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+- graphs: CUDA graphs' private pools. Eager tensors, then a model's forward captured by hand
+  (torch.cuda.graph: the graph's own pool) and a function compiled with torch.compile's
+  mode="reduce-overhead" (its graphs share a pool from torch.cuda.graph_pool_handle()), run a
+  few times; then the comparison above, and every segment's segment_pool_id in memsnap's
+  snapshot equal to PyTorch's (at least one private pool there); `memsnap summary` of
+  memsnap's snapshot prints a `private   pool (a, b): ...` line for each private pool.
 - step: the same comparison in a real training step (step_time.py's transformer): after the
   forward pass of a fourth step, with the activations autograd keeps live, and after its
   optimizer step.
@@ -209,6 +215,54 @@ def case_compare(args):
         "run_us": [PROCESS_START_US, now_us],
         **figures,
         "ok": figures["ok"] and bool(times) and outside == 0,
+    }
+
+
+def pool_ids(segments, device=0):
+    """{segment address: its segment_pool_id as a tuple} of one device."""
+    return {s["address"]: tuple(s.get("segment_pool_id", (0, 0)))
+            for s in segments if s.get("device", 0) == device}
+
+
+def case_graphs(args):
+    import torch
+    torch.cuda.init()
+    eager = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in (1000, 300_000, 3 * MIB, 12 * MIB)]
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 1024)).cuda()
+    static_x = torch.randn(64, 1024, device="cuda")
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    graph.replay()
+    compiled = torch.compile(lambda x: torch.relu(x @ x.T) + 1, mode="reduce-overhead")
+    z = torch.randn(512, 512, device="cuda")
+    outs = [compiled(z).clone() for _ in range(4)]
+    torch.cuda.synchronize()
+    figures, msnap = compared(torch, "graphs")
+    tsnap = torch.cuda.memory._snapshot()  # the same state: nothing allocated since
+    want, got = pool_ids(tsnap["segments"]), pool_ids(msnap["segments"])
+    differ = {hex(a): [list(p), list(got.get(a, ()))] for a, p in sorted(want.items()) if got.get(a) != p}
+    private = sorted({p for p in want.values() if p != (0, 0)})
+    path = memsnap_dump("graphs-summary")
+    text = subprocess.run([args.cli, "summary", path], capture_output=True, text=True).stdout
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("private ")]
+    named = all(any(f"pool ({a}, {b}):" in line for line in lines) for a, b in private)
+    del eager, static_y, outs
+    return {
+        "private_pools_torch": [list(p) for p in private],
+        "private_segments_torch": sum(1 for p in want.values() if p != (0, 0)),
+        "pool_id_differences": dict(list(differ.items())[:10]),
+        "pool_id_difference_count": len(differ),
+        "summary_private_lines": lines,
+        **figures,
+        "ok": figures["ok"] and bool(private) and not differ and named,
     }
 
 
@@ -442,7 +496,7 @@ def case_cost(args):
     return out
 
 
-CASES = {"compare": case_compare, "expandable": case_compare, "step": case_step, "leak": case_leak, "oom": case_oom,
+CASES = {"compare": case_compare, "expandable": case_compare, "graphs": case_graphs, "step": case_step, "leak": case_leak, "oom": case_oom,
          "cost": case_cost, "cost-async": case_cost}
 
 
@@ -501,6 +555,8 @@ def main():
         results.append(run_case(args, "compare", {}, 120))
     if "expandable" in wanted:
         results.append(run_case(args, "expandable", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, 120))
+    if "graphs" in wanted:
+        results.append(run_case(args, "graphs", {}, 400))
     if "step" in wanted:
         results.append(run_case(args, "step", {}, 180))
     if "leak" in wanted:
@@ -539,7 +595,7 @@ def main():
                   f"{ratios}{'' if c['ok'] else '  NOT OK (lost events or the wrong route: void)'}")
     print("\ncase                     ok   key figures")
     for r in results:
-        names = ("problem_count", "memory_allocated", "memsnap_live_block_bytes", "leak_named_first",
+        names = ("problem_count", "pool_id_difference_count", "private_pools_torch", "memory_allocated", "memsnap_live_block_bytes", "leak_named_first",
                  "memsnap_inactive_bytes", "torch_inactive_bytes", "per_event_ns_median", "dropped", "without_stack")
         # (the step case's figures are per moment: forward, after)
         for moment, rec in [("", r)] + [(f" {m}", r[m]) for m in ("forward", "after") if isinstance(r.get(m), dict)]:

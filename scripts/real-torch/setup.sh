@@ -6,7 +6,7 @@
 # (the folder name a pip install gives it: memsnap's reports tell a library's Python files
 # from the program's by it), installs its pure-Python requirements into DIR/deps, and builds
 # into DIR/lib what the wheel needs of NVIDIA's: the simulated driver
-# (tests/fake_cuda/fake_cuda.c) as libcuda.so.1, the simulated runtime
+# (tests/fake_cuda/fake_cuda.c, with scripts/real-torch/driver.c) as libcuda.so.1, the simulated runtime
 # (tests/fake_cuda/fake_cudart.c with scripts/real-torch/runtime.c) as libcudart.so.13 (.12
 # for a wheel built for CUDA 12), and stand-ins for cuBLAS, cuDNN, NCCL and the others
 # (scripts/real-torch/stubs.py; cuBLASLt's with scripts/real-torch/cublaslt.c). Then
@@ -45,20 +45,24 @@ if [ ! -f "$DIR/site-packages/.unpacked" ] || [ "$(cat "$DIR/site-packages/.unpa
     basename "$wheel" > "$DIR/site-packages/.unpacked"
 fi
 if [ ! -f "$DIR/deps/.installed" ]; then
-    # The wheel's requirements without NVIDIA's libraries, Triton or the extras.
-    requirements=$(unzip -p "$wheel" "torch-$VERSION.dist-info/METADATA" | sed -n 's/^Requires-Dist: //p' \
-        | grep -v -e 'extra ==' -e '^nvidia-' -e '^cuda-' -e '^triton' | sed 's/;.*//; s/ //g')
+    # The wheel's requirements without NVIDIA's libraries, Triton or the extras, with their
+    # environment markers for pip to weigh (2.5.1 asks for one sympy on Python 3.8 and another
+    # from 3.9: both at once cannot be installed).
+    unzip -p "$wheel" "torch-$VERSION.dist-info/METADATA" | sed -n 's/^Requires-Dist: //p' \
+        | grep -v -e 'extra ==' -e '^nvidia-' -e '^cuda-' -e '^triton' > "$DIR/requirements.txt"
     rm -rf "$DIR/deps" # (what an interrupted install left)
-    # shellcheck disable=SC2086
-    "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$DIR/deps" $requirements
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$DIR/deps" \
+        -r "$DIR/requirements.txt"
     touch "$DIR/deps/.installed"
 fi
 
-bash "$ROOT/scripts/build-fake-cuda.sh" "$DIR/fake" >/dev/null
-rm -rf "$DIR/lib" "$DIR/stubs" # (made again each time, from this wheel only)
+rm -rf "$DIR/lib" "$DIR/stubs" "$DIR/fake" # (made again each time, from this wheel only; fake: where the driver was built before)
 mkdir -p "$DIR/lib" "$DIR/stubs"
-cp "$DIR/fake/lib/libcuda.so.1" "$DIR/lib/libcuda.so.1"
 CFLAGS="-O2 -fPIC -w"
+# The simulated driver with the driver functions it lacks that releases up to 2.7 look up in it
+# by name (scripts/real-torch/driver.c); -Bsymbolic as scripts/build-fake-cuda.sh builds it.
+cc $CFLAGS -shared -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1 -o "$DIR/lib/libcuda.so.1" \
+    "$ROOT/tests/fake_cuda/fake_cuda.c" "$ROOT/scripts/real-torch/driver.c" -ldl -lpthread
 cc $CFLAGS -c -o "$DIR/stubs/fake_cudart.o" "$ROOT/tests/fake_cuda/fake_cudart.c"
 cc $CFLAGS -c -o "$DIR/stubs/runtime.o" "$ROOT/scripts/real-torch/runtime.c"
 cc $CFLAGS -c -o "$DIR/stubs/cublaslt.o" "$ROOT/scripts/real-torch/cublaslt.c"

@@ -49,6 +49,11 @@ pub enum Kind {
     /// The caching allocator mapped `[addr, addr+size)` into one of its expandable
     /// segments (the [`Kind::Map`]s before it).
     CacheSegmentMap,
+    /// The segment (or mapping) `[addr, addr+size)` that the same thread's
+    /// [`Kind::CacheSegment`] or [`Kind::CacheSegmentMap`] just before it reported belongs
+    /// to a private memory pool (a CUDA graph's, or a `torch.cuda.MemPool`); payload:
+    /// [`Payload::Pool`]. Not sent for the default pool.
+    CachePool,
     /// `memsnap_step()`: carried as an event so that it is ordered with the allocations
     /// around it. (Dump and exit requests do not wait in the queue: see
     /// [`handshake`](super::handshake).)
@@ -71,6 +76,30 @@ pub enum Payload {
         /// most [`MAX_OOM_DUMPS`]).
         dump_ticket: u8,
     },
+    /// The private pool a [`Kind::CachePool`] names.
+    Pool(PoolId),
+}
+
+/// A memory pool of PyTorch's caching allocator: its `MempoolId_t`, two 64-bit ids (a
+/// CUDA graph's own pool has the first set, a pool from `torch.cuda.graph_pool_handle()` or
+/// `torch.cuda.MemPool` the second). `(0, 0)` is the default pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolId {
+    pub first: u64,
+    pub second: u64,
+}
+
+impl PoolId {
+    /// The default pool, where every allocation outside a private pool goes.
+    pub const DEFAULT: PoolId = PoolId {
+        first: 0,
+        second: 0,
+    };
+
+    /// Whether this is a private pool (not the default one).
+    pub fn is_private(self) -> bool {
+        self != PoolId::DEFAULT
+    }
 }
 
 /// A program that runs out of memory in a loop gets at most this many out-of-memory
@@ -214,8 +243,9 @@ enum StackForm {
 /// (and [`Event::set_stack`], [`Event::set_addr`]) and read through [`Event::stack`],
 /// [`Event::payload`] and [`Event::addr`]: an
 /// out-of-memory event has no address, and its payload's free memory is kept in the
-/// address's place (`u64::MAX`: the driver did not answer), the only field two kinds use
-/// differently.
+/// address's place (`u64::MAX`: the driver did not answer). A pool event
+/// ([`Kind::CachePool`]), which never carries a stack, keeps its pool's second id in the
+/// stack hash's place. Those are the only fields two kinds use differently.
 #[derive(Clone, Copy, Debug)]
 pub struct Event {
     pub kind: Kind,
@@ -227,12 +257,14 @@ pub struct Event {
     pub device: i32,
     /// Kernel thread id of the caller.
     pub tid: u32,
+    /// The stack's hash, or a pool event's second id (see the type's text).
     stack_hash: u64,
     /// The address, or an out-of-memory event's free memory (see the type's text).
     addr_or_free: u64,
     pub size: u64,
-    /// [`Payload::Stream`], [`Payload::Handle`] or [`Payload::Oom`]'s stream (0 for
-    /// [`Payload::None`]: [`Event::payload`] tells them apart by the kind).
+    /// [`Payload::Stream`], [`Payload::Handle`], [`Payload::Oom`]'s stream or
+    /// [`Payload::Pool`]'s first id (0 for [`Payload::None`]: [`Event::payload`] tells them
+    /// apart by the kind).
     payload_word: u64,
     /// When it happened, on the event clock (the writer converts it to microseconds since
     /// the Unix epoch).
@@ -248,6 +280,7 @@ enum PayloadForm {
     Stream,
     Handle,
     Oom,
+    Pool,
 }
 
 impl Kind {
@@ -269,6 +302,7 @@ impl Kind {
             | Kind::Reserve
             | Kind::ReserveFree => PayloadForm::Handle,
             Kind::Oom => PayloadForm::Oom,
+            Kind::CachePool => PayloadForm::Pool,
             Kind::Step => PayloadForm::None,
         }
     }
@@ -306,14 +340,15 @@ impl Event {
         payload: Payload,
         time: Stamp,
     ) -> Event {
-        let (payload_word, free, oom_dump_ticket) = match payload {
-            Payload::None => (0, None, 0),
-            Payload::Stream(word) | Payload::Handle(word) => (word, None, 0),
+        let (payload_word, free, oom_dump_ticket, pool_second) = match payload {
+            Payload::None => (0, None, 0, 0),
+            Payload::Stream(word) | Payload::Handle(word) => (word, None, 0, 0),
             Payload::Oom {
                 free_bytes,
                 stream,
                 dump_ticket,
-            } => (stream, free_bytes, dump_ticket),
+            } => (stream, free_bytes, dump_ticket, 0),
+            Payload::Pool(pool) => (pool.first, None, 0, pool.second),
         };
         let oom = kind == Kind::Oom;
         Event {
@@ -324,7 +359,7 @@ impl Event {
             stack_slot: 0,
             device,
             tid,
-            stack_hash: 0,
+            stack_hash: pool_second,
             addr_or_free: if oom { free.unwrap_or(u64::MAX) } else { addr },
             size,
             payload_word,
@@ -386,6 +421,10 @@ impl Event {
                 stream: self.payload_word,
                 dump_ticket: self.oom_dump_ticket,
             },
+            PayloadForm::Pool => Payload::Pool(PoolId {
+                first: self.payload_word,
+                second: self.stack_hash,
+            }),
         }
     }
 }
@@ -580,6 +619,13 @@ mod tests {
             (Kind::Map, Payload::Handle(42)),
             (Kind::Unmap, Payload::Handle(0)),
             (Kind::CacheSegment, Payload::Stream(7)),
+            (
+                Kind::CachePool,
+                Payload::Pool(PoolId {
+                    first: 3,
+                    second: u64::MAX,
+                }),
+            ),
             (Kind::Step, Payload::None),
             (
                 Kind::Oom,
@@ -611,9 +657,14 @@ mod tests {
                 time,
             );
             assert_eq!(ev.stack(), StackRef::None);
-            ev.set_stack(StackRef::Sent { hash: 1 });
             assert_eq!(ev.payload(), payload, "{kind:?}");
-            assert_eq!(ev.stack(), StackRef::Sent { hash: 1 });
+            if kind != Kind::CachePool {
+                // (A pool event is never sent with a stack: its second id is in the hash's
+                // place.)
+                ev.set_stack(StackRef::Sent { hash: 1 });
+                assert_eq!(ev.payload(), payload, "{kind:?}");
+                assert_eq!(ev.stack(), StackRef::Sent { hash: 1 });
+            }
             let addr = if kind == Kind::Oom { 0 } else { 0x7000_0000 };
             assert_eq!(
                 ev.addr(),

@@ -1,5 +1,5 @@
 //! The state the hook side and the writer thread share besides the queue: requests for
-//! snapshots (exit, `memsnap_dump`, the dump signal, a crash signal, out-of-memory), route counters and
+//! snapshots (exit, exec, `memsnap_dump`, the dump signal, a crash signal, out-of-memory), route counters and
 //! device totals, and the clock both sides stamp with. One place, so that the writer never
 //! has to reach into the hook side (the rest it reads, the module table and the interpreter,
 //! is process-wide state in `process/`).
@@ -122,6 +122,10 @@ pub static CRASH: CrashRequest = CrashRequest {
     time_us: AtomicU64::new(0),
     with_stack: AtomicBool::new(false),
 };
+/// The exec hooks (`lifecycle::exec`): the program is about to replace its image; an `exec`
+/// snapshot holds everything recorded so far. Recording goes on (an exec that fails returns
+/// to a program still recorded).
+pub static EXEC_DUMPS: DumpRequests = DumpRequests::new();
 /// Set by the exit handler: write the exit snapshot and stop.
 pub static EXIT_REQUESTED: AtomicBool = AtomicBool::new(false);
 /// Set by the writer once the exit snapshot is written (or the writer is gone).

@@ -1,13 +1,14 @@
 //! The composition root: starts recording on the first CUDA event (configuration, the
-//! channel, the writer thread, the borrowed signals, the exit hook), and owns exit, fork and
-//! the bodies of the `memsnap_*` C API ([`api`]; the symbols are declared in `exports.rs`).
+//! channel, the writer thread, the borrowed signals, the exit hook), and owns exit, fork,
+//! exec (the snapshot before the image is replaced, [`exec`]) and the bodies of the
+//! `memsnap_*` C API ([`api`]; the symbols are declared in `exports.rs`).
 //!
 //! Cold. The switch it turns on and the recorder it publishes are `process::recording`'s,
 //! which the hooks read; it implements that room's [`Start`] for the first hook to call. No
 //! other room imports this one.
 
 use crate::channel::handshake::{
-    API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, SIGNAL_DUMPS,
+    API_DUMPS, CRASH, EXEC_DUMPS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, SIGNAL_DUMPS,
 };
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::config::Config;
@@ -20,6 +21,7 @@ use crate::writer;
 pub mod api;
 #[cfg(feature = "bench-hooks")]
 pub mod debug;
+pub mod exec;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
@@ -103,6 +105,7 @@ fn start() {
         // SAFETY: registering a plain extern "C" fn with no captured state.
         unsafe { libc::atexit(at_exit) };
     }
+    exec::set_recording_pid();
     recording::activate();
 }
 
@@ -166,7 +169,13 @@ extern "C" fn in_forked_child() {
     // Atomic stores only: this runs in the child of a possibly multi-threaded fork.
     recording::forget_in_forked_child();
     signals::forget_in_forked_child();
-    for requests in [&CRASH.dumps, &SIGNAL_DUMPS, &API_DUMPS, &OOM_DUMPS] {
+    for requests in [
+        &CRASH.dumps,
+        &SIGNAL_DUMPS,
+        &API_DUMPS,
+        &OOM_DUMPS,
+        &EXEC_DUMPS,
+    ] {
         requests.forget_pending();
     }
     EXIT_REQUESTED.store(false, Relaxed);
@@ -178,6 +187,8 @@ extern "C" fn in_forked_child() {
 extern "C" fn on_load() {
     // SAFETY: registering a plain extern "C" fn with no captured state.
     unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+    // Here, so that a forked or vforked child that execs never looks a symbol up.
+    exec::resolve();
 }
 
 #[used]

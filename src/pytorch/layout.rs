@@ -35,9 +35,15 @@ pub struct TraceEntryLayout {
     /// `size_t size_`: the requested size for block events, the segment's for segment
     /// events.
     pub size: usize,
+    /// `MempoolId_t mempool_`: two 64-bit ids, the pool that owns the block or segment
+    /// (`(0, 0)`: the default pool; a CUDA graph's private pool or a `torch.cuda.MemPool`
+    /// otherwise). Read for segment entries only (`SEGMENT_ALLOC`, `SEGMENT_MAP`), where
+    /// PyTorch passes the segment's `pool->owner_MempoolId()`. `None` where the entry has no
+    /// pool (2.4 to 2.7): every segment is then the default pool's.
+    pub mempool: Option<usize>,
     /// `trace_time_ time_`: when PyTorch made the entry, on its approximate clock, which on
     /// x86-64 is the time-stamp counter (`rdtsc` in `record_trace` of every release from
-    /// 2.8 to 2.15, read from the wheels' `libc10_cuda.so`): the event clock's own reading
+    /// 2.4 to 2.15, read from the wheels' `libc10_cuda.so`): the event clock's own reading
     /// when that is the counter too (`process::clock`), so the tracker reads no clock.
     pub time: usize,
 }
@@ -68,7 +74,22 @@ const FROM_2_8: TraceEntryLayout = TraceEntryLayout {
     addr: 8,
     stream: 32,
     size: 40,
+    mempool: Some(48),
     time: 64,
+};
+
+/// `action_, device_, addr_, context_ (shared_ptr, 16 bytes), stream_, size_, time_`: the
+/// order of every release from 2.4 to 2.7, the same as 2.8's without `mempool_` (which 2.8
+/// put before `time_`), so only the time moves (checked from each release's headers by
+/// scripts/check-torch-release.py; the offsets by compiling the struct).
+const FROM_2_4: TraceEntryLayout = TraceEntryLayout {
+    action: 0,
+    device: 4,
+    addr: 8,
+    stream: 32,
+    size: 40,
+    mempool: None,
+    time: 48,
 };
 
 /// [`TraceEntryLayout::action`] past the three actions of nearly every entry.
@@ -93,12 +114,20 @@ struct Releases {
     layout: TraceEntryLayout,
 }
 
-/// Releases whose layout is known.
-const KNOWN: &[Releases] = &[Releases {
-    from: (2, 8),
-    to: (2, 15),
-    layout: FROM_2_8,
-}];
+/// Releases whose layout is known. A layout's number is its place here plus one
+/// ([`number_for_version`]); [`by_number`] names each place.
+const KNOWN: [Releases; 2] = [
+    Releases {
+        from: (2, 8),
+        to: (2, 15),
+        layout: FROM_2_8,
+    },
+    Releases {
+        from: (2, 4),
+        to: (2, 7),
+        layout: FROM_2_4,
+    },
+];
 
 /// The number of the layout for PyTorch `version` (`"2.11.0+cu130"`, `"2.12.0a0+git..."`),
 /// if known: its place in the table of known layouts plus one, so that 0 is "none". The
@@ -112,11 +141,17 @@ pub fn number_for_version(version: &str) -> Option<u8> {
     u8::try_from(at + 1).ok()
 }
 
-/// The layout numbered `number` ([`number_for_version`]); `None` for 0.
+/// The layout numbered `number` ([`number_for_version`]); `None` for 0. A `match` on
+/// constants, not an index into [`KNOWN`]: the offsets stay constants in the tracker's code
+/// (the layouts differ only in `time`, which becomes a choice between two numbers) and no
+/// table is read on an entry.
 #[inline(always)]
 pub fn by_number(number: u8) -> Option<TraceEntryLayout> {
-    let at = usize::from(number).checked_sub(1)?;
-    KNOWN.get(at).map(|r| r.layout)
+    match number {
+        1 => Some(KNOWN[0].layout),
+        2 => Some(KNOWN[1].layout),
+        _ => None,
+    }
 }
 
 /// `(major, minor)` of a version string.
@@ -155,9 +190,52 @@ mod tests {
     fn a_layouts_number_gives_it_back() {
         assert_eq!(number_for_version("2.11.0+cu130"), Some(1));
         assert_eq!(by_number(1), Some(FROM_2_8));
+        assert_eq!(number_for_version("2.7.1+cu126"), Some(2));
+        assert_eq!(by_number(2), Some(FROM_2_4));
         assert_eq!(by_number(0), None, "0 is no layout");
         assert_eq!(by_number(KNOWN.len() as u8 + 1), None);
-        assert_eq!(number_for_version("2.7.1"), None);
+        assert_eq!(number_for_version("2.3.1"), None);
+        for (at, r) in KNOWN.iter().enumerate() {
+            let number = u8::try_from(at + 1).unwrap();
+            assert_eq!(
+                by_number(number),
+                Some(r.layout),
+                "by_number names place {at}"
+            );
+            assert_eq!(
+                number_for_version(&format!("{}.{}.0", r.from.0, r.from.1)),
+                Some(number)
+            );
+        }
+    }
+
+    /// The offsets of 2.4 to 2.7 (`TraceEntry` in each wheel's
+    /// `c10/cuda/CUDACachingAllocator.h`, the same text in 2.4.1, 2.5.1, 2.6.0 and 2.7.1;
+    /// compiled with `offsetof`: action 0, device 4, addr 8, context 16, stream 32, size 40,
+    /// time 48, 56 bytes) read back from an entry written in that layout.
+    #[test]
+    fn an_entry_of_2_4_to_2_7_is_read_at_its_offsets() {
+        let mut e = [0u8; 56];
+        e[0..4].copy_from_slice(&3u32.to_ne_bytes());
+        e[4] = 2;
+        e[8..16].copy_from_slice(&0x7f00_0020_0000u64.to_ne_bytes());
+        e[16..32].fill(0xcc); // the context's shared_ptr
+        e[32..40].copy_from_slice(&0x5eu64.to_ne_bytes());
+        e[40..48].copy_from_slice(&(2u64 << 20).to_ne_bytes());
+        e[48..56].copy_from_slice(&123_456_789u64.to_ne_bytes());
+        let l = for_version("2.6.0+cu124").expect("2.6 is known");
+        let u64_at = |at: usize| u64::from_ne_bytes(e[at..at + 8].try_into().unwrap());
+        let code = u32::from_ne_bytes(e[l.action..l.action + 4].try_into().unwrap());
+        assert_eq!(l.action(code), Action::SegmentAlloc);
+        assert_eq!(e[l.device], 2);
+        assert_eq!(u64_at(l.addr), 0x7f00_0020_0000);
+        assert_eq!(u64_at(l.stream), 0x5e);
+        assert_eq!(u64_at(l.size), 2 << 20);
+        assert_eq!(u64_at(l.time), 123_456_789);
+        assert!(
+            l.time + 8 <= e.len(),
+            "the time is inside the 56-byte entry"
+        );
     }
 
     #[test]
@@ -169,7 +247,11 @@ mod tests {
         assert_eq!(for_version("2.11.0+cu130"), Some(FROM_2_8));
         assert_eq!(for_version("2.8.0"), Some(FROM_2_8));
         assert_eq!(for_version("2.15.1"), Some(FROM_2_8));
-        assert_eq!(for_version("2.7.1"), None);
+        assert_eq!(for_version("2.7.1"), Some(FROM_2_4));
+        assert_eq!(for_version("2.4.1+cu121"), Some(FROM_2_4));
+        assert_eq!(for_version("2.5.1+cu124"), Some(FROM_2_4));
+        assert_eq!(for_version("2.3.1"), None);
+        assert_eq!(for_version("1.13.1"), None);
         assert_eq!(for_version("2.16.0"), None);
         assert_eq!(for_version("3.0.0"), None);
     }
@@ -184,8 +266,24 @@ mod tests {
     }
 
     #[test]
-    fn actions_follow_pytorchs_order() {
+    fn the_pool_id_sits_between_the_size_and_the_time() {
+        // `size_t size_` ends at 48 and `trace_time_ time_` starts at 64: the two 64-bit
+        // ids of `MempoolId_t` fill the gap exactly.
         let l = FROM_2_8;
+        assert_eq!(l.mempool, Some(l.size + 8));
+        assert_eq!(l.mempool.map(|at| at + 16), Some(l.time));
+        // 2.4 to 2.7 have none: the time follows the size.
+        assert_eq!((FROM_2_4.mempool, FROM_2_4.time), (None, FROM_2_4.size + 8));
+    }
+
+    #[test]
+    fn actions_follow_pytorchs_order() {
+        for l in [FROM_2_8, FROM_2_4] {
+            actions_in_order(l);
+        }
+    }
+
+    fn actions_in_order(l: TraceEntryLayout) {
         let order = [
             Action::Alloc,
             Action::FreeRequested,

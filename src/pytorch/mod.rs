@@ -18,7 +18,7 @@ pub mod layout;
 pub mod library;
 pub mod std_function;
 
-use crate::channel::event::Kind;
+use crate::channel::event::{Kind, PoolId};
 use crate::guard::{self, Scope};
 use crate::process::allocator_route::{self, AllocatorRoute};
 use crate::process::clock;
@@ -171,7 +171,7 @@ fn try_attach() -> Option<AllocatorRoute> {
         return Some(AllocatorRoute::SegmentsOnly {
             reason: format!(
                 "PyTorch {version}: this memsnap knows the allocator's trace entries of \
-                 releases 2.8 to 2.15 only"
+                 releases 2.4 to 2.15 only"
             ),
         });
     };
@@ -225,35 +225,100 @@ pub(crate) unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: 
         rec,
         thread: scope.thread(),
     };
-    // SAFETY: the offsets are this PyTorch release's (`layout`), inside the live entry.
-    let (code, device, addr, stream, size, counter) = unsafe {
-        (
-            (entry.add(layout.action) as *const u32).read_unaligned(),
-            *(entry.add(layout.device) as *const i8),
-            (entry.add(layout.addr) as *const u64).read_unaligned(),
-            (entry.add(layout.stream) as *const u64).read_unaligned(),
-            (entry.add(layout.size) as *const u64).read_unaligned(),
-            (entry.add(layout.time) as *const u64).read_unaligned(),
-        )
-    };
-    let device = i32::from(device);
-    // PyTorch read the time-stamp counter for this entry: the event clock's own reading
-    // when the event clock is that counter.
-    let time = match clock::source() {
-        clock::Source::TimeStampCounter => clock::Stamp(counter),
-        clock::Source::WallMicros => clock::now(),
-    };
+    // SAFETY: the offset is this PyTorch release's (`layout`), inside the live entry.
+    let code = unsafe { (entry.add(layout.action) as *const u32).read_unaligned() };
     let kind = match layout.action(code) {
         Action::Alloc => Kind::BlockAlloc,
         Action::FreeRequested => Kind::BlockFreeRequested,
         Action::FreeCompleted => Kind::BlockFreeCompleted,
+        // Out of line, where each reads what it needs (a segment its pool): the block events
+        // gain nothing.
+        // SAFETY: `entry` is the live entry, of `layout`'s release.
+        rare => return unsafe { rare_entry(by, rare, layout, entry) },
+    };
+    // SAFETY: as above.
+    let f = unsafe { EntryFields::read(layout, entry) };
+    // One call site: the stack capture it inlines is in the binary once.
+    record::block(by, kind, f.device, f.addr, f.size, f.stream, f.time);
+}
+
+/// What every event takes from its entry.
+struct EntryFields {
+    device: i32,
+    /// The address (for `OOM`: the device's free memory as CUDA reported it).
+    addr: u64,
+    stream: u64,
+    size: u64,
+    time: clock::Stamp,
+}
+
+impl EntryFields {
+    /// # Safety
+    /// `entry` points at a live `TraceEntry` of `layout`'s release.
+    #[inline(always)]
+    unsafe fn read(layout: layout::TraceEntryLayout, entry: *const u8) -> EntryFields {
+        // SAFETY: the offsets are this PyTorch release's (`layout`), inside the live entry.
+        let (device, addr, stream, size, counter) = unsafe {
+            (
+                *(entry.add(layout.device) as *const i8),
+                (entry.add(layout.addr) as *const u64).read_unaligned(),
+                (entry.add(layout.stream) as *const u64).read_unaligned(),
+                (entry.add(layout.size) as *const u64).read_unaligned(),
+                (entry.add(layout.time) as *const u64).read_unaligned(),
+            )
+        };
+        // PyTorch read the time-stamp counter for this entry: the event clock's own reading
+        // when the event clock is that counter.
+        let time = match clock::source() {
+            clock::Source::TimeStampCounter => clock::Stamp(counter),
+            clock::Source::WallMicros => clock::now(),
+        };
+        EntryFields {
+            device: i32::from(device),
+            addr,
+            stream,
+            size,
+            time,
+        }
+    }
+}
+
+/// Every entry but a block's: a segment (`SEGMENT_ALLOC`, `SEGMENT_MAP`) is sent with its
+/// pool when that is a private one (read here, once per segment, never per block); `OOM`
+/// takes the out-of-memory path; the rest is not sent (segment frees and unmaps are recorded
+/// from the CUDA calls that follow them).
+///
+/// # Safety
+/// `entry` points at a live `TraceEntry` of `layout`'s release.
+#[cold]
+#[inline(never)]
+unsafe fn rare_entry(
+    by: record::Sender,
+    action: Action,
+    layout: layout::TraceEntryLayout,
+    entry: *const u8,
+) {
+    let kind = match action {
         Action::SegmentAlloc => Kind::CacheSegment,
         Action::SegmentMap => Kind::CacheSegmentMap,
-        // `addr` is the device's free memory as CUDA reported it.
-        Action::Oom => return record::allocator_oom(by, device, size, addr, stream),
-        // Segment frees and unmaps are recorded from the CUDA calls that follow them.
-        Action::SegmentFree | Action::SegmentUnmap | Action::Snapshot | Action::Other => return,
+        Action::Oom => {
+            // SAFETY: the caller's.
+            let f = unsafe { EntryFields::read(layout, entry) };
+            return record::allocator_oom(by, f.device, f.size, f.addr, f.stream);
+        }
+        _ => return,
     };
-    // One call site: the stack capture it inlines is in the binary once.
-    record::block(by, kind, device, addr, size, stream, time);
+    // SAFETY: the caller's; the pool's offsets are this release's, inside the live entry.
+    let (f, pool) = unsafe {
+        let pool = match layout.mempool {
+            Some(at) => PoolId {
+                first: (entry.add(at) as *const u64).read_unaligned(),
+                second: (entry.add(at + 8) as *const u64).read_unaligned(),
+            },
+            // Releases whose entries have no pool (2.4 to 2.7): the default pool's.
+            None => PoolId::DEFAULT,
+        };
+        (EntryFields::read(layout, entry), pool)
+    };
+    record::cache_segment(by, kind, f.device, f.addr, f.size, f.stream, f.time, pool);
 }

@@ -8,7 +8,8 @@
 //! Cold. Three jobs, one file each, in a line: [`hooks`] (the libc signal hooks' bodies)
 //! → [`handler`] (the handler in the kernel: dump and crash snapshots) → [`table`] (the
 //! borrowed signals and the program's actions, glibc's `sigaction`). Taking a signal over
-//! ([`borrow`]) is here, called by `lifecycle` when recording starts.
+//! ([`borrow`]) is here, called by `lifecycle` when recording starts, and so is handing the
+//! kernel the program's `SIG_IGN` just before an exec ([`before_exec`]).
 
 pub mod handler;
 pub mod hooks;
@@ -19,7 +20,8 @@ pub use table::{CRASH_SIGNALS, Role};
 
 use crate::channel::handshake::SIGNAL_DUMPS;
 use std::ffi::c_int;
-use std::ptr::null;
+use std::ptr::{null, null_mut};
+use std::sync::atomic::Ordering::Acquire;
 
 /// Takes `sig` over: the action in place now becomes the program's action, memsnap's
 /// handler goes in. Returns false (and changes nothing) when the signal cannot be had.
@@ -41,6 +43,36 @@ pub fn borrow(sig: c_int, role: Role) -> bool {
         return false;
     }
     true
+}
+
+/// The borrowed signals the program ignores while memsnap's handler is in the kernel: the
+/// dump signal under `SIG_IGN` (a crash signal the program ignores is ignored in the kernel
+/// already, `handler::install`).
+fn ignored_behind_the_handler() -> impl Iterator<Item = &'static table::Borrowed> {
+    table::all_borrowed().filter(|b| b.role() == Role::Dump && b.program().handler == libc::SIG_IGN)
+}
+
+/// Just before an exec: a signal the program ignores is ignored in the kernel, so the new
+/// image inherits it ignored, as without memsnap (exec resets a caught signal to its
+/// default, and memsnap's handler is what the kernel has). Returns whether any was changed
+/// (then [`after_failed_exec`] puts the handler back). Async-signal-safe: table reads and
+/// `sigaction`; usable in a forked or vforked child (its dispositions are its own).
+pub fn before_exec() -> bool {
+    let mut changed = false;
+    for b in ignored_behind_the_handler() {
+        let mut act = table::zeroed_sigaction();
+        act.sa_sigaction = libc::SIG_IGN;
+        // SAFETY: a valid action; no old action wanted.
+        changed |= unsafe { table::real_sigaction(b.signal.load(Acquire), &act, null_mut()) } == 0;
+    }
+    changed
+}
+
+/// After an exec that failed: memsnap's handler back where [`before_exec`] set `SIG_IGN`.
+pub fn after_failed_exec() {
+    for b in ignored_behind_the_handler() {
+        handler::install(b);
+    }
 }
 
 /// Counts for the exit line and the snapshot metadata.

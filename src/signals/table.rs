@@ -154,6 +154,11 @@ pub(super) fn borrowed(sig: c_int) -> Option<&'static Borrowed> {
     BORROWED.iter().find(|b| b.signal.load(Acquire) == sig)
 }
 
+/// Every borrowed signal's entry.
+pub(super) fn all_borrowed() -> impl Iterator<Item = &'static Borrowed> {
+    BORROWED.iter().filter(|b| b.signal.load(Acquire) > 0)
+}
+
 /// A `struct sigaction` as the program gave it, in a form atomics can hold.
 #[derive(Clone, Copy)]
 pub(super) struct ProgramAction {

@@ -8,7 +8,7 @@
 //! of the segment); and it keeps that whole free block when the rest is too small to be
 //! split off. Everything else (segments, addresses, states) is what the allocator said.
 
-use crate::channel::event::Api;
+use crate::channel::event::{Api, PoolId};
 use crate::process::allocator_route;
 use crate::writer::stacks::RawStackId;
 use crate::writer::state::{Action, Live, State, TraceRec, TraceStack};
@@ -41,6 +41,9 @@ pub struct CacheSegment {
     pub live: Live,
     /// A mapping inside an expandable segment (`expandable_segments:True`).
     pub expandable: bool,
+    /// The pool that owns it: the default one, or a CUDA graph's private pool (a
+    /// `Kind::CachePool` right behind the segment's own event says which).
+    pub pool: PoolId,
 }
 
 /// A live block: handed out, or freed and waiting for the streams that used it.
@@ -83,15 +86,16 @@ impl Cache {
         }
         let mut first = (start, *seg);
         if seg.expandable {
-            // Walk back and forth over touching mappings.
+            // Walk back and forth over touching mappings of the same pool (each pool's
+            // expandable segments are its own reservations).
             while let Some((&s, prev)) = self.segments.range(..first.0).next_back() {
-                if !prev.expandable || s + prev.live.size != first.0 {
+                if !prev.expandable || s + prev.live.size != first.0 || prev.pool != seg.pool {
                     break;
                 }
                 first = (s, *prev);
             }
             while let Some(next) = self.segments.get(&end) {
-                if !next.expandable {
+                if !next.expandable || next.pool != seg.pool {
                     break;
                 }
                 end += next.live.size;
@@ -198,9 +202,33 @@ impl State {
         self.drop_recent_alloc_record(device, addr);
         let dev = self.device(device);
         dev.cache.reserved_bytes += live.size;
-        dev.cache
-            .segments
-            .insert(addr, CacheSegment { live, expandable });
+        let pool = PoolId::DEFAULT; // until a `Kind::CachePool` says otherwise
+        dev.cache.segments.insert(
+            addr,
+            CacheSegment {
+                live,
+                expandable,
+                pool,
+            },
+        );
+    }
+
+    /// `Kind::CachePool`: the segments that start in `[addr, addr+size)` (the one segment,
+    /// or the mappings, that the same thread's segment event just claimed) belong to the
+    /// private pool `pool`. False when there is none (a mismatch, counted).
+    pub fn cache_pool(&mut self, addr: u64, size: u64, pool: PoolId) -> bool {
+        let end = addr.saturating_add(size.max(1));
+        let mut found = false;
+        for dev in &mut self.devices {
+            for (_, seg) in dev.cache.segments.range_mut(addr..end) {
+                seg.pool = pool;
+                found = true;
+            }
+        }
+        if !found {
+            self.anomalies.cache_mismatches += 1;
+        }
+        found
     }
 
     /// Removes the `alloc` record written for a CUDA allocation that turned out to be a
@@ -623,10 +651,9 @@ mod tests {
         assert_eq!(s.anomalies.cache_mismatches, 3);
     }
 
-    #[test]
-    fn expandable_mappings_form_one_region() {
+    /// Two touching mappings of 20 MiB at `base` on device 0, not claimed yet.
+    fn two_touching_mappings(base: u64) -> State {
         let mut s = State::new(100);
-        let base = 0x4000_0000_0000;
         for (i, h) in [(0, 11u64), (1, 12)] {
             s.mem_create(h, 20 * MIB, 0);
             let m = Live {
@@ -636,6 +663,13 @@ mod tests {
             };
             s.map(base + i * 20 * MIB, 20 * MIB, m);
         }
+        s
+    }
+
+    #[test]
+    fn expandable_mappings_form_one_region() {
+        let base = 0x4000_0000_0000;
+        let mut s = two_touching_mappings(base);
         assert!(s.cache_segment_map(0, base, 40 * MIB));
         assert_eq!(s.devices[0].live_bytes, 0);
         // A block across both mappings.
@@ -646,5 +680,60 @@ mod tests {
         s.unmap(base + 20 * MIB, 20 * MIB, 4, None);
         assert_eq!(s.devices[0].cache.reserved_bytes, 20 * MIB);
         assert_eq!(s.anomalies.unknown_unmaps, 0);
+    }
+
+    const GRAPH_POOL: PoolId = PoolId {
+        first: 0,
+        second: 1,
+    };
+
+    #[test]
+    fn a_segment_named_by_a_pool_event_belongs_to_that_pool_and_the_snapshot_says_so() {
+        let (default_base, graph_base) = (0x1000_0000, 0x2000_0000);
+        let mut s = with_segment(default_base, 20 * MIB);
+        s.alloc(0, graph_base, 2 * MIB, live(2 * MIB));
+        assert!(s.cache_segment(0, graph_base, 2 * MIB));
+        assert!(s.cache_pool(graph_base, 2 * MIB, GRAPH_POOL));
+        let segments = &s.devices[0].cache.segments;
+        assert_eq!(segments[&default_base].pool, PoolId::DEFAULT);
+        assert_eq!(segments[&graph_base].pool, GRAPH_POOL);
+        // A pool event for no segment is a mismatch, and changes nothing.
+        assert!(!s.cache_pool(0x3000_0000, MIB, GRAPH_POOL));
+        assert_eq!(s.anomalies.cache_mismatches, 1);
+
+        let cfg = crate::config::Config::default();
+        let mut table = crate::writer::stacks::StackTable::new(&cfg);
+        let mut interner = crate::writer::dump::FrameInterner::default();
+        let snap = crate::writer::dump::build(&s, &mut table, &mut interner, None);
+        let pools: Vec<(i64, (i64, i64))> = snap
+            .segments
+            .iter()
+            .map(|seg| (seg.address, seg.segment_pool_id))
+            .collect();
+        assert_eq!(
+            pools,
+            vec![(default_base as i64, (0, 0)), (graph_base as i64, (0, 1))]
+        );
+    }
+
+    #[test]
+    fn expandable_mappings_of_different_pools_are_different_segments() {
+        let base = 0x4000_0000_0000;
+        let mut s = two_touching_mappings(base);
+        assert!(s.cache_segment_map(0, base, 20 * MIB));
+        assert!(s.cache_segment_map(0, base + 20 * MIB, 20 * MIB));
+        // The second mapping touches the first but is a private pool's.
+        assert!(s.cache_pool(base + 20 * MIB, 20 * MIB, GRAPH_POOL));
+        let cache = &s.devices[0].cache;
+        let (start, end, seg) = cache.region_of(base).unwrap();
+        assert_eq!(
+            (start, end, seg.pool),
+            (base, base + 20 * MIB, PoolId::DEFAULT)
+        );
+        let (start, end, seg) = cache.region_of(base + 30 * MIB).unwrap();
+        assert_eq!(
+            (start, end, seg.pool),
+            (base + 20 * MIB, base + 40 * MIB, GRAPH_POOL)
+        );
     }
 }

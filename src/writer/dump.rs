@@ -4,7 +4,7 @@
 //! stack is symbolized once per process and written once per file (the encoder shares it
 //! through the pickle memo). [`live_sample`] answers `memsnap top` from the same caches.
 
-use crate::channel::event::Api;
+use crate::channel::event::{Api, PoolId};
 use crate::snapshot::live::{DeviceSample, LiveGroup, Sample};
 use crate::snapshot::model::{
     Action as ModelAction, Block, BlockState, Frame, Meta, Segment, Snapshot, StackId, StepMark,
@@ -262,12 +262,17 @@ fn cache_segments(
             total_size: int(end - start),
             stream: int(seg.live.stream),
             segment_type: if small { "small" } else { "large" }.to_string(),
-            segment_pool_id: (0, 0),
+            segment_pool_id: pool_id(seg.pool),
             is_expandable: seg.expandable,
             stack,
             blocks,
         });
     }
+}
+
+/// A pool's id as PyTorch writes it: its two 64-bit ids as `int64_t` (bit for bit).
+fn pool_id(pool: PoolId) -> (i64, i64) {
+    (pool.first as i64, pool.second as i64)
 }
 
 fn inactive(address: u64, size: u64) -> Block {

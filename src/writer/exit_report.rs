@@ -1,7 +1,7 @@
 //! The one line a user sees at exit: which snapshots were written, where, and what to run
-//! next (`MEMSNAP_QUIET` silences it).
+//! next (`MEMSNAP_QUIET` silences it). Also printed before an exec replaces the image.
 //!
-//! Cold (writer thread, once).
+//! Cold (writer thread, once per image).
 
 use super::{Writer, absolute};
 use std::io::{self, Write};

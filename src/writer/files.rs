@@ -31,6 +31,9 @@ pub enum Reason {
     Term,
     /// SIGABRT, SIGSEGV or SIGBUS: the job is crashing.
     Crash,
+    /// The program calls `execve` (or another of the exec family memsnap hooks): the
+    /// record of the image about to be replaced, which has no exit of its own.
+    Exec,
 }
 
 impl Reason {
@@ -44,6 +47,7 @@ impl Reason {
             Reason::Api => "api",
             Reason::Term => "term",
             Reason::Crash => "crash",
+            Reason::Exec => "exec",
         }
     }
 }

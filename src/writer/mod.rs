@@ -300,7 +300,10 @@ impl Writer {
     fn apply(&mut self, ev: Event) -> Flow {
         let stack = self.take_stack(&ev);
         let time_us = self.event_time(&ev);
-        if let Some(c) = self.api_counts.get_mut(ev.api as usize) {
+        // (A pool event is part of its segment's trace entry, counted with it.)
+        if ev.kind != Kind::CachePool
+            && let Some(c) = self.api_counts.get_mut(ev.api as usize)
+        {
             *c += 1;
         }
         let live = Live {
@@ -379,6 +382,11 @@ impl Writer {
                 let matched = self.state.cache_segment_map(ev.device, ev.addr(), ev.size);
                 self.state.check_first_cache_segment(matched);
             }
+            Kind::CachePool => {
+                if let Payload::Pool(pool) = ev.payload() {
+                    self.state.cache_pool(ev.addr(), ev.size, pool);
+                }
+            }
             Kind::Step => {
                 // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so that
                 // file has its closing boundary too.
@@ -422,5 +430,53 @@ impl Writer {
 
     fn history_marks(&self) -> Vec<u64> {
         self.state.devices.iter().map(|d| d.trace_total).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::event::PoolId;
+    use crate::channel::queue::HookSettings;
+    use crate::config::{Context, Stacks};
+
+    fn writer() -> Writer {
+        let settings = HookSettings {
+            stacks: Stacks::None,
+            context: Context::All,
+            max_frames: 8,
+            dump_on_oom: false,
+        };
+        let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 10, settings, true)));
+        Writer::new(rec, Config::default())
+    }
+
+    #[test]
+    fn a_pool_event_marks_its_segment_and_is_no_call_of_its_own() {
+        let mut w = writer();
+        let (addr, size, now) = (0x7f00_0000_0000, 2 << 20, crate::process::clock::now());
+        let event =
+            |kind, api, payload| Event::stackless(kind, api, 0, 0, addr, size, payload, now);
+        let pool = PoolId {
+            first: 0,
+            second: 1,
+        };
+        w.apply(event(Kind::Alloc, Api::CudaMalloc, Payload::Stream(0)));
+        w.apply(event(
+            Kind::CacheSegment,
+            Api::CachingAllocator,
+            Payload::Stream(0),
+        ));
+        w.apply(event(
+            Kind::CachePool,
+            Api::CachingAllocator,
+            Payload::Pool(pool),
+        ));
+        assert_eq!(w.state.devices[0].cache.segments[&addr].pool, pool);
+        assert_eq!(
+            w.api_counts[Api::CachingAllocator as usize],
+            1,
+            "the segment's entry, counted once"
+        );
     }
 }

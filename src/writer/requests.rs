@@ -1,5 +1,5 @@
-//! Serving what the program asks for outside the event queue: exit, `memsnap_dump`, the
-//! dump signal, a signal that ends the job (the `term`/`crash` snapshot), and `memsnap top`'s
+//! Serving what the program asks for outside the event queue: exit, exec, `memsnap_dump`,
+//! the dump signal, a signal that ends the job (the `term`/`crash` snapshot), and `memsnap top`'s
 //! requests over the live socket.
 //!
 //! Cold (writer thread). Each request first applies every event queued when it was seen,
@@ -9,14 +9,14 @@
 //! Dump requests from outside the program (the dump signal, the socket's dump requests)
 //! are held to a floor: after a snapshot served from them, the next one is written
 //! [`REQUEST_FLOOR`] later at the earliest, and every request that arrives meanwhile waits
-//! for it and shares it (docs/SIGNALS.md, "Floods"). Exit, out-of-memory, crash, step,
-//! period and `memsnap_dump` snapshots are not held.
+//! for it and shares it (docs/SIGNALS.md, "Floods"). Exit, exec, out-of-memory, crash,
+//! step, period and `memsnap_dump` snapshots are not held.
 
 use super::files::Reason;
 use super::{CrashInfo, Flow, Writer, absolute, dump};
 use crate::channel::event::Api;
 use crate::channel::handshake::{
-    API_DUMP_LOG, API_DUMPS, CRASH, EXIT_DONE, EXIT_REQUESTED, SIGNAL_DUMPS,
+    API_DUMP_LOG, API_DUMPS, CRASH, EXEC_DUMPS, EXIT_DONE, EXIT_REQUESTED, SIGNAL_DUMPS,
 };
 use crate::snapshot::live::{self as live_protocol, Answer, Request, Sample};
 use std::ops::RangeInclusive;
@@ -46,7 +46,7 @@ pub(super) struct HeldRequests {
 }
 
 impl Writer {
-    /// Requests that do not travel in the queue (docs: `channel::handshake`): exit,
+    /// Requests that do not travel in the queue (docs: `channel::handshake`): exit, exec,
     /// `memsnap_dump`, the dump signal. Each first applies every event queued when the
     /// request was seen, so the snapshot holds all that the asking thread did before.
     pub(super) fn serve_requests(&mut self) -> Flow {
@@ -54,12 +54,13 @@ impl Writer {
         let crash = CRASH.dumps.pending();
         let signals = SIGNAL_DUMPS.pending();
         let dumps = API_DUMPS.pending();
+        let exec = EXEC_DUMPS.pending();
         if !signals.is_empty() {
             // Acknowledged before anything else, so `memsnap dump` knows at once (written
             // once per new signal, not once per pass while it waits for the floor).
             self.ack.received(*signals.end());
         }
-        if !exit && crash.is_empty() && dumps.is_empty() {
+        if !exit && crash.is_empty() && dumps.is_empty() && exec.is_empty() {
             // Dump signals are served with the socket's dump requests (`serve_live`).
             return Flow::Continue;
         }
@@ -92,6 +93,18 @@ impl Writer {
                 entry.path = path;
             }
             API_DUMPS.complete(ticket);
+        }
+        if !exec.is_empty() {
+            // The image is about to be replaced, with no exit of its own: this snapshot stands
+            // in for its exit snapshot (and, like it, is off with MEMSNAP_AT_EXIT=0), and the
+            // exit's stats row and line are written now, which the image's exit never will.
+            // One file serves every thread that asked meanwhile.
+            if self.cfg.at_exit {
+                let _ = self.dump(Reason::Exec, "");
+            }
+            self.write_stats(Reason::Exec);
+            self.report_at_exit();
+            EXEC_DUMPS.complete(*exec.end());
         }
         if exit {
             // Dump requests still held by the floor get their snapshot now, floor or not:

@@ -74,6 +74,36 @@ pub fn built(name: &str) -> PathBuf {
     path
 }
 
+/// Where [`skip`] leaves its records: `target/tmp/test-skips/`, emptied by scripts/test.sh
+/// before the tests run and read by scripts/test-tally.py after.
+pub fn skip_records() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-skips")
+}
+
+/// Marks the calling test as not run because `reason` (a tool it needs is missing); the test
+/// returns right after. `cargo test` can only say "ok" for it, so the mark is a file named
+/// `BINARY::TEST` holding the reason, and scripts/test.sh's tally counts the test as skipped
+/// with that reason, never as passed.
+pub fn skip(reason: &str) {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    let stem = exe
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // `cli-0123456789abcdef`: the binary's name without cargo's hash.
+    let binary = match stem.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            name.to_string()
+        }
+        _ => stem,
+    };
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let dir = skip_records();
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(format!("{binary}::{test}")), reason);
+    eprintln!("skipped: {reason}");
+}
+
 /// The `libmemsnap.so` of this build.
 pub fn preload_lib() -> PathBuf {
     built("libmemsnap.so")

@@ -124,6 +124,11 @@ class CUDAAllocator {
     virtual unsigned long long reservedBytes(int device) = 0;
     virtual bool writeTruth(FILE *out) = 0;
     virtual std::string name() = 0;
+    // PyTorch's CUDA-graph capture (CUDAGraph::capture_begin / capture_end): the device's
+    // allocations go to the private pool `id` (created at its first use) until the matching
+    // end. Here every allocation of the device goes there, whatever its stream.
+    virtual void beginAllocateToPool(int device, MempoolId_t id) = 0;
+    virtual void endAllocateToPool(int device, MempoolId_t id) = 0;
 };
 
 CUDAAllocator::~CUDAAllocator() = default;
@@ -195,7 +200,19 @@ struct BySize {
 struct BlockPool {
     std::set<Block *, BySize> blocks;
     bool is_small;
-    explicit BlockPool(bool small) : is_small(small) {}
+    MempoolId_t owner;  // the private pool that owns it; {0, 0} for the default pools
+    explicit BlockPool(bool small, MempoolId_t owner_ = {0, 0})
+        : is_small(small), owner(owner_) {}
+    // PyTorch's BlockPool::owner_MempoolId(): what its segment entries carry.
+    MempoolId_t owner_MempoolId() const { return owner; }
+};
+
+// A CUDA graph's private pool (PyTorch's PrivatePool): its own small and large blocks, never
+// shared with the default pools or another graph's.
+struct PrivatePool {
+    explicit PrivatePool(MempoolId_t id) : large_blocks(false, id), small_blocks(true, id) {}
+    BlockPool large_blocks;
+    BlockPool small_blocks;
 };
 
 size_t round_size(size_t size) {
@@ -233,7 +250,7 @@ class DeviceCachingAllocator {
         std::lock_guard<std::recursive_mutex> lock(mutex_);
         DeviceGuard guard(device_);
         const size_t size = round_size(orig_size);
-        BlockPool &pool = size <= kSmallSize ? small_blocks_ : large_blocks_;
+        BlockPool &pool = get_pool(size);
         const size_t alloc_size = get_allocation_size(size);
         Block *block = get_free_block(pool, stream, size);
         if (!block) block = alloc_block(pool, stream, alloc_size);
@@ -241,7 +258,7 @@ class DeviceCachingAllocator {
         if (!block) {
             size_t device_free = 0, device_total = 0;
             cudaMemGetInfo(&device_free, &device_total);
-            record_trace(TraceEntry::OOM, device_free, size, stream);
+            record_trace(TraceEntry::OOM, device_free, size, stream, pool.owner_MempoolId());
             return nullptr;
         }
         return alloc_found_block(block, orig_size, size);
@@ -251,7 +268,7 @@ class DeviceCachingAllocator {
         std::lock_guard<std::recursive_mutex> lock(mutex_);
         block->allocated = false;
         record_trace(TraceEntry::FREE_REQUESTED, block->ptr, block->requested_size,
-                     block->stream);
+                     block->stream, block->pool->owner_MempoolId());
         if (!block->stream_uses.empty()) {
             // One event per other stream; the block stays active until they complete.
             block->event_count += int(block->stream_uses.size());
@@ -283,6 +300,22 @@ class DeviceCachingAllocator {
         release_cached_blocks();
     }
 
+    void begin_allocate_to_pool(MempoolId_t id) {
+        std::lock_guard<std::recursive_mutex> lock(mutex_);
+        if (!graph_pools_.count(id)) graph_pools_[id].reset(new PrivatePool(id));
+        captures_underway_.push_back(id);
+    }
+
+    void end_allocate_to_pool(MempoolId_t id) {
+        std::lock_guard<std::recursive_mutex> lock(mutex_);
+        for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it) {
+            if (*it == id) {
+                captures_underway_.erase(it);
+                return;
+            }
+        }
+    }
+
     void attach(const AllocatorTraceTracker &tracker) {
         std::lock_guard<std::recursive_mutex> lock(mutex_);
         trackers_.push_back(tracker);
@@ -307,9 +340,13 @@ class DeviceCachingAllocator {
     void write_truth(FILE *out, bool *first) {
         std::lock_guard<std::recursive_mutex> lock(mutex_);
         for (auto &segment : segments_) {
-            fprintf(out, "%s\n{\"device\":%d,\"address\":%llu,\"total_size\":%llu,\"blocks\":[",
+            // The first block of a segment starts at its address and is in its pool.
+            const MempoolId_t pool = by_address_.at(segment.first)->pool->owner_MempoolId();
+            fprintf(out,
+                    "%s\n{\"device\":%d,\"address\":%llu,\"total_size\":%llu,"
+                    "\"segment_pool_id\":[%llu,%llu],\"blocks\":[",
                     *first ? "" : ",", device_, (unsigned long long)segment.first,
-                    (unsigned long long)segment.second);
+                    (unsigned long long)segment.second, pool.first, pool.second);
             *first = false;
             auto it = by_address_.lower_bound(segment.first);
             const uintptr_t end = segment.first + segment.second;
@@ -335,6 +372,15 @@ class DeviceCachingAllocator {
     }
 
   private:
+    // PyTorch's get_pool: the private pool of the capture under way, else a default pool.
+    BlockPool &get_pool(size_t size) {
+        if (!captures_underway_.empty()) {
+            PrivatePool &private_pool = *graph_pools_.at(captures_underway_.back());
+            return size <= kSmallSize ? private_pool.small_blocks : private_pool.large_blocks;
+        }
+        return size <= kSmallSize ? small_blocks_ : large_blocks_;
+    }
+
     Block *get_free_block(BlockPool &pool, uintptr_t stream, size_t size) {
         Block key(device_, stream, size, &pool, 0);
         auto it = pool.blocks.lower_bound(&key);
@@ -354,7 +400,8 @@ class DeviceCachingAllocator {
         Block *block = new Block(device_, stream, alloc_size, &pool, uintptr_t(ptr));
         segments_[block->ptr] = alloc_size;
         by_address_[block->ptr] = block;
-        record_trace(TraceEntry::SEGMENT_ALLOC, block->ptr, alloc_size, stream);
+        record_trace(TraceEntry::SEGMENT_ALLOC, block->ptr, alloc_size, stream,
+                     pool.owner_MempoolId());
         return block;
     }
 
@@ -381,14 +428,15 @@ class DeviceCachingAllocator {
         }
         block->allocated = true;
         block->requested_size = orig_size;
-        record_trace(TraceEntry::ALLOC, block->ptr, orig_size, block->stream);
+        record_trace(TraceEntry::ALLOC, block->ptr, orig_size, block->stream,
+                     block->pool->owner_MempoolId());
         return block;
     }
 
     // The free is complete: merge with free neighbours, back into the pool.
     void free_block(Block *block) {
         record_trace(TraceEntry::FREE_COMPLETED, block->ptr, block->requested_size,
-                     block->stream);
+                     block->stream, block->pool->owner_MempoolId());
         BlockPool &pool = *block->pool;
         try_merge(block, block->prev, pool);
         try_merge(block, block->next, pool);
@@ -414,7 +462,9 @@ class DeviceCachingAllocator {
         delete src;
     }
 
-    // Completes pending frees, then cudaFrees every free block that is a whole segment.
+    // Completes pending frees, then cudaFrees every free block that is a whole segment of the
+    // default pools (a private pool keeps its segments while its graphs live, and the
+    // stand-in never releases a graph).
     bool release_cached_blocks() {
         process_events();
         release_blocks(large_blocks_);
@@ -431,7 +481,8 @@ class DeviceCachingAllocator {
     }
 
     void release_block(Block *block) {
-        record_trace(TraceEntry::SEGMENT_FREE, block->ptr, block->size, block->stream);
+        record_trace(TraceEntry::SEGMENT_FREE, block->ptr, block->size, block->stream,
+                     block->pool->owner_MempoolId());
         cudaFree(reinterpret_cast<void *>(block->ptr));
         segments_.erase(block->ptr);
         by_address_.erase(block->ptr);
@@ -439,10 +490,12 @@ class DeviceCachingAllocator {
         delete block;
     }
 
-    void record_trace(TraceEntry::Action action, size_t addr, size_t size, uintptr_t stream) {
+    // `pool`: the owner of the block or segment, as PyTorch passes it in every entry.
+    void record_trace(TraceEntry::Action action, size_t addr, size_t size, uintptr_t stream,
+                      MempoolId_t pool) {
         if (trackers_.empty()) return;
         TraceEntry entry(action, DeviceIndex(device_), addr, size,
-                         reinterpret_cast<void *>(stream), MempoolId_t{0, 0}, now_approx());
+                         reinterpret_cast<void *>(stream), pool, now_approx());
         for (const auto &tracker : trackers_) {
             g_tracker_calls.fetch_add(1, std::memory_order_relaxed);
             tracker(entry);
@@ -457,6 +510,8 @@ class DeviceCachingAllocator {
     std::map<uintptr_t, Block *> by_address_;  // every block of every segment
     std::vector<Block *> pending_;             // frees waiting for their events
     std::vector<AllocatorTraceTracker> trackers_;
+    std::map<MempoolId_t, std::unique_ptr<PrivatePool>> graph_pools_;
+    std::vector<MempoolId_t> captures_underway_;  // the last one gets the allocations
 };
 
 class NativeCachingAllocator : public CUDAAllocator {
@@ -474,6 +529,8 @@ class NativeCachingAllocator : public CUDAAllocator {
     unsigned long long reservedBytes(int device) override;
     bool writeTruth(FILE *out) override;
     std::string name() override;
+    void beginAllocateToPool(int device, MempoolId_t id) override;
+    void endAllocateToPool(int device, MempoolId_t id) override;
 
   private:
     Block *find(void *ptr, bool remove);
@@ -565,6 +622,16 @@ bool NativeCachingAllocator::writeTruth(FILE *out) {
 
 std::string NativeCachingAllocator::name() { return "native"; }
 
+void NativeCachingAllocator::beginAllocateToPool(int device, MempoolId_t id) {
+    if (device >= 0 && size_t(device) < device_allocator.size())
+        device_allocator[device]->begin_allocate_to_pool(id);
+}
+
+void NativeCachingAllocator::endAllocateToPool(int device, MempoolId_t id) {
+    if (device >= 0 && size_t(device) < device_allocator.size())
+        device_allocator[device]->end_allocate_to_pool(id);
+}
+
 } // namespace Native
 
 namespace CudaMallocAsync {
@@ -589,6 +656,8 @@ class CudaMallocAsyncAllocator : public CUDAAllocator {
     unsigned long long reservedBytes(int device) override;
     bool writeTruth(FILE *out) override;
     std::string name() override;
+    void beginAllocateToPool(int device, MempoolId_t id) override;
+    void endAllocateToPool(int device, MempoolId_t id) override;
 
   private:
     struct Allocation {
@@ -659,7 +728,8 @@ bool CudaMallocAsyncAllocator::writeTruth(FILE *out) {
     for (auto &a : live_) {
         const unsigned long long p = a.first, n = a.second.size;
         fprintf(out,
-                "%s\n{\"device\":%d,\"address\":%llu,\"total_size\":%llu,\"blocks\":["
+                "%s\n{\"device\":%d,\"address\":%llu,\"total_size\":%llu,"
+                "\"segment_pool_id\":[0,0],\"blocks\":["
                 "{\"address\":%llu,\"size\":%llu,\"requested_size\":%llu,"
                 "\"state\":\"active_allocated\"}]}",
                 first ? "" : ",", a.second.device, p, n, p, n, n);
@@ -670,6 +740,10 @@ bool CudaMallocAsyncAllocator::writeTruth(FILE *out) {
 }
 
 std::string CudaMallocAsyncAllocator::name() { return "cudaMallocAsync"; }
+
+// (PyTorch's cudaMallocAsync backend captures graphs with the driver's own pools.)
+void CudaMallocAsyncAllocator::beginAllocateToPool(int, MempoolId_t) {}
+void CudaMallocAsyncAllocator::endAllocateToPool(int, MempoolId_t) {}
 
 } // namespace CudaMallocAsync
 
@@ -728,6 +802,16 @@ STANDIN_EXPORT int standin_write_truth(const char *path) {
     if (!out) return -1;
     allocator.load()->writeTruth(out);
     return fclose(out) == 0 ? 0 : -1;
+}
+
+STANDIN_EXPORT void standin_begin_allocate_to_pool(int device, unsigned long long first,
+                                                   unsigned long long second) {
+    allocator.load()->beginAllocateToPool(device, {first, second});
+}
+
+STANDIN_EXPORT void standin_end_allocate_to_pool(int device, unsigned long long first,
+                                                 unsigned long long second) {
+    allocator.load()->endAllocateToPool(device, {first, second});
 }
 
 STANDIN_EXPORT unsigned long long standin_attach_calls(void) {

@@ -32,6 +32,10 @@ typedef void (*standin_empty_cache_fn)(void);
 typedef unsigned long long (*standin_bytes_fn)(int device);
 /* Writes the allocator's own state as JSON (see tests/fake_torch/README.md); 0 on success. */
 typedef int (*standin_write_truth_fn)(const char *path);
+/* PyTorch's CUDA-graph capture (capture_begin / capture_end): from begin to the matching end
+ * every allocation on `device` comes from the private pool (first, second), created at its
+ * first use, with its own segments; its segments are never released. */
+typedef void (*standin_pool_fn)(int device, unsigned long long first, unsigned long long second);
 /* How many times attachAllocatorTraceTracker was called on any allocator, and how many
  * trace entries were handed to trackers. */
 typedef unsigned long long (*standin_count_fn)(void);

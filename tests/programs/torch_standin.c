@@ -18,6 +18,12 @@
  *   threads  one block kept per device on the main thread, then 4 threads (thread t on
  *            device t % 2, its own stream) x 1500 random malloc/free of 512 B - 4 MiB, each
  *            keeping up to 24 blocks and ending with every third of them still live.
+ *   graphs   CUDA graphs' private pools: default-pool blocks on device 0, then a capture into
+ *            pool (0, 1) on device 0 (a small,  a 3 MiB and an 18 MiB block: three segments of
+ *            its own although the default small segment has room; the 18 MiB one freed), a
+ *            capture into pool (2, 0) on device 1 (one small block: one segment), a
+ *            default-pool block on device 0 after the capture (back in the default
+ *            segment), and empty_cache, which keeps the private pools' segments.
  *   oom      run with FAKE_CUDA_CAPACITY=64M: 3 MiB blocks on device 0 until the stand-in
  *            returns NULL (3 segments of 20 MiB, each with an unused 2 MiB tail: 6 MiB
  *            reserved but unallocated). Prints result oom_at=, oom_size=.
@@ -46,6 +52,7 @@ static standin_empty_cache_fn s_empty_cache;
 static standin_bytes_fn s_allocated, s_reserved;
 static standin_write_truth_fn s_write_truth;
 static standin_count_fn s_attach_calls, s_tracker_calls;
+static standin_pool_fn s_begin_pool, s_end_pool;
 
 static void *must(void *lib, const char *name) {
     void *fn = dlsym(lib, name);
@@ -96,6 +103,8 @@ static void *load_standin(int argc, char **argv) {
     s_write_truth = (standin_write_truth_fn)must(lib, "standin_write_truth");
     s_attach_calls = (standin_count_fn)must(lib, "standin_attach_calls");
     s_tracker_calls = (standin_count_fn)must(lib, "standin_tracker_calls");
+    s_begin_pool = (standin_pool_fn)must(lib, "standin_begin_allocate_to_pool");
+    s_end_pool = (standin_pool_fn)must(lib, "standin_end_allocate_to_pool");
     return lib;
 }
 
@@ -207,6 +216,26 @@ static void scenario_threads(void) {
     for (int t = 0; t < 4; t++) pthread_join(threads[t], NULL);
 }
 
+static void scenario_graphs(void) {
+    void *before = standin_alloc(1000, 0, S0); /* the default small segment */
+    void *eager = standin_alloc(4 * MIB, 0, S0);
+    (void)before, (void)eager;
+    s_begin_pool(0, 0, 1); /* as torch.cuda.graph_pool_handle() names a pool */
+    void *p_small = standin_alloc(2000, 0, S0);
+    void *p_mid = standin_alloc(3 * MIB, 0, S0);
+    void *p_big = standin_alloc(18 * MIB, 0, S0); /* more than the 17 MiB left: its own */
+    s_free(p_big); /* its segment stays in the pool, fully free */
+    s_end_pool(0, 0, 1);
+    (void)p_small, (void)p_mid;
+    s_begin_pool(1, 2, 0); /* as a graph names its own pool */
+    void *q = standin_alloc(700, 1, S0);
+    s_end_pool(1, 2, 0);
+    (void)q;
+    void *after = standin_alloc(3000, 0, S0); /* the default pool again */
+    (void)after;
+    s_empty_cache();
+}
+
 static void scenario_oom(void) {
     const size_t size = 3 * MIB;
     int n = 0;
@@ -224,7 +253,7 @@ static void scenario_oom(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s mixed|threads|oom TRUTH_JSON [LIBC10_CUDA]\n", argv[0]);
+        fprintf(stderr, "usage: %s mixed|threads|graphs|oom TRUTH_JSON [LIBC10_CUDA]\n", argv[0]);
         return 2;
     }
     const char *scenario = argv[1];
@@ -252,6 +281,8 @@ int main(int argc, char **argv) {
         scenario_mixed();
     } else if (strcmp(scenario, "threads") == 0) {
         scenario_threads();
+    } else if (strcmp(scenario, "graphs") == 0) {
+        scenario_graphs();
     } else if (strcmp(scenario, "oom") == 0) {
         scenario_oom();
     } else {

@@ -20,6 +20,7 @@ JSON (--json):
     api_calls: [ {api, calls} ] (memsnap's files: calls per CUDA entry point, whole process),
     devices: [ { device, live_bytes, live_blocks, live_requested_bytes, pending_free_bytes,
                  cached_free_bytes, largest_free_block_bytes, reserved_bytes, segments,
+                 private_pools: [ {pool: [int, int], segments, reserved_bytes, live_bytes} ],
                  history: { events, start_live_requested_bytes, peak_live_requested_bytes,
                             peak_after_event: int|null, start_reserved_bytes, peak_reserved_bytes,
                             dropped_by_cap: int|null, capped: str|null },
@@ -40,7 +41,10 @@ state it implies. `at` = the live set at the moment --at names (default: the fir
 the peak), in requested bytes, with the end's figures in the same units (end_bytes).
 Site = innermost user Python file:line, else the first native frame outside the CUDA
 runtime, the allocator and PyTorch's filtered frames; --ignore and --callers change it.
-events_by_api counts trace events (a cudaMalloc is 2, a cudaFree 3); api_calls counts calls.";
+events_by_api counts trace events (a cudaMalloc is 2, a cudaFree 3); api_calls counts calls.
+private_pools = segments whose segment_pool_id is not (0, 0): PyTorch's private pools (CUDA
+graphs', as torch.compile mode=\"reduce-overhead\" makes, or torch.cuda.MemPool's), part of
+reserved_bytes and segments; only the pool's own allocations use them.";
 
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = JSON_SHAPE)]
@@ -194,6 +198,13 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
             fmt_bytes(d.reserved_bytes),
             plural(d.segments, "segment", "segments")
         )?;
+        for pool in &d.private_pools {
+            writeln!(
+                out,
+                "  private   {} (a CUDA graph's or a MemPool's: only its own allocations use it)",
+                memsnap_engine::device::describe_private_pool(pool)
+            )?;
+        }
         if d.cached_free_bytes > 0 {
             writeln!(
                 out,

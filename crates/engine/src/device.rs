@@ -11,6 +11,10 @@
 //!   (see [`crate::history`]).
 //! - *at a moment* (`--at`): the live set then, from the history, in requested bytes,
 //!   beside the same figures at the end.
+//! - *private pools*: segments whose `segment_pool_id` is not `(0, 0)` belong to a private
+//!   pool of PyTorch's caching allocator (a CUDA graph's, as torch.compile's
+//!   `reduce-overhead` mode makes, or a `torch.cuda.MemPool`): only that pool's allocations
+//!   use them ([`private_pools`]).
 
 use crate::at::Resolved;
 use crate::history::{EndBlock, History};
@@ -18,6 +22,59 @@ use crate::sites::{Library, Sites};
 use crate::tally::{Tally, sorted};
 use memsnap_format::model::{BlockState, Snapshot, StackId};
 use rustc_hash::FxHashMap;
+
+/// The memory of one private pool of PyTorch's caching allocator on one device, at the end.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PrivatePool {
+    /// The pool's id, `segment_pool_id`.
+    pub pool: (i64, i64),
+    pub segments: i64,
+    /// Σ of its segments' sizes.
+    pub reserved_bytes: i64,
+    /// Its `active_allocated` blocks (block bytes).
+    pub live_bytes: i64,
+}
+
+/// The private pools with segments on `device`, in the order of their ids.
+pub fn private_pools(snap: &Snapshot, device: i64) -> Vec<PrivatePool> {
+    let mut pools: std::collections::BTreeMap<(i64, i64), PrivatePool> = Default::default();
+    for seg in snap.segments.iter().filter(|s| s.device == device) {
+        if seg.segment_pool_id == (0, 0) {
+            continue;
+        }
+        let p = pools
+            .entry(seg.segment_pool_id)
+            .or_insert_with(|| PrivatePool {
+                pool: seg.segment_pool_id,
+                segments: 0,
+                reserved_bytes: 0,
+                live_bytes: 0,
+            });
+        p.segments += 1;
+        p.reserved_bytes += seg.total_size;
+        p.live_bytes += seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.size)
+            .sum::<i64>();
+    }
+    pools.into_values().collect()
+}
+
+/// How a private pool reads in a report: `pool (0, 1): 22.0 MiB reserved in 3 segments,
+/// 3.0 MiB live`.
+pub fn describe_private_pool(p: &PrivatePool) -> String {
+    format!(
+        "pool ({}, {}): {} reserved in {} segment{}, {} live",
+        p.pool.0,
+        p.pool.1,
+        crate::bytes::fmt_bytes(p.reserved_bytes),
+        p.segments,
+        if p.segments == 1 { "" } else { "s" },
+        crate::bytes::fmt_bytes(p.live_bytes),
+    )
+}
 
 pub struct OomInfo {
     pub event: usize,

@@ -126,6 +126,8 @@ pub struct Device {
     pub largest_free_block_bytes: i64,
     pub reserved_bytes: i64,
     pub segments: i64,
+    /// The private pools' share of the segments (CUDA graphs', `torch.cuda.MemPool`s').
+    pub private_pools: Vec<crate::device::PrivatePool>,
     pub history: History,
     /// Events per `user_metadata` (memsnap writes the CUDA API there), most first.
     pub events_by_api: Vec<ApiRow>,
@@ -298,6 +300,7 @@ fn device_summary(
         largest_free_block_bytes: st.largest_free_block,
         reserved_bytes: st.reserved.bytes,
         segments: st.reserved.count,
+        private_pools: device::private_pools(snap, st.device),
         history: History {
             events: st.events,
             start_live_requested_bytes: st.start_live_requested,

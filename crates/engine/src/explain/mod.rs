@@ -449,6 +449,15 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
     let mut timelines = Some(Vec::new());
     let mut first_oom = None;
     for &dev in &devs {
+        for pool in device::private_pools(snap, dev) {
+            d.notes.push(format!(
+                "{}: device {dev}: private {} at the end: a CUDA graph's (torch.compile \
+                 mode=\"reduce-overhead\") or a torch.cuda.MemPool's, kept for that pool's own \
+                 allocations",
+                d.file,
+                device::describe_private_pool(&pool)
+            ));
+        }
         let hist = device::history_of(histories, dev);
         let end = device::end_blocks(snap, dev);
         let end_reserved = device::end_reserved(snap, dev);

@@ -246,6 +246,28 @@ fn free_space_stranded_between_live_blocks_is_fragmentation() {
 }
 
 #[test]
+fn a_private_pools_segments_are_named_with_their_pool() {
+    let mut snap = file(
+        0,
+        0,
+        Vec::new(),
+        &[(0x1000, 4 * MIB, 0), (0x80_0000, MIB, 1)],
+    );
+    snap.segments[1].segment_pool_id = (0, 1);
+    let d = digest_of("graphs.pickle", snap);
+    let pools: Vec<&String> = d.notes.iter().filter(|n| n.contains("pool")).collect();
+    assert_eq!(
+        pools,
+        vec![
+            "graphs.pickle: device 0: private pool (0, 1): 1.0 MiB reserved in 1 segment, \
+             1.0 MiB live at the end: a CUDA graph's (torch.compile \
+             mode=\"reduce-overhead\") or a torch.cuda.MemPool's, kept for that pool's own \
+             allocations"
+        ]
+    );
+}
+
+#[test]
 fn segments_without_blocks_say_they_cannot_tell() {
     let mut snap = oom_file(0, 100);
     snap.memsnap.push((
