@@ -1132,6 +1132,44 @@ fn the_oom_is_the_default_moment_when_the_file_holds_one() {
 }
 
 #[test]
+fn a_time_past_the_history_is_refused_by_every_command_that_takes_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = helper_file(dir.path());
+    let p = p.to_str().unwrap();
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
+    // The calls are 1 ms apart: the history spans 5 ms, events 0 to 13.
+    let why = "--at: +3600.000 s is past this device's history, which spans +0.000 s to \
+               +0.005 s (events 0 to 13)";
+    for args in [
+        vec!["summary", "--at", "1h", p],
+        vec!["explain", "--at", "1h", p],
+        vec!["diff", "--at", "1h", p, p],
+        vec!["diff", "--at-after", "1h", p, p],
+        vec!["flamegraph", "--at", "1h", p, "-o", out],
+        vec!["view", "--at", "1h", p, "-o", out],
+    ] {
+        let o = memsnap(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stdout(&o));
+        assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{args:?}: {}", stdout(&o));
+    }
+    assert!(!Path::new(out).exists(), "nothing written");
+    // view refuses a named moment the file does not hold, as the others do.
+    let o = memsnap(&["view", "--at", "oom", p, "-o", out]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("no OOM in this device's history"));
+    // The last event's own time is within the history: the state after it.
+    let v = json(&memsnap(&["summary", "--json", "--at", "5ms", p]));
+    let at = &v["devices"][0]["at"];
+    assert_eq!(
+        (at["moment"].as_str(), at["after_event"].as_i64()),
+        (Some("time"), Some(13))
+    );
+    assert!(at["unreached"].is_null());
+}
+
+#[test]
 fn labels_say_calls_events_and_the_cap_honestly() {
     let dir = tempfile::tempdir().unwrap();
     let full = helper_program();

@@ -90,6 +90,11 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
             fmt_bytes(PAGE_FLOOR_BYTES as i64)
         );
     }
+    if let Some(at) = a.at
+        && let Some(why) = memsnap_engine::view::unreached(&snap, at)
+    {
+        anyhow::bail!("{}: --at: {why}", a.snap.display());
+    }
     let html = render(
         &snap,
         &crate::input::display_name(&a.snap),

@@ -22,7 +22,7 @@
 //! blocks still live. The peak is a moving mark: each new maximum moves it to the current
 //! event, where the live set *is* the current one, and forgets the notes.
 
-use crate::at::{At, Kind, Pos, Resolved};
+use crate::at::{At, Kind, Pos, Resolved, fmt_since};
 use crate::tally::Tally;
 use memsnap_format::model::{Action, StackId, TraceEntry};
 use rustc_hash::FxHashMap;
@@ -413,6 +413,22 @@ impl History {
             }
         };
         let m = &self.mark;
+        let span = self.since_first(Some(self.last_time_us));
+        if let (None, Some(At::Time(t)), Some(span)) = (m.pos, m.want, span)
+            && self.events > 0
+            && t == span
+        {
+            // Exactly the last event's time: the state after it, which is the end's.
+            let mut at = end_state(None);
+            at.moment = Resolved {
+                kind: Kind::Time,
+                pos: Pos::After(self.events - 1),
+                time_us: Some(self.last_time_us),
+                since_first_us: Some(span),
+                unreached: None,
+            };
+            return at;
+        }
         let (Some(kind), Some(pos)) = (m.kind, m.pos) else {
             let why = match m.want {
                 None | Some(At::End) => None,
@@ -422,8 +438,18 @@ impl History {
                     self.events,
                     self.events.saturating_sub(1)
                 )),
-                // Every event is within the time: the state after the last one.
-                Some(At::Time(_)) => None,
+                // Every event is within the time: past the history, whose end is not the
+                // moment asked for (the program may have run on for long after it).
+                Some(At::Time(t)) => Some(match span {
+                    Some(span) if self.events > 0 => format!(
+                        "{} is past this device's history, which spans +0.000 s to {} \
+                         (events 0 to {})",
+                        fmt_since(t),
+                        fmt_since(span),
+                        self.events - 1
+                    ),
+                    _ => "this device recorded no events, so no time in its history".to_string(),
+                }),
                 Some(At::Peak | At::Auto) => None,
             };
             return end_state(why);
@@ -732,10 +758,33 @@ mod at_tests {
         assert_eq!((at.moment.kind, at.moment.pos), (Kind::Time, Pos::After(1)));
         assert_eq!(at.moment.since_first_us, Some(1_000));
         assert_eq!(held(&at), [(1, 10, 1), (2, 20, 1)]);
-        // Past the last event: the end.
+        // Exactly the last event's time: the state after it.
+        let at = History::of(&trace, At::Time(8_000)).at_with_end(&blocks, 0);
+        assert_eq!((at.moment.kind, at.moment.pos), (Kind::Time, Pos::After(3)));
+        assert_eq!(at.moment.unreached, None);
+        assert_eq!(held(&at), [(2, 20, 1), (3, 30, 1)]);
+        // Past the last event: not reached, the span named (the end is shown only with it).
         let at = History::of(&trace, At::Time(60_000_000)).at_with_end(&blocks, 0);
         assert_eq!(at.moment.kind, Kind::End);
+        assert_eq!(
+            at.moment.unreached.as_deref(),
+            Some(
+                "+60.000 s is past this device's history, which spans +0.000 s to +0.008 s \
+                 (events 0 to 3)"
+            )
+        );
         assert_eq!(held(&at), [(2, 20, 1), (3, 30, 1)]);
+        // No history at all: no time in it.
+        let at = History::of(&[], At::Time(1)).at_with_end(&blocks, 0);
+        assert!(
+            at.moment
+                .unreached
+                .as_deref()
+                .unwrap()
+                .contains("no events"),
+            "{:?}",
+            at.moment.unreached
+        );
         let at = History::of(&trace, At::Event(4)).at_with_end(&blocks, 0);
         assert_eq!(at.moment.kind, Kind::End);
         assert!(

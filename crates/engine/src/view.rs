@@ -373,6 +373,18 @@ pub fn page_bytes_estimate(snap: &Snapshot) -> u64 {
     events * PER_EVENT + blocks * PER_BLOCK
 }
 
+/// Why `at` is in no device's history of `snap` (as [`device::unreached`] says): `view`
+/// refuses such a moment, as the other commands do, rather than open the page at the end.
+pub fn unreached(snap: &Snapshot, at: At) -> Option<String> {
+    let histories: Vec<History> = snap
+        .device_traces
+        .iter()
+        .map(|t| History::of(t, at))
+        .collect();
+    let moments = device::moments(snap, &histories);
+    device::unreached(moments.iter().map(|m| &m.moment))
+}
+
 /// The page data of a snapshot read whole; `title` heads the page, `top` sites are drawn
 /// separately, `at` is the moment it opens at.
 pub fn page(snap: &Snapshot, title: &str, top: usize, at: At, attr: &Attribution) -> Page {
