@@ -1131,6 +1131,67 @@ fn the_oom_is_the_default_moment_when_the_file_holds_one() {
     assert!(stderr(&o).contains("peak, oom, end"), "{}", stderr(&o));
 }
 
+/// `snap` with memsnap's identity of a process started without a rank: memsnap writes the
+/// pid in `rank` then.
+fn with_pid(mut snap: Snapshot, pid: i64) -> Snapshot {
+    snap.memsnap.push(("pid".into(), Meta::Int(pid)));
+    snap.memsnap
+        .push(("rank".into(), Meta::Str(pid.to_string())));
+    snap.memsnap
+        .push(("host".into(), Meta::Str("node1".into())));
+    snap
+}
+
+#[test]
+fn a_file_without_a_rank_is_named_by_its_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Recording::new();
+    r.malloc(0x1000, 1000, KEPT).oom(1 << 30);
+    let oom = write(dir.path(), "a.pickle", &with_pid(r.snapshot(None), 4242));
+    let other = write(
+        dir.path(),
+        "b.pickle",
+        &with_pid(helper_program().snapshot(None), 4343),
+    );
+    let text = stdout(&memsnap(&[
+        "explain",
+        oom.to_str().unwrap(),
+        other.to_str().unwrap(),
+    ]));
+    assert!(
+        text.starts_with("rank not known: pid 4242 ran out of memory first:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("a.pickle (rank not known: pid 4242): "),
+        "{text}"
+    );
+    assert!(!text.contains('?'), "{text}");
+    let v = json(&memsnap(&[
+        "explain",
+        "--json",
+        oom.to_str().unwrap(),
+        other.to_str().unwrap(),
+    ]));
+    assert_eq!(
+        (v["oom"]["rank"].clone(), v["oom"]["pid"].clone()),
+        (Value::Null, 4242.into())
+    );
+    assert_eq!(v["at"]["pid"], 4242);
+    // A file that names no process either (PyTorch's own): the rank is not known, plainly.
+    let plain = write(dir.path(), "c.pickle", &r.snapshot(None));
+    let text = stdout(&memsnap(&[
+        "explain",
+        plain.to_str().unwrap(),
+        other.to_str().unwrap(),
+    ]));
+    assert!(
+        text.starts_with("rank not known ran out of memory first:"),
+        "{text}"
+    );
+    assert!(text.contains("c.pickle (rank not known): "), "{text}");
+}
+
 #[test]
 fn a_time_past_the_history_is_refused_by_every_command_that_takes_at() {
     let dir = tempfile::tempdir().unwrap();

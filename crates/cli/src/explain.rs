@@ -15,7 +15,7 @@ use std::path::PathBuf;
 /// The `--json` shape, in short (docs/EXPLAIN.md has every key).
 pub const JSON_SHAPE: &str = "\
 JSON (--json); docs/EXPLAIN.md has every key and its meaning:
-  { oom: null | { rank, file, device, time_us, request_bytes, device_free_bytes,
+  { oom: null | { rank, pid, file, device, time_us, request_bytes, device_free_bytes,
                   verdict: \"live\"|\"fragmentation\"|\"outside\", reserved_unallocated_bytes,
                   largest_free_block_bytes, reserved_bytes, live_bytes, capacity_bytes,
                   outside_bytes, advice, cannot_tell,
@@ -27,7 +27,7 @@ JSON (--json); docs/EXPLAIN.md has every key and its meaning:
     ranks: null | {worst_rank, median_rank, median_peak_bytes, worst_peak_bytes,
                    differing_sites: [ {site, bytes_worst, bytes_median} ],
                    foreign_devices: [ {rank, local_rank, devices} ]},
-    notes: [str], at: null | {file, rank, moment}, files, steps_to_oom: int|null }
+    notes: [str], at: null | {file, rank, pid, moment}, files, steps_to_oom: int|null }
 Bytes at a moment are requested bytes, as in `summary`'s `at`.";
 
 #[derive(clap::Args, Debug)]
@@ -106,8 +106,14 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     Ok(0)
 }
 
-fn rank(r: Option<i64>) -> String {
-    r.map_or_else(|| "rank ?".to_string(), |r| format!("rank {r}"))
+/// `rank 3`; where the file names no rank, `rank not known: pid 4242` (the process that
+/// wrote it, from its metadata), or `rank not known`.
+pub fn rank(r: Option<i64>, pid: Option<i64>) -> String {
+    match (r, pid) {
+        (Some(r), _) => format!("rank {r}"),
+        (None, Some(pid)) => format!("rank not known: pid {pid}"),
+        (None, None) => "rank not known".to_string(),
+    }
 }
 
 fn opt_bytes(b: Option<i64>) -> String {
@@ -157,7 +163,7 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
     if let Some(at) = &x.at {
         paragraph(out)?;
         let whose = if x.files > 1 {
-            format!(" of {} ({})", shown(&at.file), rank(at.rank))
+            format!(" of {} ({})", shown(&at.file), rank(at.rank, at.pid))
         } else {
             String::new()
         };
@@ -255,7 +261,7 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
 
 fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()> {
     let who = if several {
-        format!("{} ran out of memory first", rank(o.rank))
+        format!("{} ran out of memory first", rank(o.rank, o.pid))
     } else {
         "Out of memory".to_string()
     };
@@ -328,7 +334,7 @@ fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()>
             .map(|r| {
                 format!(
                     "{} {} live (peak {})",
-                    rank(r.rank),
+                    rank(r.rank, None),
                     opt_bytes(r.live_bytes),
                     fmt_bytes(r.peak_bytes)
                 )

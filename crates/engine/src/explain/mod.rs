@@ -108,6 +108,9 @@ pub struct SiteRow {
 #[derive(Clone, Debug, Serialize)]
 pub struct Oom {
     pub rank: Option<i64>,
+    /// The process (`memsnap.pid`), where the file names one: what says whose file it is
+    /// when the rank is not known.
+    pub pid: Option<i64>,
     pub file: String,
     pub device: i64,
     pub time_us: i64,
@@ -599,6 +602,7 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         };
         d.oom = Some(Oom {
             rank: d.rank,
+            pid: d.pid,
             file: d.file.clone(),
             device: dev,
             time_us,
@@ -720,6 +724,8 @@ pub struct ForeignDevice {
 pub struct AtFile {
     pub file: String,
     pub rank: Option<i64>,
+    /// The process (`memsnap.pid`), where the file names one.
+    pub pid: Option<i64>,
     pub moment: String,
 }
 
@@ -938,6 +944,7 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
                 Some(AtFile {
                     file: d.file.clone(),
                     rank: d.rank,
+                    pid: d.pid,
                     moment: d.instant.moment.clone(),
                 }),
                 d.instant.sites.clone(),
