@@ -1252,6 +1252,34 @@ fn labels_say_calls_events_and_the_cap_honestly() {
         "{text}"
     );
     assert!(!text.contains("dropped events"), "{text}");
+    // memsnap's own markers (its step marks) are no CUDA calls: named apart, as what they are.
+    let mut marked = full.snapshot(None);
+    for (key, value) in &mut marked.memsnap {
+        if let ("api_calls", Meta::Dict(calls)) = (key.as_str(), value) {
+            calls.push(("memsnap".into(), Meta::Int(5)));
+        }
+    }
+    let mut mark = marked.device_traces[0][0].clone();
+    mark.user_metadata = Some(Arc::from("memsnap"));
+    marked.device_traces[0].push(TraceEntry {
+        action: Action::Snapshot,
+        ..mark
+    });
+    let marked = write(dir.path(), "marked.pickle", &marked);
+    let text = stdout(&memsnap(&["summary", marked.to_str().unwrap()]));
+    assert!(
+        text.contains(
+            "\nAPI calls: cudaMalloc 4, cudaFree 2; memsnap's own markers (not CUDA calls) 5\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "events by API (trace events; a call makes 2 or 3): cudaMalloc 8, cudaFree 6; \
+             memsnap's own markers (not CUDA calls) 1\n"
+        ),
+        "{text}"
+    );
     let v = json(&memsnap(&["summary", "--json", snap.to_str().unwrap()]));
     assert_eq!(v["devices"][0]["history"]["dropped_by_cap"], 4);
     assert_eq!(

@@ -105,6 +105,28 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     Ok(0)
 }
 
+/// The name memsnap records its own markers under (step and crash marks), beside the CUDA
+/// entry points in `api_calls` and the events' `user_metadata`.
+const OWN_MARKERS: &str = "memsnap";
+
+/// `cudaMalloc 4, cudaFree 2`, with memsnap's own markers apart and named as what they are
+/// (no CUDA call): `cudaMalloc 4; memsnap's own markers (not CUDA calls) 5`.
+fn api_list<'a>(rows: impl Iterator<Item = (&'a str, i64)>) -> String {
+    let (own, calls): (Vec<_>, Vec<_>) = rows.partition(|(api, _)| *api == OWN_MARKERS);
+    let mut text: Vec<String> = calls
+        .iter()
+        .map(|(api, n)| format!("{} {n}", shown(api)))
+        .collect();
+    if text.is_empty() {
+        text.push("none".into());
+    }
+    let mut text = text.join(", ");
+    for (_, n) in own {
+        text.push_str(&format!("; memsnap's own markers (not CUDA calls) {n}"));
+    }
+    text
+}
+
 fn plural(n: impl Into<i64>, one: &str, many: &str) -> String {
     let n = n.into();
     format!("{n} {}", if n == 1 { one } else { many })
@@ -165,12 +187,8 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
         writeln!(out, "PyTorch's allocator: {}", shown(line))?;
     }
     if !s.api_calls.is_empty() {
-        let list: Vec<String> = s
-            .api_calls
-            .iter()
-            .map(|c| format!("{} {}", shown(&c.api), c.calls))
-            .collect();
-        writeln!(out, "API calls: {}", list.join(", "))?;
+        let list = api_list(s.api_calls.iter().map(|c| (c.api.as_str(), c.calls)));
+        writeln!(out, "API calls: {list}")?;
     }
     if s.devices.is_empty() {
         writeln!(out, "no segments and no events: nothing was recorded")?;
@@ -242,15 +260,14 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
             )?;
         }
         if !d.events_by_api.is_empty() {
-            let list: Vec<String> = d
-                .events_by_api
-                .iter()
-                .map(|a| format!("{} {}", shown(&a.api), a.events))
-                .collect();
+            let list = api_list(
+                d.events_by_api
+                    .iter()
+                    .map(|a| (a.api.as_str(), a.events as i64)),
+            );
             writeln!(
                 out,
-                "  events by API (trace events; a call makes 2 or 3): {}",
-                list.join(", ")
+                "  events by API (trace events; a call makes 2 or 3): {list}"
             )?;
         }
         write_at(out, &d.at)?;
