@@ -1159,7 +1159,7 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
         other.to_str().unwrap(),
     ]));
     assert!(
-        text.starts_with("rank not known: pid 4242 ran out of memory first:"),
+        text.starts_with("The first out of memory (rank not known: pid 4242): asked for 1.0 GiB"),
         "{text}"
     );
     assert!(
@@ -1167,6 +1167,13 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
         "{text}"
     );
     assert!(!text.contains('?'), "{text}");
+    // The site's library and role say which is which.
+    assert!(
+        text.contains(&format!(
+            "\n  held by (requested bytes, allocations, site):\n        1000 B       1  {SITE_HELPER} [library: app, role: other]\n"
+        )),
+        "{text}"
+    );
     let v = json(&memsnap(&[
         "explain",
         "--json",
@@ -1178,6 +1185,13 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
         (Value::Null, 4242.into())
     );
     assert_eq!(v["at"]["pid"], 4242);
+    let text = stdout(&memsnap(&["explain", other.to_str().unwrap()]));
+    assert!(
+        text.contains(&format!(
+            "\n    10.7 KiB  at {SITE_HELPER} [library: app, role: other]\n"
+        )),
+        "{text}"
+    );
     // A file that names no process either (PyTorch's own): the rank is not known, plainly.
     let plain = write(dir.path(), "c.pickle", &r.snapshot(None));
     let text = stdout(&memsnap(&[
@@ -1186,7 +1200,7 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
         other.to_str().unwrap(),
     ]));
     assert!(
-        text.starts_with("rank not known ran out of memory first:"),
+        text.starts_with("The first out of memory (rank not known): asked for"),
         "{text}"
     );
     assert!(text.contains("c.pickle (rank not known): "), "{text}");

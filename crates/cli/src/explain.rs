@@ -8,7 +8,7 @@ use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At};
 use memsnap_engine::bytes::fmt_bytes;
-use memsnap_engine::explain::{self as engine, Explanation, Oom, oom::Verdict, owners};
+use memsnap_engine::explain::{self as engine, Explanation, Oom, SiteRow, oom::Verdict, owners};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -116,6 +116,16 @@ pub fn rank(r: Option<i64>, pid: Option<i64>) -> String {
     }
 }
 
+/// `[library: torch, role: activations]`: each word says what it is, so that a line read
+/// alone needs no key (docs/EXPLAIN.md lists the libraries and the roles).
+fn library_and_role(s: &SiteRow) -> String {
+    format!(
+        "[library: {}, role: {}]",
+        s.library.as_str(),
+        s.role.as_str()
+    )
+}
+
 fn opt_bytes(b: Option<i64>) -> String {
     b.map_or_else(|| "unknown".to_string(), fmt_bytes)
 }
@@ -187,11 +197,10 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
         for s in x.sites.iter().take(if listed { 0 } else { 3 }) {
             writeln!(
                 out,
-                "  {:>10}  at {} [{}, {}]",
+                "  {:>10}  at {} {}",
                 fmt_bytes(s.bytes),
                 shown(&s.site),
-                s.library.as_str(),
-                s.role.as_str()
+                library_and_role(s)
             )?;
         }
         match &x.roles {
@@ -261,7 +270,10 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
 
 fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()> {
     let who = if several {
-        format!("{} ran out of memory first", rank(o.rank, o.pid))
+        match o.rank {
+            Some(_) => format!("{} ran out of memory first", rank(o.rank, o.pid)),
+            None => format!("The first out of memory ({})", rank(o.rank, o.pid)),
+        }
     } else {
         "Out of memory".to_string()
     };
@@ -311,19 +323,15 @@ fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()>
         writeln!(out, "  {}", shown(why))?;
     }
     if !o.sites.is_empty() {
-        writeln!(
-            out,
-            "  held by (requested bytes, allocations, site [library, role]):"
-        )?;
+        writeln!(out, "  held by (requested bytes, allocations, site):")?;
         for s in &o.sites {
             writeln!(
                 out,
-                "    {:>10}  {:>6}  {} [{}, {}]",
+                "    {:>10}  {:>6}  {} {}",
                 fmt_bytes(s.bytes),
                 s.allocations,
                 shown(&s.site),
-                s.library.as_str(),
-                s.role.as_str()
+                library_and_role(s)
             )?;
         }
     }

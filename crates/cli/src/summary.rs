@@ -283,7 +283,7 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
             )?;
             writeln!(
                 out,
-                "    asked by  {} [{}]",
+                "    asked by  {} [library: {}]",
                 shown(&o.site),
                 o.library.as_str()
             )?;
