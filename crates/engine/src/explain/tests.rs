@@ -130,9 +130,9 @@ fn the_rank_that_ran_out_first_is_named_with_what_the_others_held() {
     );
 }
 
-#[test]
-fn step_marks_in_one_file_find_the_leak() {
-    // 10 steps of 100 us: `temp` 4 MiB freed within the step, `keep` 1 MiB kept.
+/// 10 steps of 100 us, marked in one file, on a device of `capacity` bytes: `temp` 4 MiB
+/// freed within the step, `keep` 1 MiB kept.
+fn marked_leak(capacity: i64) -> Snapshot {
     let mut trace = Vec::new();
     let mut marks = Vec::new();
     for step in 0..10i64 {
@@ -149,7 +149,20 @@ fn step_marks_in_one_file_find_the_leak() {
     let live: Vec<(i64, i64, u32)> = (0..10).map(|s| (0x100 + s, MIB, 0)).collect();
     let mut snap = file(0, 0, trace, &live);
     snap.step_marks = marks;
-    let x = build(vec![digest_of("r0.pickle", snap)]);
+    for (k, v) in &mut snap.memsnap {
+        if k == "devices" {
+            *v = Meta::List(vec![Meta::Dict(vec![
+                ("device".into(), Meta::Int(0)),
+                ("total_bytes".into(), Meta::Int(capacity)),
+            ])]);
+        }
+    }
+    snap
+}
+
+#[test]
+fn step_marks_in_one_file_find_the_leak() {
+    let x = build(vec![digest_of("r0.pickle", marked_leak(512 * MIB))]);
     assert_eq!(x.leaks.len(), 1, "{:?}", x.notes);
     let l = &x.leaks[0];
     assert_eq!(l.site, "/job/train.py:10 (keep)");
@@ -158,6 +171,43 @@ fn step_marks_in_one_file_find_the_leak() {
     assert_eq!((l.first_step, l.last_step), (0, 9));
     // 512 MiB capacity, 9 MiB in use at the last boundary.
     assert_eq!(x.steps_to_oom, Some(503));
+    assert!(
+        x.notes.iter().any(|n| n
+            == "rank 0: at +1.0 MiB per step, out of memory in about 503 steps \
+                (9.0 MiB of 512.0 MiB in use at step 9)"),
+        "{:?}",
+        x.notes
+    );
+}
+
+#[test]
+fn steps_to_oom_past_the_horizon_are_not_counted_in_the_text() {
+    // 64 GiB at +1 MiB a step: 65527 steps, far past what 10 boundaries measured.
+    let x = build(vec![digest_of("r0.pickle", marked_leak(64 << 30))]);
+    assert_eq!(x.steps_to_oom, Some(65527), "the JSON keeps the figure");
+    let note = x
+        .notes
+        .iter()
+        .find(|n| n.contains("per step"))
+        .expect("a note on when the creep fills the device");
+    assert_eq!(
+        note,
+        "rank 0: at +1.0 MiB per step, not out of memory within the next 10000 steps \
+         (9.0 MiB of 64.0 GiB in use at step 9)"
+    );
+    // At the horizon itself the count is still given.
+    let x = build(vec![digest_of(
+        "r0.pickle",
+        marked_leak((STEPS_HORIZON + 9) * MIB),
+    )]);
+    assert_eq!(x.steps_to_oom, Some(STEPS_HORIZON));
+    assert!(
+        x.notes
+            .iter()
+            .any(|n| n.contains("out of memory in about 10000 steps")),
+        "{:?}",
+        x.notes
+    );
 }
 
 #[test]
