@@ -1206,6 +1206,106 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
     assert!(text.contains("c.pickle (rank not known): "), "{text}");
 }
 
+/// `snap` as step file `step` of its process (written at `step` seconds, `seq` alike).
+fn as_step(mut snap: Snapshot, step: i64) -> Snapshot {
+    snap.memsnap.extend([
+        ("reason".into(), Meta::Str("step".into())),
+        ("step".into(), Meta::Int(step)),
+        ("seq".into(), Meta::Int(step)),
+        (
+            "time_us".into(),
+            Meta::Int(1_700_000_000_000_000 + step * 1_000_000),
+        ),
+    ]);
+    snap
+}
+
+#[test]
+fn ranks_shows_one_process_step_files_as_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    // memsnap's default names: the pid stands in the rank's place without RANK.
+    let mut r = Recording::new();
+    for step in [5, 10, 15] {
+        r.malloc(0x1000 * step, 1000 * step, KEPT);
+        let name = format!("memsnap-python-node1-r4242-p4242-step-{step}-{step}.pickle");
+        write(
+            dir.path(),
+            &name,
+            &as_step(with_pid(r.snapshot(None), 4242), step),
+        );
+    }
+    let d = dir.path().to_str().unwrap();
+    let v = json(&memsnap(&["ranks", "--json", d]));
+    let rows = v["ranks"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{v:#}");
+    let row = &rows[0];
+    assert_eq!(
+        (row["rank"].clone(), row["pid"].clone(), row["host"].clone()),
+        (Value::Null, 4242.into(), "node1".into())
+    );
+    // Oldest first by when each was written (step 5's name sorts after step 15's).
+    let files: Vec<&str> = row["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "memsnap-python-node1-r4242-p4242-step-5-5.pickle",
+            "memsnap-python-node1-r4242-p4242-step-10-10.pickle",
+            "memsnap-python-node1-r4242-p4242-step-15-15.pickle",
+        ]
+    );
+    assert_eq!(row["file"], files[2]);
+    assert_eq!(row["live_bytes"], 30000, "the latest file's figures");
+    let text = stdout(&memsnap(&["ranks", d]));
+    assert!(
+        text.contains("rank not known: pid 4242 on node1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "one process's 3 files, oldest first (the figures are the latest's, the peak the \
+             highest): {}\n",
+            files.join(", ")
+        )),
+        "{text}"
+    );
+    assert!(text.contains("`memsnap diff "), "{text}");
+    assert!(
+        !text.contains("4242  "),
+        "no rank column of the pid: {text}"
+    );
+    // Two ranks of a run, two files each: two rows, one per rank.
+    let dir = tempfile::tempdir().unwrap();
+    for rank in [0, 1] {
+        for step in [1, 2] {
+            let mut snap = as_step(with_pid(helper_program().snapshot(None), 100 + rank), step);
+            for (k, v) in &mut snap.memsnap {
+                if k == "rank" {
+                    *v = Meta::Str(rank.to_string());
+                }
+            }
+            write(dir.path(), &format!("job-r{rank}-step{step}.pickle"), &snap);
+        }
+    }
+    let v = json(&memsnap(&["ranks", "--json", dir.path().to_str().unwrap()]));
+    let rows: Vec<(i64, usize)> = v["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["rank"].as_i64().unwrap(),
+                r["files"].as_array().unwrap().len(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, [(0, 2), (1, 2)]);
+}
+
 #[test]
 fn a_time_past_the_history_is_refused_by_every_command_that_takes_at() {
     let dir = tempfile::tempdir().unwrap();

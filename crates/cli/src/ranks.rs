@@ -9,7 +9,7 @@ use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::At;
 use memsnap_engine::bytes::fmt_bytes;
-use memsnap_engine::ranks::{self as engine, OUTLIER_FACTOR, Ranks};
+use memsnap_engine::ranks::{self as engine, OUTLIER_FACTOR, Rank, Ranks};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -17,11 +17,13 @@ use std::path::{Path, PathBuf};
 pub const JSON_SHAPE: &str = "\
 JSON (--json):
   { dir, median_live_bytes, median_peak_bytes,
-    ranks: [ {file, rank: int|null, live_bytes, reserved_bytes, peak_bytes, ooms,
+    ranks: [ {file, files: [str], rank: int|null, pid: int|null, host: str|null, live_bytes, reserved_bytes, peak_bytes, ooms,
               top_site: str|null, top_site_bytes, outlier: bool, reasons: [str],
               capped: [str], torch_allocator: str|null, error: str|null} ] }
 A rank whose file cannot be read has `error` set and zeros elsewhere; it is left out of the
-medians. capped: `history capped: kept N of M events` per device where the cap dropped events.
+medians. A process's several files (same host and pid: its step files, its exit file) are one
+row: `files` lists them oldest first, `file` is the latest, whose figures the row gives (peak
+and ooms: the most of any of them). capped: `history capped: kept N of M events` per device where the cap dropped events.
 torch_allocator: memsnap's line on what it saw of PyTorch's allocator (blocks, segments only,
 tensors); a rank whose kind differs from most ranks' is marked.";
 
@@ -70,6 +72,15 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     Ok(0)
 }
 
+/// `rank not known: pid 4242 on node1`, for a row whose files name no rank.
+fn process(x: &Rank) -> String {
+    match (x.pid, &x.host) {
+        (Some(pid), Some(host)) => format!("rank not known: pid {pid} on {host}"),
+        (Some(pid), None) => format!("rank not known: pid {pid}"),
+        _ => "rank not known (the file names none)".to_string(),
+    }
+}
+
 /// The table as text (`dir`: the folder as given, for the `explain` hint).
 fn write_text(r: &Ranks, dir: &Path, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
@@ -104,6 +115,19 @@ fn write_text(r: &Ranks, dir: &Path, out: &mut dyn Write) -> std::io::Result<()>
             if x.outlier { "!!" } else { "" },
             shown(&x.file)
         )?;
+        if x.rank.is_none() {
+            writeln!(out, "{:>51}{}", "", shown(&process(x)))?;
+        }
+        if x.files.len() > 1 {
+            writeln!(
+                out,
+                "{:>51}one process's {} files, oldest first (the figures are the latest's, the \
+                 peak the highest): {}",
+                "",
+                x.files.len(),
+                shown(&x.files.join(", "))
+            )?;
+        }
         if let Some(s) = &x.top_site {
             let bytes = fmt_bytes(x.top_site_bytes);
             writeln!(out, "{:>51}{bytes} {}", "", shown(s))?;
@@ -128,6 +152,18 @@ fn write_text(r: &Ranks, dir: &Path, out: &mut dyn Write) -> std::io::Result<()>
             "`memsnap explain {}`: which rank ran out of memory first and why, and the sites that \
              differ from the median rank",
             shown(&dir.display().to_string())
+        )?;
+    }
+    if let Some(x) = r.ranks.iter().find(|x| x.files.len() > 1) {
+        let (first, last) = (&x.files[0], &x.files[x.files.len() - 1]);
+        let path = |f: &str| shown(&dir.join(f).display().to_string()).into_owned();
+        writeln!(
+            out,
+            "several files of one process (same host and pid) are one row, not ranks: \
+             `memsnap explain` on them finds leaks across their steps, `memsnap diff {} {}` \
+             shows what grew between the first and the last",
+            path(first),
+            path(last)
         )?;
     }
     let unreadable = r.ranks.iter().filter(|x| x.error.is_some()).count();

@@ -1,8 +1,10 @@
 //! `ranks`' model: one row per rank file (live, reserved and peak bytes, OOMs, the top
-//! site, the history cap) and the ranks that stand out.
+//! site, the history cap) and the ranks that stand out. A process's several files (same
+//! host and pid: its step files) are one row ([`by_process`]).
 //!
 //! The rank comes from memsnap's metadata (`rank`) or the file name (`r3`, `rank3`,
-//! `rank_3`, as in memsnap's `-r{rank}-` and torchtitan's `rank{rank}_`). A rank stands
+//! `rank_3`, as in memsnap's `-r{rank}-` and torchtitan's `rank{rank}_`); the pid, which
+//! memsnap writes there when the environment names no rank, is no rank. A rank stands
 //! out when its live or peak bytes exceed [`OUTLIER_FACTOR`] × the median of all files, or
 //! when it hit an OOM while some other rank did not, or when memsnap saw PyTorch's allocator
 //! differently there than on the other ranks (its blocks on most, its segments only on one:
@@ -11,11 +13,12 @@
 //! files, prints text or serializes this as JSON. Cold code.
 
 use crate::device;
+use crate::explain::meta_number;
 use crate::explain::owners::{by_allocator_kind, torch_allocator_line};
 use crate::input::Summarized;
 use crate::sites::{Attribution, Sites};
-use crate::summary::meta_int;
 use crate::tally::sorted;
+use memsnap_format::model::Meta;
 use serde::Serialize;
 
 /// Factor over the median that marks a rank.
@@ -23,8 +26,16 @@ pub const OUTLIER_FACTOR: f64 = 1.25;
 
 #[derive(Serialize, Clone)]
 pub struct Rank {
+    /// The file the figures are of: a process's latest where it wrote several.
     pub file: String,
+    /// Every file of the row's process, oldest first (the one `file` alone where it wrote
+    /// one, or where the files name no process).
+    pub files: Vec<String>,
     pub rank: Option<i64>,
+    /// The process that wrote the file and its host (`memsnap.pid`, `memsnap.host`), where
+    /// the file names them.
+    pub pid: Option<i64>,
+    pub host: Option<String>,
     pub live_bytes: i64,
     pub reserved_bytes: i64,
     /// Σ over devices of the peak live (requested) bytes within the recorded history.
@@ -41,6 +52,9 @@ pub struct Rank {
     pub torch_allocator: Option<String>,
     /// Why the file could not be read (the row's figures are then zero).
     pub error: Option<String>,
+    /// When the file was written (`memsnap.time_us`, `seq`, `step`): orders a process's files.
+    #[serde(skip)]
+    written: (Option<i64>, Option<i64>, Option<i64>),
 }
 
 #[derive(Serialize)]
@@ -95,6 +109,10 @@ fn median(mut v: Vec<i64>) -> i64 {
 fn empty_row(name: String, rank: Option<i64>) -> Rank {
     Rank {
         rank: rank.or_else(|| rank_from_name(&name)),
+        files: vec![name.clone()],
+        pid: None,
+        host: None,
+        written: (None, None, None),
         file: name,
         live_bytes: 0,
         reserved_bytes: 0,
@@ -122,7 +140,21 @@ pub fn unreadable(name: String, error: String) -> Rank {
 pub fn row(name: String, loaded: &Summarized, attr: &Attribution) -> Rank {
     let Summarized { snap, histories } = loaded;
     let sites = Sites::new(snap, attr);
-    let mut r = empty_row(name, meta_int(snap, "rank"));
+    // memsnap writes the pid as the rank where the environment names none (and so in its
+    // default file name, `-r{rank}-`): no rank then, as `explain` reads it.
+    let pid = meta_number(snap, "pid");
+    let mut r = empty_row(name, meta_number(snap, "rank"));
+    r.rank = r.rank.filter(|&n| Some(n) != pid);
+    r.pid = pid;
+    r.host = match snap.meta("host") {
+        Some(Meta::Str(h)) if !h.is_empty() => Some(h.clone()),
+        _ => None,
+    };
+    r.written = (
+        meta_number(snap, "time_us"),
+        meta_number(snap, "seq"),
+        meta_number(snap, "step"),
+    );
     for d in device::devices(snap) {
         let hist = device::history_of(histories, d);
         let st = device::device_stats(snap, &sites, d, &hist);
@@ -144,7 +176,8 @@ pub fn row(name: String, loaded: &Summarized, attr: &Attribution) -> Rank {
 
 /// The table of the folder `dir`: rows by rank (then file name), medians of the readable
 /// ones, outliers marked.
-pub fn finish(dir: String, mut ranks: Vec<Rank>) -> Ranks {
+pub fn finish(dir: String, ranks: Vec<Rank>) -> Ranks {
+    let mut ranks = by_process(ranks);
     ranks.sort_by(|a, b| {
         a.rank
             .is_none()
@@ -183,6 +216,42 @@ pub fn finish(dir: String, mut ranks: Vec<Rank>) -> Ranks {
         median_peak_bytes: mp,
         ranks,
     }
+}
+
+/// One row per process: the readable files of one host and pid (a process's step files,
+/// its exit file beside them) are one row, not one rank each with the same number. The
+/// row's figures are its latest file's (the process's state last written), its peak and
+/// OOMs the most any of its files recorded (a later file's history may have lost an
+/// earlier peak to the cap; an `oom` file and the `exit` file after it hold the same OOM).
+fn by_process(ranks: Vec<Rank>) -> Vec<Rank> {
+    let mut groups: Vec<Vec<Rank>> = Vec::new();
+    for r in ranks {
+        let same = |g: &Vec<Rank>| {
+            let x = &g[0];
+            r.error.is_none()
+                && x.error.is_none()
+                && r.pid.is_some()
+                && (x.pid, &x.host, x.rank) == (r.pid, &r.host, r.rank)
+        };
+        match groups.iter_mut().find(|g| same(g)) {
+            Some(g) => g.push(r),
+            None => groups.push(vec![r]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|mut g| {
+            g.sort_by(|a, b| a.written.cmp(&b.written).then(a.file.cmp(&b.file)));
+            let files: Vec<String> = g.iter().map(|r| r.file.clone()).collect();
+            let peak = g.iter().map(|r| r.peak_bytes).max().unwrap_or(0);
+            let ooms = g.iter().map(|r| r.ooms).max().unwrap_or(0);
+            let mut last = g.pop().expect("a group has a file");
+            last.files = files;
+            last.peak_bytes = peak;
+            last.ooms = ooms;
+            last
+        })
+        .collect()
 }
 
 /// Marks the ranks whose allocator line names another kind of record than most ranks'
