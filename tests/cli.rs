@@ -1159,7 +1159,9 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
         other.to_str().unwrap(),
     ]));
     assert!(
-        text.starts_with("The first out of memory (rank not known: pid 4242): asked for 1.0 GiB"),
+        text.starts_with(
+            "The process (rank not known: pid 4242) ran out of memory first: asked for 1.0 GiB"
+        ),
         "{text}"
     );
     assert!(
@@ -1200,7 +1202,7 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
         other.to_str().unwrap(),
     ]));
     assert!(
-        text.starts_with("The first out of memory (rank not known): asked for"),
+        text.starts_with("The process (rank not known) ran out of memory first: asked for"),
         "{text}"
     );
     assert!(text.contains("c.pickle (rank not known): "), "{text}");

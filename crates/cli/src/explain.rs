@@ -272,7 +272,10 @@ fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()>
     let who = if several {
         match o.rank {
             Some(_) => format!("{} ran out of memory first", rank(o.rank, o.pid)),
-            None => format!("The first out of memory ({})", rank(o.rank, o.pid)),
+            None => format!(
+                "The process ({}) ran out of memory first",
+                rank(o.rank, o.pid)
+            ),
         }
     } else {
         "Out of memory".to_string()
