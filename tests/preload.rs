@@ -557,10 +557,10 @@ fn a_program_that_closes_every_descriptor_keeps_its_files_to_itself() {
 /// writer ended because the program did, not early).
 #[test]
 fn exiting_while_threads_allocate_reports_no_loss() {
-    for _ in 0..3 {
+    for _ in 0..2 {
         let run = run_program(
             "load",
-            &["8", "exit"],
+            &["4", "exit"],
             &[("FAKE_CUDA_CAPACITY", "80G")],
             true,
         );
