@@ -579,11 +579,13 @@ fn ranks_marks_the_rank_whose_allocator_was_recorded_otherwise() {
     let ranks = tempfile::tempdir().unwrap();
     let unknown = standin_copy_with_version("1.0.0");
     for rank in 0..3 {
-        let env: Vec<(&str, &str)> = if rank == 2 {
-            vec![("STANDIN_DIR", unknown.path().to_str().unwrap())]
-        } else {
-            vec![]
-        };
+        let rank_var = rank.to_string();
+        // Each process a rank of its own: without one, a file is named by its pid alone and
+        // `ranks` counts no rank for it.
+        let mut env: Vec<(&str, &str)> = vec![("RANK", &rank_var)];
+        if rank == 2 {
+            env.push(("STANDIN_DIR", unknown.path().to_str().unwrap()));
+        }
         let (run, _) = run_standin("mixed", &env, true);
         let file = snapshot_file(&run, "standin");
         std::fs::copy(&file, ranks.path().join(format!("job-r{rank}.pickle"))).unwrap();
