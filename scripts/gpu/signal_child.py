@@ -143,6 +143,8 @@ def main():
         print("result ready=1", flush=True)
         time.sleep(120)
     elif mode == "ctrl-c":
+        # A job started in the background by a non-interactive shell inherits SIGINT ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         print("result ready=1", flush=True)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(30)

@@ -96,6 +96,11 @@ NOINLINE void crash_here(const char *mode) {
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "segv";
     void *a = NULL, *b = NULL;
+    /* A command a non-interactive shell starts in the background inherits SIGINT and SIGQUIT
+     * ignored (as CI runners may start the tests): this program's default actions are its own. */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     CHECK_RT(cudaMalloc(&a, 3 * MIB));
     CHECK_RT(cudaMalloc(&b, 5 * MIB));
     CHECK_RT(cudaFree(a));

@@ -54,6 +54,10 @@ def wait_for_file():
 
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "signal"
+    if mode == "ctrl-c":
+        # Started in the background by a non-interactive shell (as CI runners may), Python
+        # inherits SIGINT ignored and leaves it so: Ctrl-C's handler is put back here.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     allocate(1 << 20)
     if mode == "signal":
         previous = signal.signal(signal.SIGUSR1, on_usr1)

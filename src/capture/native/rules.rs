@@ -92,7 +92,7 @@ impl Rules {
 
     /// Whether caching `key` would evict another key's rule.
     #[cfg(feature = "capture-stats")]
-    fn full(&self, key: u64) -> bool {
+    pub(super) fn full(&self, key: u64) -> bool {
         self.keys[rule_set(key)][RULE_WAYS - 1] != 0
     }
 
