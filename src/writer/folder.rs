@@ -171,7 +171,7 @@ impl Folders {
     /// A folder just opened: its identity, a warning if others control it (once), and its
     /// stale temporaries removed.
     fn adopt(&mut self, path: &Path, fd: RawFd) -> io::Result<FolderId> {
-        let Some(stat) = fd_stat(fd) else {
+        let Some(stat) = super::own_fd::stat_of(fd) else {
             let e = io::Error::last_os_error();
             close(fd);
             return Err(e);
@@ -381,15 +381,6 @@ fn open_dir(path: &Path, follow: bool) -> io::Result<RawFd> {
     Ok(fd)
 }
 
-fn fd_stat(fd: RawFd) -> Option<libc::stat> {
-    let mut stat = MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat writes a stat buffer that lives across the call; a closed or foreign
-    // number only makes it fail or describe that file.
-    let rc = unsafe { libc::fstat(fd, stat.as_mut_ptr()) };
-    // SAFETY: fstat filled the buffer when it returned 0.
-    (rc == 0).then(|| unsafe { stat.assume_init() })
-}
-
 /// The folder `fd` holds and whether it still exists (has a link), if `fd` is still an `O_PATH` descriptor of a
 /// directory (what memsnap opened: a program's own descriptors are hardly ever that).
 fn fd_identity(fd: RawFd) -> Option<(FolderId, bool)> {
@@ -398,7 +389,7 @@ fn fd_identity(fd: RawFd) -> Option<(FolderId, bool)> {
     if flags < 0 || flags & libc::O_PATH == 0 {
         return None;
     }
-    let stat = fd_stat(fd)?;
+    let stat = super::own_fd::stat_of(fd)?;
     (stat.st_mode & libc::S_IFMT == libc::S_IFDIR).then_some((
         FolderId {
             dev: stat.st_dev,

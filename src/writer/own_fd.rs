@@ -18,12 +18,18 @@ pub struct OwnFd<T: AsRawFd + IntoRawFd> {
     identity: (u64, u64),
 }
 
-/// The device and inode `fd` names now; `None` when it is closed.
-fn identity(fd: i32) -> Option<(u64, u64)> {
+/// What `fd` names now (`fstat`); `None` when it is closed. Shared with `folder`, which
+/// holds its folders the same way.
+pub(super) fn stat_of(fd: i32) -> Option<libc::stat> {
     // SAFETY: all-zero is a valid `struct stat`; fstat fills it or fails, on any number.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a valid out-pointer; fstat only reads the descriptor table.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
+}
+
+/// The device and inode `fd` names now; `None` when it is closed.
+fn identity(fd: i32) -> Option<(u64, u64)> {
+    stat_of(fd).map(|st| (st.st_dev, st.st_ino))
 }
 
 impl<T: AsRawFd + IntoRawFd> OwnFd<T> {
