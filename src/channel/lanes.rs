@@ -40,6 +40,9 @@ pub const MAX_LANES: usize = 256;
 /// The fewest events a lane may hold however many lanes share the channel's budget; also
 /// the most events a producer publishes between two looks at its lane's `head` and share.
 const MIN_LANE_SHARE: u64 = 256;
+/// The longest a producer waits for a hold to end ([`Lanes::hold`]); past it, it leaves
+/// the hold ([`Lanes::leave_hold`]) and publishes into its lane again, up to its share.
+pub const MAX_HELD_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One cache line.
 #[repr(C, align(64))]
@@ -69,6 +72,9 @@ struct Claim {
     /// events plus one. Lowered (never raised) as lanes are mapped; read by the owner at
     /// its next look (see [`Lanes::try_push`]).
     limit: AtomicU32,
+    /// Non-zero while the writer holds producers back to serve a snapshot request
+    /// ([`Lanes::hold`]); read by the owner at its next look.
+    held: AtomicU32,
 }
 
 /// A thread's hold on the lane it claimed: where the slots are, and its positions. Kept
@@ -186,6 +192,14 @@ impl Lane {
 /// [`MIN_LANE_SHARE`] events, so a lane runs at most that many past a lowered share: the
 /// total stays under the budget plus [`MIN_LANE_SHARE`] per lane (81,920 events for 64
 /// threads at the default budget of 65,536), however many threads record.
+///
+/// A bounded queue is not enough when threads outnumber the processors: 64 threads
+/// allocating on two cores leave the writer a 65th of the time, and a snapshot request
+/// then waits hundreds of milliseconds for the writer to take what was queued before it.
+/// So while the writer serves a request and has been at it for a while, it *holds* the
+/// lanes ([`Lanes::hold`]): at its next look a producer finds its lane refused, and waits
+/// on a futex word (no processor taken) until the writer lets go, [`MAX_HELD_WAIT`] at
+/// most (then it leaves the hold: a hold can slow a thread by that much, not stop it). The writer lets go once the snapshot is encoded, before the file is written.
 pub struct Lanes {
     /// Whether threads get lanes (the event clock orders events across cores).
     on: bool,
@@ -199,6 +213,10 @@ pub struct Lanes {
     /// there: a count kept beside them would lag the entries for a moment, and a lane left
     /// out of a pass could put an event after one that depended on it).
     table: Box<[AtomicPtr<Lane>]>,
+    /// 1 while the writer holds the lanes, else 0: the futex word held producers wait on.
+    /// (Only the writer sets and clears the lanes' own flags, so none is left set; a lane
+    /// mapped during a hold is not held by it.)
+    hold_word: AtomicU32,
 }
 
 impl Lanes {
@@ -211,7 +229,72 @@ impl Lanes {
             table: (0..MAX_LANES)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
+            hold_word: AtomicU32::new(0),
         }
+    }
+
+    /// Writer side: producers wait at their next look until [`Lanes::let_go`] (or
+    /// [`MAX_HELD_WAIT`]). Cold.
+    pub fn hold(&self) {
+        self.hold_word.store(1, Relaxed);
+        for lane in self.mapped() {
+            lane.claim.0.held.store(1, Relaxed);
+        }
+    }
+
+    /// Writer side: ends a hold and wakes the producers waiting on it. Cold.
+    pub fn let_go(&self) {
+        if self.hold_word.load(Relaxed) == 0 {
+            return;
+        }
+        for lane in self.mapped() {
+            lane.claim.0.held.store(0, Relaxed);
+        }
+        self.hold_word.store(0, Release);
+        // SAFETY: FUTEX_WAKE on a word of our own; it reads no memory beyond the address.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.hold_word.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            )
+        };
+    }
+
+    /// Producer side, cold: the lane of `cursor` is no longer held by the present hold (its
+    /// owner waited [`MAX_HELD_WAIT`]); the next hold holds it again.
+    ///
+    /// # Safety
+    /// As for [`Lanes::try_push`].
+    pub unsafe fn leave_hold(cursor: &Cursor) {
+        // SAFETY: the cursor's lane, mapped for the life of the process.
+        unsafe { (*cursor.lane()).claim.0.held.store(0, Relaxed) };
+    }
+
+    /// Whether the writer holds the lanes.
+    pub fn held(&self) -> bool {
+        self.hold_word.load(Relaxed) != 0
+    }
+
+    /// Producer side, cold: waits until the hold ends or `timeout` passes (a spurious
+    /// return is harmless: the caller looks again).
+    pub fn wait_while_held(&self, timeout: std::time::Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on a word of our own with a valid relative timeout; it returns
+        // at once unless the word still says "held".
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.hold_word.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                1u32,
+                &ts as *const libc::timespec,
+            )
+        };
     }
 
     /// Events one lane holds.
@@ -231,7 +314,7 @@ impl Lanes {
     }
 
     /// Publishes `ev` in the lane of `cursor`; `false` when the lane holds its share (the
-    /// writer is behind). Reads nothing but the cursor before its stores, except at a look
+    /// writer is behind) or is held ([`Lanes::hold`]). Reads nothing but the cursor before its stores, except at a look
     /// (the lane's `head` and share: when the share last read would be full, and at least
     /// every [`MIN_LANE_SHARE`] events).
     ///
@@ -248,6 +331,11 @@ impl Lanes {
             // Lanes mapped since the last look may have lowered this lane's share.
             let limit = u64::from(lane.claim.0.limit.load(Relaxed));
             if at.wrapping_sub(head) > limit {
+                return false;
+            }
+            // Held: the writer serves a request and wants the processors (see `hold`).
+            // On the line of `limit`, read with it: no other line at a look.
+            if lane.claim.0.held.load(Relaxed) != 0 {
                 return false;
             }
             c.next_look = (head + limit + 1).min(at + MIN_LANE_SHARE);
@@ -631,6 +719,76 @@ mod tests {
         }
         assert!(1000 + more <= 1024 + MIN_LANE_SHARE as usize, "{more} more");
         assert!(1000 + more >= 1024, "{more} more");
+    }
+
+    /// While the writer holds the lanes a producer is refused at its next look, however
+    /// much room its lane has (at most [`MIN_LANE_SHARE`] events later), and takes events
+    /// again once let go.
+    #[test]
+    fn a_held_lane_refuses_within_a_look_and_takes_again_once_let_go() {
+        let lanes = Lanes::new(true, 8192);
+        let cursor = Cell::new(lanes.claim().unwrap());
+        let ev = Event::new(Kind::Alloc, Api::CudaMalloc);
+        for _ in 0..10 {
+            // SAFETY: the cursor of a lane this thread claimed and owns.
+            assert!(unsafe { Lanes::try_push(&cursor, &ev) });
+        }
+        lanes.hold();
+        let mut more = 0;
+        // SAFETY: as above.
+        while unsafe { Lanes::try_push(&cursor, &ev) } {
+            more += 1;
+            assert!(
+                more <= MIN_LANE_SHARE,
+                "still taking events {more} after the hold"
+            );
+        }
+        assert!(lanes.held());
+        lanes.let_go();
+        assert!(!lanes.held());
+        // SAFETY: as above.
+        assert!(unsafe { Lanes::try_push(&cursor, &ev) });
+    }
+
+    /// A thread held while it records waits until the writer lets go, and a hold that
+    /// never ends holds it [`MAX_HELD_WAIT`] at most: it records on, nothing lost.
+    #[test]
+    fn a_held_thread_waits_until_let_go_and_no_longer_than_the_longest_wait() {
+        const EVENTS: u64 = 3 * MIN_LANE_SHARE;
+        for let_go in [true, false] {
+            let rec = channel(8192);
+            let lane_claimed = Arc::new(Barrier::new(2));
+            let held = lane_claimed.clone();
+            let producer = std::thread::spawn(move || {
+                send(rec, 1); // claims the thread's lane
+                held.wait();
+                held.wait();
+                for time in 2..=EVENTS {
+                    send(rec, time);
+                }
+            });
+            lane_claimed.wait();
+            rec.hold_lanes();
+            let waits_before = rec.counters.queue_waits.load(Relaxed);
+            let began = std::time::Instant::now();
+            lane_claimed.wait();
+            if let_go {
+                while rec.counters.queue_waits.load(Relaxed) == waits_before {
+                    std::thread::yield_now();
+                }
+                rec.let_lanes_go();
+            }
+            producer.join().unwrap();
+            if !let_go {
+                assert!(began.elapsed() >= MAX_HELD_WAIT, "left the hold early");
+            }
+            let mut reader = Reader::new();
+            let taken: Vec<u64> = std::iter::from_fn(|| reader.next(rec))
+                .map(|e| e.addr())
+                .collect();
+            assert_eq!(taken, (1..=EVENTS).collect::<Vec<_>>(), "let go: {let_go}");
+            assert!(rec.counters.queue_waits.load(Relaxed) > waits_before);
+        }
     }
 
     /// The line a hook asks for before its walks is where its next push writes: the event

@@ -155,19 +155,45 @@ impl WakeWord {
     }
 }
 
-/// Waits for the writer: spin, then yield (waking the writer once), then sleep. Returns
-/// `false` once the writer is gone.
+/// Waits for the writer: spin, then yield (waking the writer once), then sleep; while the
+/// writer holds the lanes (`Lanes::hold`), off the processors until it lets go,
+/// [`lanes::MAX_HELD_WAIT`] at most. Returns `false` once the writer is gone.
 struct Backoff<'a> {
     rec: &'a Recorder,
     round: u32,
+    /// When this wait first found the lanes held.
+    held_since: Option<std::time::Instant>,
 }
 
-impl Backoff<'_> {
+impl<'a> Backoff<'a> {
+    fn new(rec: &'a Recorder) -> Backoff<'a> {
+        Backoff {
+            rec,
+            round: 0,
+            held_since: None,
+        }
+    }
+
+    /// Whether this wait has waited out a hold: its thread leaves it.
+    fn waited_out_hold(&self) -> bool {
+        self.held_since
+            .is_some_and(|since| since.elapsed() >= lanes::MAX_HELD_WAIT)
+    }
+
     #[cold]
     #[inline(never)]
     fn wait(&mut self) -> bool {
         if !self.rec.writer_alive.load(Acquire) {
             return false;
+        }
+        if self.rec.lanes.held() {
+            let since = *self.held_since.get_or_insert_with(std::time::Instant::now);
+            if let Some(left) = lanes::MAX_HELD_WAIT.checked_sub(since.elapsed())
+                && !left.is_zero()
+            {
+                self.rec.lanes.wait_while_held(left);
+                return true;
+            }
         }
         self.round = self.round.saturating_add(1);
         if self.round < SPINS_BEFORE_YIELD {
@@ -233,10 +259,7 @@ impl Recorder {
     #[inline(never)]
     fn take_slot_slow(&self) -> Option<StackSlotIndex> {
         self.counters.slot_waits.fetch_add(1, Relaxed);
-        let mut backoff = Backoff {
-            rec: self,
-            round: 0,
-        };
+        let mut backoff = Backoff::new(self);
         loop {
             if let Some(idx) = self.free_slots.pop() {
                 return Some(idx);
@@ -258,7 +281,7 @@ impl Recorder {
             if unsafe { Lanes::try_push(cursor, &event) } {
                 return;
             }
-            return self.push_waiting(event, |e| {
+            return self.push_waiting(event, Some(cursor), |e| {
                 // SAFETY: as above.
                 unsafe { Lanes::try_push(cursor, &e) }
             });
@@ -299,26 +322,35 @@ impl Recorder {
             }
         }
         if let Err(back) = self.events.push(event) {
-            self.push_waiting(back, |e| self.events.push(e).is_ok());
+            self.push_waiting(back, None, |e| self.events.push(e).is_ok());
         }
     }
 
-    /// Waits until `try_push` takes `event` (the writer is behind), or counts it lost once
-    /// the writer is gone. One wait for a full lane and for the full shared queue.
+    /// Waits until `try_push` takes `event` (the writer is behind, or holds the lanes while
+    /// it serves a request), or counts it lost once the writer is gone. One wait for a full
+    /// or held lane (`lane`: the thread's) and for the full shared queue.
     #[cold]
     #[inline(never)]
-    fn push_waiting(&self, event: Event, mut try_push: impl FnMut(Event) -> bool) {
+    fn push_waiting(
+        &self,
+        event: Event,
+        lane: Option<&std::cell::Cell<lanes::Cursor>>,
+        mut try_push: impl FnMut(Event) -> bool,
+    ) {
         self.counters.queue_waits.fetch_add(1, Relaxed);
-        let mut backoff = Backoff {
-            rec: self,
-            round: 0,
-        };
+        let mut backoff = Backoff::new(self);
         loop {
             if try_push(event) {
                 return;
             }
             if !backoff.wait() {
                 break;
+            }
+            if let Some(cursor) = lane
+                && backoff.waited_out_hold()
+            {
+                // SAFETY: the thread's own hold on its lane of this channel.
+                unsafe { Lanes::leave_hold(&cursor.get()) };
             }
         }
         self.count_lost(&event);
@@ -372,6 +404,24 @@ impl Recorder {
 
     pub fn release_slot(&self, idx: StackSlotIndex) {
         let _ = self.free_slots.push(idx);
+    }
+
+    /// Writer side: holds the threads that record through lanes while it serves a request
+    /// (see [`Lanes::hold`]), unless they are held already.
+    pub fn hold_lanes(&self) {
+        if !self.lanes.held() {
+            self.lanes.hold();
+        }
+    }
+
+    /// Whether the writer holds the lanes.
+    pub fn lanes_held(&self) -> bool {
+        self.lanes.held()
+    }
+
+    /// Writer side: ends a hold, if any.
+    pub fn let_lanes_go(&self) {
+        self.lanes.let_go();
     }
 
     /// Wakes the writer now instead of at the end of its idle wait. Async-signal-safe.

@@ -73,6 +73,9 @@ const MAX_IDLE: Duration = Duration::from_millis(5);
 const SYMBOLIZE_BUDGET: Duration = Duration::from_micros(500);
 /// Events applied between checks of the signal flag and timers.
 const BATCH: usize = 8192;
+/// Events applied between looks for a waiting request within a batch: a starved writer
+/// (many threads on few processors) takes a batch in hundreds of milliseconds.
+const REQUEST_LOOK: usize = 512;
 /// How often the writer looks for newly loaded libraries for the native unwinder, and for
 /// PyTorch's allocator to be looked for again.
 const MODULE_REFRESH: Duration = Duration::from_millis(100);
@@ -115,6 +118,8 @@ struct Writer {
     live: live::LiveServer,
     /// Dump requests (signals, socket) waiting for the next request snapshot.
     held: requests::HeldRequests,
+    /// The request being served, if any, and whether the lanes are held for it.
+    serving: requests::Serving,
     /// The most recent out-of-memory error, for `memsnap top`.
     last_oom: Option<OomSample>,
     /// Turns the events' clock readings into microseconds since the epoch.
@@ -177,6 +182,7 @@ impl Writer {
             uploader,
             live: live::LiveServer::open(id_pid),
             held: requests::HeldRequests::default(),
+            serving: requests::Serving::default(),
             last_oom: None,
             clock: StampConverter::new(),
             last_time_us: 0,
@@ -195,6 +201,9 @@ impl Writer {
             self.clock.refresh();
             let mut applied = 0;
             while applied < BATCH {
+                if applied % REQUEST_LOOK == REQUEST_LOOK - 1 && self.request_waiting() {
+                    break;
+                }
                 let Some(ev) = self.reader.next(self.rec) else {
                     break;
                 };
@@ -417,7 +426,10 @@ impl Writer {
 
     fn apply_queued(&mut self) -> Flow {
         self.clock.refresh();
-        for _ in 0..=self.rec.queued() {
+        for taken in 0..=self.rec.queued() {
+            if taken % 64 == 0 {
+                self.hold_if_starved();
+            }
             let Some(ev) = self.reader.next(self.rec) else {
                 break;
             };

@@ -15,6 +15,7 @@ const MAX_WRITE_WARNINGS: u32 = 3;
 impl Writer {
     /// Writes one snapshot; returns its path, or why it could not be written.
     pub(super) fn dump(&mut self, reason: Reason, tag: &str) -> Result<PathBuf, String> {
+        self.hold_if_starved();
         let window = if reason == Reason::Step {
             self.window_from.clone()
         } else {
@@ -40,7 +41,10 @@ impl Writer {
         };
         snap.allocator_settings = self.allocator_settings();
         snap.memsnap = self.metadata(reason, tag);
+        self.hold_if_starved();
         let bytes = pickle_write::to_bytes(&snap);
+        // Encoded: the threads a request held need not wait for the file to be written.
+        self.end_serving();
         let name = files::expand(&self.cfg.filename, &self.id, &fields);
         let result = files::folder(&self.cfg, &self.id, &fields).and_then(|dir| {
             if dir.created {

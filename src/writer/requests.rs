@@ -34,6 +34,78 @@ pub(super) const REQUEST_FLOOR: Duration = Duration::from_secs(1);
 /// snapshot all the same, but its connection is closed at once, without an answer.
 const MAX_WAITING_DUMPS: usize = 64;
 
+/// How long a request is served before the writer looks at whether it is starved.
+const STARVED_AFTER: Duration = Duration::from_millis(5);
+
+/// A request being served (from when the writer saw it to when its snapshot is encoded),
+/// and whether the lanes are held for it. The writer holds the lanes (`Lanes::hold`: the
+/// allocating threads wait, off the processors) only when it is starved: serving has
+/// lasted [`STARVED_AFTER`] and the writer ran for less than half of it, as when 64
+/// threads allocate on two cores. Where the writer has a processor of its own, nobody
+/// waits (docs/SIGNALS.md, "Many threads").
+#[derive(Default)]
+pub(super) struct Serving {
+    /// When serving began, and the writer thread's processor time then.
+    since: Option<(Instant, Duration)>,
+}
+
+/// The calling thread's processor time.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a timespec of our own to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+impl Writer {
+    /// A request is being served (see [`Serving`]).
+    pub(super) fn begin_serving(&mut self) {
+        if self.serving.since.is_none() {
+            self.serving.since = Some((Instant::now(), thread_cpu_time()));
+        }
+    }
+
+    /// Holds the lanes if a request is being served and the writer is starved. Cheap
+    /// enough to call every few dozen events: a clock read while serving, and the thread's
+    /// processor time (a system call) only past [`STARVED_AFTER`] and until it holds.
+    pub(super) fn hold_if_starved(&mut self) {
+        let Some((began, cpu_then)) = self.serving.since else {
+            return;
+        };
+        let wall = began.elapsed();
+        if wall >= STARVED_AFTER
+            && !self.rec.lanes_held()
+            && thread_cpu_time().saturating_sub(cpu_then) * 2 < wall
+        {
+            self.rec.hold_lanes();
+        }
+    }
+
+    /// Whether a request waits that would be served now (the dump signal only once the
+    /// floor allows). Looked at between events: a request waits for the events queued
+    /// before it, not for a whole batch of the writer's.
+    pub(super) fn request_waiting(&self) -> bool {
+        EXIT_REQUESTED.load(Relaxed)
+            || !CRASH.dumps.pending().is_empty()
+            || !API_DUMPS.pending().is_empty()
+            || !EXEC_DUMPS.pending().is_empty()
+            || (!SIGNAL_DUMPS.pending().is_empty()
+                && self
+                    .held
+                    .floor_until
+                    .is_none_or(|until| Instant::now() >= until))
+    }
+
+    /// The request's snapshot is encoded (or it needed none): the threads go on.
+    pub(super) fn end_serving(&mut self) {
+        self.serving.since = None;
+        self.rec.let_lanes_go();
+    }
+}
+
 /// The dump requests from outside the program that wait for the next request snapshot.
 #[derive(Default)]
 pub(super) struct HeldRequests {
@@ -64,7 +136,9 @@ impl Writer {
             // Dump signals are served with the socket's dump requests (`serve_live`).
             return Flow::Continue;
         }
+        self.begin_serving();
         if let Flow::Exit = self.apply_queued() {
+            self.end_serving();
             return Flow::Exit;
         }
         if !crash.is_empty() {
@@ -122,12 +196,14 @@ impl Writer {
             if let Some(uploader) = &mut self.uploader {
                 uploader.finish(self.cfg.remote_wait);
             }
+            self.end_serving();
             self.report_at_exit();
             self.ack.remove();
             self.live.close();
             EXIT_DONE.store(true, Release);
             return Flow::Exit;
         }
+        self.end_serving();
         Flow::Continue
     }
 
@@ -211,8 +287,10 @@ impl Writer {
             return;
         }
         // What the program did before it asked is in the snapshot (see `serve_live`).
+        self.begin_serving();
         let _ = self.apply_queued();
         let written = self.dump(Reason::Signal, "");
+        self.end_serving();
         self.held.floor_until = Some(Instant::now() + REQUEST_FLOOR);
         self.answer_held(signals, written);
     }
