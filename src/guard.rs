@@ -1,61 +1,13 @@
-//! The calling thread's hook state, in one thread-local: the nesting guard (one allocation
-//! is one record, whichever route it took), the thread's kernel id, and where its stack
-//! state lives.
+//! The nesting guard: one allocation is one record, whichever route it took. `cudaMalloc`
+//! reaches `cuMemAlloc_v2` through a pointer we also hooked; only the outermost hooked call
+//! records. Also the benchmarks' pass-through switches and the mark of memsnap's own
+//! threads. The depth lives in the thread's hook state (`channel::thread`).
 //!
-//! Its event lane (`channel::lanes`) is kept here too, with the channel it belongs to.
-//!
-//! Hot. `cudaMalloc` reaches `cuMemAlloc_v2` through a pointer we also hooked; only the
-//! outermost hooked call records. A `const` thread-local without destructor stays usable
-//! during thread teardown, allocates nothing, and can never fail. One thread-local for all
-//! of it, found from the thread pointer and its offset, which the hook line keeps
-//! ([`crate::initial_exec`], `process::hook_line`); a hook looks it up once, in
-//! [`Scope::enter`], and the scope keeps the address.
+//! Hot: [`Scope::enter`] and its drop run in every hooked call.
 
-use crate::channel::lanes::Cursor;
-use crate::channel::sent::ThreadStacks;
-use std::cell::Cell;
+use crate::channel::thread::{HookThread, with_thread};
 #[cfg(feature = "bench-hooks")]
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-
-/// One thread's hook state, on one cache line: everything a hooked call reads of its
-/// thread until a stack is captured (the nesting depth, the thread id, its hold on its
-/// lane) comes with one line.
-#[repr(C, align(64))]
-pub struct HookThread {
-    /// The nesting depth.
-    depth: Cell<u32>,
-    /// The kernel thread id, asked once (0: not yet).
-    tid: Cell<u32>,
-    /// Set by [`set_pass_through`]: the depth holds one extra level.
-    passing_through: Cell<bool>,
-    /// The address of the channel `lane` belongs to (a forked child's channel is another:
-    /// its first event claims a lane there).
-    lane_channel: Cell<usize>,
-    /// This thread's stack state (`channel::sent`): null until its first stack, then the
-    /// state, or `sent`'s "gone" mark once the thread-exit destructor freed it.
-    pub(crate) stacks: Cell<*mut ThreadStacks>,
-    /// This thread's hold on its event lane (where it writes next), valid while
-    /// `lane_channel` is the channel's address; [`Cursor::NONE`] until the first event,
-    /// [`Cursor::NO_LANE`] once given back at thread exit or when there was none to claim.
-    lane: Cell<Cursor>,
-}
-
-const _: () = assert!(size_of::<HookThread>() == 64);
-
-// SAFETY: every field is zero at a thread's start: depth 0, no thread id yet, not passing
-// through, no channel, no stack state (null), and `Cursor::NONE` (all zero, checked below).
-unsafe impl crate::initial_exec::ZeroIsValid for HookThread {}
-const _: () = assert!(Cursor::NONE.is_all_zero());
-
-crate::initial_exec::initial_exec_thread_local! {
-    static THREAD: HookThread, symbol "memsnap_hook_thread";
-}
-
-/// The hook state's offset from the thread pointer, kept on the line every hooked call reads
-/// (`process::hook_line`), so that finding the hook state reads no line of the global
-/// offset table.
-const THREAD_OFFSET: &std::sync::atomic::AtomicIsize =
-    &crate::process::hook_line::HOOK_LINE.hook_thread_offset;
 
 /// Depth that marks a thread as memsnap's own (the writer): it never records.
 const INTERNAL: u32 = 1 << 30;
@@ -71,10 +23,9 @@ pub struct Scope {
 impl Scope {
     #[inline(always)]
     pub fn enter() -> Scope {
-        // SAFETY: THREAD_OFFSET keeps THREAD's offset and nothing else's.
-        let thread = unsafe { THREAD.as_ptr_through(THREAD_OFFSET) };
+        let thread = HookThread::current();
         // SAFETY: this thread's own thread-local (see the field), used on this thread.
-        let depth = unsafe { &(*thread).depth };
+        let depth = unsafe { (*thread).depth() };
         let v = depth.get();
         depth.set(v.wrapping_add(1));
         Scope {
@@ -98,70 +49,18 @@ impl Scope {
     }
 }
 
-impl HookThread {
-    /// Kernel thread id, asked once per thread.
-    #[inline(always)]
-    pub fn tid(&self) -> u32 {
-        let v = self.tid.get();
-        if v != 0 {
-            return v;
-        }
-        self.tid_first()
-    }
-
-    /// This thread's hold on its lane of the channel at address `channel`, if it has one
-    /// there.
-    #[inline(always)]
-    pub fn lane(&self, channel: usize) -> Option<&Cell<Cursor>> {
-        (self.lane_channel.get() == channel).then_some(&self.lane)
-    }
-
-    /// Whether the thread sends through the shared queue for the rest of its life.
-    pub fn without_lane(&self) -> bool {
-        self.lane.get().is_no_lane()
-    }
-
-    /// Notes the lane this thread claimed on the channel at address `channel`.
-    pub fn set_lane(&self, cursor: Cursor, channel: usize) {
-        self.lane.set(cursor);
-        self.lane_channel.set(channel);
-    }
-
-    /// From now on this thread's events go to the shared queue. Returns its hold on the
-    /// lane it had (for the count its next owner goes on from).
-    pub fn go_without_lane(&self) -> Cursor {
-        self.lane_channel.set(0);
-        self.lane.replace(Cursor::NO_LANE)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn tid_first(&self) -> u32 {
-        // SAFETY: gettid has no preconditions.
-        let v = unsafe { libc::gettid() } as u32;
-        self.tid.set(v);
-        v
-    }
-}
-
 impl Drop for Scope {
     #[inline(always)]
     fn drop(&mut self) {
-        let d = &self.thread().depth;
+        let d = self.thread().depth();
         d.set(d.get().wrapping_sub(1));
     }
-}
-
-/// Runs `f` with the calling thread's hook state, outside any hooked call (its stack
-/// state's first use and thread-exit destructor, tests).
-pub fn with_thread<R>(f: impl FnOnce(&HookThread) -> R) -> R {
-    THREAD.with(f)
 }
 
 /// Whether this thread is inside a hooked call or is memsnap's own: a signal handler then
 /// must not capture a stack (it may have interrupted a capture).
 pub fn inside_hook_or_internal() -> bool {
-    THREAD.with(|t| t.depth.get() != 0)
+    with_thread(|t| t.depth().get() != 0)
 }
 
 /// Benchmarks only: while on, the calling thread's hooked calls pass straight through
@@ -169,12 +68,12 @@ pub fn inside_hook_or_internal() -> bool {
 /// time the same loop recorded and not recorded in one process. Costs the hooks nothing:
 /// they check the depth anyway.
 pub fn set_pass_through(on: bool) {
-    THREAD.with(|t| {
-        if t.passing_through.replace(on) == on {
+    with_thread(|t| {
+        if t.passing_through().replace(on) == on {
             return;
         }
-        let v = t.depth.get();
-        t.depth.set(if on {
+        let v = t.depth().get();
+        t.depth().set(if on {
             v.wrapping_add(1)
         } else {
             v.wrapping_sub(1)
@@ -210,7 +109,7 @@ pub fn set_pass_through_every_thread(on: bool) {
 
 /// Marks the current thread as internal for its whole life (the writer thread).
 pub fn mark_thread_internal() {
-    THREAD.with(|t| t.depth.set(INTERNAL));
+    with_thread(|t| t.depth().set(INTERNAL));
 }
 
 #[cfg(test)]

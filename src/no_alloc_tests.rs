@@ -102,7 +102,7 @@ fn hooks_do_not_allocate_in_steady_state() {
         }
     };
     round(); // first event: starts the writer (allowed to allocate once)
-    let rec = crate::process::recording::recorder().expect("recording started");
+    let rec = crate::channel::recording::recorder().expect("recording started");
     let applied_before = applied_when_drained(rec);
     let by_reference_before = crate::channel::sent::this_thread().map_or(0, |t| t.by_reference);
     let reused_before = crate::capture::native::WALKS_REUSED.load(Relaxed);

@@ -12,13 +12,13 @@ use crate::capture;
 use crate::channel::event::{Api, Event, Kind, MAX_OOM_DUMPS, Payload, PoolId};
 use crate::channel::handshake::{self, OOM_DUMPS};
 use crate::channel::queue::Recorder;
+use crate::channel::recording;
 use crate::channel::sent;
+use crate::channel::thread::HookThread;
 use crate::config::{Context, Stacks};
-use crate::guard::HookThread;
 use crate::prefetch::{prefetch_for_write, prefetch_line};
 use crate::process::clock::{self, Stamp, now};
 use crate::process::hook_line::HOOK_LINE;
-use crate::process::recording;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 

@@ -78,7 +78,7 @@ struct Claim {
 }
 
 /// A thread's hold on the lane it claimed: where the slots are, and its positions. Kept
-/// in the thread's hook state (`guard::HookThread`), on the cache line the hook reads
+/// in the thread's hook state (`channel::thread::HookThread`), on the cache line the hook reads
 /// anyway, so that a push reads no other line before its stores: in a real program the
 /// work between two events pushes the lane's header out of the nearer caches, and reading
 /// the position from there made every event wait for it (docs/HOT-PATH.md, "The
@@ -482,7 +482,7 @@ impl Lanes {
 static LANE_KEY: ExitKey = ExitKey::new();
 
 unsafe extern "C" fn release(p: *mut libc::c_void) {
-    let cursor = crate::guard::with_thread(|t| t.go_without_lane());
+    let cursor = crate::channel::thread::with_thread(|t| t.go_without_lane());
     if !p.is_null() {
         let lane = p as *const Lane;
         // SAFETY: the lane this thread claimed (`release_at_exit`); it publishes nothing
@@ -634,8 +634,8 @@ mod tests {
     use super::*;
     use crate::channel::event::{Api, Kind};
     use crate::channel::queue::HookSettings;
+    use crate::channel::thread;
     use crate::config::{Context, Stacks};
-    use crate::guard;
     use crate::process::clock::{self, Stamp};
     use std::sync::atomic::AtomicUsize;
     use std::sync::{Arc, Barrier};
@@ -656,7 +656,7 @@ mod tests {
         let mut ev = Event::new(Kind::Alloc, Api::CudaMalloc);
         ev.time = Stamp(time);
         ev.set_addr(time);
-        guard::with_thread(|t| rec.push(t, ev));
+        thread::with_thread(|t| rec.push(t, ev));
     }
 
     /// Pushes into a lane of its own until it is full; returns how many it took.
@@ -800,7 +800,7 @@ mod tests {
             send(rec, 1); // claims the thread's lane
             assert_eq!(Reader::new().next(rec).map(|e| e.addr()), Some(1));
             for time in 2..12u64 {
-                let line = guard::with_thread(|t| rec.next_push_line(t)).expect("a lane");
+                let line = thread::with_thread(|t| rec.next_push_line(t)).expect("a lane");
                 assert_eq!(line % 64, 0, "a slot is a line of its own");
                 let (event_at, mark_at) = (line, line + 56);
                 send(rec, time);
@@ -898,7 +898,7 @@ mod tests {
         );
         std::thread::spawn(move || {
             // As after its exit destructor gave the lane back.
-            guard::with_thread(|t| t.go_without_lane());
+            thread::with_thread(|t| t.go_without_lane());
             send(rec, now - 1);
         })
         .join()

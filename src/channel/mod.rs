@@ -5,10 +5,14 @@
 //! Hot. [`event`]: the fixed-size records a hook sends. [`queue`]: the queue and the stack
 //! slots they travel in. [`sent`]: the stacks each thread has sent, so that a repeated one
 //! travels as its hash. [`handshake`]: flags and counters that hooks and the writer both
-//! touch (requests waiting for a dump, route counters, device totals).
+//! touch (requests waiting for a dump, route counters, device totals). [`thread`]: each
+//! thread's hook state (its lane, its sent stacks, the nesting depth), one cache line.
+//! [`recording`]: the recording switch and the recorder the hooks send on.
 
 pub mod event;
 pub mod handshake;
 pub mod lanes;
 pub mod queue;
+pub mod recording;
 pub mod sent;
+pub mod thread;

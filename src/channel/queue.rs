@@ -20,8 +20,8 @@
 
 use crate::channel::event::{Event, Kind, StackRef, StackSlot, StackSlotIndex};
 use crate::channel::lanes::{self, Lanes};
+use crate::channel::thread::HookThread;
 use crate::config::{Context, Stacks};
-use crate::guard::HookThread;
 use crossbeam_queue::ArrayQueue;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -450,7 +450,7 @@ mod tests {
     use super::*;
     use crate::channel::event::Api;
     use crate::channel::lanes::Reader;
-    use crate::guard;
+    use crate::channel::thread;
 
     const TEST_SETTINGS: HookSettings = HookSettings {
         stacks: Stacks::All,
@@ -472,7 +472,7 @@ mod tests {
         with_and_without_lanes(|lanes| {
             let rec = Recorder::new(16, TEST_SETTINGS, lanes);
             rec.writer_alive.store(false, Relaxed);
-            guard::with_thread(|t| {
+            thread::with_thread(|t| {
                 for i in 0..20u64 {
                     let kind = if i % 2 == 0 { Kind::Alloc } else { Kind::Free };
                     let mut ev = Event::new(kind, Api::CudaMalloc);
@@ -518,7 +518,7 @@ mod tests {
             let producers: Vec<_> = (0..4u64)
                 .map(|t| {
                     std::thread::spawn(move || {
-                        guard::with_thread(|thread| {
+                        thread::with_thread(|thread| {
                             for i in 0..EVENTS / 4 {
                                 let mut ev = Event::new(Kind::Alloc, Api::CudaMalloc);
                                 let (index, slot) = rec.take_slot().expect("the writer is alive");

@@ -21,7 +21,7 @@
 
 use crate::channel::event::{Event, StackRef, StackSlot};
 use crate::channel::queue::Recorder;
-use crate::guard::{self, HookThread};
+use crate::channel::thread::{self, HookThread};
 use crate::thread_state::ExitKey;
 
 /// Hashes a thread's table holds (256 KiB).
@@ -136,7 +136,7 @@ const _: () = assert!(std::mem::align_of::<ThreadStacks>() == 64);
 static STATE_KEY: ExitKey = ExitKey::new();
 
 unsafe extern "C" fn free_state(p: *mut libc::c_void) {
-    guard::with_thread(|t| t.stacks.set(STATE_GONE));
+    thread::with_thread(|t| t.stacks.set(STATE_GONE));
     if !p.is_null() {
         // SAFETY: `p` is the state mapped for this thread; the thread is exiting and
         // its TLS says "gone", so no later hook on it uses the pointer.
@@ -166,7 +166,7 @@ pub fn of(thread: &HookThread) -> Option<&'static mut ThreadStacks> {
 
 /// [`of`] the calling thread, looking its hook state up (benchmarks and tests).
 pub fn this_thread() -> Option<&'static mut ThreadStacks> {
-    guard::with_thread(of)
+    thread::with_thread(of)
 }
 
 #[cold]
@@ -274,7 +274,7 @@ mod tests {
         thread.scratch = StackSlot::EMPTY;
         thread.scratch.n_native = frames.len() as u16;
         let complete = |slot: &mut StackSlot| slot.native[..frames.len()].copy_from_slice(frames);
-        guard::with_thread(|hook| {
+        thread::with_thread(|hook| {
             rec.push_with_stack(
                 hook,
                 Event::new(Kind::Alloc, Api::CudaMalloc),

@@ -25,8 +25,8 @@ pub mod symbols;
 
 use crate::channel::event::{Api, Kind};
 use crate::channel::handshake::ROUTED;
+use crate::channel::recording;
 use crate::guard::Scope;
-use crate::process::recording;
 use crate::record::{self, Outcome, Sender};
 use device::DRIVER;
 use ffi::*;

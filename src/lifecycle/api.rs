@@ -8,8 +8,9 @@
 use super::EXIT_WAIT;
 use crate::channel::event::{Api, Event, Kind};
 use crate::channel::handshake::{API_DUMP_LOG, API_DUMPS, ApiDump};
+use crate::channel::recording;
 use crate::guard::Scope;
-use crate::process::{clock, recording};
+use crate::process::clock;
 use std::ffi::{CStr, c_char, c_int};
 
 /// `memsnap_step()`: marks the end of a training step. Cheap: one event on the queue.

@@ -29,8 +29,8 @@
 
 use super::EXIT_WAIT;
 use crate::channel::handshake::EXEC_DUMPS;
+use crate::channel::recording;
 use crate::process::dlsym::real_dlsym;
-use crate::process::recording;
 use crate::signals;
 use std::ffi::{CStr, c_char, c_int};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::*};

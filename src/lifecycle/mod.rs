@@ -3,7 +3,7 @@
 //! exec (the snapshot before the image is replaced, [`exec`]) and the bodies of the
 //! `memsnap_*` C API ([`api`]; the symbols are declared in `exports.rs`).
 //!
-//! Cold. The switch it turns on and the recorder it publishes are `process::recording`'s,
+//! Cold. The switch it turns on and the recorder it publishes are `channel::recording`'s,
 //! which the hooks read; it implements that room's [`Start`] for the first hook to call. No
 //! other room imports this one.
 
@@ -11,10 +11,10 @@ use crate::channel::handshake::{
     API_DUMPS, CRASH, EXEC_DUMPS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, SIGNAL_DUMPS,
 };
 use crate::channel::queue::{HookSettings, Recorder};
+use crate::channel::recording::{self, Start, Switch};
 use crate::config::Config;
 use crate::guard;
 use crate::process::clock;
-use crate::process::recording::{self, Start, Switch};
 use crate::signals::{self, CRASH_SIGNALS, Role};
 use crate::writer;
 

@@ -8,8 +8,8 @@
 //! benchmarks' pass-through switch.
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
-//! module that gives it a meaning (`recording`, `clock`, `interpose::device`, `record`,
-//! `allocator_route`, `python`, `guard`, `pytorch`), which reads and writes it only
+//! module that gives it a meaning (`channel::recording`, `clock`, `interpose::device`,
+//! `record`, `allocator_route`, `python`, `channel::thread`, `guard`, `pytorch`), which reads and writes it only
 //! through its own functions; this room only decides where they live. Why one line: in a
 //! real program the work between two events pushes memsnap's lines out of the nearer
 //! caches, and each line an event reads is one more wait; as separate statics these values
@@ -17,7 +17,6 @@
 //! device totals on three more (docs/HOT-PATH.md, "The recording floor", "The lines of a
 //! stackless event").
 
-use crate::channel::queue::Recorder;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize};
 
@@ -25,13 +24,14 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicPtr, AtomicU8, AtomicU64,
 /// so the line stays shared in every core's cache.
 #[repr(C, align(64))]
 pub struct HookLine {
-    /// `recording`: the recorder hooks send on (null until published).
-    pub recorder: AtomicPtr<Recorder>,
+    /// `channel::recording`: the recorder hooks send on (null until published), a
+    /// `channel::queue::Recorder` (untyped here: this room imports nothing above it).
+    pub recorder: AtomicPtr<c_void>,
     /// `python`: `PyGILState_GetThisThreadState`, once resolved.
     pub python_get_tstate: AtomicUsize,
     /// `python`: `Py_IsInitialized`, once resolved.
     pub python_is_initialized: AtomicUsize,
-    /// `guard`: the hook state's offset from the thread pointer (0 until the first hooked
+    /// `channel::thread`: the hook state's offset from the thread pointer (0 until the first hooked
     /// call reads it from the global offset table: `initial_exec`).
     pub hook_thread_offset: AtomicIsize,
     /// `interpose::device`: the driver's `cuCtxGetDevice`, once found (the device query
@@ -43,12 +43,12 @@ pub struct HookLine {
     /// `interpose::device`: the driver said the process sees one device (so every
     /// allocation is on device 0, and the device query is not made).
     pub one_device: AtomicBool,
-    /// `recording`: the recorder's stack mode, frame limit and context, stored before the
+    /// `channel::recording`: the recorder's stack mode, frame limit and context, stored before the
     /// recorder is published (its own copy is on a line of its own).
     pub recorder_stacks: AtomicU8,
     pub recorder_max_frames: AtomicU8,
     pub recorder_context_all: AtomicBool,
-    /// `recording`: the switch's state.
+    /// `channel::recording`: the switch's state.
     pub recording: AtomicU8,
     /// `clock`: what a stamp counts.
     pub clock_source: AtomicU8,

@@ -1,12 +1,10 @@
-//! Process-wide state that the hook side and the writer both read: the recording switch and
-//! the recorder, glibc's real `dlsym`, the loaded-module table, the CPython layouts and the
-//! interpreter found at run time, and what was decided about PyTorch's caching allocator.
+//! Process-wide state that the hook side and the writer both read: glibc's real `dlsym`,
+//! the loaded-module table, the CPython layouts and the interpreter found at run time, the
+//! event clock, and what was decided about PyTorch's caching allocator.
 //!
-//! The bottom of the library: it imports nothing of it but the channel's `Recorder` type.
-//! Hot only in what the hooks load on every call (the switch, one module-table pointer, the
-//! interpreter's resolved functions: atomic loads); building and refreshing the tables is
-//! cold.
-//! - [`recording`]: the recording switch and the recorder the hooks send on.
+//! The bottom of the library: it imports nothing of it. Hot only in what the hooks load on
+//! every call (one module-table pointer, the interpreter's resolved functions: atomic
+//! loads); building and refreshing the tables is cold.
 //! - [`dlsym`]: glibc's own `dlsym`, found once.
 //! - [`modules`]: the table of loaded modules (ranges and unwind sections), rebuilt by the
 //!   writer when a hook met an unknown address.
@@ -26,4 +24,3 @@ pub mod dlsym;
 pub mod hook_line;
 pub mod modules;
 pub mod python;
-pub mod recording;

@@ -19,12 +19,12 @@ pub mod library;
 pub mod std_function;
 
 use crate::channel::event::{Kind, PoolId};
+use crate::channel::recording;
 use crate::guard::{self, Scope};
 use crate::process::allocator_route::{self, AllocatorRoute};
 use crate::process::clock;
 use crate::process::dlsym::real_dlsym;
 use crate::process::modules;
-use crate::process::recording;
 use crate::record;
 use layout::Action;
 use library::{Allocator, Missing};

@@ -19,7 +19,7 @@ use super::table::{
 use crate::capture;
 use crate::channel::handshake::{CRASH, SIGNAL_DUMPS};
 use crate::channel::queue::Recorder;
-use crate::process::recording;
+use crate::channel::recording;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering::*};

@@ -19,8 +19,8 @@ use super::Writer;
 use crate::channel::event::{Api, Event, Kind, Payload};
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::channel::sent;
+use crate::channel::thread;
 use crate::config::{Config, Context, FRAME_CAPACITY, Stacks};
-use crate::guard;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Release};
 use std::time::Instant;
@@ -275,7 +275,7 @@ fn event(kind: Kind, api: Api, addr: u64, size: u64) -> Event {
 /// number `stack`'s `depth` frames and sent (in full the first time, by hash after).
 fn send(rec: &'static Recorder, ev: Event, stack: Option<u64>, depth: usize) {
     let Some(id) = stack else {
-        guard::with_thread(|hook| rec.push(hook, ev));
+        thread::with_thread(|hook| rec.push(hook, ev));
         return;
     };
     let thread = sent::this_thread().expect("per-thread state");
@@ -291,7 +291,7 @@ fn send(rec: &'static Recorder, ev: Event, stack: Option<u64>, depth: usize) {
     slot.n_native = depth as u16;
     slot.n_python = 0;
     let hash = slot.identity_hash();
-    guard::with_thread(|hook| rec.push_with_stack(hook, ev, thread, hash, |_| {}));
+    thread::with_thread(|hook| rec.push_with_stack(hook, ev, thread, hash, |_| {}));
 }
 
 /// The producer thread: `events` events of `route`, each sent once `allowed` passes its
@@ -400,7 +400,7 @@ pub fn live_requests(live: u64, distinct_stacks: u32, depth: usize, requests: u3
         slot.n_native = depth as u16;
         slot.n_python = 0;
         let hash = slot.identity_hash();
-        guard::with_thread(|hook| rec.push_with_stack(hook, ev, thread, hash, |_| {}));
+        thread::with_thread(|hook| rec.push_with_stack(hook, ev, thread, hash, |_| {}));
         let ev = writer.reader.next(rec).expect("just sent");
         writer.apply(ev);
     }

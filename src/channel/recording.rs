@@ -13,9 +13,10 @@
 //! compile time: no function pointer, nothing registered at run time, so a hook that runs
 //! before any library constructor still starts recording).
 
-use super::hook_line::HOOK_LINE;
 use crate::channel::queue::Recorder;
 use crate::config::{Context, FRAME_CAPACITY, Stacks};
+use crate::process::hook_line::HOOK_LINE;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
 
 const UNINIT: u8 = 0;
@@ -27,7 +28,9 @@ const OFF: u8 = 3;
 /// on the line every hooked call reads (`process::hook_line`).
 const STATE: &AtomicU8 = &HOOK_LINE.recording;
 const _: () = assert!(UNINIT == 0); // the line's initial value
-const RECORDER: &AtomicPtr<Recorder> = &HOOK_LINE.recorder;
+/// The line holds the pointer untyped (the process room is below the channel); it is only
+/// ever a `Recorder` this module stored.
+const RECORDER: &AtomicPtr<c_void> = &HOOK_LINE.recorder;
 /// The recorder's settings the hooks read, beside it on the hook line (its own copy,
 /// `Recorder::settings`, is on a line of its own: one more line for every event to wait
 /// for; docs/HOT-PATH.md, "The lines of a stackless event"). A byte each: a hook reads the
@@ -53,7 +56,7 @@ pub trait Start {
 pub fn recorder() -> Option<&'static Recorder> {
     if STATE.load(Acquire) == ACTIVE {
         // SAFETY: set (to a leaked, never-freed Recorder) before STATE became ACTIVE.
-        return unsafe { RECORDER.load(Acquire).as_ref() };
+        return unsafe { RECORDER.load(Acquire).cast::<Recorder>().as_ref() };
     }
     recorder_slow()
 }
@@ -79,14 +82,14 @@ fn recorder_slow() -> Option<&'static Recorder> {
         return None;
     }
     // SAFETY: as in `recorder`.
-    unsafe { RECORDER.load(Acquire).as_ref() }
+    unsafe { RECORDER.load(Acquire).cast::<Recorder>().as_ref() }
 }
 
 /// The recorder once [`publish`]ed, whatever the switch says now (the exit handler, the
 /// C API, the signal handler). Never starts anything.
 pub fn recorder_if_started() -> Option<&'static Recorder> {
     // SAFETY: RECORDER is either null or a leaked, never-freed Recorder.
-    unsafe { RECORDER.load(Acquire).as_ref() }
+    unsafe { RECORDER.load(Acquire).cast::<Recorder>().as_ref() }
 }
 
 /// Whether recording is on.
@@ -107,7 +110,7 @@ pub fn publish(rec: &'static Recorder) {
     // A limit above the slots' capacity is what a capture takes of it: the capacity.
     MAX_FRAMES.store(settings.max_frames.min(FRAME_CAPACITY) as u8, Relaxed);
     CONTEXT_ALL.store(settings.context == Context::All, Relaxed);
-    RECORDER.store(rec as *const Recorder as *mut Recorder, Release);
+    RECORDER.store(rec as *const Recorder as *mut c_void, Release);
 }
 
 // The settings of the recorder that [`recorder`] returned, each read after it (the release
