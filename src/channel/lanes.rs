@@ -28,6 +28,7 @@
 //! back).
 
 use crate::channel::event::Event;
+use crate::channel::futex;
 use crate::channel::queue::Recorder;
 use crate::prefetch::prefetch_for_write;
 use crate::thread_state::ExitKey;
@@ -251,15 +252,7 @@ impl Lanes {
             lane.claim.0.held.store(0, Relaxed);
         }
         self.hold_word.store(0, Release);
-        // SAFETY: FUTEX_WAKE on a word of our own; it reads no memory beyond the address.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.hold_word.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                i32::MAX,
-            )
-        };
+        futex::wake(&self.hold_word, i32::MAX);
     }
 
     /// Producer side, cold: the lane of `cursor` is no longer held by the present hold (its
@@ -280,21 +273,7 @@ impl Lanes {
     /// Producer side, cold: waits until the hold ends or `timeout` passes (a spurious
     /// return is harmless: the caller looks again).
     pub fn wait_while_held(&self, timeout: std::time::Duration) {
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: FUTEX_WAIT on a word of our own with a valid relative timeout; it returns
-        // at once unless the word still says "held".
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.hold_word.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                1u32,
-                &ts as *const libc::timespec,
-            )
-        };
+        futex::wait(&self.hold_word, 1, timeout);
     }
 
     /// Events one lane holds.

@@ -7,9 +7,11 @@
 //! travels as its hash. [`handshake`]: flags and counters that hooks and the writer both
 //! touch (requests waiting for a dump, route counters, device totals). [`thread`]: each
 //! thread's hook state (its lane, its sent stacks, the nesting depth), one cache line.
-//! [`recording`]: the recording switch and the recorder the hooks send on.
+//! [`recording`]: the recording switch and the recorder the hooks send on. [`futex`]:
+//! waiting on a word of memsnap's own memory.
 
 pub mod event;
+pub mod futex;
 pub mod handshake;
 pub mod lanes;
 pub mod queue;

@@ -19,6 +19,7 @@
 //! at exit. No allocation, no lock; syscalls only while waiting for the writer.
 
 use crate::channel::event::{Event, Kind, StackRef, StackSlot, StackSlotIndex};
+use crate::channel::futex;
 use crate::channel::lanes::{self, Lanes};
 use crate::channel::thread::HookThread;
 use crate::config::{Context, Stacks};
@@ -119,15 +120,7 @@ impl WakeWord {
     /// Counts a wake-up and wakes the writer if it waits.
     pub fn wake(&self) {
         self.count.fetch_add(1, Release);
-        // SAFETY: FUTEX_WAKE on a word of our own; it reads no memory beyond the address.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.count.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                1,
-            )
-        };
+        futex::wake(&self.count, 1);
     }
 
     /// The wake-ups counted so far.
@@ -138,20 +131,7 @@ impl WakeWord {
     /// Waits until a wake-up after `seen`, or `timeout`. Returns at once if one came
     /// already; a spurious return is harmless (the writer looks at the queue again).
     pub fn wait(&self, seen: u32, timeout: Duration) {
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: FUTEX_WAIT on a word of our own with a valid relative timeout.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.count.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                seen,
-                &ts as *const libc::timespec,
-            )
-        };
+        futex::wait(&self.count, seen, timeout);
     }
 }
 

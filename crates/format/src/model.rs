@@ -143,36 +143,53 @@ pub enum Action {
     Other(String),
 }
 
+/// The actions the viewer knows and their names in files: one table, read both ways
+/// ([`Action::as_str`], [`Action::parse`]) and by the pickle writer, which memoizes each name
+/// in a slot of its own.
+pub const KNOWN_ACTIONS: [(Action, &str); 10] = [
+    (Action::Alloc, "alloc"),
+    (Action::FreeRequested, "free_requested"),
+    (Action::FreeCompleted, "free_completed"),
+    (Action::Free, "free"),
+    (Action::SegmentAlloc, "segment_alloc"),
+    (Action::SegmentFree, "segment_free"),
+    (Action::SegmentMap, "segment_map"),
+    (Action::SegmentUnmap, "segment_unmap"),
+    (Action::Snapshot, "snapshot"),
+    (Action::Oom, "oom"),
+];
+
 impl Action {
+    /// Its row in [`KNOWN_ACTIONS`]; `None` for [`Action::Other`].
+    pub fn known_index(&self) -> Option<usize> {
+        Some(match self {
+            Action::Alloc => 0,
+            Action::FreeRequested => 1,
+            Action::FreeCompleted => 2,
+            Action::Free => 3,
+            Action::SegmentAlloc => 4,
+            Action::SegmentFree => 5,
+            Action::SegmentMap => 6,
+            Action::SegmentUnmap => 7,
+            Action::Snapshot => 8,
+            Action::Oom => 9,
+            Action::Other(_) => return None,
+        })
+    }
+
     pub fn as_str(&self) -> &str {
-        match self {
-            Action::Alloc => "alloc",
-            Action::FreeRequested => "free_requested",
-            Action::FreeCompleted => "free_completed",
-            Action::Free => "free",
-            Action::SegmentAlloc => "segment_alloc",
-            Action::SegmentFree => "segment_free",
-            Action::SegmentMap => "segment_map",
-            Action::SegmentUnmap => "segment_unmap",
-            Action::Snapshot => "snapshot",
-            Action::Oom => "oom",
-            Action::Other(s) => s,
+        match (self, self.known_index()) {
+            (Action::Other(s), _) => s,
+            (_, Some(i)) => KNOWN_ACTIONS[i].1,
+            (_, None) => "",
         }
     }
+
     pub fn parse(s: &str) -> Self {
-        match s {
-            "alloc" => Action::Alloc,
-            "free_requested" => Action::FreeRequested,
-            "free_completed" => Action::FreeCompleted,
-            "free" => Action::Free,
-            "segment_alloc" => Action::SegmentAlloc,
-            "segment_free" => Action::SegmentFree,
-            "segment_map" => Action::SegmentMap,
-            "segment_unmap" => Action::SegmentUnmap,
-            "snapshot" => Action::Snapshot,
-            "oom" => Action::Oom,
-            other => Action::Other(other.to_string()),
-        }
+        KNOWN_ACTIONS
+            .iter()
+            .find(|(_, name)| *name == s)
+            .map_or_else(|| Action::Other(s.to_string()), |(a, _)| a.clone())
     }
 }
 
@@ -254,5 +271,25 @@ impl Snapshot {
     /// Looks up a key of memsnap's metadata.
     pub fn meta(&self, key: &str) -> Option<&Meta> {
         self.memsnap.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_known_action_is_its_row_and_reads_back_by_name() {
+        for (i, (action, name)) in KNOWN_ACTIONS.iter().enumerate() {
+            assert_eq!(action.known_index(), Some(i));
+            assert_eq!(action.as_str(), *name);
+            assert_eq!(&Action::parse(name), action);
+        }
+        let other = Action::parse("segment_move");
+        assert_eq!(other, Action::Other("segment_move".into()));
+        assert_eq!(
+            (other.as_str(), other.known_index()),
+            ("segment_move", None)
+        );
     }
 }

@@ -26,7 +26,7 @@ use std::io::{self, Write};
 
 use rustc_hash::FxHashMap;
 
-use super::model::{Meta, Snapshot, StackId};
+use super::model::{KNOWN_ACTIONS, Meta, Snapshot, StackId};
 
 /// Declared protocol; the viewer accepts 2, 3 and 4 (docs/FORMAT.md#opcodes-the-viewer-accepts).
 const PROTOCOL: u8 = 4;
@@ -62,8 +62,8 @@ mod op {
 /// Marks a frame or stack that has not been written yet.
 const NOT_WRITTEN: u32 = u32::MAX;
 
-/// Strings every snapshot repeats (keys, actions, states). Each gets the memo slot equal to
-/// its index, reserved up front, so every later use is a 2-byte BINGET even when
+/// Strings every snapshot repeats (keys, states; the actions' names follow them, see
+/// [`FIXED_SLOTS`]). Each gets the memo slot equal to its index, reserved up front, so every later use is a 2-byte BINGET even when
 /// thousands of frames were memoized before its first use. Dynamic memo slots start after
 /// them. Explicit BINPUT indices may be chosen freely: Python's memo is a dict, the
 /// viewer's an array indexed by the argument.
@@ -102,20 +102,10 @@ enum Fixed {
     ActiveAllocated,
     ActivePendingFree,
     Inactive,
-    Alloc,
-    FreeRequested,
-    FreeCompleted,
-    Free,
-    SegmentAlloc,
-    SegmentFree,
-    SegmentMap,
-    SegmentUnmap,
-    SnapshotAction,
-    Oom,
 }
 
 /// Indexed by `Fixed as usize`.
-const FIXED: [&str; 42] = [
+const FIXED: [&str; 32] = [
     "segments",
     "device_traces",
     "allocator_settings",
@@ -148,34 +138,11 @@ const FIXED: [&str; 42] = [
     "active_allocated",
     "active_pending_free",
     "inactive",
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "free",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "snapshot",
-    "oom",
 ];
 
-fn fixed_action(action: &super::model::Action) -> Option<Fixed> {
-    use super::model::Action as A;
-    Some(match action {
-        A::Alloc => Fixed::Alloc,
-        A::FreeRequested => Fixed::FreeRequested,
-        A::FreeCompleted => Fixed::FreeCompleted,
-        A::Free => Fixed::Free,
-        A::SegmentAlloc => Fixed::SegmentAlloc,
-        A::SegmentFree => Fixed::SegmentFree,
-        A::SegmentMap => Fixed::SegmentMap,
-        A::SegmentUnmap => Fixed::SegmentUnmap,
-        A::Snapshot => Fixed::SnapshotAction,
-        A::Oom => Fixed::Oom,
-        A::Other(_) => return None,
-    })
-}
+/// Memo slots reserved up front: the [`FIXED`] strings, then the known actions' names
+/// (`model::KNOWN_ACTIONS`, in its order).
+const FIXED_SLOTS: usize = FIXED.len() + KNOWN_ACTIONS.len();
 
 fn fixed_state(state: super::model::BlockState) -> Fixed {
     use super::model::BlockState as S;
@@ -214,7 +181,7 @@ struct Encoder<'a, 's> {
     /// Next free memo slot.
     memo_len: u32,
     /// Which [`FIXED`] strings have been written (their slot is their index).
-    fixed_written: [bool; FIXED.len()],
+    fixed_written: [bool; FIXED_SLOTS],
     /// Memo slot of each string already written.
     strings: FxHashMap<&'a str, u32>,
     /// Memo slot of each frame dict, by frame index (`NOT_WRITTEN` if not yet written).
@@ -235,8 +202,8 @@ impl<'a, 's> Encoder<'a, 's> {
                 64 + events * 64
             }),
             sink,
-            memo_len: FIXED.len() as u32,
-            fixed_written: [false; FIXED.len()],
+            memo_len: FIXED_SLOTS as u32,
+            fixed_written: [false; FIXED_SLOTS],
             strings: FxHashMap::default(),
             frame_slots: vec![NOT_WRITTEN; snap.frames.len()],
             stack_slots: vec![NOT_WRITTEN; snap.stacks.len()],
@@ -367,8 +334,8 @@ impl<'a, 's> Encoder<'a, 's> {
         self.buf.push(op::EMPTY_DICT);
         self.buf.push(op::MARK);
         self.key(Fixed::Action);
-        match fixed_action(&ev.action) {
-            Some(k) => self.key(k),
+        match ev.action.known_index() {
+            Some(i) => self.fixed_slot(FIXED.len() + i, KNOWN_ACTIONS[i].1),
             None => self.string(ev.action.as_str()),
         }
         self.key(Fixed::Addr);
@@ -502,13 +469,18 @@ impl<'a, 's> Encoder<'a, 's> {
     /// A [`FIXED`] string (dict key or well-known value), memoized in its reserved slot.
     #[inline]
     fn key(&mut self, k: Fixed) {
-        let slot = k as usize;
+        self.fixed_slot(k as usize, FIXED[k as usize]);
+    }
+
+    /// A string with a reserved memo slot ([`FIXED_SLOTS`]), written at its first use.
+    #[inline]
+    fn fixed_slot(&mut self, slot: usize, text: &'static str) {
         if self.fixed_written[slot] {
             self.get(slot as u32);
             return;
         }
         self.fixed_written[slot] = true;
-        self.raw_string(FIXED[slot]);
+        self.raw_string(text);
         self.put_at(slot as u32);
     }
 
