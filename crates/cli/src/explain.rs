@@ -362,7 +362,7 @@ fn write_snapshots(s: &snapshots::Snapshots, out: &mut dyn Write) -> std::io::Re
         (Some(r), _, _) => format!("rank {r}"),
         (None, Some(pid), Some(host)) => format!("pid {pid} on {host}"),
         (None, Some(pid), None) => format!("pid {pid}"),
-        (None, None, _) => "no process named in the files".to_string(),
+        (None, None, _) => "the files name no process".to_string(),
     };
     let mut apart: Vec<String> = Vec::new();
     if let Some(sec) = s.seconds {

@@ -70,6 +70,9 @@ pub struct Found {
     /// applied). The last one is the log's length when the history ends on a whole
     /// iteration ([`Found::end_is_boundary`]).
     pub boundaries: Vec<usize>,
+    /// When each iteration starts (its first allocation's time; the end of the history,
+    /// a boundary too where it ends on a whole iteration, is not a start).
+    pub start_times: Vec<i64>,
     /// Iterations between the first boundary and the last.
     pub iterations: usize,
     /// Medians over the iterations: allocations, history entries and microseconds.
@@ -467,6 +470,7 @@ fn judge(
     let anchor = allocs[starts[0]];
     Some(Found {
         boundaries,
+        start_times: starts.iter().map(|&i| allocs[i].time_us).collect(),
         iterations,
         allocations_per_iteration: per_iteration,
         entries_per_iteration: median_i(

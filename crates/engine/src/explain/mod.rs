@@ -191,6 +191,8 @@ pub struct Digest {
     /// and the states at their boundaries (`step`: the iteration's number).
     pub iterations: Option<iterations::Info>,
     pub iteration_points: Vec<StepPoint>,
+    /// When each of those iterations starts.
+    pub iteration_starts: Vec<i64>,
     /// Per site whose bytes moved in the history: the bytes it gained over the last half,
     /// and its largest fall ([`log::Motion`]); `None` without a history to tell.
     pub motion: Option<BTreeMap<String, (i64, i64)>>,
@@ -771,6 +773,7 @@ fn choose_iterations(
     let mut info = match &outcome {
         Outcome::Found(f) => {
             let site = ctx.sites.text(ctx.sites.site(f.anchor_stack)).to_string();
+            d.iteration_starts = f.start_times.clone();
             iterations::Info::found(&d.file, dev, f, site)
         }
         o => iterations::Info::not_found(&d.file, Some(dev), o),
@@ -1138,7 +1141,7 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
         if stepped.contains(&files[0].rank) {
             continue;
         }
-        let c = snapshots::compare(&files, ranks_with_series > 1);
+        let mut c = snapshots::compare(&files, ranks_with_series > 1);
         notes.extend(c.notes);
         // A site found leaking per iteration is that leak; the others are added.
         let known: Vec<String> = leaks
@@ -1146,6 +1149,23 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
             .filter(|l| l.ranks == files[0].rank.into_iter().collect::<Vec<_>>())
             .map(|l| l.site.clone())
             .collect();
+        for g in &mut c.snapshots.sites {
+            if known.contains(&g.site) {
+                g.verdict = snapshots::Verdict::Leak;
+            }
+        }
+        if !c
+            .snapshots
+            .sites
+            .iter()
+            .any(|g| g.verdict == snapshots::Verdict::Leak)
+        {
+            notes.push(format!(
+                "{}no leak between {} snapshots of one process",
+                c.who,
+                files.len()
+            ));
+        }
         let new: Vec<Leak> = c
             .leaks
             .into_iter()

@@ -63,6 +63,8 @@ pub struct Compared {
     pub snapshots: Snapshots,
     pub leaks: Vec<Leak>,
     pub notes: Vec<String>,
+    /// How notes about this process start (`pid 4242: `).
+    pub who: String,
 }
 
 /// The files of each process with two or more among `digests` (their indices), oldest
@@ -104,26 +106,24 @@ pub fn groups(digests: &[Digest]) -> Vec<Vec<usize>> {
     out
 }
 
-/// Iterations between the files `a` and `b`: the history entries recorded between them
-/// over the entries an iteration takes (memsnap's files count their dropped entries),
-/// else the time between them over an iteration's time.
-fn iterations_between(
-    a: &Digest,
-    b: &Digest,
-    cut: Option<&super::iterations::Info>,
-) -> Option<i64> {
-    let cut = cut?;
-    let by_entries = cut.device.and_then(|dev| {
-        let per = cut.entries_per_iteration.filter(|&e| e > 0)?;
-        let gained = b.entries_total.get(&dev)? - a.entries_total.get(&dev)?;
-        Some((gained + per / 2) / per)
-    });
-    let by_time = || {
-        let per = cut.us_per_iteration.filter(|&t| t > 0)?;
-        let gained = b.written_us? - a.written_us?;
-        Some((gained + per / 2) / per)
-    };
-    by_entries.or_else(by_time).filter(|&k| k > 0)
+/// Iterations between the files `a` and `b`: the iterations `b`'s history saw start after
+/// `a` was written, where it reaches back that far; else the history entries recorded
+/// between them (memsnap's files count the ones they dropped) over an iteration's entries.
+fn iterations_between(a: &Digest, b: &Digest, cut: Option<&Digest>) -> Option<i64> {
+    let a_end = a.written_us?;
+    if let (Some((b_start, _)), false) = (b.time_range, b.iteration_starts.is_empty())
+        && b_start <= a_end
+    {
+        let k = b.iteration_starts.iter().filter(|&&t| t > a_end).count();
+        if k > 0 {
+            return Some(k as i64);
+        }
+    }
+    let info = cut?.iterations.as_ref()?;
+    let dev = info.device?;
+    let per = info.entries_per_iteration.filter(|&e| e > 0)?;
+    let gained = b.entries_total.get(&dev)? - a.entries_total.get(&dev)?;
+    Some((gained + per / 2) / per).filter(|&k| k > 0)
 }
 
 /// The growth between `files` (one process's, oldest first) by site. `name_rank`: notes
@@ -149,7 +149,8 @@ pub fn compare(files: &[&Digest], name_rank: bool) -> Compared {
     let cut = files
         .iter()
         .rev()
-        .find_map(|d| d.iterations.as_ref().filter(|i| i.found));
+        .find(|d| d.iterations.as_ref().is_some_and(|i| i.found))
+        .copied();
     let iterations = iterations_between(first, last, cut);
     let steps: Vec<i64> = (1..=n as i64).collect();
     let mut sites: Vec<&String> = points.iter().flat_map(|p| p.by_site.keys()).collect();
@@ -229,7 +230,6 @@ pub fn compare(files: &[&Digest], name_rank: bool) -> Compared {
     });
     let mut notes = Vec::new();
     if leaks.is_empty() {
-        notes.push(format!("{who}no leak between {n} snapshots of one process"));
         notes.extend(leaks::cache_growth(&points, &who, Unit::Snapshot));
     }
     if last.motion.is_none() && n < MIN_POINTS && growth.iter().any(|g| g.verdict == Verdict::Grew)
@@ -256,5 +256,6 @@ pub fn compare(files: &[&Digest], name_rank: bool) -> Compared {
         },
         leaks,
         notes,
+        who,
     }
 }
