@@ -327,10 +327,10 @@ fn describe_iterations(i: &iterations::Info) -> String {
         .filter(|&us| us > 0)
         .map(|us| format!(" ({} each)", fmt_duration(us)))
         .unwrap_or_default();
-    let by = if i.tokens == Some("site") {
-        " (sites alone: the sizes vary)"
-    } else {
-        ""
+    let by = match i.tokens {
+        Some("site") => " (sites alone: the sizes vary)",
+        Some("three in a row") => " (with the two allocations before it)",
+        _ => "",
     };
     format!(
         "{} iterations of {} allocations{each} in {}, device {}, cut where the {} allocation at \

@@ -18,6 +18,7 @@ use super::log::{EventLog, Step};
 use memsnap_format::model::StackId;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// Occurrences a recurring allocation needs to be a candidate anchor (and the iterations
 /// a history needs, so that the leak rule has its boundaries).
@@ -84,8 +85,8 @@ pub struct Found {
     pub anchor_bytes: i64,
     /// Times the anchor is allocated in an iteration.
     pub anchors_per_iteration: usize,
-    /// Tokens were sites and sizes (`false`: sites alone).
-    pub by_size: bool,
+    /// What a token was.
+    pub tokens: Tokens,
     /// The size-weighted mean similarity of compared consecutive iterations (the lower of
     /// contents and order for each pair).
     pub similarity: f64,
@@ -94,6 +95,29 @@ pub struct Found {
     pub alike: usize,
     pub confidence: Confidence,
     pub end_is_boundary: bool,
+}
+
+/// What an allocation is taken as when looking for its recurrence, tried in this order
+/// (the next only when the one before cut nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tokens {
+    /// Its site and size class.
+    SiteAndSize,
+    /// Its site alone (sizes that vary).
+    Site,
+    /// It and the two allocations before it, by site and size: for loops in which no single
+    /// allocation comes back once an iteration (every one made many times, unevenly).
+    Three,
+}
+
+impl Tokens {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tokens::SiteAndSize => "site and size",
+            Tokens::Site => "site",
+            Tokens::Three => "three in a row",
+        }
+    }
 }
 
 /// What the search says.
@@ -183,11 +207,30 @@ pub fn find(log: &EventLog, site_of: &dyn Fn(Option<StackId>) -> u32, start_live
     let site_tokens = sites.iter().copied().max().map_or(0, |m| m as usize + 1);
     let mut recurs = false;
     let mut best: Option<Found> = None;
-    for (tokens, count, by_size) in [(&sized, ids.len(), true), (&sites, site_tokens, false)] {
-        let (groups, any) = candidates(tokens, count);
+    for kind in [Tokens::SiteAndSize, Tokens::Site, Tokens::Three] {
+        // Anchors are looked for among `anchors`; iterations are compared by `compared`.
+        let (anchors, count, compared): (Cow<[u32]>, usize, &[u32]) = match kind {
+            Tokens::SiteAndSize => (Cow::Borrowed(&sized), ids.len(), &sized),
+            Tokens::Site => (Cow::Borrowed(&sites), site_tokens, &sites),
+            Tokens::Three => {
+                let mut triples: FxHashMap<(u32, u32, u32), u32> = FxHashMap::default();
+                let mut v = Vec::with_capacity(n);
+                for i in 0..n {
+                    let key = (
+                        sized[i],
+                        sized[i.saturating_sub(1)],
+                        sized[i.saturating_sub(2)],
+                    );
+                    let next = triples.len() as u32;
+                    v.push(*triples.entry(key).or_insert(next));
+                }
+                (Cow::Owned(v), triples.len(), &sized)
+            }
+        };
+        let (groups, any) = candidates(&anchors, count);
         recurs |= any;
         for group in groups.iter().take(MAX_CANDIDATES) {
-            if let Some(f) = judge(&allocs, tokens, group, by_size, log.changes().len())
+            if let Some(f) = judge(&allocs, compared, group, kind, log.changes().len())
                 && best.as_ref().is_none_or(|b| better(&f, b))
             {
                 best = Some(f);
@@ -216,11 +259,13 @@ fn better(a: &Found, b: &Found) -> bool {
     key(a) > key(b)
 }
 
+/// Tokens that recur alike: each with its occurrences (indices into the allocations).
+type Group = Vec<(u32, Vec<u32>)>;
+
 /// Tokens that recur regularly, grouped by (occurrences, median gap): the groups most
 /// likely to cut iterations first (most tokens agreeing, times their occurrences); and
 /// whether any token came back [`MIN_OCCURRENCES`] times at all.
-#[allow(clippy::type_complexity)]
-fn candidates(tokens: &[u32], count: usize) -> (Vec<Vec<(u32, Vec<u32>)>>, bool) {
+fn candidates(tokens: &[u32], count: usize) -> (Vec<Group>, bool) {
     let n = tokens.len();
     let mut counts = vec![0u32; count];
     for &t in tokens {
@@ -237,7 +282,7 @@ fn candidates(tokens: &[u32], count: usize) -> (Vec<Vec<(u32, Vec<u32>)>>, bool)
         at[fill[t as usize]] = i as u32;
         fill[t as usize] += 1;
     }
-    let mut groups: FxHashMap<(usize, u32), Vec<(u32, Vec<u32>)>> = FxHashMap::default();
+    let mut groups: FxHashMap<(usize, u32), Group> = FxHashMap::default();
     let mut gaps: Vec<u32> = Vec::new();
     let mut recurs = false;
     for t in 0..count {
@@ -266,7 +311,7 @@ fn candidates(tokens: &[u32], count: usize) -> (Vec<Vec<(u32, Vec<u32>)>>, bool)
             .or_default()
             .push((t as u32, occ.to_vec()));
     }
-    let mut out: Vec<((usize, u32), Vec<(u32, Vec<u32>)>)> = groups.into_iter().collect();
+    let mut out: Vec<((usize, u32), Group)> = groups.into_iter().collect();
     out.sort_by(|((ca, ga), a), ((cb, gb), b)| {
         (cb * b.len())
             .cmp(&(ca * a.len()))
@@ -384,12 +429,21 @@ fn weighted(pairs: &[(f64, usize)]) -> (f64, f64) {
     (mean, alike)
 }
 
+/// One way to cut: `lag` anchors an iteration, the iterations' starts (indices into the
+/// allocations), the compared pairs (similarity, size) and their weighted similarity.
+struct Cut {
+    lag: usize,
+    starts: Vec<usize>,
+    pairs: Vec<(f64, usize)>,
+    score: f64,
+}
+
 /// The iterations one group of candidate tokens cuts, if they are alike.
 fn judge(
     allocs: &[Alloc],
     tokens: &[u32],
-    group: &[(u32, Vec<u32>)],
-    by_size: bool,
+    group: &Group,
+    kind: Tokens,
     changes: usize,
 ) -> Option<Found> {
     // The anchor: the group's token allocated when the fewest bytes are live (between
@@ -409,7 +463,7 @@ fn judge(
     })?;
     // Per number of anchors an iteration (`lag`): the iterations' starts (the phase whose
     // starts hold the fewest bytes) and how alike consecutive iterations are.
-    let mut by_lag: Vec<(usize, Vec<usize>, Vec<(f64, usize)>, f64)> = Vec::new();
+    let mut by_lag: Vec<Cut> = Vec::new();
     for lag in 1..=MAX_LAG {
         if occ.len() / lag < MIN_OCCURRENCES {
             break;
@@ -432,10 +486,20 @@ fn judge(
         }
         let pairs = compare_iterations(tokens, &starts);
         let score = weighted(&pairs).0;
-        by_lag.push((lag, starts, pairs, score));
+        by_lag.push(Cut {
+            lag,
+            starts,
+            pairs,
+            score,
+        });
     }
-    let top = by_lag.iter().map(|l| l.3).fold(0.0, f64::max);
-    let (lag, starts, pairs, score) = by_lag.into_iter().find(|l| l.3 >= top - LAG_SLACK)?;
+    let top = by_lag.iter().map(|c| c.score).fold(0.0, f64::max);
+    let Cut {
+        lag,
+        starts,
+        pairs,
+        score,
+    } = by_lag.into_iter().find(|c| c.score >= top - LAG_SLACK)?;
     if score < ACCEPT {
         return None;
     }
@@ -488,7 +552,7 @@ fn judge(
         anchor_stack: anchor.stack,
         anchor_bytes: median_i(starts.iter().map(|&i| allocs[i].bytes).collect()),
         anchors_per_iteration: lag,
-        by_size,
+        tokens: kind,
         similarity: score,
         compared: pairs.len(),
         alike,
@@ -521,7 +585,8 @@ pub struct Info {
     pub anchor_site: Option<String>,
     pub anchor_bytes: Option<i64>,
     pub anchors_per_iteration: Option<usize>,
-    /// What an allocation was taken as: `"site and size"`, or `"site"` (sizes varied).
+    /// What an allocation was taken as: `"site and size"`, `"site"` (sizes varied), or
+    /// `"three in a row"` ([`Tokens`]).
     pub tokens: Option<&'static str>,
     /// The size-weighted mean similarity of compared consecutive iterations (the lower of
     /// contents and order for each pair).
@@ -552,7 +617,7 @@ impl Info {
             anchor_site: Some(anchor_site),
             anchor_bytes: Some(f.anchor_bytes),
             anchors_per_iteration: Some(f.anchors_per_iteration),
-            tokens: Some(if f.by_size { "site and size" } else { "site" }),
+            tokens: Some(f.tokens.as_str()),
             similarity: Some((f.similarity * 1000.0).round() / 1000.0),
             compared: Some(f.compared),
             alike: Some(f.alike),
@@ -734,6 +799,31 @@ mod tests {
             matches!(found(&trace), Outcome::NoRecurrence { allocations: 2000 }),
             "{:?}",
             found(&trace)
+        );
+    }
+
+    #[test]
+    fn a_loop_whose_every_allocation_recurs_unevenly_is_cut_by_three_in_a_row() {
+        // 300 allocations an iteration from 12 sites and sizes, in a fixed random order:
+        // each comes back about 25 times an iteration at uneven gaps.
+        let mut x: u64 = 99;
+        let order: Vec<(u32, i64)> = (0..300)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x % 12) as u32, MIB)
+            })
+            .collect();
+        let trace = run(&[], &|_| order.clone(), 10, &[]);
+        let Outcome::Found(f) = found(&trace) else {
+            panic!("{:?}", found(&trace))
+        };
+        assert_eq!(f.tokens, Tokens::Three);
+        assert_eq!(
+            (f.allocations_per_iteration, f.iterations),
+            (300, 10),
+            "{f:?}"
         );
     }
 

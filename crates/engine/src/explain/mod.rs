@@ -933,6 +933,15 @@ fn live_at(d: &Digest, time_us: i64) -> Option<i64> {
 /// the next 10000 steps"; `steps_to_oom` keeps the figure.
 pub const STEPS_HORIZON: i64 = 10_000;
 
+/// One series of boundaries the leak rule runs over: a rank's, what its boundaries are,
+/// and the file whose iterations they are.
+struct Series<'a> {
+    rank: Option<i64>,
+    unit: Unit,
+    points: Vec<StepPoint>,
+    file: Option<&'a Digest>,
+}
+
 /// Adds `found` to `leaks`: a site already there with the same unit (another rank's)
 /// takes the ranks and the larger figures.
 fn add_leaks(leaks: &mut Vec<Leak>, found: Vec<Leak>) {
@@ -1058,12 +1067,16 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
     }
     // Ranks with two or more step boundaries are judged by them alone.
     series.retain(|_, pts| pts.len() >= 2);
-    // (rank, unit, boundaries, the file whose iterations they are)
-    let mut all: Vec<(Option<i64>, Unit, Vec<StepPoint>, Option<&Digest>)> = series
+    let mut all: Vec<Series> = series
         .into_iter()
-        .map(|(rank, pts)| (rank, Unit::Step, pts, None))
+        .map(|(rank, points)| Series {
+            rank,
+            unit: Unit::Step,
+            points,
+            file: None,
+        })
         .collect();
-    let stepped: Vec<Option<i64>> = all.iter().map(|s| s.0).collect();
+    let stepped: Vec<Option<i64>> = all.iter().map(|s| s.rank).collect();
     // The rest: per rank, the file whose history cut the most iterations (or, where none
     // did, the latest file with a history, to say why).
     let mut cut: BTreeMap<Option<i64>, &Digest> = BTreeMap::new();
@@ -1087,7 +1100,12 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
             continue;
         };
         if info.found {
-            all.push((rank, Unit::Iteration, d.iteration_points.clone(), Some(d)));
+            all.push(Series {
+                rank,
+                unit: Unit::Iteration,
+                points: d.iteration_points.clone(),
+                file: Some(d),
+            });
         } else {
             // What would help, unless the process's snapshots are given already.
             let compared = processes
@@ -1112,13 +1130,19 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
     }
     let ranks_with_series = all
         .iter()
-        .map(|s| s.0)
+        .map(|s| s.rank)
         .collect::<std::collections::BTreeSet<_>>()
         .len();
     let mut leaks: Vec<Leak> = Vec::new();
     let mut steps_to_oom: Option<i64> = None;
     let mut per_unit_oom: Vec<(Option<i64>, Unit, i64, StepPoint)> = Vec::new();
-    for (rank, unit, pts, file) in &all {
+    for Series {
+        rank,
+        unit,
+        points: pts,
+        file,
+    } in &all
+    {
         let mut found = leaks::find(pts, *rank, ranks_with_series > 1, *unit);
         // Iterations: live bytes at the end of the file, not at its last boundary.
         for l in &mut found.leaks {
