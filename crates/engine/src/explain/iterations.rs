@@ -7,12 +7,13 @@
 //! size class (two per power of two). A token that comes back at least
 //! [`MIN_OCCURRENCES`] times, spread over at least half of the allocations, with most
 //! gaps between its occurrences within a quarter of their median, is a candidate anchor.
-//! Each candidate cuts the sequence at its occurrences; the cut is accepted when the pieces
-//! are alike, in their contents (the multiset of tokens) and in their order (tokens at the
-//! same place from the start or from the end), compared at a lag of 1 to [`MAX_LAG`]
-//! pieces (an allocation made twice an iteration repeats at a lag of 2). The finest
-//! accepted cut wins: its pieces are the iterations. Sites alone (sizes that vary) are
-//! tried when no cut of sites and sizes is accepted. Cold code.
+//! Each candidate cuts the sequence at its occurrences, 1 to [`MAX_LAG`] occurrences an
+//! iteration (an allocation made once per micro-batch comes back twice an iteration); the
+//! cut is accepted when consecutive iterations are alike, in their contents (the multiset
+//! of tokens) and in their order (tokens at the same place from the start or from the end).
+//! The finest accepted cut wins. Sites alone (sizes that vary), then each allocation with
+//! the two before it (loops whose every allocation recurs many times an iteration), are
+//! tried only when the kind before cut nothing ([`Tokens`]). Cold code.
 
 use super::log::{EventLog, Step};
 use memsnap_format::model::StackId;
@@ -31,11 +32,11 @@ const REGULAR_SHARE: f64 = 2.0 / 3.0;
 const MAX_CANDIDATES: usize = 12;
 /// Anchors per iteration tried.
 pub const MAX_LAG: usize = 8;
-/// Pairs of pieces compared for each lag, evenly spread.
+/// Pairs of consecutive iterations compared for each lag.
 const SAMPLE_PAIRS: usize = 32;
-/// The median similarity, of contents and of order, that an accepted cut reaches.
+/// The size-weighted mean similarity of compared iterations that an accepted cut reaches.
 pub const ACCEPT: f64 = 0.6;
-/// Two iterations are alike at this similarity, of contents and of order.
+/// Two iterations are alike at this similarity (the lower of contents and order).
 pub const ALIKE: f64 = 0.9;
 /// Lags whose similarity is within this of the best are as good (the smallest wins).
 const LAG_SLACK: f64 = 0.02;
@@ -47,9 +48,9 @@ pub const MAX_POINTS: usize = 512;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Confidence {
-    /// At least 8 iterations, 9 of 10 compared pairs alike.
+    /// At least 8 iterations; 9 in 10 of the compared allocations in pairs alike.
     High,
-    /// At least [`MIN_OCCURRENCES`] − 1 iterations, 6 of 10 pairs alike.
+    /// At least [`MIN_OCCURRENCES`] − 1 iterations; 6 in 10.
     Medium,
     Low,
 }

@@ -84,6 +84,28 @@ impl EventLog {
         })
     }
 
+    /// The site of each change, and live bytes by site before the first change (`end`
+    /// less every change); `None` when the log was truncated.
+    fn start_by_site(
+        &self,
+        site_of: &dyn Fn(Option<StackId>) -> u32,
+        sites: usize,
+        end: &[(u32, i64)],
+    ) -> Option<(Vec<u32>, Vec<i64>)> {
+        if self.truncated {
+            return None;
+        }
+        let site_of_change: Vec<u32> = self.changes.iter().map(|c| site_of(c.stack())).collect();
+        let mut start = vec![0i64; sites];
+        for &(site, bytes) in end {
+            start[site as usize] += bytes;
+        }
+        for (c, &s) in self.changes.iter().zip(&site_of_change) {
+            start[s as usize] -= c.delta;
+        }
+        Some((site_of_change, start))
+    }
+
     /// How each site's live bytes moved over the log: what it gained over the last half of
     /// the changes, and its largest fall (the most bytes it held at once and freed again:
     /// the temporaries it may hold at any moment). Sites that never moved are left out.
@@ -94,17 +116,7 @@ impl EventLog {
         sites: usize,
         end: &[(u32, i64)],
     ) -> Option<Vec<Motion>> {
-        if self.truncated {
-            return None;
-        }
-        let site_of_change: Vec<u32> = self.changes.iter().map(|c| site_of(c.stack())).collect();
-        let mut cur = vec![0i64; sites];
-        for &(site, bytes) in end {
-            cur[site as usize] += bytes;
-        }
-        for (c, &s) in self.changes.iter().zip(&site_of_change) {
-            cur[s as usize] -= c.delta;
-        }
+        let (site_of_change, mut cur) = self.start_by_site(site_of, sites, end)?;
         let mut high = cur.clone();
         let mut fall = vec![0i64; sites];
         let mut moved = vec![false; sites];
@@ -148,17 +160,7 @@ impl EventLog {
         end: &[(u32, i64)],
         positions: &[usize],
     ) -> Option<BySite> {
-        if self.truncated {
-            return None;
-        }
-        let site_of_change: Vec<u32> = self.changes.iter().map(|c| site_of(c.stack())).collect();
-        let mut cur = vec![0i64; sites];
-        for &(site, bytes) in end {
-            cur[site as usize] += bytes;
-        }
-        for (c, &s) in self.changes.iter().zip(&site_of_change) {
-            cur[s as usize] -= c.delta;
-        }
+        let (site_of_change, mut cur) = self.start_by_site(site_of, sites, end)?;
         let mut total: i64 = cur.iter().sum();
         // Per site, (moment, bytes) wherever its bytes at a moment differ from the moment
         // before; `recorded`: its bytes at the latest moment.

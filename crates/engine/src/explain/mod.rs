@@ -1095,6 +1095,8 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
     }
     let processes = snapshots::groups(&digests);
     let mut iteration_infos: Vec<iterations::Info> = Vec::new();
+    // Ranks whose files gave no iterations: (rank, file, why), said in one line.
+    let mut none_found: Vec<(Option<i64>, &str, String)> = Vec::new();
     for (rank, d) in cut {
         let Some(info) = d.iterations.clone() else {
             continue;
@@ -1107,26 +1109,42 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
                 file: Some(d),
             });
         } else {
-            // What would help, unless the process's snapshots are given already.
-            let compared = processes
-                .iter()
-                .any(|g| g.iter().any(|&i| digests[i].rank == rank));
-            let help = if compared {
-                String::new()
-            } else {
-                format!(
-                    "; what would let explain find leaks: {}",
-                    iterations::WHAT_WOULD_HELP
-                )
-            };
-            notes.push(format!(
-                "{}no iterations found in {}: {}{help}",
-                rank.map(|r| format!("rank {r}: ")).unwrap_or_default(),
-                d.file,
-                info.why_not.as_deref().unwrap_or_default(),
-            ));
+            let why = info.why_not.clone().unwrap_or_default();
+            none_found.push((rank, &d.file, why));
         }
         iteration_infos.push(info);
+    }
+    if let Some((rank, file, why)) = none_found.first() {
+        // What would help, unless the process's snapshots are given already.
+        let compared = processes
+            .iter()
+            .any(|g| g.iter().any(|&i| digests[i].rank == *rank));
+        let help = if compared {
+            String::new()
+        } else {
+            format!(
+                "; what would let explain find leaks: {}",
+                iterations::WHAT_WOULD_HELP
+            )
+        };
+        let rank_of =
+            |r: &Option<i64>| r.map_or_else(|| "rank not known".into(), |r| format!("rank {r}"));
+        let line = match none_found.len() {
+            1 => format!(
+                "{}no iterations found in {file}: {why}{help}",
+                rank.map(|r| format!("rank {r}: ")).unwrap_or_default()
+            ),
+            n => format!(
+                "no iterations found in the records of {n} ranks ({}); {}, {file}: {why}{help}",
+                none_found
+                    .iter()
+                    .map(|(r, _, _)| rank_of(r))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                rank_of(rank)
+            ),
+        };
+        notes.push(line);
     }
     let ranks_with_series = all
         .iter()
@@ -1135,7 +1153,8 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
         .len();
     let mut leaks: Vec<Leak> = Vec::new();
     let mut steps_to_oom: Option<i64> = None;
-    let mut per_unit_oom: Vec<(Option<i64>, Unit, i64, StepPoint)> = Vec::new();
+    // Per series with leaks: (rank, what a step is, bytes a step, bytes in use, when).
+    let mut creeps: Vec<(Option<i64>, &str, i64, i64, String)> = Vec::new();
     for Series {
         rank,
         unit,
@@ -1153,7 +1172,9 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
         if !found.leaks.is_empty() {
             let per_step: i64 = found.leaks.iter().map(|l| l.bytes_per_step).sum();
             let last = pts.last().expect("a series with leaks has points");
-            per_unit_oom.push((*rank, *unit, per_step, last.clone()));
+            let used = last.reserved.max(last.live);
+            let at = format!("at {} {}", unit.as_str(), last.step);
+            creeps.push((*rank, unit.as_str(), per_step, used, at));
         }
         notes.extend(found.notes);
         add_leaks(&mut leaks, found.leaks);
@@ -1201,24 +1222,22 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
             .sum::<Option<i64>>()
             .filter(|_| !new.is_empty());
         if let (Some(per), Some(last)) = (per_iteration, files.last()) {
-            let mut at = last.end_point.clone();
-            at.step = c.snapshots.iterations.unwrap_or(0);
-            per_unit_oom.push((files[0].rank, Unit::Iteration, per, at));
+            let used = last.end_point.reserved.max(last.end_point.live);
+            let at = "at the last snapshot".to_string();
+            creeps.push((files[0].rank, Unit::Iteration.as_str(), per, used, at));
         }
         add_leaks(&mut leaks, new);
         snapshots.push(c.snapshots);
     }
-    for (rank, unit, per_step, last) in per_unit_oom {
+    for (rank, word, per_step, used, at) in creeps {
         let cap = digests
             .iter()
             .filter(|d| d.rank == rank)
             .flat_map(|d| d.capacity.values().copied())
             .max();
         let who = rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
-        let word = unit.as_str();
         match cap {
             Some(cap) if per_step > 0 => {
-                let used = last.reserved.max(last.live);
                 let n = ((cap - used).max(0) + per_step - 1) / per_step;
                 steps_to_oom = Some(steps_to_oom.map_or(n, |s: i64| s.min(n)));
                 // Past the horizon the figure says more than the series measured.
@@ -1226,11 +1245,6 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
                     format!("not out of memory within the next {STEPS_HORIZON} {word}s")
                 } else {
                     format!("out of memory in about {n} {word}s")
-                };
-                let at = if unit == Unit::Snapshot {
-                    "at the last snapshot".to_string()
-                } else {
-                    format!("at {word} {}", last.step)
                 };
                 notes.push(format!(
                     "{who}at +{} per {word}, {when} ({} of {} in use {at})",
