@@ -29,7 +29,7 @@ TORCH=$ROOT/tests/fake_torch
 mkdir -p "$1"
 OUT=$(cd "$1" && pwd)
 
-STATIC_RT_PROGRAMS="static_rt oom threads handoff fork fork_signal signal sigchain crash closefds demo steps wait load top explain_steps explain_oom exec"
+STATIC_RT_PROGRAMS="static_rt oom threads handoff fork fork_signal signal sigchain crash closefds demo steps wait load top explain_steps explain_oom exec iter_leak"
 SHARED_RT_PROGRAMS="shared_rt multi_device expandable torch_standin"
 DRIVER_PROGRAMS="driver_direct"
 DLOPEN_PROGRAMS="jax_dlsym driver_checks"

@@ -1694,3 +1694,55 @@ fn control_characters_from_a_file_are_shown_escaped_never_sent_to_the_terminal()
             .is_some_and(|s| s.ends_with(TERMINAL_ATTACK))
     );
 }
+
+#[test]
+fn explain_finds_iterations_in_pytorchs_own_snapshots() {
+    // The leak fixture keeps every step's loss: its requested bytes grew by 8 losses between
+    // the dumps after steps 3 and 11. Its file has no step marks: explain cuts the history
+    // where the loop's allocations recur, and the loss line leaks one loss an iteration.
+    let step3 = counts("torch-leak-step3")["live_requested_bytes"]
+        .as_i64()
+        .unwrap();
+    let step11 = counts("torch-leak-step11")["live_requested_bytes"]
+        .as_i64()
+        .unwrap();
+    let per_step = (step11 - step3) / 8;
+    assert!(per_step > 0);
+    let f = fixture("torch-leak-step11");
+    let x = json(&memsnap(&["explain", "--json", f.to_str().unwrap()]));
+    let it = &x["iterations"][0];
+    assert_eq!(it["found"], true, "{x:#}");
+    // 12 steps: 11 iterations between the first one's start and the last one's.
+    assert_eq!(it["iterations"], 11, "{x:#}");
+    let leaks = x["leaks"].as_array().unwrap();
+    assert_eq!(leaks.len(), 1, "{x:#}");
+    assert_eq!(leaks[0]["site"], leak_site().as_str(), "{x:#}");
+    assert_eq!(leaks[0]["unit"], "iteration");
+    assert_eq!(leaks[0]["bytes_per_iteration"], per_step);
+    // The transformer trains 8 steps and keeps nothing from them.
+    let f = fixture("torch-transformer-all-stacks");
+    let x = json(&memsnap(&["explain", "--json", f.to_str().unwrap()]));
+    assert_eq!(x["iterations"][0]["iterations"], 8, "{x:#}");
+    assert_eq!(x["leaks"], serde_json::json!([]), "{x:#}");
+    // The two leak files name no process: given together, they are one unnamed process's
+    // snapshots, and the loss line grew between them.
+    let (a, b) = (fixture("torch-leak-step3"), fixture("torch-leak-step11"));
+    let x = json(&memsnap(&[
+        "explain",
+        "--json",
+        b.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    let s = &x["snapshots"][0];
+    assert_eq!(
+        s["files"],
+        serde_json::json!([a.to_str().unwrap(), b.to_str().unwrap()]),
+        "{x:#}"
+    );
+    assert_eq!(s["sites"][0]["site"], leak_site().as_str(), "{x:#}");
+    assert_eq!(s["sites"][0]["growth_bytes"], step11 - step3);
+    assert_eq!(s["sites"][0]["verdict"], "leak");
+    // The later file's history reaches back past the earlier one's end: it counts the
+    // iterations that started since.
+    assert_eq!(s["iterations"], 8, "{x:#}");
+}

@@ -1,6 +1,6 @@
 //! `memsnap explain` end to end: programs on the simulated CUDA driver (tests/programs/
-//! explain_steps.c, explain_oom.c, multi_device.c) write real snapshot files, and explain
-//! must give the expected answer for each. Needs `cargo build --workspace` first (the
+//! explain_steps.c, explain_oom.c, multi_device.c, iter_leak.c) write real snapshot files,
+//! and explain must give the expected answer for each. Needs `cargo build --workspace` first (the
 //! tests preload target/<profile>/libmemsnap.so and run target/<profile>/memsnap).
 
 mod common;
@@ -25,7 +25,13 @@ fn text(o: &Output) -> String {
 
 /// `memsnap explain --json` on `paths`: the object, after checking the exit status.
 fn explain_json(paths: &[&Path], code: i32) -> Value {
+    explain_with(&[], paths, code)
+}
+
+/// [`explain_json`] with `extra` arguments first.
+fn explain_with(extra: &[&str], paths: &[&Path], code: i32) -> Value {
     let mut args = vec!["explain".to_string(), "--json".to_string()];
+    args.extend(extra.iter().map(|a| a.to_string()));
     args.extend(paths.iter().map(|p| p.display().to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = memsnap(&args);
@@ -262,4 +268,178 @@ fn bad_input_is_one_line() {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("memsnap: "), "{err}");
     }
+}
+
+/// iter_leak (a loop with no step marks) in `mode` for 30 iterations, asking for a snapshot
+/// by SIGUSR1 after each iteration in `dumps`; `env` added.
+fn loop_run(mode: &str, dumps: &[&str], env: &[(&str, &str)]) -> common::Run {
+    let mut args = vec![mode, "30"];
+    args.extend(dumps);
+    let mut all = vec![("MEMSNAP_QUIET", "1")];
+    all.extend(env);
+    let run = run_program("iter_leak", &args, &all, true);
+    run.assert_success();
+    assert_eq!(num(&run.results(), "signal_files"), dumps.len() as u64);
+    run
+}
+
+/// The run's files whose names contain `needle`, in name order.
+fn files_named(dir: &Path, needle: &str) -> Vec<std::path::PathBuf> {
+    common::snapshot_files(dir)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(needle))
+        .collect()
+}
+
+#[test]
+fn a_loop_without_step_marks_leaks_per_iteration_in_its_exit_file() {
+    let run = loop_run("leak", &[], &[]);
+    let r = run.results();
+    let exit = files_named(run.dir.path(), "-exit-");
+    assert_eq!(exit.len(), 1);
+    let exit = exit[0].as_path();
+    // Every allocation goes through device_alloc: ignoring it names its callers.
+    let x = explain_with(&["--ignore", "device_alloc"], &[exit], 0);
+    let it = &x["iterations"][0];
+    assert_eq!(it["found"], true, "{x:#}");
+    assert_eq!(it["iterations"], 30, "{x:#}");
+    assert_eq!(it["allocations_per_iteration"], 6);
+    assert_eq!(it["confidence"], "high");
+    let leaks = x["leaks"].as_array().unwrap();
+    assert_eq!(leaks.len(), 1, "{x:#}");
+    let l = &leaks[0];
+    let keep = format!("keep_batch (iter_leak.c:{})", num(&r, "keep_line"));
+    assert_eq!(l["site"], keep.as_str(), "{x:#}");
+    assert_eq!(l["unit"], "iteration");
+    assert_eq!(l["bytes_per_step"], 1 << 20);
+    assert_eq!(l["bytes_per_iteration"], 1 << 20);
+    assert_eq!(
+        (l["first_step"].clone(), l["steps"].clone()),
+        (1.into(), 30.into())
+    );
+    assert_eq!(l["live_bytes_at_end"], 30 << 20);
+    // By default the helper's line holds every allocation: the 1 MiB an iteration is still
+    // found there (or at its caller, where the callers are the sites).
+    let x = explain_json(&[exit], 0);
+    let site = x["leaks"][0]["site"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let helper = format!("iter_leak.c:{})", num(&r, "helper_line"));
+    assert!(site.ends_with(&helper) || site.contains(&keep), "{x:#}");
+    assert_eq!(x["leaks"][0]["bytes_per_iteration"], 1 << 20, "{x:#}");
+    let out = memsnap(&["explain", "--fail-on-leak", &exit.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let t = text(&out);
+    assert!(
+        t.contains("Leaks across iterations found in the record")
+            && t.contains("30 iterations of 6 allocations")
+            && t.contains("+1.0 MiB per iteration since iteration 1 (30 iterations"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_loop_without_the_leak_has_none_and_a_short_history_says_why_in_one_line() {
+    let run = loop_run("noleak", &[], &[]);
+    let x = explain_json(&[run.dir.path()], 0);
+    assert_eq!(x["leaks"], serde_json::json!([]), "{x:#}");
+    assert_eq!(x["iterations"][0]["iterations"], 30, "{x:#}");
+    assert!(
+        notes(&x)
+            .iter()
+            .any(|n| n == "no leak across 31 iteration boundaries (iterations 1 to 31)"),
+        "{x:#}"
+    );
+    // 40 entries: less than two iterations of the leaking loop.
+    let run = loop_run("leak", &[], &[("MEMSNAP_MAX_ENTRIES", "40")]);
+    let dir = run.dir.path().display().to_string();
+    let x = explain_json(&[run.dir.path()], 0);
+    assert_eq!(x["leaks"], serde_json::json!([]), "{x:#}");
+    assert_eq!(x["iterations"][0]["found"], false);
+    let why: Vec<String> = notes(&x)
+        .into_iter()
+        .filter(|n| n.contains("no iterations found in"))
+        .collect();
+    assert_eq!(why.len(), 1, "{x:#}");
+    assert!(
+        why[0].contains("its history is too short")
+            && why[0].contains("MEMSNAP_MAX_ENTRIES")
+            && why[0].contains("MEMSNAP_EVERY")
+            && why[0].contains("two dumps"),
+        "{}",
+        why[0]
+    );
+    let t = text(&memsnap(&["explain", &dir]));
+    assert_eq!(t.matches("no iterations found in").count(), 1, "{t}");
+}
+
+#[test]
+fn two_signal_dumps_of_one_leaking_process_name_the_leak() {
+    // Histories of 40 entries: neither dump alone holds enough iterations; the growth
+    // between them (iterations 10 and 25) does.
+    let run = loop_run("leak", &["10", "25"], &[("MEMSNAP_MAX_ENTRIES", "40")]);
+    let keep = format!(
+        "keep_batch (iter_leak.c:{})",
+        num(&run.results(), "keep_line")
+    );
+    let dumps = files_named(run.dir.path(), "-signal-");
+    let paths: Vec<&Path> = dumps.iter().map(|p| p.as_path()).collect();
+    let x = explain_with(&["--ignore", "device_alloc"], &paths, 0);
+    let s = &x["snapshots"][0];
+    let names: Vec<String> = dumps.iter().map(|p| p.display().to_string()).collect();
+    assert_eq!(s["files"], serde_json::json!(names), "{x:#}");
+    assert!(s["pid"].as_i64().is_some(), "{s:#}");
+    assert_eq!(s["sites"][0]["site"], keep.as_str(), "{x:#}");
+    assert_eq!(s["sites"][0]["growth_bytes"], 15 << 20);
+    assert_eq!(s["sites"][0]["verdict"], "leak");
+    assert_eq!(s["sites"].as_array().unwrap().len(), 1, "{x:#}");
+    let leaks = x["leaks"].as_array().unwrap();
+    assert_eq!(leaks.len(), 1, "{x:#}");
+    assert_eq!(leaks[0]["site"], keep.as_str());
+    assert_eq!(leaks[0]["unit"], "snapshot");
+    // Whole histories: the dumps' own iterations count 15 between them, 1 MiB each.
+    let run = loop_run("leak", &["10", "25"], &[]);
+    let dumps = files_named(run.dir.path(), "-signal-");
+    let paths: Vec<&Path> = dumps.iter().map(|p| p.as_path()).collect();
+    let names: Vec<String> = dumps.iter().map(|p| p.display().to_string()).collect();
+    let x = explain_with(&["--ignore", "device_alloc"], &paths, 0);
+    assert_eq!(x["snapshots"][0]["iterations"], 15, "{x:#}");
+    assert_eq!(x["snapshots"][0]["sites"][0]["verdict"], "leak");
+    assert_eq!(x["leaks"][0]["site"], keep.as_str());
+    assert_eq!(x["leaks"][0]["bytes_per_iteration"], 1 << 20, "{x:#}");
+    let t = text(&memsnap(&[
+        "explain",
+        "--ignore",
+        "device_alloc",
+        &names[0],
+        &names[1],
+    ]));
+    assert!(
+        t.contains("Growth between 2 snapshots of one process (pid ")
+            && t.contains("about 15 iterations apart")
+            && t.contains(&format!(
+                "+15.0 MiB  leak (about +1.0 MiB per iteration), 25.0 MiB live at the end: {keep}"
+            )),
+        "{t}"
+    );
+    // `ranks` shows the two dumps and the exit file as one process, oldest first.
+    let v: Value = serde_json::from_slice(
+        &memsnap(&["ranks", "--json", &run.dir.path().display().to_string()]).stdout,
+    )
+    .expect("ranks --json");
+    let rows = v["ranks"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{v:#}");
+    let files: Vec<&str> = rows[0]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(files.len(), 3, "{v:#}");
+    assert!(
+        files[0].contains("-signal-") && files[1].contains("-signal-"),
+        "{files:?}"
+    );
+    assert!(files[2].contains("-exit-"), "{files:?}");
 }

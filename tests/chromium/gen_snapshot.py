@@ -12,6 +12,7 @@ memo with probability --share, else written afresh (PyTorch's files do both).
 
   python3 gen_snapshot.py OUT.pickle --events 1000000
   python3 gen_snapshot.py OUT.pickle --size 1G
+  python3 gen_snapshot.py OUT.pickle --events 1000000 --loop 200   (a loop that leaks)
 """
 import argparse, random, struct, sys
 
@@ -25,6 +26,9 @@ p.add_argument("--live", type=int, default=4000, help="target number of live all
 p.add_argument("--rank", type=int, default=0)
 p.add_argument("--dropped", type=int, default=0)
 p.add_argument("--seed", type=int, default=1)
+p.add_argument("--loop", type=int, default=0,
+               help="a loop instead of random traffic: N allocations an iteration, freed at its "
+                    "end but one 1 MiB allocation (a leak)")
 a = p.parse_args()
 units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 size_limit = int(a.size[:-1]) * units[a.size[-1].upper()] if a.size[-1].upper() in units else int(a.size)
@@ -170,25 +174,53 @@ def item_done():
 
 w(b"(")
 t = 0
+
+
+def do_alloc(k, size):
+    global bump, count
+    addr = bump
+    bump += (size + 511) // 512 * 512
+    api = API[stacks[k][1]]
+    for act in ("segment_alloc", "alloc"):
+        event(act, addr, size, k, t, api); item_done(); count += 1
+    live[addr] = (size, k)
+    return addr
+
+
+def do_free(addr):
+    global count
+    size, k = live.pop(addr)
+    for act in ("free_requested", "free_completed", "segment_free"):
+        event(act, addr, size, k, t, "cudaFree"); item_done(); count += 1
+
+
+def loop_ops():
+    body = [(rng.randrange(len(stacks)), rng.choice(SIZES)) for _ in range(a.loop)]
+    leak = rng.randrange(len(stacks))
+    while True:
+        temps = []
+        for k, size in body:
+            temps.append(do_alloc(k, size))
+            yield
+        do_alloc(leak, 1 << 20)
+        yield
+        for addr in temps:
+            do_free(addr)
+            yield
+
+
+ops = loop_ops() if a.loop else None
 while True:
     if (a.events and count >= a.events) or (size_limit and f.tell() >= size_limit):
         break
     t += rng.randint(1, 50)
-    if live and (len(live) > a.live or rng.random() < 0.48):
-        addr = rng.choice(list(live)) if len(live) < 64 else next(iter(live))
-        size, k = live.pop(addr)
-        api = "cudaFree"
-        for act, sz in (("free_requested", size), ("free_completed", size), ("segment_free", size)):
-            event(act, addr, sz, k, t, api); item_done(); count += 1
+    if ops:
+        next(ops)
+    elif live and (len(live) > a.live or rng.random() < 0.48):
+        do_free(rng.choice(list(live)) if len(live) < 64 else next(iter(live)))
     else:
         k = rng.randrange(len(stacks))
-        size = rng.choice(SIZES)
-        addr = bump
-        bump += (size + 511) // 512 * 512
-        api = API[stacks[k][1]]
-        for act in ("segment_alloc", "alloc"):
-            event(act, addr, size, k, t, api); item_done(); count += 1
-        live[addr] = (size, k)
+        do_alloc(k, rng.choice(SIZES))
 w(b"e")  # last batch
 w(b"e")  # closes the MARK before device 0's list: appends it to device_traces
 s("segments")

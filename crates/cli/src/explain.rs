@@ -8,7 +8,10 @@ use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At};
 use memsnap_engine::bytes::fmt_bytes;
-use memsnap_engine::explain::{self as engine, Explanation, Oom, SiteRow, oom::Verdict, owners};
+use memsnap_engine::explain::leaks::{Leak, Unit};
+use memsnap_engine::explain::{
+    self as engine, Explanation, Oom, SiteRow, iterations, oom::Verdict, owners, snapshots,
+};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -21,7 +24,15 @@ JSON (--json); docs/EXPLAIN.md has every key and its meaning:
                   outside_bytes, advice, cannot_tell,
                   sites: [ {site, bytes, allocations, library, role} ], owners: {owner: bytes},
                   first_rank, others: [ {rank, live_bytes, peak_bytes} ] },
-    leaks: [ {site, bytes_per_step, steps, first_step, last_step, live_bytes_at_end, ranks} ],
+    leaks: [ {site, bytes_per_step, steps, first_step, last_step, live_bytes_at_end, ranks,
+              unit: \"step\"|\"iteration\"|\"snapshot\", bytes_per_iteration} ],
+    iterations: [ {file, rank, pid, device, found, iterations, allocations_per_iteration,
+                   entries_per_iteration, us_per_iteration, anchor_site, anchor_bytes,
+                   anchors_per_iteration, tokens, similarity, compared, alike,
+                   confidence: \"high\"|\"medium\"|\"low\", why_not} ],
+    snapshots: [ {rank, pid, host, files, seconds, iterations,
+                  sites: [ {site, growth_bytes, live_bytes_at_end,
+                            verdict: \"leak\"|\"warm-up\"|\"grew\"} ]} ],
     owners: {owner: bytes}, roles: null | {parameters, gradients, optimizer_state,
     activations, temporaries, communication, other},
     ranks: null | {worst_rank, median_rank, median_peak_bytes, worst_peak_bytes,
@@ -143,32 +154,31 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
         paragraph(out)?;
         write_oom(o, x.files > 1, out)?;
     }
-    if !x.leaks.is_empty() {
+    let of_unit = |u: Unit| x.leaks.iter().filter(move |l| l.unit == u);
+    if of_unit(Unit::Step).next().is_some() {
         paragraph(out)?;
         writeln!(out, "Leaks across steps (live bytes at step boundaries):")?;
-        for l in &x.leaks {
-            let on = match l.ranks.as_slice() {
-                [] => String::new(),
-                r => format!(
-                    " on rank{} {}",
-                    if r.len() > 1 { "s" } else { "" },
-                    r.iter()
-                        .map(|r| r.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            };
-            writeln!(
-                out,
-                "  +{} per step since step {} ({} steps, {} live at step {}){on}: {}",
-                fmt_bytes(l.bytes_per_step),
-                l.first_step,
-                l.steps,
-                fmt_bytes(l.live_bytes_at_end),
-                l.last_step,
-                shown(&l.site)
-            )?;
+        for l in of_unit(Unit::Step) {
+            write_leak(l, out)?;
         }
+    }
+    let found: Vec<&iterations::Info> = x.iterations.iter().filter(|i| i.found).collect();
+    if of_unit(Unit::Iteration).next().is_some() {
+        paragraph(out)?;
+        writeln!(
+            out,
+            "Leaks across iterations found in the record (live bytes where each iteration starts):"
+        )?;
+        for i in &found {
+            writeln!(out, "  {}", shown(&describe_iterations(i)))?;
+        }
+        for l in of_unit(Unit::Iteration) {
+            write_leak(l, out)?;
+        }
+    }
+    for s in &x.snapshots {
+        paragraph(out)?;
+        write_snapshots(s, out)?;
     }
     if let Some(at) = &x.at {
         paragraph(out)?;
@@ -252,10 +262,16 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
             }
         }
     }
-    if !x.notes.is_empty() {
+    // Iterations found without a leak among them: how, first among the notes.
+    let quiet: Vec<String> = if of_unit(Unit::Iteration).next().is_none() {
+        found.iter().map(|i| describe_iterations(i)).collect()
+    } else {
+        Vec::new()
+    };
+    if !x.notes.is_empty() || !quiet.is_empty() {
         paragraph(out)?;
         writeln!(out, "Notes:")?;
-        for n in &x.notes {
+        for n in quiet.iter().chain(&x.notes) {
             writeln!(out, "  - {}", shown(n))?;
         }
     }
@@ -263,6 +279,126 @@ pub fn write_text(x: &Explanation, out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(
             out,
             "nothing to explain: no OOM, no steps, no live memory recorded"
+        )?;
+    }
+    Ok(())
+}
+
+/// One leak line: `+1.0 MiB per step since step 3 (22 steps, 25.0 MiB live at step 25): site`.
+fn write_leak(l: &Leak, out: &mut dyn Write) -> std::io::Result<()> {
+    let on = match l.ranks.as_slice() {
+        [] => String::new(),
+        r => format!(
+            " on rank{} {}",
+            if r.len() > 1 { "s" } else { "" },
+            r.iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let word = l.unit.as_str();
+    let at = match l.unit {
+        Unit::Step => format!("at step {}", l.last_step),
+        _ => "at the end".to_string(),
+    };
+    writeln!(
+        out,
+        "  +{} per {word} since {word} {} ({} {word}s, {} live {at}){on}: {}",
+        fmt_bytes(l.bytes_per_step),
+        l.first_step,
+        l.steps,
+        fmt_bytes(l.live_bytes_at_end),
+        shown(&l.site)
+    )
+}
+
+/// How iterations were found: `25 iterations of 3 allocations (1.2 ms each) in FILE,
+/// device 0, cut where the 4.0 MiB allocation at SITE comes back once an iteration; 24 of
+/// 24 compared iterations alike: high confidence`.
+fn describe_iterations(i: &iterations::Info) -> String {
+    let times = match i.anchors_per_iteration.unwrap_or(1) {
+        1 => "once".to_string(),
+        2 => "twice".to_string(),
+        k => format!("{k} times"),
+    };
+    let each = i
+        .us_per_iteration
+        .filter(|&us| us > 0)
+        .map(|us| format!(" ({} each)", fmt_duration(us)))
+        .unwrap_or_default();
+    let by = match i.tokens {
+        Some("site") => " (sites alone: the sizes vary)",
+        Some("three in a row") => " (with the two allocations before it)",
+        _ => "",
+    };
+    format!(
+        "{} iterations of {} allocations{each} in {}, device {}, cut where the {} allocation at \
+         {} comes back {times} an iteration{by}; {} of {} compared iterations alike: {} confidence",
+        i.iterations.unwrap_or(0),
+        i.allocations_per_iteration.unwrap_or(0),
+        i.file,
+        i.device.unwrap_or(0),
+        fmt_bytes(i.anchor_bytes.unwrap_or(0)),
+        i.anchor_site.as_deref().unwrap_or_default(),
+        i.alike.unwrap_or(0),
+        i.compared.unwrap_or(0),
+        i.confidence.map_or("low", |c| c.as_str())
+    )
+}
+
+/// `850 us`, `1.2 ms`, `3.40 s`.
+fn fmt_duration(us: i64) -> String {
+    match us {
+        ..1_000 => format!("{us} us"),
+        1_000..1_000_000 => format!("{:.1} ms", us as f64 / 1e3),
+        _ => format!("{:.2} s", us as f64 / 1e6),
+    }
+}
+
+/// The growth between one process's snapshots.
+fn write_snapshots(s: &snapshots::Snapshots, out: &mut dyn Write) -> std::io::Result<()> {
+    let who = match (s.rank, s.pid, &s.host) {
+        (Some(r), _, _) => format!("rank {r}"),
+        (None, Some(pid), Some(host)) => format!("pid {pid} on {host}"),
+        (None, Some(pid), None) => format!("pid {pid}"),
+        (None, None, _) => "the files name no process".to_string(),
+    };
+    let mut apart: Vec<String> = Vec::new();
+    if let Some(sec) = s.seconds {
+        apart.push(format!("{sec:.2} s"));
+    }
+    if let Some(k) = s.iterations {
+        apart.push(format!("about {k} iterations"));
+    }
+    let apart = if apart.is_empty() {
+        String::new()
+    } else {
+        format!(", {} apart", apart.join(", "))
+    };
+    writeln!(
+        out,
+        "Growth between {} snapshots of one process ({who}{apart}; oldest first: {}):",
+        s.files.len(),
+        shown(&s.files.join(", "))
+    )?;
+    if s.sites.is_empty() {
+        writeln!(out, "  no site grew")?;
+    }
+    for g in &s.sites {
+        let per = match (g.verdict, s.iterations) {
+            (snapshots::Verdict::Leak, Some(k)) => {
+                format!(" (about +{} per iteration)", fmt_bytes(g.growth_bytes / k))
+            }
+            _ => String::new(),
+        };
+        writeln!(
+            out,
+            "  {:>10}  {}{per}, {} live at the end: {}",
+            format!("+{}", fmt_bytes(g.growth_bytes)),
+            g.verdict.as_str(),
+            fmt_bytes(g.live_bytes_at_end),
+            shown(&g.site)
         )?;
     }
     Ok(())

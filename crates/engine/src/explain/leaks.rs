@@ -1,5 +1,6 @@
 //! Leaks and creep across steps: live bytes by site at step boundaries (one step snapshot
-//! per step, or a file's `memsnap.step` marks), and the sites that grow step after step.
+//! per step, or a file's `memsnap.step` marks; else iterations found in the record, or
+//! snapshots of one process: [`Unit`]), and the sites that grow step after step.
 //!
 //! The rule (docs/EXPLAIN.md, "Leaks"): with `n` boundaries (at least [`MIN_POINTS`]), a
 //! site leaks when there is a window from boundary `k` to the last one that spans at least
@@ -15,6 +16,37 @@ use std::collections::BTreeMap;
 
 /// Boundaries needed before anything is called a leak.
 pub const MIN_POINTS: usize = 4;
+
+/// What the boundaries of a series are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unit {
+    /// Step boundaries: step files, or a file's step marks.
+    #[default]
+    Step,
+    /// Iterations found in a history ([`super::iterations`]).
+    Iteration,
+    /// The ends of several snapshots of one process, oldest first.
+    Snapshot,
+}
+
+impl Unit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Step => "step",
+            Unit::Iteration => "iteration",
+            Unit::Snapshot => "snapshot",
+        }
+    }
+
+    /// `25 step boundaries`, `25 iteration boundaries`, `5 snapshots`.
+    pub fn boundaries(self, n: usize) -> String {
+        match self {
+            Unit::Snapshot => format!("{n} snapshots"),
+            u => format!("{n} {} boundaries", u.as_str()),
+        }
+    }
+}
 
 /// The state at one step boundary.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -37,6 +69,11 @@ pub struct Leak {
     pub live_bytes_at_end: i64,
     /// The ranks it was seen on (empty: unknown rank).
     pub ranks: Vec<i64>,
+    /// What `bytes_per_step`, `steps`, `first_step` and `last_step` count.
+    pub unit: Unit,
+    /// Bytes an iteration of the program, where its iterations are known (found in the
+    /// record, or counted between snapshots).
+    pub bytes_per_iteration: Option<i64>,
 }
 
 /// What one series of boundaries says.
@@ -73,8 +110,9 @@ pub fn window(steps: &[i64], v: &[i64]) -> Option<(usize, i64)> {
 }
 
 /// Leaks, warm-ups and cache growth in a series of boundaries (sorted by step) of `rank`;
-/// `name_rank`: notes start with the rank (several ranks have series).
-pub fn find(points: &[StepPoint], rank: Option<i64>, name_rank: bool) -> Found {
+/// `name_rank`: notes start with the rank (several ranks have series); `unit`: what the
+/// boundaries are.
+pub fn find(points: &[StepPoint], rank: Option<i64>, name_rank: bool, unit: Unit) -> Found {
     let mut found = Found {
         steps: points.len(),
         ..Found::default()
@@ -84,10 +122,12 @@ pub fn find(points: &[StepPoint], rank: Option<i64>, name_rank: bool) -> Found {
         Some(r) if name_rank => format!("rank {r}: "),
         _ => String::new(),
     };
+    let word = unit.as_str();
     if n < MIN_POINTS {
         if n > 1 {
             found.notes.push(format!(
-                "{who}{n} step boundaries: too few to tell a leak (at least {MIN_POINTS})"
+                "{who}{}: too few to tell a leak (at least {MIN_POINTS})",
+                unit.boundaries(n)
             ));
         }
         return found;
@@ -111,6 +151,8 @@ pub fn find(points: &[StepPoint], rank: Option<i64>, name_rank: bool) -> Found {
                 last_step: steps[n - 1],
                 live_bytes_at_end: v[n - 1],
                 ranks: rank.into_iter().collect(),
+                unit,
+                bytes_per_iteration: (unit == Unit::Iteration).then_some(per_step),
             });
         } else if v[n - 1] > v[0] {
             // Grew, then stopped: the last step it grew at.
@@ -128,27 +170,40 @@ pub fn find(points: &[StepPoint], rank: Option<i64>, name_rank: bool) -> Found {
     let (first, last) = (steps[0], steps[n - 1]);
     if found.leaks.is_empty() {
         found.notes.push(format!(
-            "{who}no leak across {n} step boundaries (steps {first} to {last})"
+            "{who}no leak across {} ({word}s {first} to {last})",
+            unit.boundaries(n)
         ));
     }
     warm.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     for (reached, site, until) in warm.iter().take(3) {
         found.notes.push(format!(
-            "{who}warm-up, not a leak: {site} grew to {} by step {until}, then stayed",
+            "{who}warm-up, not a leak: {site} grew to {} by {word} {until}, then stayed",
             crate::bytes::fmt_bytes(*reached)
         ));
     }
-    let live_growth = points[n - 1].live - points[0].live;
-    let reserved_growth = points[n - 1].reserved - points[0].reserved;
-    if found.leaks.is_empty() && reserved_growth > 0 && reserved_growth > 2 * live_growth.max(0) {
-        found.notes.push(format!(
-            "{who}reserved bytes grew by {} over steps {first} to {last} while live bytes grew by {}: \
-             the caching allocator's own growth, not a leak",
-            crate::bytes::fmt_bytes(reserved_growth),
-            crate::bytes::fmt_bytes(live_growth)
-        ));
+    if found.leaks.is_empty() {
+        found.notes.extend(cache_growth(points, &who, unit));
     }
     found
+}
+
+/// The note on reserved bytes that grew more than twice as much as live bytes over the
+/// series (the caching allocator's own growth), when they did; `who` starts the note.
+pub fn cache_growth(points: &[StepPoint], who: &str, unit: Unit) -> Option<String> {
+    let (a, b) = (points.first()?, points.last()?);
+    let live_growth = b.live - a.live;
+    let reserved_growth = b.reserved - a.reserved;
+    (reserved_growth > 0 && reserved_growth > 2 * live_growth.max(0)).then(|| {
+        format!(
+            "{who}reserved bytes grew by {} over {}s {} to {} while live bytes grew by {}: \
+             the caching allocator's own growth, not a leak",
+            crate::bytes::fmt_bytes(reserved_growth),
+            unit.as_str(),
+            a.step,
+            b.step,
+            crate::bytes::fmt_bytes(live_growth)
+        )
+    })
 }
 
 #[cfg(test)]
@@ -176,7 +231,12 @@ mod tests {
 
     #[test]
     fn a_steady_leak_is_found_with_its_rate_and_start() {
-        let found = find(&series(25, "leak.py:9 (keep)", |s| s * MIB), Some(3), false);
+        let found = find(
+            &series(25, "leak.py:9 (keep)", |s| s * MIB),
+            Some(3),
+            false,
+            Unit::Step,
+        );
         assert_eq!(found.leaks.len(), 1, "{found:?}");
         let l = &found.leaks[0];
         assert_eq!(l.site, "leak.py:9 (keep)");
@@ -193,6 +253,7 @@ mod tests {
             &series(25, "late.py:1 (f)", |s| 2 * MIB * (s - 10).max(0)),
             None,
             false,
+            Unit::Step,
         );
         let l = &found.leaks[0];
         assert_eq!(l.first_step, 10);
@@ -206,6 +267,7 @@ mod tests {
             &series(25, "cache.py:4 (warm)", |s| s.min(3) * 4 * MIB),
             None,
             false,
+            Unit::Step,
         );
         assert!(found.leaks.is_empty(), "{found:?}");
         assert!(
@@ -215,7 +277,12 @@ mod tests {
             "{:?}",
             found.notes
         );
-        let found = find(&series(25, "temp.py:1 (f)", |_| MIB), None, false);
+        let found = find(
+            &series(25, "temp.py:1 (f)", |_| MIB),
+            None,
+            false,
+            Unit::Step,
+        );
         assert!(found.leaks.is_empty());
         assert!(found.notes[0].contains("no leak across 25 step boundaries (steps 1 to 25)"));
         // Noise that goes up and down is no leak.
@@ -223,6 +290,7 @@ mod tests {
             &series(25, "noise.py:1 (f)", |s| (s % 2) * MIB),
             None,
             false,
+            Unit::Step,
         );
         assert!(found.leaks.is_empty(), "{found:?}");
     }
@@ -233,7 +301,7 @@ mod tests {
         for (i, p) in pts.iter_mut().enumerate() {
             p.reserved += 20 * MIB * i as i64;
         }
-        let found = find(&pts, None, false);
+        let found = find(&pts, None, false, Unit::Step);
         assert!(found.leaks.is_empty());
         assert!(
             found
@@ -245,7 +313,12 @@ mod tests {
 
     #[test]
     fn too_few_boundaries_say_so() {
-        let found = find(&series(3, "leak.py:9 (keep)", |s| s * MIB), None, false);
+        let found = find(
+            &series(3, "leak.py:9 (keep)", |s| s * MIB),
+            None,
+            false,
+            Unit::Step,
+        );
         assert!(found.leaks.is_empty());
         assert!(found.notes[0].contains("too few"));
     }

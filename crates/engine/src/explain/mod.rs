@@ -8,11 +8,13 @@
 //! [`Explanation`] as text, or serializes it (the JSON shape is docs/EXPLAIN.md's, stable:
 //! keys are only ever added). Cold code.
 
+pub mod iterations;
 pub mod leaks;
 pub mod log;
 pub mod oom;
 pub mod owners;
 pub mod roles;
+pub mod snapshots;
 
 use crate::at::{At, Kind, Resolved};
 use crate::device;
@@ -21,7 +23,7 @@ use crate::input::{self, Summarized};
 use crate::ranks::rank_from_name;
 use crate::sites::{self, Attribution, Library, Sites};
 use crate::tally::Tally;
-use leaks::{Leak, StepPoint};
+use leaks::{Leak, StepPoint, Unit};
 use log::EventLog;
 use memsnap_format::model::{BlockState, Meta, Snapshot, StackId};
 use memsnap_format::pickle_read::ReadError;
@@ -185,6 +187,24 @@ pub struct Digest {
     pub end_point: StepPoint,
     /// The states at the file's own step marks.
     pub marks: Vec<StepPoint>,
+    /// Iterations found in the history of a file without step marks (or why none were),
+    /// and the states at their boundaries (`step`: the iteration's number).
+    pub iterations: Option<iterations::Info>,
+    pub iteration_points: Vec<StepPoint>,
+    /// When each of those iterations starts.
+    pub iteration_starts: Vec<i64>,
+    /// Per site whose bytes moved in the history: the bytes it gained over the last half,
+    /// and its largest fall ([`log::Motion`]); `None` without a history to tell.
+    pub motion: Option<BTreeMap<String, (i64, i64)>>,
+    /// Who wrote the file (memsnap's metadata): host, program, its file number, its events.
+    pub host: Option<String>,
+    pub exe: Option<String>,
+    pub seq: Option<i64>,
+    pub events_recorded: Option<i64>,
+    /// When the file was written (`memsnap.time_us`), else its last entry's time.
+    pub written_us: Option<i64>,
+    /// Per device, history entries since recording began (dropped and kept).
+    pub entries_total: BTreeMap<i64, i64>,
     pub notes: Vec<String>,
     /// memsnap's line on PyTorch's allocator (`blocks: ...`, `segments only: ...`,
     /// `tensors: ...`), where the file has one.
@@ -440,9 +460,16 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         devices: devs.clone(),
         capacity: capacity.clone(),
         torch_allocator: owners::torch_allocator_line(snap).map(str::to_string),
+        host: meta_str(snap, "host"),
+        exe: meta_str(snap, "exe"),
+        seq: meta_number(snap, "seq"),
+        events_recorded: meta_number(snap, "events_recorded"),
         file,
         ..Digest::default()
     };
+    let dropped = device_meta(snap, "history_dropped");
+    // Per device with a history: what its iterations say.
+    let mut cuts: Vec<(i64, iterations::Outcome, Vec<StepPoint>)> = Vec::new();
     let mut holders: FxHashMap<Option<StackId>, Tally> = FxHashMap::default();
     let mut freed: FxHashMap<Option<StackId>, Tally> = FxHashMap::default();
     let mut reserved_at = 0;
@@ -516,7 +543,29 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         if !marks.is_empty() {
             add_marks(&mut d, &ctx, snap, dev, log, &end, &hist);
         }
+        if hist.events > 0
+            && let Some(&gone) = dropped.get(&dev)
+        {
+            d.entries_total.insert(dev, gone + hist.events as i64);
+        }
+        if let Some(log) = log.filter(|l| l.changes().len() > 0) {
+            let end_sites: Vec<(u32, i64)> = end
+                .iter()
+                .map(|b| (ctx.sites.site(b.stack), b.requested))
+                .collect();
+            add_motion(&mut d, &ctx, log, &end_sites);
+            if snap.step_marks.is_empty() {
+                let outcome =
+                    iterations::find(log, &|s| ctx.sites.site(s), hist.start_live(end_live));
+                let points = match &outcome {
+                    iterations::Outcome::Found(f) => iteration_points(&ctx, log, f, &end_sites),
+                    _ => Vec::new(),
+                };
+                cuts.push((dev, outcome, points));
+            }
+        }
     }
+    choose_iterations(&mut d, &ctx, cuts);
     d.timelines = timelines.filter(|t| !t.is_empty());
     // From the first entry to the last, or to the moment the file was written (memsnap's
     // `time_us`): the state then is the snapshot's own.
@@ -529,6 +578,7 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
             let written = meta_number(snap, "time_us").filter(|&w| w >= b);
             (a, written.unwrap_or(b))
         });
+    d.written_us = meta_number(snap, "time_us").or(d.time_range.map(|r| r.1));
     d.end_point = StepPoint {
         step: d.step.unwrap_or(0),
         live: d.live_bytes,
@@ -634,6 +684,104 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         });
     }
     d
+}
+
+/// Adds how each site moved over `log` to the file's [`Digest::motion`] (summed over
+/// devices: the gains add up, the largest fall is the largest).
+fn add_motion(d: &mut Digest, ctx: &Ctx, log: &EventLog, end_sites: &[(u32, i64)]) {
+    let Some(moved) = log.motion_by_site(&|s| ctx.sites.site(s), ctx.sites.sites.len(), end_sites)
+    else {
+        return;
+    };
+    let motion = d.motion.get_or_insert_with(BTreeMap::new);
+    for m in moved {
+        let e = motion
+            .entry(ctx.sites.text(m.site).to_string())
+            .or_default();
+        e.0 += m.late_gain;
+        e.1 = e.1.max(m.largest_fall);
+    }
+}
+
+/// Live bytes by site at the boundaries of the iterations `f` found in `log` (at most
+/// [`iterations::MAX_POINTS`] of them), numbered from 1.
+fn iteration_points(
+    ctx: &Ctx,
+    log: &EventLog,
+    f: &iterations::Found,
+    end_sites: &[(u32, i64)],
+) -> Vec<StepPoint> {
+    let picked = iterations::thin(f.boundaries.len(), iterations::MAX_POINTS);
+    let positions: Vec<usize> = picked.iter().map(|&i| f.boundaries[i]).collect();
+    let Some(by) = log.varying_by_site(
+        &|s| ctx.sites.site(s),
+        ctx.sites.sites.len(),
+        end_sites,
+        &positions,
+    ) else {
+        return Vec::new();
+    };
+    picked
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| StepPoint {
+            step: i as i64 + 1,
+            by_site: by
+                .series
+                .iter()
+                .map(|(s, v)| (ctx.sites.text(*s).to_string(), v[k]))
+                .collect(),
+            live: by.totals[k],
+            // Reserved bytes are not followed between boundaries: no cache growth is
+            // claimed from iterations.
+            reserved: by.totals[k],
+        })
+        .collect()
+}
+
+/// Keeps the device whose history cut the most iterations, else says why none did (for
+/// the device with the longest history).
+fn choose_iterations(
+    d: &mut Digest,
+    ctx: &Ctx,
+    cuts: Vec<(i64, iterations::Outcome, Vec<StepPoint>)>,
+) {
+    use iterations::Outcome;
+    let best = cuts
+        .iter()
+        .filter_map(|(dev, o, _)| match o {
+            Outcome::Found(f) => Some((f.iterations, std::cmp::Reverse(*dev))),
+            _ => None,
+        })
+        .max();
+    let chosen = match best {
+        Some((_, std::cmp::Reverse(dev))) => cuts.into_iter().find(|c| c.0 == dev),
+        None => cuts.into_iter().max_by_key(|(dev, o, _)| {
+            let n = match o {
+                Outcome::TooShort { allocations } | Outcome::NoRecurrence { allocations } => {
+                    *allocations
+                }
+                Outcome::Truncated => usize::MAX,
+                Outcome::Found(_) => 0,
+            };
+            (n, std::cmp::Reverse(*dev))
+        }),
+    };
+    let Some((dev, outcome, points)) = chosen else {
+        return;
+    };
+    let mut info = match &outcome {
+        Outcome::Found(f) => {
+            let site = ctx.sites.text(ctx.sites.site(f.anchor_stack)).to_string();
+            d.iteration_starts = f.start_times.clone();
+            iterations::Info::found(&d.file, dev, f, site)
+        }
+        o => iterations::Info::not_found(&d.file, Some(dev), o),
+    };
+    info.rank = d.rank;
+    info.pid = d.pid;
+    d.iterations = Some(info);
+    d.iteration_points = points;
 }
 
 /// The live set by site at each of the file's step marks on `dev` (the state before the
@@ -742,8 +890,12 @@ pub struct Explanation {
     /// The file and moment `owners` and `roles` describe.
     pub at: Option<AtFile>,
     pub files: usize,
-    /// Steps until the leaks fill the device, where its capacity is known.
+    /// Steps (or iterations) until the leaks fill the device, where its capacity is known.
     pub steps_to_oom: Option<i64>,
+    /// Iterations found in the record, or why none were, per rank without step boundaries.
+    pub iterations: Vec<iterations::Info>,
+    /// Each process given as several snapshots: the growth between them.
+    pub snapshots: Vec<snapshots::Snapshots>,
     /// The sites at that moment (text only).
     #[serde(skip)]
     pub sites: Vec<SiteRow>,
@@ -780,6 +932,37 @@ fn live_at(d: &Digest, time_us: i64) -> Option<i64> {
 /// will change before then (docs/EXPLAIN.md, "Leaks"). Beyond it the note says "not within
 /// the next 10000 steps"; `steps_to_oom` keeps the figure.
 pub const STEPS_HORIZON: i64 = 10_000;
+
+/// One series of boundaries the leak rule runs over: a rank's, what its boundaries are,
+/// and the file whose iterations they are.
+struct Series<'a> {
+    rank: Option<i64>,
+    unit: Unit,
+    points: Vec<StepPoint>,
+    file: Option<&'a Digest>,
+}
+
+/// Adds `found` to `leaks`: a site already there with the same unit (another rank's)
+/// takes the ranks and the larger figures.
+fn add_leaks(leaks: &mut Vec<Leak>, found: Vec<Leak>) {
+    for l in found {
+        match leaks
+            .iter_mut()
+            .find(|x| x.site == l.site && x.unit == l.unit)
+        {
+            Some(x) => {
+                x.ranks.extend(l.ranks);
+                x.bytes_per_step = x.bytes_per_step.max(l.bytes_per_step);
+                x.bytes_per_iteration = x.bytes_per_iteration.max(l.bytes_per_iteration);
+                x.live_bytes_at_end = x.live_bytes_at_end.max(l.live_bytes_at_end);
+                x.steps = x.steps.max(l.steps);
+                x.first_step = x.first_step.min(l.first_step);
+                x.last_step = x.last_step.max(l.last_step);
+            }
+            None => leaks.push(l),
+        }
+    }
+}
 
 /// Puts the digests of every file together.
 pub fn build(mut digests: Vec<Digest>) -> Explanation {
@@ -859,7 +1042,9 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
             ));
         }
     }
-    // 2. Leaks: per rank, the longest series of step boundaries.
+    // 2. Leaks: per rank, the longest series of step boundaries; a rank without one, the
+    // iterations found in its files' histories, and the growth between the snapshots of
+    // each of its processes.
     let mut series: BTreeMap<Option<i64>, Vec<StepPoint>> = BTreeMap::new();
     let mut groups: BTreeMap<(Option<i64>, Option<i64>), Vec<StepPoint>> = BTreeMap::new();
     for d in &digests {
@@ -880,63 +1065,204 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
             series.insert(rank, pts);
         }
     }
-    let ranks_with_series = series.len();
+    // Ranks with two or more step boundaries are judged by them alone.
+    series.retain(|_, pts| pts.len() >= 2);
+    let mut all: Vec<Series> = series
+        .into_iter()
+        .map(|(rank, points)| Series {
+            rank,
+            unit: Unit::Step,
+            points,
+            file: None,
+        })
+        .collect();
+    let stepped: Vec<Option<i64>> = all.iter().map(|s| s.rank).collect();
+    // The rest: per rank, the file whose history cut the most iterations (or, where none
+    // did, the latest file with a history, to say why).
+    let mut cut: BTreeMap<Option<i64>, &Digest> = BTreeMap::new();
+    let key = |d: &Digest| {
+        let i = d.iterations.as_ref();
+        (
+            i.is_some_and(|i| i.found),
+            i.and_then(|i| i.iterations),
+            d.written_us,
+        )
+    };
+    for d in digests.iter().filter(|d| !stepped.contains(&d.rank)) {
+        if d.iterations.is_some() && cut.get(&d.rank).is_none_or(|c| key(d) > key(c)) {
+            cut.insert(d.rank, d);
+        }
+    }
+    let processes = snapshots::groups(&digests);
+    let mut iteration_infos: Vec<iterations::Info> = Vec::new();
+    // Ranks whose files gave no iterations: (rank, file, why), said in one line.
+    let mut none_found: Vec<(Option<i64>, &str, String)> = Vec::new();
+    for (rank, d) in cut {
+        let Some(info) = d.iterations.clone() else {
+            continue;
+        };
+        if info.found {
+            all.push(Series {
+                rank,
+                unit: Unit::Iteration,
+                points: d.iteration_points.clone(),
+                file: Some(d),
+            });
+        } else {
+            let why = info.why_not.clone().unwrap_or_default();
+            none_found.push((rank, &d.file, why));
+        }
+        iteration_infos.push(info);
+    }
+    if let Some((rank, file, why)) = none_found.first() {
+        // What would help, unless the process's snapshots are given already.
+        let compared = processes
+            .iter()
+            .any(|g| g.iter().any(|&i| digests[i].rank == *rank));
+        let help = if compared {
+            String::new()
+        } else {
+            format!(
+                "; what would let explain find leaks: {}",
+                iterations::WHAT_WOULD_HELP
+            )
+        };
+        let rank_of =
+            |r: &Option<i64>| r.map_or_else(|| "rank not known".into(), |r| format!("rank {r}"));
+        let line = match none_found.len() {
+            1 => format!(
+                "{}no iterations found in {file}: {why}{help}",
+                rank.map(|r| format!("rank {r}: ")).unwrap_or_default()
+            ),
+            n => format!(
+                "no iterations found in the records of {n} ranks ({}); {}, {file}: {why}{help}",
+                none_found
+                    .iter()
+                    .map(|(r, _, _)| rank_of(r))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                rank_of(rank)
+            ),
+        };
+        notes.push(line);
+    }
+    let ranks_with_series = all
+        .iter()
+        .map(|s| s.rank)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
     let mut leaks: Vec<Leak> = Vec::new();
     let mut steps_to_oom: Option<i64> = None;
-    for (rank, pts) in &series {
-        let found = leaks::find(pts, *rank, ranks_with_series > 1);
+    // Per series with leaks: (rank, what a step is, bytes a step, bytes in use, when).
+    let mut creeps: Vec<(Option<i64>, &str, i64, i64, String)> = Vec::new();
+    for Series {
+        rank,
+        unit,
+        points: pts,
+        file,
+    } in &all
+    {
+        let mut found = leaks::find(pts, *rank, ranks_with_series > 1, *unit);
+        // Iterations: live bytes at the end of the file, not at its last boundary.
+        for l in &mut found.leaks {
+            if let Some(b) = file.and_then(|d| d.end_point.by_site.get(&l.site)) {
+                l.live_bytes_at_end = *b;
+            }
+        }
         if !found.leaks.is_empty() {
             let per_step: i64 = found.leaks.iter().map(|l| l.bytes_per_step).sum();
             let last = pts.last().expect("a series with leaks has points");
-            let cap = digests
-                .iter()
-                .filter(|d| d.rank == *rank)
-                .flat_map(|d| d.capacity.values().copied())
-                .max();
-            let who = rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
-            match cap {
-                Some(cap) if per_step > 0 => {
-                    let used = last.reserved.max(last.live);
-                    let n = ((cap - used).max(0) + per_step - 1) / per_step;
-                    steps_to_oom = Some(steps_to_oom.map_or(n, |s: i64| s.min(n)));
-                    // Past the horizon the figure says more than the series measured.
-                    let when = if n > STEPS_HORIZON {
-                        format!("not out of memory within the next {STEPS_HORIZON} steps")
-                    } else {
-                        format!("out of memory in about {n} steps")
-                    };
-                    notes.push(format!(
-                        "{who}at +{} per step, {when} ({} of {} in use at step {})",
-                        crate::bytes::fmt_bytes(per_step),
-                        crate::bytes::fmt_bytes(used),
-                        crate::bytes::fmt_bytes(cap),
-                        last.step
-                    ));
-                }
-                _ => notes.push(format!(
-                    "{who}the files do not carry the device's capacity \
-                     (memsnap.devices[].total_bytes): when the creep runs out of memory cannot be told"
-                )),
-            }
+            let used = last.reserved.max(last.live);
+            let at = format!("at {} {}", unit.as_str(), last.step);
+            creeps.push((*rank, unit.as_str(), per_step, used, at));
         }
         notes.extend(found.notes);
-        for l in found.leaks {
-            match leaks.iter_mut().find(|x| x.site == l.site) {
-                Some(x) => {
-                    x.ranks.extend(l.ranks);
-                    x.bytes_per_step = x.bytes_per_step.max(l.bytes_per_step);
-                    x.live_bytes_at_end = x.live_bytes_at_end.max(l.live_bytes_at_end);
-                    x.steps = x.steps.max(l.steps);
-                    x.first_step = x.first_step.min(l.first_step);
-                    x.last_step = x.last_step.max(l.last_step);
-                }
-                None => leaks.push(l),
+        add_leaks(&mut leaks, found.leaks);
+    }
+    // Snapshots of one process, where its rank has no step boundaries.
+    let mut snapshots: Vec<snapshots::Snapshots> = Vec::new();
+    for g in processes {
+        let files: Vec<&Digest> = g.iter().map(|&i| &digests[i]).collect();
+        if stepped.contains(&files[0].rank) {
+            continue;
+        }
+        let mut c = snapshots::compare(&files, ranks_with_series > 1);
+        notes.extend(c.notes);
+        // A site found leaking per iteration is that leak; the others are added.
+        let known: Vec<String> = leaks
+            .iter()
+            .filter(|l| l.ranks == files[0].rank.into_iter().collect::<Vec<_>>())
+            .map(|l| l.site.clone())
+            .collect();
+        for g in &mut c.snapshots.sites {
+            if known.contains(&g.site) {
+                g.verdict = snapshots::Verdict::Leak;
             }
+        }
+        if !c
+            .snapshots
+            .sites
+            .iter()
+            .any(|g| g.verdict == snapshots::Verdict::Leak)
+        {
+            notes.push(format!(
+                "{}no leak between {} snapshots of one process",
+                c.who,
+                files.len()
+            ));
+        }
+        let new: Vec<Leak> = c
+            .leaks
+            .into_iter()
+            .filter(|l| !known.contains(&l.site))
+            .collect();
+        let per_iteration: Option<i64> = new
+            .iter()
+            .map(|l| l.bytes_per_iteration)
+            .sum::<Option<i64>>()
+            .filter(|_| !new.is_empty());
+        if let (Some(per), Some(last)) = (per_iteration, files.last()) {
+            let used = last.end_point.reserved.max(last.end_point.live);
+            let at = "at the last snapshot".to_string();
+            creeps.push((files[0].rank, Unit::Iteration.as_str(), per, used, at));
+        }
+        add_leaks(&mut leaks, new);
+        snapshots.push(c.snapshots);
+    }
+    for (rank, word, per_step, used, at) in creeps {
+        let cap = digests
+            .iter()
+            .filter(|d| d.rank == rank)
+            .flat_map(|d| d.capacity.values().copied())
+            .max();
+        let who = rank.map(|r| format!("rank {r}: ")).unwrap_or_default();
+        match cap {
+            Some(cap) if per_step > 0 => {
+                let n = ((cap - used).max(0) + per_step - 1) / per_step;
+                steps_to_oom = Some(steps_to_oom.map_or(n, |s: i64| s.min(n)));
+                // Past the horizon the figure says more than the series measured.
+                let when = if n > STEPS_HORIZON {
+                    format!("not out of memory within the next {STEPS_HORIZON} {word}s")
+                } else {
+                    format!("out of memory in about {n} {word}s")
+                };
+                notes.push(format!(
+                    "{who}at +{} per {word}, {when} ({} of {} in use {at})",
+                    crate::bytes::fmt_bytes(per_step),
+                    crate::bytes::fmt_bytes(used),
+                    crate::bytes::fmt_bytes(cap),
+                ));
+            }
+            _ => notes.push(format!(
+                "{who}the files do not carry the device's capacity \
+                 (memsnap.devices[].total_bytes): when the creep runs out of memory cannot be told"
+            )),
         }
     }
     leaks.sort_by(|a, b| {
-        b.bytes_per_step
-            .cmp(&a.bytes_per_step)
+        (a.unit as u8)
+            .cmp(&(b.unit as u8))
+            .then(b.bytes_per_step.cmp(&a.bytes_per_step))
             .then(a.site.cmp(&b.site))
     });
     // 3, 4. Owners and roles at the moment: the first OOM's file, else the highest peak.
@@ -972,6 +1298,8 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
     Explanation {
         oom,
         leaks,
+        iterations: iteration_infos,
+        snapshots,
         owners,
         roles,
         ranks,

@@ -384,3 +384,193 @@ fn a_pid_is_no_rank() {
     let d = digest_of("x.pickle", snap);
     assert_eq!((d.rank, d.local_rank), (None, None));
 }
+
+/// A loop of `iterations` without step marks on rank 0: each iteration `temp` (4 MiB) and
+/// `big` (2 MiB), both freed within it, and `keep` (1 MiB, kept) when `leak`.
+fn loop_file(iterations: i64, leak: bool) -> Snapshot {
+    use Action::{Alloc, FreeCompleted};
+    let (mut trace, mut live) = (Vec::new(), Vec::new());
+    for k in 0..iterations {
+        let base = 0x100_0000 * (k + 1);
+        let mut push = |action, addr, size, stack| {
+            let t = trace.len() as i64;
+            trace.push(ev(action, addr, size, stack, t));
+        };
+        push(Alloc, base, 4 * MIB, 1);
+        push(Alloc, base + 0x1000, 2 * MIB, 2);
+        if leak {
+            push(Alloc, base + 0x2000, MIB, 0);
+            live.push((base + 0x2000, MIB, 0));
+        }
+        push(FreeCompleted, base + 0x1000, 2 * MIB, 2);
+        push(FreeCompleted, base, 4 * MIB, 1);
+    }
+    file(0, 0, trace, &live)
+}
+
+/// `snap` as file number `seq` of process 4242 on host `node1`, written at `seq` seconds,
+/// its history cut to its newest `keep` entries (the dropped ones counted).
+fn of_process(mut snap: Snapshot, seq: i64, keep: usize) -> Snapshot {
+    let trace = &mut snap.device_traces[0];
+    let dropped = trace.len().saturating_sub(keep);
+    trace.drain(..dropped);
+    snap.memsnap
+        .retain(|(k, _)| !matches!(k.as_str(), "rank" | "local_rank" | "pid" | "devices"));
+    snap.memsnap.extend([
+        ("pid".to_string(), Meta::Int(4242)),
+        ("host".into(), Meta::Str("node1".into())),
+        ("seq".into(), Meta::Int(seq)),
+        (
+            "time_us".into(),
+            Meta::Int(1_700_000_000_000_000 + seq * 1_000_000),
+        ),
+        (
+            "devices".into(),
+            Meta::List(vec![Meta::Dict(vec![
+                ("device".into(), Meta::Int(0)),
+                ("total_bytes".into(), Meta::Int(512 * MIB)),
+                ("history_dropped".into(), Meta::Int(dropped as i64)),
+            ])]),
+        ),
+    ]);
+    snap
+}
+
+#[test]
+fn iterations_found_in_a_loop_without_marks_find_its_leak() {
+    let x = build(vec![digest_of("r0.pickle", loop_file(20, true))]);
+    let it = &x.iterations[0];
+    assert!(it.found, "{it:?}");
+    assert_eq!(
+        (
+            it.iterations,
+            it.allocations_per_iteration,
+            it.entries_per_iteration
+        ),
+        (Some(20), Some(3), Some(5))
+    );
+    assert_eq!(it.anchor_site.as_deref(), Some("/job/train.py:20 (temp)"));
+    assert_eq!(it.confidence, Some(iterations::Confidence::High));
+    assert_eq!(x.leaking_sites(), ["/job/train.py:10 (keep)"]);
+    let l = &x.leaks[0];
+    assert_eq!((l.unit, l.bytes_per_step), (Unit::Iteration, MIB));
+    assert_eq!(l.bytes_per_iteration, Some(MIB));
+    assert_eq!((l.first_step, l.last_step, l.steps), (1, 21, 20));
+    assert_eq!(l.live_bytes_at_end, 20 * MIB);
+    // 512 MiB of capacity, 20 MiB in use at the end: 492 iterations to go.
+    assert_eq!(x.steps_to_oom, Some(492));
+    assert!(
+        x.notes
+            .iter()
+            .any(|n| n.contains("at +1.0 MiB per iteration, out of memory in about 492 iterations")),
+        "{:?}",
+        x.notes
+    );
+}
+
+#[test]
+fn a_steady_loop_has_no_leak_and_a_short_history_says_what_would_help() {
+    let x = build(vec![digest_of("r0.pickle", loop_file(20, false))]);
+    assert!(x.leaks.is_empty());
+    assert!(
+        x.notes
+            .iter()
+            .any(|n| n == "no leak across 21 iteration boundaries (iterations 1 to 21)"),
+        "{:?}",
+        x.notes
+    );
+    let x = build(vec![digest_of("r0.pickle", loop_file(2, true))]);
+    assert!(x.leaks.is_empty());
+    assert!(!x.iterations[0].found);
+    let note = x
+        .notes
+        .iter()
+        .find(|n| n.starts_with("rank 0: no iterations found in r0.pickle: "))
+        .unwrap_or_else(|| panic!("{:?}", x.notes));
+    assert!(
+        note.contains("its history is too short: no allocation comes back 4 times in its 6")
+            && note.contains("MEMSNAP_MAX_ENTRIES")
+            && note.contains("MEMSNAP_EVERY")
+            && note.contains("two dumps"),
+        "{note}"
+    );
+}
+
+#[test]
+fn two_snapshots_of_one_process_tell_a_leak_from_a_warm_up() {
+    // Histories of 6 entries: too short for iterations. Between the files, `keep` gained
+    // 15 MiB and still gains at the end of the second; `big` gained 8 MiB kept from before
+    // the second file's history, which holds `big` flat.
+    let a = of_process(loop_file(10, true), 1, 6);
+    let mut b = of_process(loop_file(25, true), 2, 6);
+    b.segments
+        .push(Segment::one_allocation(0, 0x7000_0000, 8 * MIB, Some(2)));
+    let x = build(vec![digest_of("b.pickle", b), digest_of("a.pickle", a)]);
+    let s = &x.snapshots[0];
+    assert_eq!(s.files, ["a.pickle", "b.pickle"]);
+    assert_eq!((s.pid, s.host.as_deref()), (Some(4242), Some("node1")));
+    assert_eq!(s.seconds, Some(1.0));
+    assert_eq!(s.iterations, None, "no iterations to count by");
+    let verdicts: Vec<(&str, i64, snapshots::Verdict)> = s
+        .sites
+        .iter()
+        .map(|g| (g.site.as_str(), g.growth_bytes, g.verdict))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            (
+                "/job/train.py:10 (keep)",
+                15 * MIB,
+                snapshots::Verdict::Leak
+            ),
+            (
+                "/job/train.py:30 (big)",
+                8 * MIB,
+                snapshots::Verdict::WarmUp
+            ),
+        ]
+    );
+    assert_eq!(x.leaking_sites(), ["/job/train.py:10 (keep)"]);
+    let l = &x.leaks[0];
+    assert_eq!(
+        (l.unit, l.bytes_per_step, l.steps, l.live_bytes_at_end),
+        (Unit::Snapshot, 15 * MIB, 1, 25 * MIB)
+    );
+    // Whole histories: the second file's iterations count those between the files.
+    let a = of_process(loop_file(10, true), 1, usize::MAX);
+    let b = of_process(loop_file(25, true), 2, usize::MAX);
+    let x = build(vec![digest_of("a.pickle", a), digest_of("b.pickle", b)]);
+    assert_eq!(x.snapshots[0].iterations, Some(15));
+    assert_eq!(x.snapshots[0].sites[0].verdict, snapshots::Verdict::Leak);
+    // The leak is told once, per iteration, from the latest file's history.
+    assert_eq!(x.leaks.len(), 1, "{:?}", x.leaks);
+    assert_eq!(x.leaks[0].unit, Unit::Iteration);
+}
+
+#[test]
+fn files_of_other_processes_are_no_snapshots_of_one() {
+    // Another pid; the same pid again from file number 1 (a new process).
+    let a = of_process(loop_file(10, true), 3, 6);
+    let mut other = of_process(loop_file(25, true), 2, 6);
+    for (k, v) in &mut other.memsnap {
+        if k == "pid" {
+            *v = Meta::Int(5151);
+        }
+    }
+    let again = of_process(loop_file(25, true), 1, 6);
+    let mut later = again.clone();
+    for (k, v) in &mut later.memsnap {
+        if k == "time_us" {
+            *v = Meta::Int(1_700_000_000_000_000 + 9_000_000);
+        }
+    }
+    let digests = vec![
+        digest_of("a.pickle", a),
+        digest_of("other.pickle", other),
+        digest_of("later.pickle", later),
+    ];
+    assert!(snapshots::groups(&digests).is_empty());
+    let x = build(digests);
+    assert!(x.snapshots.is_empty());
+}
