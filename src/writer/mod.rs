@@ -17,7 +17,6 @@
 
 pub mod ack;
 pub mod blocks;
-pub mod cache;
 pub mod device_memory;
 #[cfg(feature = "bench-hooks")]
 pub mod drain_bench;

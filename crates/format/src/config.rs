@@ -612,6 +612,16 @@ pub fn ranks(get: impl Fn(&str) -> Option<String>, pid: u32) -> (String, String)
     (rank, local_rank)
 }
 
+/// This machine's host name, the value of `{host}` (before [`sanitize`]); `localhost` when
+/// the kernel names none.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
 /// A placeholder value made safe for file and folder names: letters, digits, `.`, `_`,
 /// `-`, anything else becomes `_`, and so does a leading `.`. The result is never empty and
 /// never starts with `.`, so whatever text surrounds it, a value cannot make a path

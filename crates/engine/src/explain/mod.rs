@@ -20,7 +20,7 @@ use crate::at::{At, Kind, Resolved};
 use crate::device;
 use crate::history::History;
 use crate::input::{self, Summarized};
-use crate::ranks::rank_from_name;
+use crate::origin::{meta_number, rank_from_name};
 use crate::sites::{self, Attribution, Library, Sites};
 use crate::tally::Tally;
 use leaks::{Leak, StepPoint, Unit};
@@ -220,16 +220,6 @@ pub fn unreadable(file: String, error: String) -> Digest {
         file,
         error: Some(error),
         ..Digest::default()
-    }
-}
-
-/// An integer of memsnap's metadata, also from a numeric string (`rank` and `local_rank`
-/// are written as strings).
-pub fn meta_number(snap: &Snapshot, key: &str) -> Option<i64> {
-    match snap.meta(key)? {
-        Meta::Int(i) => Some(*i),
-        Meta::Str(s) => s.trim().parse().ok(),
-        _ => None,
     }
 }
 
