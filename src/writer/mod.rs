@@ -18,7 +18,11 @@
 pub mod ack;
 pub mod blocks;
 pub mod device_memory;
+/// The writer's drain benchmark (`cargo bench --bench writer`). Its code lives with the
+/// other benchmarks, in benches/in_library/; it is compiled here, as a part of the writer it
+/// measures, only in `bench-hooks` builds.
 #[cfg(feature = "bench-hooks")]
+#[path = "../../benches/in_library/writer_drain.rs"]
 pub mod drain_bench;
 pub mod dump;
 mod exit_report;
