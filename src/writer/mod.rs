@@ -43,7 +43,7 @@ use crate::channel::lanes::Reader;
 use crate::channel::queue::Recorder;
 use crate::config::Config;
 use crate::process::clock::StampConverter;
-use crate::process::{allocator_route, modules};
+use crate::process::{allocator_route, modules, step_marks};
 use crate::snapshot::live::OomSample;
 use dump::FrameInterner;
 use files::{Identity, Reason};
@@ -73,8 +73,9 @@ const MAX_IDLE: Duration = Duration::from_millis(5);
 const SYMBOLIZE_BUDGET: Duration = Duration::from_micros(500);
 /// Events applied between checks of the signal flag and timers.
 const BATCH: usize = 8192;
-/// How often the writer looks for newly loaded libraries for the native unwinder, and for
-/// PyTorch's allocator to be looked for again.
+/// How often the writer looks for newly loaded libraries for the native unwinder, for
+/// PyTorch's allocator to be looked for again, and arms the optimizer step hook's next
+/// attempt when one is due.
 const MODULE_REFRESH: Duration = Duration::from_millis(100);
 
 /// The writer thread's state: what was recorded, what was written, and the policies'
@@ -90,6 +91,8 @@ struct Writer {
     id: Identity,
     seq: u64,
     step: u64,
+    /// Where the steps came from (the optimizer, the program).
+    marks: steps::MarkOrigins,
     written: Vec<PathBuf>,
     /// Folders memsnap created (absolute), named in the exit line.
     created_folders: Vec<PathBuf>,
@@ -163,6 +166,7 @@ impl Writer {
             id,
             seq: 0,
             step: 0,
+            marks: steps::MarkOrigins::default(),
             written: Vec::new(),
             created_folders: Vec::new(),
             folders: folder::Folders::new(),
@@ -271,13 +275,15 @@ impl Writer {
         }
     }
 
-    /// Every 100 ms: the module table refreshed (libraries loaded since) and PyTorch's
-    /// allocator looked for again where that is due; then the one-time stack warnings.
+    /// Every 100 ms: the module table refreshed (libraries loaded since), PyTorch's
+    /// allocator looked for again and the optimizer step hook's next attempt armed where
+    /// those are due; then the one-time stack warnings.
     fn maintain_stacks(&mut self) {
         if self.last_refresh.elapsed() >= MODULE_REFRESH {
             self.last_refresh = Instant::now();
             self.stacks.refresh_modules();
             self.maintain_allocator_route();
+            step_marks::maintain();
         }
         for w in self.stacks.take_warnings() {
             eprintln!("memsnap: {w}");
@@ -388,10 +394,14 @@ impl Writer {
                 }
             }
             Kind::Step => {
-                // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so that
-                // file has its closing boundary too.
-                self.state.mark_step(self.step + 1, time_us);
-                self.on_step()
+                if let Payload::Step(origin) = ev.payload()
+                    && self.marks.counts(origin, self.step)
+                {
+                    // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so
+                    // that file has its closing boundary too.
+                    self.state.mark_step(self.step + 1, time_us);
+                    self.on_step()
+                }
             }
         }
         Flow::Continue
