@@ -45,12 +45,16 @@ pub enum NotAttached {
     NotMainThread = 1,
     /// `torch.optim` is not imported (yet).
     NoTorchOptim = 2,
-    /// `torch.optim.optimizer` has no `register_optimizer_step_post_hook` (PyTorch before
-    /// 2.0, or the module not fully imported yet).
+    /// `torch.optim.optimizer` has no global step hooks memsnap knows
+    /// (`register_optimizer_step_post_hook` and its table: PyTorch before 2.0, or the module
+    /// not fully imported yet).
     NoHookFunction = 3,
     /// The interpreter's queue of pending calls was full, or an exception was being raised
     /// when the pending call ran.
     Busy = 4,
+    /// The program registered global optimizer step hooks of its own before memsnap could:
+    /// memsnap adds none to a table a step may be iterating.
+    ProgramHooks = 5,
 }
 
 /// How long after an attempt that did not attach the next one is made.
@@ -172,6 +176,7 @@ pub fn why_not() -> NotAttached {
         2 => NotAttached::NoTorchOptim,
         3 => NotAttached::NoHookFunction,
         4 => NotAttached::Busy,
+        5 => NotAttached::ProgramHooks,
         _ => NotAttached::NoPython,
     }
 }

@@ -1,7 +1,7 @@
 //! PyTorch's optimizer steps as step boundaries, in a program that has no memsnap code
-//! (docs/PYTORCH.md, "Steps without code"): memsnap registers a built-in function of its own
-//! with `torch.optim.optimizer.register_optimizer_step_post_hook`, and each step it is
-//! called for marks a boundary (`process::step_marks` says which).
+//! (docs/PYTORCH.md, "Steps without code"): memsnap adds a built-in function of its own to
+//! PyTorch's global optimizer step post hooks, and each step it is called for marks a
+//! boundary (`process::step_marks` says which).
 //!
 //! Cold, on the program's threads, in three places:
 //! - [`attach_if_due`], in a recorded hooked call: one load of the hook line; while an
@@ -10,8 +10,8 @@
 //!   pending-call lock for a few instructions (no other lock, no allocation, no Python
 //!   code). The first attempt also looks up the C API functions (`dlsym`, once).
 //! - [`attach`], run by the interpreter on its main thread with the GIL held, between two
-//!   bytecodes: finds `torch.optim.optimizer` in `sys.modules` (never imports it), and
-//!   registers the hook through PyTorch's own function.
+//!   bytecodes: finds `torch.optim.optimizer` in `sys.modules` (never imports it) and adds
+//!   the hook to its table, running no Python code.
 //! - [`on_optimizer_step`], the hook: called with the GIL held after each optimizer step.
 //!
 //! No Python error memsnap causes reaches the program: each is cleared and counted.
@@ -64,8 +64,9 @@ struct Api {
     module_dict: unsafe extern "C" fn() -> Object,
     dict_get_item_string: unsafe extern "C" fn(Object, *const c_char) -> Object,
     module_get_dict: unsafe extern "C" fn(Object) -> Object,
+    dict_size: unsafe extern "C" fn(Object) -> isize,
     cfunction_new: unsafe extern "C" fn(*const MethodDef, Object, Object) -> Object,
-    call_with_args: unsafe extern "C" fn(Object, ...) -> Object,
+    set_item: unsafe extern "C" fn(Object, Object, Object) -> c_int,
     inc_ref: unsafe extern "C" fn(Object),
     dec_ref: unsafe extern "C" fn(Object),
     /// `Py_None`.
@@ -97,8 +98,9 @@ impl Api {
                 module_dict: transmute::<usize, _>(find(c"PyImport_GetModuleDict")?),
                 dict_get_item_string: transmute::<usize, _>(find(c"PyDict_GetItemString")?),
                 module_get_dict: transmute::<usize, _>(find(c"PyModule_GetDict")?),
+                dict_size: transmute::<usize, _>(find(c"PyDict_Size")?),
                 cfunction_new: transmute::<usize, _>(find(c"PyCFunction_NewEx")?),
-                call_with_args: transmute::<usize, _>(find(c"PyObject_CallFunctionObjArgs")?),
+                set_item: transmute::<usize, _>(find(c"PyObject_SetItem")?),
                 inc_ref: transmute::<usize, _>(find(c"Py_IncRef")?),
                 dec_ref: transmute::<usize, _>(find(c"Py_DecRef")?),
                 none: find(c"_Py_NoneStruct")? as Object,
@@ -180,15 +182,23 @@ extern "C" fn attach(_: *mut c_void) -> c_int {
     0
 }
 
-/// Registers [`HOOK_DEF`] as a global optimizer step post hook. `Err(Some(why))`: not now;
-/// `Err(None)`: registering raised an error (cleared).
+/// Adds a function made from [`HOOK_DEF`] to PyTorch's global optimizer step post hooks
+/// (`_global_optimizer_post_hooks`, the table `register_optimizer_step_post_hook` fills and
+/// each step runs), keyed by itself. Only into an empty table: a step running the program's
+/// own hooks, on this thread or another that the interpreter paused between two bytecodes,
+/// iterates it, and a table changed under an iteration raises in the program; an empty one
+/// is iterated within one bytecode. Directly, not through `register_...`: no Python code
+/// runs (nothing a tracer or profiler of the program would see) and the numbers PyTorch gives
+/// its hook handles stay the program's. `Err(Some(why))`: not now; `Err(None)`: a Python
+/// error (cleared).
 ///
 /// # Safety
 /// The calling thread holds the GIL.
 unsafe fn register(api: &Api) -> Result<(), Option<NotAttached>> {
-    // SAFETY: the caller holds the GIL. The module and the function are borrowed from
-    // `sys.modules` and the module's namespace; no Python code runs before the function is
-    // owned (str keys only: no `__eq__` of the program's).
+    // SAFETY: the caller holds the GIL. The module and the table are borrowed from
+    // `sys.modules` and the module's namespace, and used before any code of the program can
+    // run (str keys only: no `__eq__` of the program's; the table's own `__setitem__` and
+    // `__len__` are C).
     unsafe {
         if !(api.err_occurred)().is_null() {
             // Between two bytecodes no exception is being raised; should one be, its
@@ -205,31 +215,38 @@ unsafe fn register(api: &Api) -> Result<(), Option<NotAttached>> {
             return Err(Some(NotAttached::NoTorchOptim));
         }
         let namespace = (api.module_get_dict)(module);
-        let register = match namespace.is_null() {
+        let item = |name: &CStr| match namespace.is_null() {
             true => std::ptr::null_mut(),
-            false => {
-                (api.dict_get_item_string)(namespace, c"register_optimizer_step_post_hook".as_ptr())
-            }
+            false => (api.dict_get_item_string)(namespace, name.as_ptr()),
         };
-        if register.is_null() {
+        // The public function vouches for the table's meaning (PyTorch 2.0 and later).
+        let register = item(c"register_optimizer_step_post_hook");
+        let table = item(c"_global_optimizer_post_hooks");
+        if register.is_null() || table.is_null() {
             api.clear_error();
             return Err(Some(NotAttached::NoHookFunction));
         }
-        (api.inc_ref)(register);
-        let hook = (api.cfunction_new)(&HOOK_DEF, std::ptr::null_mut(), std::ptr::null_mut());
-        let handle = match hook.is_null() {
-            true => std::ptr::null_mut(),
-            false => (api.call_with_args)(register, hook, std::ptr::null_mut::<c_void>()),
-        };
-        (api.dec_ref)(register);
-        if !hook.is_null() {
-            (api.dec_ref)(hook); // the hooks' table holds it now
+        match (api.dict_size)(table) {
+            0 => {}
+            n => {
+                api.clear_error(); // (-1: not a dict)
+                return Err(Some(match n {
+                    -1 => NotAttached::NoHookFunction,
+                    _ => NotAttached::ProgramHooks,
+                }));
+            }
         }
-        if handle.is_null() {
+        let hook = (api.cfunction_new)(&HOOK_DEF, std::ptr::null_mut(), std::ptr::null_mut());
+        if hook.is_null() {
             api.clear_error();
             return Err(None);
         }
-        (api.dec_ref)(handle); // the hook stays registered: nothing removes it
+        let stored = (api.set_item)(table, hook, hook);
+        (api.dec_ref)(hook); // the table holds it now (or not at all)
+        if stored != 0 {
+            api.clear_error();
+            return Err(None);
+        }
         Ok(())
     }
 }

@@ -53,8 +53,10 @@ fn optimizer_step_hook() -> &'static str {
             }
             NotAttached::NoTorchOptim => "not attached: torch.optim not imported",
             NotAttached::NoHookFunction => {
-                "not attached: torch.optim has no register_optimizer_step_post_hook \
-                 (PyTorch before 2.0)"
+                "not attached: torch.optim has no global step hooks (PyTorch before 2.0)"
+            }
+            NotAttached::ProgramHooks => {
+                "not attached: the program has global optimizer step hooks of its own"
             }
             NotAttached::Busy => "not attached yet: the interpreter was busy",
         },
