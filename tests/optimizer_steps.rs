@@ -6,38 +6,9 @@
 
 mod common;
 
-use common::{label_of, python_load_json, run_program, run_program_under, snapshot_files};
+use common::{run_program, run_program_under, written};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-
-/// The labels of the files a run wrote (`step5`, `exit`, ...), in order of their sequence
-/// numbers, and the exit file's `memsnap` metadata.
-fn written(dir: &Path) -> (Vec<String>, Value) {
-    let mut files: Vec<(u64, PathBuf)> = snapshot_files(dir)
-        .into_iter()
-        .map(|path| {
-            let seq = path
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .and_then(|s| s.rsplit('-').next())
-                .and_then(|s| s.parse().ok())
-                .unwrap_or_else(|| panic!("no sequence number in {}", path.display()));
-            (seq, path)
-        })
-        .collect();
-    files.sort();
-    let labels: Vec<String> = files
-        .iter()
-        .map(|(_, p)| label_of(p).expect("a default name"))
-        .collect();
-    let exit = &files.last().expect("an exit snapshot").1;
-    assert_eq!(
-        labels.last().map(String::as_str),
-        Some("exit"),
-        "{labels:?}"
-    );
-    (labels, python_load_json(exit)["memsnap"].clone())
-}
+use std::path::Path;
 
 /// Runs the program in `mode` under `python` with the library preloaded and `env`; checks
 /// that it printed what it prints without the library. Returns the files' labels, the exit

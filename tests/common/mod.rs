@@ -299,6 +299,35 @@ pub fn label_of(path: &Path) -> Option<String> {
     name.rsplit('-').nth(1).map(str::to_string)
 }
 
+/// The labels of the files a run wrote (`step5`, `exit`, ...), in order of their sequence
+/// numbers, and the exit file's `memsnap` metadata.
+pub fn written(dir: &Path) -> (Vec<String>, serde_json::Value) {
+    let mut files: Vec<(u64, PathBuf)> = snapshot_files(dir)
+        .into_iter()
+        .map(|path| {
+            let seq = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.rsplit('-').next())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("no sequence number in {}", path.display()));
+            (seq, path)
+        })
+        .collect();
+    files.sort();
+    let labels: Vec<String> = files
+        .iter()
+        .map(|(_, p)| label_of(p).expect("a default name"))
+        .collect();
+    let exit = &files.last().expect("an exit snapshot").1;
+    assert_eq!(
+        labels.last().map(String::as_str),
+        Some("exit"),
+        "{labels:?}"
+    );
+    (labels, python_load_json(exit)["memsnap"].clone())
+}
+
 /// The regular files directly inside `dir`, sorted by path.
 pub fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
