@@ -37,27 +37,17 @@ fn run(
     (labels, meta, run.results())
 }
 
-fn steps_every_5() -> Vec<String> {
-    ["step5", "step10", "step15", "step20", "exit"]
-        .map(String::from)
-        .to_vec()
-}
-
 #[test]
 fn each_optimizer_step_is_a_step_under_each_cpython() {
     for (name, python) in common::interpreters() {
         let (labels, meta, r) = run(&python, "plain", &[("MEMSNAP_EVERY", "5")]);
         assert_eq!(r["steps"], "20", "Python {name}");
         assert_eq!(r["hooks"], "0,1", "Python {name}");
-        assert_eq!(labels, steps_every_5(), "Python {name}");
-        assert_eq!(meta["step"], 20, "Python {name}");
-        assert_eq!(meta["step_source"], "optimizer", "Python {name}");
-        assert_eq!(meta["optimizer_step_hook"], "attached", "Python {name}");
-        assert_eq!(meta["optimizer_hook_python_errors"], 0, "Python {name}");
+        common::assert_optimizer_steps(&labels, &meta, &format!("Python {name}"));
         // The program marks its steps too: counted once, the program's from then on.
         let (labels, meta, r) = run(&python, "program", &[("MEMSNAP_EVERY", "5")]);
         assert_eq!(r["marks"], ["0"; 20].join(","), "Python {name}");
-        assert_eq!(labels, steps_every_5(), "Python {name}");
+        assert_eq!(labels, common::steps_every_5(), "Python {name}");
         assert_eq!(meta["step"], 20, "Python {name}");
         assert_eq!(
             meta["step_source"], "optimizer, then program from step 1",
@@ -76,7 +66,7 @@ fn gradient_accumulation_marks_one_step_per_optimizer_step() {
     let python = Path::new("python3");
     let (labels, meta, r) = run(python, "accumulate", &[("MEMSNAP_EVERY", "5")]);
     assert_eq!(r["steps"], "20");
-    assert_eq!(labels, steps_every_5());
+    assert_eq!(labels, common::steps_every_5());
     assert_eq!(meta["step"], 20);
 }
 
@@ -84,7 +74,7 @@ fn gradient_accumulation_marks_one_step_per_optimizer_step() {
 fn two_optimizers_mark_one_step_an_iteration() {
     let (labels, meta, r) = run(Path::new("python3"), "two", &[("MEMSNAP_EVERY", "5")]);
     assert_eq!(r["steps"], "40");
-    assert_eq!(labels, steps_every_5());
+    assert_eq!(labels, common::steps_every_5());
     assert_eq!(meta["step"], 20);
 }
 
@@ -104,7 +94,7 @@ fn memsnap_steps_off_marks_nothing_and_program_only_the_programs() {
     assert_eq!(meta["step"], 0);
     assert_eq!(meta["optimizer_step_hook"], "off (MEMSNAP_STEPS=program)");
     let (labels, meta, _) = run(python, "program", &program);
-    assert_eq!(labels, steps_every_5());
+    assert_eq!(labels, common::steps_every_5());
     assert_eq!(meta["step_source"], "program");
 }
 

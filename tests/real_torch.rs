@@ -462,12 +462,6 @@ fn train(
     (labels, meta, common::results(&stdout))
 }
 
-fn steps_every_5() -> Vec<String> {
-    ["step5", "step10", "step15", "step20", "exit"]
-        .map(String::from)
-        .to_vec()
-}
-
 #[test]
 #[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
 fn real_torch_optimizer_steps_are_steps_with_no_memsnap_code() {
@@ -476,19 +470,14 @@ fn real_torch_optimizer_steps_are_steps_with_no_memsnap_code() {
     for mode in ["plain", "accumulate"] {
         let (labels, meta, r) = train(mode, &[], &[]);
         assert_eq!(r["optimizer_steps"], "20", "{mode}");
-        assert_eq!(labels, steps_every_5(), "{mode}");
-        assert_eq!(meta["step"], 20, "{mode}");
-        assert_eq!(meta["step_source"], "optimizer", "{mode}");
-        assert_eq!(meta["optimizer_step_hook"], "attached", "{mode}");
-        assert_eq!(meta["optimizer_hook_python_errors"], 0, "{mode}");
-        assert_eq!(meta["dropped_events"], 0, "{mode}");
+        common::assert_optimizer_steps(&labels, &meta, mode);
     }
     // The program marks its steps too (memsnap.step() after each optimizer step): each step
     // once.
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
     let (labels, meta, r) = train("program", &[], &[python]);
     assert_eq!(r["marks"], "20");
-    assert_eq!(labels, steps_every_5());
+    assert_eq!(labels, common::steps_every_5());
     assert_eq!(meta["step"], 20);
     assert_eq!(meta["step_source"], "optimizer, then program from step 1");
     // MEMSNAP_STEPS=off: no step at all.
@@ -520,7 +509,7 @@ fn real_torch_lightning_and_trainer_steps_are_the_same_with_and_without_the_call
             let paths = [frameworks.clone(), python.clone()];
             let (labels, meta, r) = train(&mode, &[], &paths);
             assert_eq!(r["optimizer_steps"], "20", "{mode}");
-            assert_eq!(labels, steps_every_5(), "{mode}");
+            assert_eq!(labels, common::steps_every_5(), "{mode}");
             assert_eq!(meta["step"], 20, "{mode}");
             let source = match callback {
                 true => "optimizer, then program from step 1",

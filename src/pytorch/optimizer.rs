@@ -88,24 +88,33 @@ impl Api {
         // SAFETY: each address is the interpreter's function of that name, whose C signature
         // (CPython's documented one) is the type it is given here.
         unsafe {
-            use std::mem::transmute;
             Some(Api {
-                is_initialized: transmute::<usize, _>(find(c"Py_IsInitialized")?),
-                this_thread_state: transmute::<usize, _>(find(c"PyGILState_GetThisThreadState")?),
-                add_pending_call: transmute::<usize, _>(find(c"Py_AddPendingCall")?),
-                err_occurred: transmute::<usize, _>(find(c"PyErr_Occurred")?),
-                err_clear: transmute::<usize, _>(find(c"PyErr_Clear")?),
-                module_dict: transmute::<usize, _>(find(c"PyImport_GetModuleDict")?),
-                dict_get_item_string: transmute::<usize, _>(find(c"PyDict_GetItemString")?),
-                module_get_dict: transmute::<usize, _>(find(c"PyModule_GetDict")?),
-                dict_size: transmute::<usize, _>(find(c"PyDict_Size")?),
-                cfunction_new: transmute::<usize, _>(find(c"PyCFunction_NewEx")?),
-                set_item: transmute::<usize, _>(find(c"PyObject_SetItem")?),
-                inc_ref: transmute::<usize, _>(find(c"Py_IncRef")?),
-                dec_ref: transmute::<usize, _>(find(c"Py_DecRef")?),
+                is_initialized: Api::function(find(c"Py_IsInitialized")?),
+                this_thread_state: Api::function(find(c"PyGILState_GetThisThreadState")?),
+                add_pending_call: Api::function(find(c"Py_AddPendingCall")?),
+                err_occurred: Api::function(find(c"PyErr_Occurred")?),
+                err_clear: Api::function(find(c"PyErr_Clear")?),
+                module_dict: Api::function(find(c"PyImport_GetModuleDict")?),
+                dict_get_item_string: Api::function(find(c"PyDict_GetItemString")?),
+                module_get_dict: Api::function(find(c"PyModule_GetDict")?),
+                dict_size: Api::function(find(c"PyDict_Size")?),
+                cfunction_new: Api::function(find(c"PyCFunction_NewEx")?),
+                set_item: Api::function(find(c"PyObject_SetItem")?),
+                inc_ref: Api::function(find(c"Py_IncRef")?),
+                dec_ref: Api::function(find(c"Py_DecRef")?),
                 none: find(c"_Py_NoneStruct")? as Object,
             })
         }
+    }
+
+    /// The function at `address`, as a pointer of type `F`.
+    ///
+    /// # Safety
+    /// `F` is a function pointer type, and the function at `address` has its signature.
+    unsafe fn function<F: Copy>(address: usize) -> F {
+        const { assert!(size_of::<F>() == size_of::<usize>()) };
+        // SAFETY: the caller's; a function pointer is an address (sizes checked above).
+        unsafe { std::mem::transmute_copy(&address) }
     }
 
     /// Clears the error the last call raised, if any, and counts it.

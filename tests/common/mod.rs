@@ -328,6 +328,24 @@ pub fn written(dir: &Path) -> (Vec<String>, serde_json::Value) {
     (labels, python_load_json(exit)["memsnap"].clone())
 }
 
+/// What [`written`] gives for 20 steps with `MEMSNAP_EVERY=5`.
+pub fn steps_every_5() -> Vec<String> {
+    ["step5", "step10", "step15", "step20", "exit"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// A run of 20 optimizer steps with `MEMSNAP_EVERY=5` and nothing else marking steps: the
+/// labels and the exit file's metadata [`written`] gave (`what`: the run, for messages).
+pub fn assert_optimizer_steps(labels: &[String], meta: &serde_json::Value, what: &str) {
+    assert_eq!(labels, steps_every_5(), "{what}");
+    assert_eq!(meta["step"], 20, "{what}");
+    assert_eq!(meta["step_source"], "optimizer", "{what}");
+    assert_eq!(meta["optimizer_step_hook"], "attached", "{what}");
+    assert_eq!(meta["optimizer_hook_python_errors"], 0, "{what}");
+    assert_eq!(meta["dropped_events"], 0, "{what}");
+}
+
 /// The regular files directly inside `dir`, sorted by path.
 pub fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
