@@ -63,11 +63,28 @@ fn each_optimizer_step_is_a_step_under_each_cpython() {
 
 #[test]
 fn gradient_accumulation_marks_one_step_per_optimizer_step() {
+    let program = "py_optimizer_steps.py";
     let python = Path::new("python3");
-    let (labels, meta, r) = run(python, "accumulate", &[("MEMSNAP_EVERY", "5")]);
-    assert_eq!(r["steps"], "20");
-    assert_eq!(labels, common::steps_every_5());
+    let run = run_program_under(Some(python), program, &["accumulate"], &[], true);
+    run.assert_success();
+    assert_eq!(run.results()["steps"], "20");
+    let (labels, meta) = written(run.dir.path());
+    assert_eq!(labels, ["exit"]);
     assert_eq!(meta["step"], 20);
+    // summary says where the steps came from.
+    let exit = common::snapshot_files(run.dir.path())
+        .pop()
+        .expect("the exit file");
+    let out = std::process::Command::new(common::memsnap_bin())
+        .arg("summary")
+        .arg(&exit)
+        .output()
+        .expect("run memsnap");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("\nSteps: 20 (from: optimizer; optimizer step hook: attached)\n"),
+        "{text}"
+    );
 }
 
 #[test]
