@@ -394,13 +394,8 @@ impl Writer {
                 }
             }
             Kind::Step => {
-                if let Payload::Step(origin) = ev.payload()
-                    && self.marks.counts(origin, self.step)
-                {
-                    // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so
-                    // that file has its closing boundary too.
-                    self.state.mark_step(self.step + 1, time_us);
-                    self.on_step()
+                if let Payload::Step(origin) = ev.payload() {
+                    self.on_step_mark(origin, time_us)
                 }
             }
         }
@@ -446,7 +441,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel::event::PoolId;
+    use crate::channel::event::{PoolId, StepOrigin};
     use crate::channel::queue::HookSettings;
     use crate::config::{Context, Stacks};
 
@@ -459,6 +454,29 @@ mod tests {
         };
         let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 10, settings, true)));
         Writer::new(rec, Config::default())
+    }
+
+    #[test]
+    fn the_programs_first_step_mark_moves_the_optimizers_last_boundary_to_it() {
+        let mut w = writer();
+        let now = crate::process::clock::now();
+        let step = |origin| {
+            let payload = Payload::Step(origin);
+            Event::stackless(Kind::Step, Api::Memsnap, 0, 0, 0, 0, payload, now)
+        };
+        w.apply(step(StepOrigin::Optimizer));
+        w.apply(step(StepOrigin::Optimizer));
+        let optimizers = w.state.step_marks.back().copied().expect("a boundary");
+        // The program marks the second step after more work: one boundary, at its mark.
+        w.apply(step(StepOrigin::Program));
+        assert_eq!(w.step, 2);
+        assert_eq!(w.state.step_marks.len(), 2);
+        let (steps, time) = w.state.step_marks.back().copied().expect("a boundary");
+        assert_eq!(steps, 2);
+        assert!(time > optimizers.1, "{time} after {}", optimizers.1);
+        w.apply(step(StepOrigin::Program));
+        assert_eq!((w.step, w.state.step_marks.len()), (3, 3));
+        assert_eq!(w.marks.describe(), "optimizer, then program from step 2");
     }
 
     #[test]

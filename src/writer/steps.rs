@@ -20,25 +20,36 @@ pub struct MarkOrigins {
     pub program_from: Option<u64>,
 }
 
+/// What a step mark is to the count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// The end of a step.
+    Step,
+    /// The program's first mark after the optimizer's: the end of the step the optimizer's
+    /// last mark closed, which moves here.
+    MovesLast,
+}
+
 impl MarkOrigins {
-    /// Notes a mark of `origin` after `step` steps: whether it is a step of its own. The
-    /// program's first mark after the optimizer's is the boundary the optimizer's last one
-    /// already marked (the program marks after its optimizer step, or before the next): it
-    /// takes the count over without counting again. (The hook side stops the optimizer's
-    /// marks at the program's first, so none comes after it.)
-    pub fn counts(&mut self, origin: StepOrigin, step: u64) -> bool {
+    /// Notes a mark of `origin` after `step` steps. The program's first mark after the
+    /// optimizer's is the boundary the optimizer's last one already marked (the program
+    /// marks after its optimizer step, or before the next), placed where the program wants
+    /// it: from then on the program's marks are its boundaries as if it had marked every
+    /// one. (The hook side stops the optimizer's marks at the program's first, so none
+    /// comes after it.)
+    pub fn note(&mut self, origin: StepOrigin, step: u64) -> Mark {
         match origin {
             StepOrigin::Optimizer => {
                 self.optimizer += 1;
-                true
+                Mark::Step
             }
             StepOrigin::Program => {
                 self.program += 1;
                 if self.program == 1 && self.optimizer > 0 {
                     self.program_from = Some(step);
-                    return false;
+                    return Mark::MovesLast;
                 }
-                true
+                Mark::Step
             }
         }
     }
@@ -56,7 +67,27 @@ impl MarkOrigins {
 }
 
 impl Writer {
-    /// `memsnap_step()`: the recording window (SKIP/INTERVAL), EVERY, and stats rows.
+    /// A step mark of `origin` at `time_us`.
+    pub(super) fn on_step_mark(&mut self, origin: StepOrigin, time_us: u64) {
+        match self.marks.note(origin, self.step) {
+            Mark::Step => {
+                // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so that
+                // file has its closing boundary too.
+                self.state.mark_step(self.step + 1, time_us);
+                self.on_step()
+            }
+            Mark::MovesLast => {
+                self.state.move_last_step_mark(time_us);
+                // A window that opened at that boundary opens here.
+                if self.cfg.interval > 0 && self.step == self.cfg.skip && self.window_from.is_some()
+                {
+                    self.window_from = Some(self.history_marks());
+                }
+            }
+        }
+    }
+
+    /// A step's end: the recording window (SKIP/INTERVAL), EVERY, and stats rows.
     pub(super) fn on_step(&mut self) {
         self.step += 1;
         let (skip, interval) = (self.cfg.skip, self.cfg.interval);
@@ -100,21 +131,21 @@ mod tests {
         assert_eq!(marks.describe(), "none");
         let mut step = 0;
         for origin in [StepOrigin::Optimizer; 3] {
-            assert!(marks.counts(origin, step));
+            assert_eq!(marks.note(origin, step), Mark::Step);
             step += 1;
         }
         assert_eq!(marks.describe(), "optimizer");
         // The third step's program mark is the same boundary; the next ones count.
-        assert!(!marks.counts(StepOrigin::Program, step));
-        assert!(marks.counts(StepOrigin::Program, step));
+        assert_eq!(marks.note(StepOrigin::Program, step), Mark::MovesLast);
+        assert_eq!(marks.note(StepOrigin::Program, step), Mark::Step);
         assert_eq!(
             (marks.optimizer, marks.program, marks.program_from),
             (3, 2, Some(3))
         );
         assert_eq!(marks.describe(), "optimizer, then program from step 3");
         let mut program_only = MarkOrigins::default();
-        assert!(program_only.counts(StepOrigin::Program, 0));
-        assert!(program_only.counts(StepOrigin::Program, 1));
+        assert_eq!(program_only.note(StepOrigin::Program, 0), Mark::Step);
+        assert_eq!(program_only.note(StepOrigin::Program, 1), Mark::Step);
         assert_eq!(program_only.describe(), "program");
     }
 }
