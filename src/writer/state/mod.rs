@@ -588,6 +588,14 @@ impl State {
         self.step_marks.push_back((steps, time_us));
     }
 
+    /// The last step boundary is at `time_us` instead (where the program marked the step
+    /// the optimizer's mark had closed: `writer::steps`).
+    pub fn move_last_step_mark(&mut self, time_us: u64) {
+        if let Some((_, time)) = self.step_marks.back_mut() {
+            *time = time_us;
+        }
+    }
+
     pub fn reserve(&mut self, addr: u64, size: u64) {
         self.reservations.insert(addr, size);
     }
