@@ -13,6 +13,8 @@ median of its growth over the second half.
 - plain: the preload alone. `memsnap explain --json` on the exit file must name the
   evaluation line (`# EVAL`) as a leak, with bytes per iteration within 10% of the measured
   growth.
+- nosteps: as plain with `MEMSNAP_STEPS=off` (no step marks): the iterations found in the
+  record itself, the same check.
 - torch: the same run recording PyTorch's own history (`_record_memory_history`, then
   `_dump_snapshot`); `explain --json` on PyTorch's file, the same check.
 - every: `MEMSNAP_EVERY=5`: the automatic optimizer-step marks write step files at steps 5,
@@ -88,7 +90,7 @@ def explain(cli, paths):
 
 def leak_check(e, measured):
     """The leak named at the evaluation line and its bytes per iteration against `measured`."""
-    line = line_of("# EVAL")
+    line = line_of(".mean())  # EVAL")
     leaks = e.get("leaks") or []
     mine = [l for l in leaks if f"plain_leak.py:{line}" in l.get("site", "")]
     out = {"eval_line": line, "measured_bytes_per_iteration": measured,
@@ -113,6 +115,17 @@ def case_plain(args):
     return leak_check(explain(args.cli, exits[-1:]), growth_per_iteration(result["allocated"]))
 
 
+def case_nosteps(args):
+    """As plain, with `MEMSNAP_STEPS=off`: no step marks at all, the iterations found in the
+    record."""
+    folder = tempfile.mkdtemp(prefix="plain-leak-nosteps-")
+    p, result = run_child(args, folder, {"MEMSNAP_STEPS": "off"})
+    exits = sorted(glob.glob(os.path.join(folder, "*-exit-*.pickle")))
+    if not result or not exits:
+        return {"ok": False, "error": "no result or no exit file", "rc": p.returncode, "stderr": p.stderr[-1500:]}
+    return leak_check(explain(args.cli, exits[-1:]), growth_per_iteration(result["allocated"]))
+
+
 def case_torch(args):
     folder = tempfile.mkdtemp(prefix="plain-leak-torch-")
     own = os.path.join(folder, "torch-own.pickle")
@@ -126,7 +139,7 @@ def case_torch(args):
 def case_every(args):
     folder = tempfile.mkdtemp(prefix="plain-leak-every-")
     p, result = run_child(args, folder, {"MEMSNAP_EVERY": "5"})
-    steps = sorted(glob.glob(os.path.join(folder, "*-step-*.pickle")))
+    steps = sorted(glob.glob(os.path.join(folder, "*-step[0-9]*.pickle")), key=os.path.getmtime)
     sources, marks = [], []
     for path in steps:
         with open(path, "rb") as f:
@@ -138,7 +151,7 @@ def case_every(args):
             "stderr": p.stderr[-800:] if p.returncode else ""}
 
 
-CASES = {"plain": case_plain, "torch": case_torch, "every": case_every}
+CASES = {"plain": case_plain, "nosteps": case_nosteps, "torch": case_torch, "every": case_every}
 
 
 def main():
