@@ -69,8 +69,9 @@ impl Confidence {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Found {
     /// Where each boundary is: the state before this change (the number of changes
-    /// applied). The last one is the log's length when the history ends on a whole
-    /// iteration ([`Found::end_is_boundary`]).
+    /// applied). When the history ends on a whole iteration ([`Found::end_is_boundary`]),
+    /// the last one is its end: one iteration's changes (the median) after its start, or
+    /// the log's length if sooner.
     pub boundaries: Vec<usize>,
     /// When each iteration starts (its first allocation's time; the end of the history,
     /// a boundary too where it ends on a whole iteration, is not a start).
@@ -520,7 +521,15 @@ fn judge(
     };
     let mut boundaries: Vec<usize> = starts.iter().map(|&i| allocs[i].pos).collect();
     if end_is_boundary {
-        boundaries.push(changes);
+        // The last iteration ends one iteration's changes after its start: what follows in
+        // the log (the frees of a process's exit) is no part of it.
+        let changes_per_iteration = median_i(
+            boundaries
+                .windows(2)
+                .map(|w| (w[1] - w[0]) as i64)
+                .collect(),
+        ) as usize;
+        boundaries.push(changes.min(boundaries[boundaries.len() - 1] + changes_per_iteration));
     }
     let (_, alike_share) = weighted(&pairs);
     let alike = pairs.iter().filter(|p| p.0 >= ALIKE).count();

@@ -469,6 +469,36 @@ fn iterations_found_in_a_loop_without_marks_find_its_leak() {
 }
 
 #[test]
+fn a_leak_freed_at_exit_is_measured_over_the_iterations_not_the_exit() {
+    // The leaking loop, then the process's exit frees everything it kept: the last
+    // iteration ends before those frees, so the last boundary still holds the leak.
+    let mut snap = loop_file(20, true);
+    let kept: Vec<(i64, i64)> = snap
+        .segments
+        .iter()
+        .map(|s| (s.address, s.total_size))
+        .collect();
+    let trace = &mut snap.device_traces[0];
+    for (addr, size) in kept {
+        let t = trace.len() as i64;
+        trace.push(ev(Action::FreeCompleted, addr, size, 0, t));
+    }
+    snap.segments.clear();
+    let x = build(vec![digest_of("r0.pickle", snap)]);
+    assert_eq!(x.iterations[0].iterations, Some(20), "{:?}", x.iterations);
+    assert_eq!(
+        x.leaking_sites(),
+        ["/job/train.py:10 (keep)"],
+        "{:?}",
+        x.notes
+    );
+    let l = &x.leaks[0];
+    assert_eq!(l.bytes_per_iteration, Some(MIB));
+    assert_eq!((l.first_step, l.last_step), (1, 21));
+    assert_eq!(l.live_bytes_at_end, 20 * MIB);
+}
+
+#[test]
 fn a_steady_loop_has_no_leak_and_a_short_history_says_what_would_help() {
     let x = build(vec![digest_of("r0.pickle", loop_file(20, false))]);
     assert!(x.leaks.is_empty());
