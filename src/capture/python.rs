@@ -15,6 +15,7 @@
 //! is `process::python`'s.
 
 use crate::channel::event::{PyFrameRaw, StackSlot, python_sum};
+use crate::channel::keep;
 use crate::channel::sent::{TRAIL_FRAMES, Trail};
 use crate::prefetch::prefetch_line;
 use crate::process::cpython::{
@@ -88,7 +89,7 @@ pub fn capture(slot: &mut StackSlot, trail: &mut Trail, max_frames: usize) -> u6
         layout,
         is_initialized: init,
         get_tstate: get,
-    }) = python::runtime()
+    }) = python::runtime(keep::keep_code_objects)
     else {
         return 0;
     };
@@ -122,6 +123,15 @@ pub fn capture(slot: &mut StackSlot, trail: &mut Trail, max_frames: usize) -> u6
             Layout::Py314 => walk(Layout::Py314, tstate, out, trail),
         }
     };
+    // 3.10/3.11 code objects have no serial: the count of those freed tells this stack from
+    // an earlier one alike whose code objects were freed and replaced at the same addresses
+    // since (docs/CPYTHON.md, "Code freed after an event").
+    if matches!(layout, Layout::Py310 | Layout::Py311)
+        && n > 0
+        && let Some(first) = slot.python.first_mut()
+    {
+        first.flags |= keep::code_frees_mark();
+    }
     slot.n_python = n as u16;
     super::count!(PythonWalks, 1);
     super::count!(PythonFrames, n);

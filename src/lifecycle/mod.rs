@@ -109,7 +109,7 @@ fn start() {
     }
     exec::set_recording_pid();
     // The first attempt to attach the optimizer step hook: this very event may take it.
-    step_marks::start(steps);
+    step_marks::start(steps, crate::channel::keep::keep_code_objects);
     recording::activate();
 }
 

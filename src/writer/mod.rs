@@ -332,7 +332,7 @@ impl Writer {
             self.last_refresh = Instant::now();
             self.stacks.refresh_modules();
             self.maintain_allocator_route();
-            step_marks::maintain();
+            step_marks::maintain(crate::channel::keep::keep_code_objects);
         }
         for w in self.stacks.take_warnings() {
             eprintln!("memsnap: {w}");
