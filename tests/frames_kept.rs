@@ -13,10 +13,9 @@
 
 mod common;
 
-use common::{Run, fake_lib_dir, label_of, python_load_json, run_program_under, snapshot_files};
+use common::{Run, label_of, python_load_json, run_program_under, snapshot_files};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const PROGRAM: &str = "py_frames_kept.py";
 /// Runs of each program and timing.
@@ -185,15 +184,7 @@ fn kept_lib_line() -> i64 {
 fn build_kept_lib(dir: &Path, name: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/kept_lib.c");
     let lib = dir.join(name);
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-g", "-O1", "-fPIC", "-shared", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .arg(format!("-L{}", fake_lib_dir().display()))
-        .arg("-lcudart")
-        .status()
-        .expect("run cc");
-    assert!(status.success(), "cc kept_lib.c");
+    common::build_cuda_library(&src, &lib, &["-g", "-O1"]);
     lib
 }
 

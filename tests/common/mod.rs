@@ -104,6 +104,22 @@ pub fn skip(reason: &str) {
     eprintln!("skipped: {reason}");
 }
 
+/// Builds the C file `src` into the shared library `out` with `$CC` (else `cc`), `flags` and
+/// `-fPIC -shared`, linked against the simulated runtime (`-lcudart`); the test fails if it
+/// does not build.
+pub fn build_cuda_library(src: &Path, out: &Path, flags: &[&str]) {
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(flags)
+        .args(["-fPIC", "-shared", "-o"])
+        .arg(out)
+        .arg(src)
+        .arg(format!("-L{}", fake_lib_dir().display()))
+        .arg("-lcudart")
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "cc failed on {}", src.display());
+}
+
 /// The `libmemsnap.so` of this build.
 pub fn preload_lib() -> PathBuf {
     built("libmemsnap.so")

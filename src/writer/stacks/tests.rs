@@ -154,13 +154,7 @@ fn load_library(dir: &std::path::Path, name: &str, func: &str) -> (*mut libc::c_
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, format!("int {func}(int x) {{ return x * 3 + 1; }}\n")).unwrap();
     let lib = dir.join(name);
-    let st = std::process::Command::new("cc")
-        .args(["-g", "-O1", "-fPIC", "-shared", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed");
+    crate::stack_tests::build_c_library(&src, &lib, &["-g", "-O1"]);
     let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
     let func = std::ffi::CString::new(func).unwrap();
     // SAFETY: loading a library of our own; only its address is taken, nothing is called.
