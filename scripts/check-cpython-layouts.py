@@ -2,7 +2,7 @@
 """Check memsnap's CPython layout constants against the headers of installed interpreters.
 
 src/process/cpython.rs holds one table of byte offsets per CPython version (thread state,
-frames, code objects, str and bytes objects). For each CPython 3.X found on this machine,
+frames, code objects, str and bytes objects, the code type's tp_dealloc). For each CPython 3.X found on this machine,
 this script compiles a small C program against that interpreter's own headers (the folders
 `python3.X-config --includes` names, with `Py_BUILD_CORE` defined for the internal ones),
 prints offsetof() / sizeof() of every field memsnap reads, and compares them with the
@@ -49,6 +49,7 @@ STR_COMMON = {
 }
 OBJECTS = {
     "object.ob_type": "offsetof(PyObject, ob_type)",
+    "object.type_dealloc": "offsetof(PyTypeObject, tp_dealloc)",
     "bytes.size": "offsetof(PyVarObject, ob_size)",
     "bytes.sval": "offsetof(PyBytesObject, ob_sval)",
 }

@@ -137,6 +137,19 @@ fn load_raw(path: &Path) -> CLib {
     }
 }
 
+/// Builds the C file `src` into the shared library `out` with `cc` and `flags` (`-fPIC
+/// -shared` added); the test fails if it does not build.
+pub(crate) fn build_c_library(src: &Path, out: &Path, flags: &[&str]) {
+    let st = std::process::Command::new("cc")
+        .args(flags)
+        .args(["-fPIC", "-shared", "-o"])
+        .arg(out)
+        .arg(src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed on {}", src.display());
+}
+
 fn clib(which: Which) -> &'static CLib {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     static FULL: OnceLock<CLib> = OnceLock::new();
@@ -146,22 +159,15 @@ fn clib(which: Which) -> &'static CLib {
         let src = dir.join("stacktest.c");
         std::fs::write(&src, C_SOURCE).expect("write C");
         let so = dir.join("libstacktest.so");
-        let st = std::process::Command::new("cc")
-            .args(["-g", "-O2", "-fPIC", "-shared", "-o"])
-            .arg(&so)
-            .arg(&src)
-            .status()
-            .expect("run cc");
-        assert!(st.success(), "cc failed");
+        build_c_library(&src, &so, &["-g", "-O2"]);
         std::fs::copy(&so, dir.join("libstacktest-late.so")).expect("copy");
-        let st = std::process::Command::new("cc")
-            .args(["-O2", "-fPIC", "-shared", "-fno-asynchronous-unwind-tables"])
-            .args(["-fno-unwind-tables", "-fomit-frame-pointer", "-o"])
-            .arg(dir.join("libstacktest-nounwind.so"))
-            .arg(&src)
-            .status()
-            .expect("run cc");
-        assert!(st.success(), "cc failed");
+        let no_unwind = [
+            "-O2",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-fomit-frame-pointer",
+        ];
+        build_c_library(&src, &dir.join("libstacktest-nounwind.so"), &no_unwind);
         let st = std::process::Command::new("strip")
             .args(["--strip-all", "-o"])
             .arg(dir.join("libstacktest-stripped.so"))

@@ -271,3 +271,40 @@ fn summary_and_check_count_the_devices_of_an_empty_snapshot_alike() {
         assert_eq!(json["devices"].as_array().unwrap().len(), n, "{json}");
     }
 }
+
+/// What a memsnap file says it misses comes first, a line each where not 0, and is no
+/// violation: the file still passes.
+#[test]
+fn check_names_what_a_file_misses_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing.pickle");
+    let meta = |without: u32, unresolved: u32| {
+        format!(
+            r#"{{"segments": [], "device_traces": [[]], "memsnap": {{"dropped_events": 0,
+                 "events_without_stack": {without}, "frames_unresolved": {unresolved}}}}}"#
+        )
+    };
+    python_pickle(&path, &meta(1, 3), 4);
+    let f = path.to_str().unwrap();
+    let out = memsnap(&["check", f]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].ends_with("INCOMPLETE: 1 event recorded without a stack"),
+        "{text}"
+    );
+    assert!(
+        lines[1].ends_with(
+            "INCOMPLETE: 3 stack frames unresolved (code gone before memsnap read it): kept \
+             as ?? or with line 0"
+        ),
+        "{text}"
+    );
+    assert!(lines[2].contains(": ok ("), "{text}");
+    // Nothing missed: the one line.
+    python_pickle(&path, &meta(0, 0), 4);
+    let text = String::from_utf8_lossy(&memsnap(&["check", f]).stdout).into_owned();
+    assert_eq!(text.lines().count(), 1, "{text}");
+}

@@ -831,6 +831,7 @@ impl Recording {
                 ("version".into(), Meta::Str("test".into())),
                 int("dropped_events", 0),
                 int("events_without_stack", 0),
+                int("frames_unresolved", 0),
                 (
                     "api_calls".into(),
                     Meta::Dict(vec![
@@ -1419,10 +1420,13 @@ fn labels_say_calls_events_and_the_cap_honestly() {
         if key == "events_without_stack" {
             *value = Meta::Int(1);
         }
+        if key == "frames_unresolved" {
+            *value = Meta::Int(2);
+        }
     }
     let snap = write(dir.path(), "dropped.pickle", &s);
     let text = stdout(&memsnap(&["summary", snap.to_str().unwrap()]));
-    let first: Vec<&str> = text.lines().take(3).collect();
+    let first: Vec<&str> = text.lines().take(4).collect();
     assert!(
         first[1].starts_with("INCOMPLETE: 7 events not recorded"),
         "{text}"
@@ -1431,6 +1435,14 @@ fn labels_say_calls_events_and_the_cap_honestly() {
         first[2], "INCOMPLETE: 1 event recorded without a stack",
         "{text}"
     );
+    assert_eq!(
+        first[3],
+        "INCOMPLETE: 2 stack frames unresolved (code gone before memsnap read it): kept as \
+         ?? or with line 0",
+        "{text}"
+    );
+    let v = json(&memsnap(&["summary", "--json", snap.to_str().unwrap()]));
+    assert_eq!(v["frames_unresolved"], 2);
 }
 
 #[test]

@@ -55,6 +55,11 @@ fn exact_under_load(threads: u32, ops: u32) {
     let m = &l["memsnap"];
     assert_eq!(count(&m["dropped_events"]), 0, "{m}");
     assert_eq!(count(&m["events_without_stack"]), 0, "{m}");
+    assert_eq!(
+        m["frames_unresolved"].as_u64(),
+        Some(0),
+        "every frame named: {m}"
+    );
     // Repeated stacks went by reference, and no reference was ambiguous.
     assert!(count(&m["stacks_sent_by_reference"]) > 0, "{m}");
     assert_eq!(count(&m["ambiguous_stack_references"]), 0, "{m}");

@@ -280,15 +280,7 @@ fn a_frame_past_a_symbols_end_is_named_by_its_library_not_the_symbol_before_it()
     let src = dir.path().join("helper.c");
     std::fs::write(&src, HELPER_C).unwrap();
     let built = dir.path().join("built.so");
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O1", "-fPIC", "-shared", "-fno-toplevel-reorder", "-o"])
-        .arg(&built)
-        .arg(&src)
-        .arg(format!("-L{}", fake_lib_dir().display()))
-        .arg("-lcudart")
-        .status()
-        .expect("run cc");
-    assert!(status.success());
+    common::build_cuda_library(&src, &built, &["-O1", "-fno-toplevel-reorder"]);
     // Where the functions are, from the unstripped file (stripping moves nothing).
     let funcs = functions(&built);
     let (tiny, tiny_size) = funcs["tiny_export"];

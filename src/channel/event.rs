@@ -459,7 +459,11 @@ pub struct PyFrameRaw {
     /// writer checks before trusting the object is still the same code.
     pub check: u32,
     /// Bit 0: this frame is the first one its `_PyEval_EvalFrameDefault` call ran
-    /// (an "entry" frame); used to place Python frames among native ones.
+    /// (an "entry" frame); used to place Python frames among native ones. Bits 1-31 of
+    /// the innermost record on 3.10/3.11: the count of code objects freed so far
+    /// (`channel::keep::code_frees_mark`), which tells a stack from one whose code objects
+    /// were freed and others made at their addresses (those versions give code objects no
+    /// serial).
     pub flags: u32,
 }
 

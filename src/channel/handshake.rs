@@ -126,6 +126,11 @@ pub static CRASH: CrashRequest = CrashRequest {
 /// snapshot holds everything recorded so far. Recording goes on (an exec that fails returns
 /// to a program still recorded).
 pub static EXEC_DUMPS: DumpRequests = DumpRequests::new();
+/// A thread about to free what recorded events may name (a Python code object, a library it
+/// unloads) asks the writer to read every event published so far first
+/// (`Recorder::wait_until_read`); the writer completes the ticket once it has taken and
+/// interned them all.
+pub static READ_REQUESTS: DumpRequests = DumpRequests::new();
 /// Set by the exit handler: write the exit snapshot and stop.
 pub static EXIT_REQUESTED: AtomicBool = AtomicBool::new(false);
 /// Set by the writer once the exit snapshot is written (or the writer is gone).

@@ -445,6 +445,28 @@ impl Lanes {
         (0..MAX_LANES).map_while(|i| self.get(i))
     }
 
+    /// Whether any lane holds an event not yet taken (one mark read per lane).
+    pub fn any_queued(&self) -> bool {
+        self.mapped().any(|lane| {
+            lane.published(lane.head.0.load(Acquire), self.mask)
+                .is_some()
+        })
+    }
+
+    /// Per lane, the position after its last event published now: the writer has taken
+    /// every one of them once its `head` reaches it. Writer side.
+    fn published_ends(&self) -> Vec<u64> {
+        self.mapped()
+            .map(|lane| {
+                let mut at = lane.head.0.load(Relaxed);
+                while lane.published(at, self.mask).is_some() {
+                    at += 1;
+                }
+                at
+            })
+            .collect()
+    }
+
     /// Events published and not yet taken, over all lanes (their marks counted).
     pub fn queued(&self) -> u64 {
         self.mapped()
@@ -507,6 +529,17 @@ pub struct Reader {
     shared_front: Option<(Event, bool)>,
     /// This pass's watermark: events stamped after it wait for the next pass.
     watermark: u64,
+    /// Events of the shared queue returned so far.
+    shared_returned: u64,
+}
+
+/// Where the lanes and the shared queue stood when [`Reader::mark`] was called: the reader
+/// has taken every event published before then once it has [`Reader::passed`] it.
+pub struct ReadMark {
+    /// Per lane mapped then: the position after its last published event.
+    lanes: Vec<u64>,
+    /// Shared-queue events the reader will have returned by then.
+    shared: u64,
 }
 
 impl Reader {
@@ -521,6 +554,27 @@ impl Reader {
         }
         self.start_pass(rec);
         self.take_earliest(rec)
+    }
+
+    /// Where every lane and the shared queue stand now (see [`ReadMark`]).
+    pub fn mark(&self, rec: &Recorder) -> ReadMark {
+        ReadMark {
+            lanes: rec.lanes.published_ends(),
+            // One queue, one consumer: the events in it now are the next ones it returns.
+            shared: self.shared_returned
+                + u64::from(self.shared_front.is_some())
+                + rec.events.len() as u64,
+        }
+    }
+
+    /// Whether every event published before `mark` was taken.
+    pub fn passed(&self, rec: &Recorder, mark: &ReadMark) -> bool {
+        self.shared_returned >= mark.shared
+            && rec
+                .lanes
+                .mapped()
+                .zip(&mark.lanes)
+                .all(|(lane, &end)| lane.head.0.load(Relaxed) >= end)
     }
 
     fn start_pass(&mut self, rec: &Recorder) {
@@ -551,11 +605,15 @@ impl Reader {
     }
 
     /// The shared queue's oldest event, counted in
-    /// [`Counters::applied`](crate::channel::queue::Counters::applied).
+    /// [`Counters::applied`](crate::channel::queue::Counters::applied) before it leaves the
+    /// queue: whoever sees the queue without it sees it counted ([`Recorder::all_read`]).
     fn pop_shared(rec: &Recorder) -> Option<Event> {
-        let ev = rec.events.pop()?;
-        count_taken(rec);
-        Some(ev)
+        count_taken(rec, 1);
+        let ev = rec.events.pop();
+        if ev.is_none() {
+            count_taken(rec, u64::MAX); // none was there: the count back (wrapping -1)
+        }
+        ev
     }
 
     /// The earliest event of this pass that may be taken now.
@@ -586,6 +644,7 @@ impl Reader {
         {
             // The next one is new to this pass: taken by its stamp alone.
             self.shared_front = Self::pop_shared(rec).map(|ev| (ev, false));
+            self.shared_returned += 1;
             return Some(ev);
         }
         let (index, _) = best?;
@@ -594,8 +653,10 @@ impl Reader {
         // SAFETY: as above; read before `head` says the position may be written again.
         let ev = unsafe { (*slot.event.get()).assume_init_read() };
         reading.next += 1;
+        // Counted before `head` moves past it: whoever sees the lane without it sees it
+        // counted ([`Recorder::all_read`]).
+        count_taken(rec, 1);
         lane.head.0.store(reading.next, Release);
-        count_taken(rec);
         Some(ev)
     }
 }
@@ -603,9 +664,9 @@ impl Reader {
 /// Counts an event taken off a lane or the shared queue in
 /// [`Counters::applied`](crate::channel::queue::Counters::applied). The reader's thread is
 /// the only one that writes it: no locked add.
-fn count_taken(rec: &Recorder) {
+fn count_taken(rec: &Recorder, n: u64) {
     let applied = &rec.counters.applied;
-    applied.store(applied.load(Relaxed) + 1, Relaxed);
+    applied.store(applied.load(Relaxed).wrapping_add(n), Relaxed);
 }
 
 #[cfg(test)]
@@ -856,6 +917,41 @@ mod tests {
         assert_eq!(rec.counters.applied.load(Relaxed), 5);
         hold.wait();
         for t in [a, b, c] {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_read_mark_is_passed_once_every_event_published_before_it_was_taken() {
+        let rec = channel(16);
+        let now = clock::now().0;
+        let hold = Arc::new(Barrier::new(3));
+        let lane = sender(rec, vec![now - 30, now - 10], hold.clone());
+        let shared = std::thread::spawn({
+            let hold = hold.clone();
+            move || {
+                thread::with_thread(|t| t.go_without_lane());
+                send(rec, now - 20);
+                hold.wait();
+            }
+        });
+        wait_until_queued(rec, 3);
+        let mut reader = Reader::new();
+        let mark = reader.mark(rec);
+        assert!(!reader.passed(rec, &mark));
+        let mut taken = Vec::new();
+        for _ in 0..2 {
+            taken.push(reader.next(rec).expect("queued").addr());
+            assert!(!reader.passed(rec, &mark), "after {taken:?}");
+        }
+        // Published after the mark (by a thread that does not wait to exit): not waited for.
+        let later = sender(rec, vec![now - 5], Arc::new(Barrier::new(1)));
+        wait_until_queued(rec, 2);
+        taken.push(reader.next(rec).expect("queued").addr());
+        assert_eq!(taken, [now - 30, now - 20, now - 10]);
+        assert!(reader.passed(rec, &mark));
+        hold.wait();
+        for t in [lane, shared, later] {
             t.join().unwrap();
         }
     }

@@ -8,11 +8,13 @@
 //! touch (requests waiting for a dump, route counters, device totals). [`thread`]: each
 //! thread's hook state (its lane, its sent stacks, the nesting depth), one cache line.
 //! [`recording`]: the recording switch and the recorder the hooks send on. [`futex`]:
-//! waiting on a word of memsnap's own memory.
+//! waiting on a word of memsnap's own memory. [`keep`]: code objects freed and libraries
+//! unloaded only once the writer has read the events that may name them (cold).
 
 pub mod event;
 pub mod futex;
 pub mod handshake;
+pub mod keep;
 pub mod lanes;
 pub mod queue;
 pub mod recording;

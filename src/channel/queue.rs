@@ -20,6 +20,7 @@
 
 use crate::channel::event::{Event, Kind, StackRef, StackSlot, StackSlotIndex};
 use crate::channel::futex;
+use crate::channel::handshake::READ_REQUESTS;
 use crate::channel::lanes::{self, Lanes};
 use crate::channel::thread::HookThread;
 use crate::config::{Context, Stacks};
@@ -41,6 +42,9 @@ const SPINS_BEFORE_YIELD: u32 = 2_000;
 const YIELDS_BEFORE_SLEEP: u32 = 64;
 /// Sleep between checks once the writer has been behind for a while.
 const WAIT_SLEEP: Duration = Duration::from_micros(50);
+/// The longest [`Recorder::wait_until_read`] waits: the writer drains within milliseconds,
+/// unless it is writing a large snapshot or loading a library's symbols.
+pub const READ_WAIT: Duration = Duration::from_secs(2);
 
 /// The settings a hook needs, copied out of the configuration once.
 #[derive(Clone, Copy, Debug)]
@@ -83,6 +87,12 @@ pub struct Counters {
     /// taken off the shared queue waits in the reader for its turn). Written by the writer
     /// thread alone (a plain store, no locked add), read by tests and the writer's own reports.
     pub applied: AtomicU64,
+    /// Of those, the events whose stack the writer has interned, its Python code objects
+    /// read (written by the writer thread alone, after `applied`; [`Recorder::all_read`]).
+    pub interned: AtomicU64,
+    /// Threads that waited for the writer to read what events name before they freed a
+    /// code object or unloaded a library (`channel::keep`).
+    pub free_waits: AtomicU64,
     /// Events that found their lane or the shared queue full and waited for the writer.
     pub queue_waits: AtomicU64,
     /// Stacks that found every slot taken and waited for the writer.
@@ -368,6 +378,44 @@ impl Recorder {
         unsafe { &*self.crash_slot.get() }
     }
 
+    /// Whether the writer has read every event published before this call: none waits in a
+    /// lane or the shared queue, and each one taken had its stack interned (its code objects
+    /// read). Conservative: a moment's lag reads as not read. Cold: no hook calls it.
+    pub fn all_read(&self) -> bool {
+        // The queues first, then the counts: the writer counts an event taken before the
+        // queue lets it go, so an event no longer queued is in `applied`.
+        if self.lanes.any_queued() || !self.events.is_empty() {
+            return false;
+        }
+        let taken = self.counters.applied.load(Acquire);
+        self.counters.interned.load(Acquire) >= taken
+    }
+
+    /// Waits until the writer has read every event published before this call (at most
+    /// [`READ_WAIT`]), for a thread about to free what they name (`channel::keep`). Returns
+    /// at once when it has, or when the writer is gone. Cold; never called by a hook.
+    pub fn wait_until_read(&self) {
+        if !self.writer_alive.load(Acquire) || self.all_read() {
+            return;
+        }
+        self.counters.free_waits.fetch_add(1, Relaxed);
+        let ticket = READ_REQUESTS.ask();
+        self.wake_writer();
+        let start = std::time::Instant::now();
+        let mut round = 0u32;
+        while !READ_REQUESTS.is_done(ticket)
+            && self.writer_alive.load(Acquire)
+            && start.elapsed() < READ_WAIT
+        {
+            round = round.saturating_add(1);
+            if round < YIELDS_BEFORE_SLEEP {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(WAIT_SLEEP);
+            }
+        }
+    }
+
     /// Events published and not yet taken by the writer, in lanes and the shared queue.
     pub fn queued(&self) -> u64 {
         self.lanes.queued() + self.events.len() as u64
@@ -445,6 +493,25 @@ mod tests {
         for lanes in [true, false] {
             std::thread::spawn(move || f(lanes)).join().unwrap();
         }
+    }
+
+    #[test]
+    fn all_is_read_once_every_event_published_was_taken_and_its_stack_interned() {
+        with_and_without_lanes(|lanes| {
+            let rec = Recorder::new(16, TEST_SETTINGS, lanes);
+            assert!(rec.all_read(), "nothing published");
+            thread::with_thread(|t| rec.push(t, Event::new(Kind::Alloc, Api::CudaMalloc)));
+            assert!(!rec.all_read(), "queued, lanes {lanes}");
+            let mut reader = Reader::new();
+            assert!(reader.next(&rec).is_some());
+            assert!(!rec.all_read(), "taken, its stack not interned yet");
+            // What the writer stores once it has interned the event's stack.
+            rec.counters.interned.store(1, Release);
+            assert!(rec.all_read());
+            // Nothing to read: no wait, whether or not the writer is there.
+            rec.wait_until_read();
+            assert_eq!(rec.counters.free_waits.load(Relaxed), 0);
+        });
     }
 
     #[test]

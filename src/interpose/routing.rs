@@ -138,7 +138,7 @@ fn in_local_library(layer: Layer, name: &CStr) -> *mut c_void {
         // SAFETY: `handle` is live until the dlclose below.
         let p = unsafe { real_dlsym(handle, name) };
         // SAFETY: balances the NOLOAD dlopen; the library stays loaded (its user holds it).
-        unsafe { libc::dlclose(handle) };
+        unsafe { crate::process::dlsym::real_dlclose(handle) };
         if !p.is_null() {
             return p;
         }
@@ -217,7 +217,7 @@ fn ensure_driver_table_slow(sample: *mut c_void) {
             // SAFETY: as above.
             unsafe { device::find_in_driver(handle) };
             // SAFETY: balances the reference the NOLOAD dlopen took.
-            unsafe { libc::dlclose(handle) };
+            unsafe { crate::process::dlsym::real_dlclose(handle) };
         }
     }
     DRIVER_TABLE.store(TABLE_READY, Release);

@@ -1,13 +1,15 @@
 //! Symbol lookup by name: the body of our exported `dlsym` (declared in `exports.rs`),
-//! which routes lookups of hooked driver symbols to their wrappers.
+//! which routes lookups of hooked driver symbols to their wrappers; and of our `dlclose`,
+//! which unloads a library once the writer has read the events that may name it.
 //!
 //! Hot only for programs that look driver functions up by name in a loop (rare); the
 //! `RTLD_NEXT` path never gets here (the export tail-jumps to glibc, two instructions).
+//! `dlclose` is cold.
 
 use super::routing;
 use crate::channel::handshake::ROUTED;
-use crate::process::dlsym::init_real_dlsym;
-use std::ffi::{CStr, c_char, c_void};
+use crate::process::dlsym::{init_real_dlsym, real_dlclose};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::*;
 
@@ -44,4 +46,24 @@ pub unsafe extern "C" fn dlsym_route(handle: *mut c_void, symbol: *const c_char)
         ROUTED.dlsym.fetch_add(1, Relaxed);
     }
     routed
+}
+
+/// What the exported `dlclose` (`exports.rs`) calls: the library is unloaded once the writer
+/// has read the events whose stacks may be in it (it notes each address's module as it
+/// interns a stack), and the module table is rebuilt before the next stack is interned
+/// (docs/CPYTHON.md, "Code freed after an event").
+///
+/// # Safety
+/// As `dlclose(3)`.
+pub unsafe fn dlclose_after_read(handle: *mut c_void) -> c_int {
+    // A call the real CUDA functions make inside a hook does not wait.
+    if !crate::guard::inside_hook_or_internal() {
+        crate::channel::keep::wait_until_read();
+    }
+    // SAFETY: the caller's handle (caller's contract).
+    let rc = unsafe { real_dlclose(handle) };
+    if crate::channel::recording::is_active() {
+        crate::process::modules::mark_stale();
+    }
+    rc
 }

@@ -8,7 +8,7 @@
 //! other room imports this one.
 
 use crate::channel::handshake::{
-    API_DUMPS, CRASH, EXEC_DUMPS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, SIGNAL_DUMPS,
+    API_DUMPS, CRASH, EXEC_DUMPS, EXIT_DONE, EXIT_REQUESTED, OOM_DUMPS, READ_REQUESTS, SIGNAL_DUMPS,
 };
 use crate::channel::queue::{HookSettings, Recorder};
 use crate::channel::recording::{self, Start, Switch};
@@ -109,7 +109,7 @@ fn start() {
     }
     exec::set_recording_pid();
     // The first attempt to attach the optimizer step hook: this very event may take it.
-    step_marks::start(steps);
+    step_marks::start(steps, crate::channel::keep::keep_code_objects);
     recording::activate();
 }
 
@@ -182,6 +182,7 @@ extern "C" fn in_forked_child() {
         &API_DUMPS,
         &OOM_DUMPS,
         &EXEC_DUMPS,
+        &READ_REQUESTS,
     ] {
         requests.forget_pending();
     }

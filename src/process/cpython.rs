@@ -2,7 +2,7 @@
 //! memory with.
 //!
 //! Owns every offset into CPython's structures (thread state, frames, code objects, `str`
-//! and `bytes` objects) and the few CPython constants read alongside them, one `const`
+//! and `bytes` objects, the code type's `tp_dealloc`) and the few CPython constants read alongside them, one `const`
 //! table per supported version (3.10–3.14; 64-bit, not free-threaded), measured from that
 //! version's headers, and the check value that ties a frame record to its code object
 //! ([`check_value`]). Process-wide, read by both sides: the hook (`capture::python`) walks
@@ -140,6 +140,8 @@ pub struct CodeLayout {
 pub struct ObjectLayout {
     /// `PyObject.ob_type`.
     pub ob_type: u64,
+    /// `PyTypeObject.tp_dealloc` (of `PyCode_Type`: wrapped by `channel::keep`).
+    pub type_dealloc: u64,
 }
 
 /// Compact `str` objects (`PyASCIIObject`, `PyCompactUnicodeObject`).
@@ -227,7 +229,10 @@ pub fn fold(v: u64) -> u32 {
 }
 
 /// Object headers, the same in every supported version.
-const OBJECT: ObjectLayout = ObjectLayout { ob_type: 8 };
+const OBJECT: ObjectLayout = ObjectLayout {
+    ob_type: 8,
+    type_dealloc: 48,
+};
 
 /// `bytes` objects, the same in every supported version.
 const BYTES: BytesLayout = BytesLayout { size: 16, sval: 32 };

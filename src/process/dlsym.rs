@@ -3,9 +3,10 @@
 //!
 //! Process-wide state (one pointer, found with `dlvsym` when the library is loaded, or on
 //! first use). Hot only as one atomic load: the exported `dlsym` (`exports.rs`) tail-jumps
-//! through [`REAL_DLSYM`], the routing table and the signal hooks call [`real_dlsym`].
+//! through [`REAL_DLSYM`], the routing table and the signal hooks call [`real_dlsym`]. Also
+//! glibc's `dlclose` ([`real_dlclose`]), for memsnap's own calls.
 
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
@@ -47,6 +48,31 @@ pub unsafe fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
         // SAFETY: glibc's dlsym with a valid handle (caller's contract) and a C string.
         Some(f) => unsafe { f(handle, name.as_ptr()) },
         None => null_mut(),
+    }
+}
+
+/// glibc's `dlclose`, found on first use.
+static REAL_DLCLOSE: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+
+/// glibc's `dlclose`: memsnap's own calls never go through its exported `dlclose`
+/// (`interpose::symbols`), which may wait for the writer.
+///
+/// # Safety
+/// As `dlclose(3)`.
+pub unsafe fn real_dlclose(handle: *mut c_void) -> c_int {
+    let mut p = REAL_DLCLOSE.load(Acquire);
+    if p.is_null() {
+        // SAFETY: RTLD_NEXT from memsnap's own code: the `dlclose` after memsnap's, glibc's.
+        p = unsafe { real_dlsym(libc::RTLD_NEXT, c"dlclose") };
+        if p.is_null() {
+            return -1;
+        }
+        REAL_DLCLOSE.store(p, Release);
+    }
+    // SAFETY: `p` is glibc's dlclose; the handle is the caller's (caller's contract).
+    unsafe {
+        let f: unsafe extern "C" fn(*mut c_void) -> c_int = std::mem::transmute(p);
+        f(handle)
     }
 }
 

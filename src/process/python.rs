@@ -71,7 +71,7 @@ pub fn lookup(name: &std::ffi::CStr) -> usize {
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
 
-fn resolve() {
+fn resolve(on_found: impl FnOnce(Layout)) {
     let get = lookup(c"PyGILState_GetThisThreadState");
     let init = lookup(c"Py_IsInitialized");
     // `_PyRuntime` is CPython's own (PyPy's cpyext exports the API functions but not it).
@@ -99,6 +99,8 @@ fn resolve() {
             FRAME_BACK.store(frame_back_of(layout), Ordering::Relaxed);
             GET_TSTATE.store(get, Ordering::Relaxed);
             IS_INITIALIZED.store(init, Ordering::Relaxed);
+            // Before the first capture reads a frame.
+            on_found(layout);
             STATE.store(READY, Ordering::Release);
         }
         None => STATE.store(UNSUPPORTED, Ordering::Release),
@@ -164,13 +166,14 @@ pub struct Runtime {
     pub get_tstate: usize,
 }
 
-/// The interpreter for a capture, resolving it on the first call in the process; `None`
-/// when there is no supported CPython. Hot: after the first call, four atomic loads.
+/// The interpreter for a capture, resolving it on the first call in the process (then
+/// `on_found` is given its layout, before any frame is read); `None` when there is no
+/// supported CPython. Hot: after the first call, four atomic loads.
 #[inline(always)]
-pub fn runtime() -> Option<Runtime> {
+pub fn runtime(on_found: impl FnOnce(Layout)) -> Option<Runtime> {
     let mut state = STATE.load(Ordering::Acquire);
     if state == UNRESOLVED {
-        resolve();
+        resolve(on_found);
         state = STATE.load(Ordering::Acquire);
     }
     if state != READY {

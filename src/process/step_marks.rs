@@ -11,6 +11,7 @@
 //! for each snapshot's metadata.
 
 use super::clock;
+use super::cpython::Layout;
 use super::hook_line::HOOK_LINE;
 use super::python::{self, Interpreter};
 use crate::config::StepMarks;
@@ -99,11 +100,11 @@ pub fn take_due() -> bool {
 }
 
 /// At the start of recording: remembers the setting and the process, and arms the first
-/// attempt.
-pub fn start(setting: StepMarks) {
+/// attempt (`on_found`: as for [`maintain`]).
+pub fn start(setting: StepMarks, on_found: impl FnOnce(Layout)) {
     SETTING.store(setting as u8, Relaxed);
     PID.store(std::process::id(), Relaxed);
-    maintain();
+    maintain(on_found);
 }
 
 /// The kernel id of the process's first thread, where `python script.py` runs the
@@ -121,7 +122,8 @@ pub fn setting() -> StepMarks {
 /// Arms an attempt when one is due: `MEMSNAP_STEPS=auto`, the program marks no steps
 /// itself, nothing attached or under way, a supported interpreter in the process, and the
 /// last attempt long enough ago. Cold: the start of recording and the writer, every 100 ms.
-pub fn maintain() {
+/// `on_found` is given the interpreter's layout if this call finds it (`python::runtime`).
+pub fn maintain(on_found: impl FnOnce(Layout)) {
     if setting() != StepMarks::Auto || PROGRAM_MARKS.load(Relaxed) || DUE.load(Relaxed) {
         return;
     }
@@ -132,7 +134,7 @@ pub fn maintain() {
         return;
     }
     // Resolves the interpreter if no capture did yet (a process without Python frames).
-    let _ = python::runtime();
+    let _ = python::runtime(on_found);
     if !matches!(python::interpreter(), Interpreter::Supported(..)) {
         not_attached(NotAttached::NoPython, RETRY_US);
         return;

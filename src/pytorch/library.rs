@@ -66,7 +66,7 @@ pub fn find() -> Result<Allocator, Missing> {
     // SAFETY: `handle` is live (NOLOAD took a reference, released below).
     let pointer = unsafe { real_dlsym(handle, ALLOCATOR) };
     // SAFETY: balances the NOLOAD dlopen; the library stays loaded (PyTorch holds it).
-    unsafe { libc::dlclose(handle) };
+    unsafe { crate::process::dlsym::real_dlclose(handle) };
     if pointer.is_null() {
         return Err(Missing::Unusable(
             "libc10_cuda.so exports no CUDACachingAllocator::allocator".into(),

@@ -31,7 +31,7 @@ pub fn free_bytes(ordinal: i32) -> Option<u64> {
     }
     let free = query(handle, ordinal);
     // SAFETY: balances the NOLOAD dlopen; the program keeps the driver loaded.
-    unsafe { libc::dlclose(handle) };
+    unsafe { crate::process::dlsym::real_dlclose(handle) };
     free
 }
 

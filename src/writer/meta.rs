@@ -156,6 +156,7 @@ impl Writer {
             meta_int("dropped_allocs", c.lost_allocs.load(Relaxed)),
             meta_int("dropped_frees", c.lost_frees.load(Relaxed)),
             meta_int("events_without_stack", self.events_without_stack()),
+            meta_int("frames_unresolved", self.stacks.frames_unresolved),
             meta_int("stacks_sent_in_full", self.stacks.received_in_full),
             meta_int(
                 "stacks_sent_by_reference",
@@ -167,6 +168,7 @@ impl Writer {
             ),
             meta_int("hook_queue_waits", c.queue_waits.load(Relaxed)),
             meta_int("hook_slot_waits", c.slot_waits.load(Relaxed)),
+            meta_int("free_waits", c.free_waits.load(Relaxed)),
             meta_int("unknown_frees", self.state.anomalies.unknown_frees),
             meta_int("unknown_unmaps", self.state.anomalies.unknown_unmaps),
             meta_int("repaired_overlaps", self.state.anomalies.repaired_overlaps),

@@ -41,8 +41,8 @@ mod temporaries;
 pub mod upload;
 
 use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
-use crate::channel::handshake::{EXIT_DONE, OOM_DUMPS};
-use crate::channel::lanes::Reader;
+use crate::channel::handshake::{EXIT_DONE, OOM_DUMPS, READ_REQUESTS};
+use crate::channel::lanes::{ReadMark, Reader};
 use crate::channel::queue::Recorder;
 use crate::config::Config;
 use crate::process::clock::StampConverter;
@@ -134,6 +134,9 @@ struct Writer {
     last_time_us: u64,
     /// The wake-ups counted when the writer last woke: it waits only while none came since.
     wake_seen: u32,
+    /// The newest read request seen (`READ_REQUESTS`) and where the lanes stood then: done
+    /// once the reader has passed it.
+    reads: Option<(u64, ReadMark)>,
 }
 
 /// `path` made absolute against the working directory (left as is if that fails).
@@ -194,6 +197,7 @@ impl Writer {
             clock: StampConverter::new(),
             last_time_us: 0,
             wake_seen: 0,
+            reads: None,
             stats,
             cfg,
         }
@@ -206,6 +210,7 @@ impl Writer {
         }
         loop {
             self.clock.refresh();
+            self.serve_reads();
             let mut applied = 0;
             while applied < BATCH {
                 if applied % REQUEST_LOOK == REQUEST_LOOK - 1 && self.request_waiting() {
@@ -218,7 +223,11 @@ impl Writer {
                 if let Flow::Exit = self.apply(ev) {
                     return;
                 }
+                if self.reads.is_some() {
+                    self.serve_reads();
+                }
             }
+            self.serve_reads();
             self.maintain_stacks();
             if let Flow::Exit = self.serve_requests() {
                 return;
@@ -230,6 +239,12 @@ impl Writer {
                 self.last_period = Instant::now();
                 let _ = self.dump(Reason::Period, "");
                 self.write_stats(Reason::Period);
+            }
+            if self.reads.is_some() {
+                // A thread waits to free what events name: events held back for the next
+                // pass are taken now, symbols later.
+                idle = Duration::from_micros(100);
+                continue;
             }
             if applied < BATCH && self.stacks.symbolize_some(SYMBOLIZE_BUDGET) {
                 // Names still to take: no sleep, the queue is checked again right away.
@@ -267,6 +282,28 @@ impl Writer {
         self.wake_seen = self.rec.wake.seen();
     }
 
+    /// Completes the read request noted once the reader has passed where the lanes stood
+    /// when it was seen, then notes the next one (`Recorder::wait_until_read`).
+    fn serve_reads(&mut self) {
+        if let Some((ticket, mark)) = &self.reads {
+            if !self.reader.passed(self.rec, mark) {
+                return;
+            }
+            READ_REQUESTS.complete(*ticket);
+            self.reads = None;
+        }
+        if READ_REQUESTS.pending().is_empty() {
+            return;
+        }
+        let ticket = READ_REQUESTS.asked();
+        let mark = self.reader.mark(self.rec);
+        if self.reader.passed(self.rec, &mark) {
+            READ_REQUESTS.complete(ticket);
+        } else {
+            self.reads = Some((ticket, mark));
+        }
+    }
+
     /// Events recorded without the stack they should have had.
     fn events_without_stack(&self) -> u64 {
         self.rec.counters.lost_stacks.load(Relaxed) + self.stacks.unknown_references
@@ -295,7 +332,7 @@ impl Writer {
             self.last_refresh = Instant::now();
             self.stacks.refresh_modules();
             self.maintain_allocator_route();
-            step_marks::maintain();
+            step_marks::maintain(crate::channel::keep::keep_code_objects);
         }
         for w in self.stacks.take_warnings() {
             eprintln!("memsnap: {w}");
@@ -317,6 +354,9 @@ impl Writer {
 
     fn apply(&mut self, ev: Event) -> Flow {
         let stack = self.take_stack(&ev);
+        // Its code objects are read: a thread may free them (`Recorder::all_read`).
+        let interned = &self.rec.counters.interned;
+        interned.store(interned.load(Relaxed) + 1, Release);
         let time_us = self.event_time(&ev);
         // (A pool event is part of its segment's trace entry, counted with it.)
         if ev.kind != Kind::CachePool
@@ -492,6 +532,31 @@ mod tests {
         w.apply(step(StepOrigin::Program));
         assert_eq!((w.step, w.state.step_marks.len()), (3, 3));
         assert_eq!(w.marks.describe(), "optimizer, then program from step 2");
+    }
+
+    #[test]
+    fn a_read_request_is_done_once_the_events_published_before_it_are_applied() {
+        let mut w = writer();
+        let rec = w.rec;
+        std::thread::spawn(move || {
+            crate::channel::thread::with_thread(|t| {
+                rec.push(t, Event::new(Kind::Alloc, Api::CudaMalloc))
+            })
+        })
+        .join()
+        .unwrap();
+        let ticket = READ_REQUESTS.ask();
+        w.serve_reads();
+        assert!(!READ_REQUESTS.is_done(ticket), "its event not applied yet");
+        let ev = w.reader.next(rec).expect("queued");
+        w.apply(ev);
+        assert_eq!(rec.counters.interned.load(Relaxed), 1);
+        w.serve_reads();
+        assert!(READ_REQUESTS.is_done(ticket));
+        // Asked with nothing left to read: done at once.
+        let ticket = READ_REQUESTS.ask();
+        w.serve_reads();
+        assert!(READ_REQUESTS.is_done(ticket));
     }
 
     #[test]

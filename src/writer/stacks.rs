@@ -1,9 +1,13 @@
 //! Raw stacks to frames: interning, Python frame decoding, native symbolization, merging.
 //!
 //! Cold (writer thread). [`StackTable::intern`] runs as soon as the writer drains an event:
-//! it reads the Python code objects right away (they may be freed later) and keeps the
-//! resolved Python frames; native addresses are symbolized lazily by [`StackTable::frames`],
-//! once per unique address, and each unique stack's merged frame list is cached.
+//! it reads the Python code objects right away and keeps the resolved Python frames, and
+//! notes the module each native address is in (a code object is freed, a library unloaded,
+//! only after the writer has read the events published before: `channel::keep`); native
+//! addresses are symbolized lazily by [`StackTable::frames`], once per unique address and
+//! module, and each unique stack's merged frame list is cached. A frame that cannot be
+//! resolved (a Python code object gone, an address in no module) is kept as far as known and
+//! counted in [`StackTable::frames_unresolved`].
 //!
 //! Merging follows PyTorch (`combined_traceback.cpp`, docs/FORMAT.md#frames): native frames
 //! in order; at each native frame whose name contains `PyEval_EvalFrame` (the interpreter
@@ -14,23 +18,30 @@ mod pyframes;
 mod symbolize;
 mod symtab;
 
-pub use pyframes::{line_310, line_311, read_mem};
+pub use pyframes::{UNRESOLVED_FILE, line_310, line_311, read_mem};
 pub use symbolize::demangle;
 
 use crate::channel::event::{PyFrameRaw, StackSlot};
 use crate::config::Config;
-use crate::process::{modules, python};
+use crate::process::modules::{self, ModuleInfo, ModuleTable};
+use crate::process::python;
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 
 /// Index of an interned raw stack.
 pub type RawStackId = u32;
 
-/// One interned stack: raw native addresses, the raw Python records (what identifies it),
-/// Python frames already resolved (grouped by the eval call that ran them), and the merged
-/// frames once computed.
+/// A module a native address was in when its stack was interned: an index in
+/// [`ModuleIds::infos`], or [`NO_MODULE`].
+type ModuleId = u32;
+const NO_MODULE: ModuleId = u32::MAX;
+
+/// One interned stack: raw native addresses and the module each was in, the raw Python
+/// records (what identifies it), Python frames already resolved (grouped by the eval call
+/// that ran them), and the merged frames once computed.
 struct RawStack {
     native: Vec<u64>,
+    modules: Vec<ModuleId>,
     raw_python: Vec<PyFrameRaw>,
     python: Vec<Vec<Frame>>,
     merged: Option<Vec<Frame>>,
@@ -52,6 +63,10 @@ pub struct StackTable {
     /// Stacks received in a slot, and by reference to one received before.
     pub received_in_full: u64,
     pub received_by_reference: u64,
+    /// Frames of the interned stacks (each distinct stack once) that could not be resolved:
+    /// a Python code object gone or a line not decoded, an address in no module.
+    pub frames_unresolved: u64,
+    modules: ModuleIds,
     /// Interned stacks not symbolized yet, oldest first (see [`Self::symbolize_some`]).
     unsymbolized: std::collections::VecDeque<RawStackId>,
     stacks: Vec<RawStack>,
@@ -71,6 +86,8 @@ impl StackTable {
             unknown_references: 0,
             received_in_full: 0,
             received_by_reference: 0,
+            frames_unresolved: 0,
+            modules: ModuleIds::default(),
             unsymbolized: std::collections::VecDeque::new(),
             stacks: Vec::new(),
             python: pyframes::PyResolver::new(),
@@ -127,10 +144,13 @@ impl StackTable {
                 return Some(id);
             }
         }
-        let python = self.python.resolve(slot.python());
+        let (python, python_unresolved) = self.python.resolve(slot.python());
+        let (modules, native_unresolved) = self.modules.of(slot.native());
+        self.frames_unresolved += python_unresolved + native_unresolved;
         let id = self.stacks.len() as RawStackId;
         self.stacks.push(RawStack {
             native: slot.native().to_vec(),
+            modules,
             raw_python: slot.python().to_vec(),
             python,
             merged: None,
@@ -149,8 +169,8 @@ impl StackTable {
 
     /// Symbolizes interned stacks that are not yet, oldest first, until `budget` has
     /// passed; returns whether any are left. The writer calls this when the queue is empty,
-    /// so that names are taken while the libraries are still loaded (a later `dlclose`
-    /// would lose them) without ever holding up the drain; a dump symbolizes the rest.
+    /// so that a dump has little left to do, without ever holding up the drain; a dump
+    /// symbolizes the rest.
     pub fn symbolize_some(&mut self, budget: std::time::Duration) -> bool {
         let start = std::time::Instant::now();
         while let Some(id) = self.unsymbolized.pop_front() {
@@ -172,17 +192,22 @@ impl StackTable {
             // PyTorch's caching allocator's own frames (from its tracker or its cudaMalloc
             // call) come first: the allocation site is whoever called the allocator.
             let allocator = stack
-                .native
+                .modules
                 .iter()
-                .take_while(|&&pc| self.native.in_allocator_library(pc))
+                .take_while(|&&m| {
+                    self.modules
+                        .info(m)
+                        .is_some_and(symbolize::Symbolizer::is_allocator_library)
+                })
                 .count();
             let skip = if allocator < stack.native.len() {
                 allocator
             } else {
                 0
             };
-            for &pc in &stack.native[skip..] {
-                native.extend(self.native.symbolize(pc).iter().cloned());
+            for (&pc, &m) in stack.native.iter().zip(&stack.modules).skip(skip) {
+                let module = self.modules.info(m).map(|info| (m, info));
+                native.extend(self.native.symbolize(pc, module).iter().cloned());
             }
             stack.merged = Some(merge(native, &stack.python));
         }
@@ -198,8 +223,8 @@ impl StackTable {
         self.stacks.is_empty()
     }
 
-    /// Writer thread, every ~100 ms or when a hook asked: rebuild the module table if a
-    /// hook met an unknown address and libraries were loaded or unloaded since.
+    /// Writer thread, every ~100 ms: rebuild the module table if a hook met an unknown
+    /// address (or a library was unloaded) and libraries were loaded or unloaded since.
     pub fn refresh_modules(&mut self) {
         if modules::refresh_if_stale() {
             python::retry_if_absent();
@@ -229,6 +254,80 @@ impl StackTable {
                  (supported: 3.10 to 3.14 with the GIL); Python frames are off"
             ));
         }
+    }
+}
+
+/// The modules native addresses were in, each given an id the first time it is met (the
+/// same module in a rebuilt table keeps its id).
+#[derive(Default)]
+struct ModuleIds {
+    /// What each id names.
+    infos: Vec<ModuleInfo>,
+    by_key: FxHashMap<(String, u64, u64), ModuleId>,
+    /// The table the ids below are for (its address), and the id of each of its modules.
+    table: usize,
+    by_index: Vec<Option<ModuleId>>,
+}
+
+impl ModuleIds {
+    /// The module of each address, as the table has them now; an address in none makes the
+    /// table be rebuilt once, if libraries were loaded or unloaded since. Returns the ids
+    /// and how many addresses are in no module.
+    fn of(&mut self, native: &[u64]) -> (Vec<ModuleId>, u64) {
+        if modules::refresh_if_stale() {
+            python::retry_if_absent();
+        }
+        let mut table = modules::ensure();
+        let mut rebuilt = false;
+        let mut unresolved = 0;
+        let mut ids = Vec::with_capacity(native.len());
+        for &pc in native {
+            let mut found = table.find(pc);
+            if found.is_none() && !rebuilt {
+                rebuilt = true;
+                if modules::refresh() {
+                    python::retry_if_absent();
+                    table = modules::ensure();
+                    found = table.find(pc);
+                }
+            }
+            ids.push(match found {
+                Some(index) => self.id(table, index),
+                None => {
+                    unresolved += 1;
+                    NO_MODULE
+                }
+            });
+        }
+        (ids, unresolved)
+    }
+
+    fn id(&mut self, table: &ModuleTable, index: usize) -> ModuleId {
+        let at = table as *const ModuleTable as usize;
+        if self.table != at {
+            self.table = at;
+            self.by_index.clear();
+            self.by_index.resize(table.modules.len(), None);
+        }
+        if let Some(Some(id)) = self.by_index.get(index) {
+            return *id;
+        }
+        let Some(m) = table.modules.get(index) else {
+            return NO_MODULE;
+        };
+        let key = (m.path.clone(), m.base, m.start);
+        let id = *self.by_key.entry(key).or_insert_with(|| {
+            self.infos.push(m.clone());
+            (self.infos.len() - 1) as ModuleId
+        });
+        if let Some(slot) = self.by_index.get_mut(index) {
+            *slot = Some(id);
+        }
+        id
+    }
+
+    fn info(&self, id: ModuleId) -> Option<&ModuleInfo> {
+        self.infos.get(id as usize)
     }
 }
 

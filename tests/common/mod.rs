@@ -104,6 +104,22 @@ pub fn skip(reason: &str) {
     eprintln!("skipped: {reason}");
 }
 
+/// Builds the C file `src` into the shared library `out` with `$CC` (else `cc`), `flags` and
+/// `-fPIC -shared`, linked against the simulated runtime (`-lcudart`); the test fails if it
+/// does not build.
+pub fn build_cuda_library(src: &Path, out: &Path, flags: &[&str]) {
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(flags)
+        .args(["-fPIC", "-shared", "-o"])
+        .arg(out)
+        .arg(src)
+        .arg(format!("-L{}", fake_lib_dir().display()))
+        .arg("-lcudart")
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "cc failed on {}", src.display());
+}
+
 /// The `libmemsnap.so` of this build.
 pub fn preload_lib() -> PathBuf {
     built("libmemsnap.so")
@@ -150,7 +166,7 @@ impl Run {
     }
 }
 
-/// Runs `OUTDIR/bin/<program>` (`*.py` programs with `python3`) with
+/// Runs `OUTDIR/bin/<program>` (`*.py` programs with the interpreter `python`) with
 /// `LD_LIBRARY_PATH=OUTDIR/lib`, `FAKE_CUDART=OUTDIR/lib/libcudart.so.13`, a fresh temporary
 /// `MEMSNAP_FOLDER` (also its working directory) and, when `preload`, `LD_PRELOAD=libmemsnap.so`. Inherited `MEMSNAP_*`,
 /// `FAKE_CUDA_*` and `LD_PRELOAD` variables are removed first; `env` is applied last and wins.
@@ -502,30 +518,10 @@ pub fn pyenv_root() -> PathBuf {
 /// CPython interpreters to test: pyenv's 3.10–3.14 and `MEMSNAP_TEST_PYTHONS`, else
 /// `python3` if it is one of the supported versions.
 pub fn interpreters() -> Vec<(String, PathBuf)> {
-    let mut found = Vec::new();
-    let root = pyenv_root();
-    for minor in ["3.10", "3.11", "3.12", "3.13", "3.14"] {
-        let Ok(entries) = std::fs::read_dir(root.join("versions")) else {
-            break;
-        };
-        let mut versions: Vec<PathBuf> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                    n.strip_prefix(minor)
-                        .is_some_and(|rest| rest.starts_with('.'))
-                })
-            })
-            .collect();
-        versions.sort();
-        if let Some(v) = versions.pop() {
-            let py = v.join("bin/python3");
-            if py.is_file() {
-                found.push((minor.to_string(), py));
-            }
-        }
-    }
+    let mut found: Vec<(String, PathBuf)> = ["3.10", "3.11", "3.12", "3.13", "3.14"]
+        .into_iter()
+        .filter_map(|minor| Some((minor.to_string(), pyenv_python(minor)?)))
+        .collect();
     if let Some(extra) = std::env::var_os("MEMSNAP_TEST_PYTHONS") {
         for py in std::env::split_paths(&extra).filter(|p| !p.as_os_str().is_empty()) {
             found.push((py.display().to_string(), py));
@@ -535,4 +531,53 @@ pub fn interpreters() -> Vec<(String, PathBuf)> {
         found.push(("python3".to_string(), PathBuf::from("python3")));
     }
     found
+}
+
+/// pyenv's newest CPython `minor` (`"3.12"`), if installed.
+pub fn pyenv_python(minor: &str) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(pyenv_root().join("versions")).ok()?;
+    let mut versions: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix(minor)
+                    .is_some_and(|rest| rest.starts_with('.'))
+            })
+        })
+        .collect();
+    // By patch number: 3.12.10 after 3.12.9.
+    versions.sort_by_key(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.rsplit('.').next())
+            .and_then(|patch| patch.parse::<u32>().ok())
+    });
+    versions
+        .into_iter()
+        .rev()
+        .map(|v| v.join("bin/python3"))
+        .find(|py| py.is_file())
+}
+
+/// A CPython `minor` (`"3.12"`) to run programs with: pyenv's newest, else one named in
+/// `MEMSNAP_TEST_PYTHONS` (paths separated by `:`) of that version, else `python3.X` on
+/// `PATH` (not a pyenv shim, which may stand for no installed version).
+pub fn python(minor: &str) -> Option<PathBuf> {
+    if let Some(py) = pyenv_python(minor) {
+        return Some(py);
+    }
+    let listed = std::env::var_os("MEMSNAP_TEST_PYTHONS").unwrap_or_default();
+    let on_path = std::env::var_os("PATH").unwrap_or_default();
+    let named = std::env::split_paths(&listed).filter(|p| !p.as_os_str().is_empty());
+    let found = std::env::split_paths(&on_path)
+        .filter(|dir| !dir.ends_with("shims"))
+        .map(|dir| dir.join(format!("python{minor}")))
+        .filter(|p| p.is_file());
+    named.chain(found).find(|py| {
+        Command::new(py)
+            .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+            .output()
+            .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == minor)
+    })
 }

@@ -5,8 +5,9 @@
 //! the viewer's opcodes, batches of at most 1000, LONG1 of at most 8 bytes, frames
 //! `{name, filename, line}`) and the model (`memsnap_format::check::check`: the forward
 //! history ending in the segments (docs/FORMAT.md#forward-history-rule), tiling, sizes,
-//! stacks). A file that cannot be read is one error line on stderr, and the next file is
-//! checked. Exit 0 when every file passes, 1 when any breaks a rule, 2 when any cannot be
+//! stacks). What a memsnap file says it misses (dropped events, events without a stack, stack
+//! frames unresolved) comes first, a line each, and is no violation. A file that cannot be
+//! read is one error line on stderr, and the next file is checked. Exit 0 when every file passes, 1 when any breaks a rule, 2 when any cannot be
 //! read at all. docs/FORMAT.md, "Which checker enforces which rule", lists what is not
 //! checked.
 
@@ -47,6 +48,15 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         let total = violations.len() + checked.total;
         violations.extend(checked.kept);
         let events: usize = snap.device_traces.iter().map(Vec::len).sum();
+        // What the file says it misses, first (not a violation of the format).
+        let meta = |key| memsnap_engine::summary::meta_int(&snap, key);
+        for line in crate::summary::incomplete(
+            meta("dropped_events"),
+            meta("events_without_stack"),
+            meta("frames_unresolved"),
+        ) {
+            writeln!(out, "{}: {line}", shown(&display_name(path)))?;
+        }
         if total == 0 {
             writeln!(
                 out,

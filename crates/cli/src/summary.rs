@@ -16,7 +16,7 @@ use std::path::PathBuf;
 pub const JSON_SHAPE: &str = "\
 JSON (--json):
   { file, producer: \"memsnap\"|\"pytorch\", dropped_events: int|null,
-    events_without_stack: int|null, metadata: {memsnap's metadata},
+    events_without_stack: int|null, frames_unresolved: int|null, metadata: {memsnap's metadata},
     api_calls: [ {api, calls} ] (memsnap's files: calls per CUDA entry point, whole process),
     devices: [ { device, live_bytes, live_blocks, live_requested_bytes, pending_free_bytes,
                  cached_free_bytes, largest_free_block_bytes, reserved_bytes, segments,
@@ -127,6 +127,38 @@ fn api_list<'a>(rows: impl Iterator<Item = (&'a str, i64)>) -> String {
     text
 }
 
+/// What a memsnap file says it misses (its counters of dropped events, events without a
+/// stack and frames not resolved), a line each where not 0: `summary` and `check` print
+/// these first.
+pub fn incomplete(
+    dropped_events: Option<i64>,
+    events_without_stack: Option<i64>,
+    frames_unresolved: Option<i64>,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(n) = dropped_events.filter(|&n| n > 0) {
+        lines.push(format!(
+            "INCOMPLETE: {} not recorded (memsnap's writer stopped early); live memory \
+             below may be off by what they did",
+            plural(n, "event", "events")
+        ));
+    }
+    if let Some(n) = events_without_stack.filter(|&n| n > 0) {
+        lines.push(format!(
+            "INCOMPLETE: {} recorded without a stack",
+            plural(n, "event", "events")
+        ));
+    }
+    if let Some(n) = frames_unresolved.filter(|&n| n > 0) {
+        lines.push(format!(
+            "INCOMPLETE: {} unresolved (code gone before memsnap read it): kept as ?? or \
+             with line 0",
+            plural(n, "stack frame", "stack frames")
+        ));
+    }
+    lines
+}
+
 fn plural(n: impl Into<i64>, one: &str, many: &str) -> String {
     let n = n.into();
     format!("{n} {}", if n == 1 { one } else { many })
@@ -161,20 +193,12 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
         plural(events as i64, "event", "events"),
     )?;
     // What the record misses comes first: everything below is short by it.
-    if let Some(n) = s.dropped_events.filter(|&n| n > 0) {
-        writeln!(
-            out,
-            "INCOMPLETE: {} not recorded (memsnap's writer stopped early); live memory \
-             below may be off by what they did",
-            plural(n, "event", "events")
-        )?;
-    }
-    if let Some(n) = s.events_without_stack.filter(|&n| n > 0) {
-        writeln!(
-            out,
-            "INCOMPLETE: {} recorded without a stack",
-            plural(n, "event", "events")
-        )?;
+    for line in incomplete(
+        s.dropped_events,
+        s.events_without_stack,
+        s.frames_unresolved,
+    ) {
+        writeln!(out, "{line}")?;
     }
     // What memsnap saw of PyTorch's allocator says what the live bytes below are: its
     // blocks (tensors inside the cache), its segments only, or tensors that are CUDA calls.

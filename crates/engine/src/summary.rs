@@ -145,6 +145,8 @@ pub struct Summary {
     pub dropped_events: Option<i64>,
     /// Events recorded without their stack (memsnap's counter).
     pub events_without_stack: Option<i64>,
+    /// Stack frames memsnap could not resolve (memsnap's counter).
+    pub frames_unresolved: Option<i64>,
     pub metadata: serde_json::Value,
     /// Calls per CUDA entry point (memsnap's `api_calls`), most first.
     pub api_calls: Vec<CallRow>,
@@ -239,6 +241,7 @@ pub fn build(
         },
         dropped_events: meta_int(snap, "dropped_events"),
         events_without_stack: meta_int(snap, "events_without_stack"),
+        frames_unresolved: meta_int(snap, "frames_unresolved"),
         metadata: meta_json(&Meta::Dict(snap.memsnap.clone())),
         api_calls: api_calls(snap),
         devices,

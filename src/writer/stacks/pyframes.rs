@@ -1,13 +1,17 @@
 //! Raw Python frames to `{name, filename, line}`: code objects read safely, line tables decoded.
 //!
-//! Cold (writer thread), called within about a millisecond of the event, while the code
-//! objects the hook named are still alive. Every read of interpreter memory goes through
-//! `process_vm_readv` on our own pid, so a code object freed (and unmapped) since the hook
-//! cannot crash the host: the read fails and the frame is dropped. A code object is trusted
-//! only if its type pointer is `PyCode_Type` and its first line and name/file pointers give the check value
-//! the hook computed; decoded objects are cached per (address, check value).
+//! Cold (writer thread), called as the writer drains the event, while the code objects the
+//! hook named are still alive: CPython frees none before the writer has read the events
+//! published until then (`channel::keep`). Every read of interpreter memory goes through
+//! `process_vm_readv` on our own pid, so a code object gone all the same (that wait timed
+//! out) cannot crash the host: the read fails. A code object is trusted only if its type
+//! pointer is `PyCode_Type` and its first line and name/file pointers give the check value
+//! the hook computed; decoded objects are cached per (address, check value). A frame that
+//! cannot be read is kept as [`UNRESOLVED_FILE`] (or its file and function with line 0 when
+//! only the line could not be decoded) and counted, never dropped.
 
 use crate::channel::event::PyFrameRaw;
+use crate::channel::keep;
 use crate::process::cpython::{BytesLayout, FLAG_ENTRY, Layout, StrLayout, check_value, fold};
 use crate::process::python;
 use crate::snapshot::model::Frame;
@@ -30,6 +34,12 @@ pub struct CodeInfo {
     /// a cache hit is re-checked against them, so a different code object that reuses the
     /// address (and happens to start on the same line) is read afresh.
     identity: [u64; 3],
+    /// Whether the object has a serial (3.12+ `co_version`), which the check value holds;
+    /// else the count of code objects freed before it was read ([`keep::code_frees`]): a
+    /// hit with another count is read afresh (another object may have the address, the
+    /// names' addresses and the first line of this one).
+    serial: bool,
+    frees: u64,
 }
 
 /// Copies `len` bytes of our own memory at `addr`; `None` if any of it is unmapped.
@@ -65,6 +75,18 @@ fn i32_at(b: &[u8], off: u64) -> Option<i32> {
     Some(i32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
 
+/// The file of a Python frame whose code object could not be read: `{"??", this, 0}`.
+pub const UNRESOLVED_FILE: &str = "<Python code freed>";
+
+/// One raw frame, decoded.
+enum Decoded {
+    Frame(Frame),
+    /// A frame not started yet: CPython hides these too.
+    Hidden,
+    /// Kept with what is known, and counted.
+    Unresolved(Frame),
+}
+
 pub struct PyResolver {
     layout: Option<Layout>,
     code_type: u64,
@@ -96,18 +118,26 @@ impl PyResolver {
 
     /// Resolves raw frames (innermost first) into eval-call groups: each group holds the
     /// frames one `_PyEval_EvalFrameDefault` call ran, innermost first, and the groups come
-    /// innermost call first. Frames whose code object cannot be read or validated, and
-    /// frames not started yet, are dropped; their group still ends where it did.
-    pub fn resolve(&mut self, raw: &[PyFrameRaw]) -> Vec<Vec<Frame>> {
-        let Some(layout) = self.ensure_layout() else {
-            return Vec::new();
-        };
+    /// innermost call first. Frames not started yet are left out (their group still ends
+    /// where it did); frames that cannot be resolved are kept as far as known. Returns the
+    /// groups and how many frames could not be resolved.
+    pub fn resolve(&mut self, raw: &[PyFrameRaw]) -> (Vec<Vec<Frame>>, u64) {
+        let layout = self.ensure_layout();
         let mut groups: Vec<Vec<Frame>> = Vec::new();
         let mut group: Vec<Frame> = Vec::new();
+        let mut unresolved = 0;
         for r in raw {
             let entry = r.flags & FLAG_ENTRY != 0;
-            if let Some(frame) = self.frame(layout, r) {
-                group.push(frame);
+            match layout.map_or_else(
+                || Decoded::Unresolved(unresolved_frame()),
+                |l| self.frame(l, r),
+            ) {
+                Decoded::Frame(frame) => group.push(frame),
+                Decoded::Hidden => {}
+                Decoded::Unresolved(frame) => {
+                    unresolved += 1;
+                    group.push(frame);
+                }
             }
             if entry {
                 groups.push(std::mem::take(&mut group));
@@ -116,11 +146,13 @@ impl PyResolver {
         if !group.is_empty() {
             groups.push(group);
         }
-        groups
+        (groups, unresolved)
     }
 
-    fn frame(&mut self, layout: Layout, r: &PyFrameRaw) -> Option<Frame> {
-        let info = self.code(layout, r.code, r.check)?;
+    fn frame(&mut self, layout: Layout, r: &PyFrameRaw) -> Decoded {
+        let Some(info) = self.code(layout, r.code, r.check) else {
+            return Decoded::Unresolved(unresolved_frame());
+        };
         let line = match layout {
             Layout::Py310 => {
                 let lasti = r.instr as i64;
@@ -133,7 +165,7 @@ impl PyResolver {
             _ => {
                 let units = (r.instr as i64).wrapping_sub(info.code_start as i64) / 2;
                 if units < info.firsttraceable {
-                    return None; // incomplete frame: CPython hides these too
+                    return Decoded::Hidden; // incomplete frame: CPython hides these too
                 }
                 if units < 0 {
                     Some(info.firstlineno as i64)
@@ -142,23 +174,32 @@ impl PyResolver {
                 }
             }
         };
-        Some(Frame {
+        let frame = Frame {
             name: info.name.clone(),
             filename: info.filename.clone(),
             line: line.unwrap_or(0),
-        })
+        };
+        match line {
+            Some(_) => Decoded::Frame(frame),
+            None => Decoded::Unresolved(frame), // no line for the instruction: 0, counted
+        }
     }
 
     fn code(&mut self, layout: Layout, addr: u64, check: u32) -> Option<Rc<CodeInfo>> {
+        // Before the object: a free after this moves the count.
+        let frees = keep::code_frees();
         let head = self.read_head(layout, addr, check)?;
         let identity = identity(layout, &head)?;
         if let Some(c) = self.cache.get(&(addr, check))
             && c.identity == identity
+            && (c.serial || c.frees == frees)
         {
             return Some(c.clone());
         }
         // Only successes are cached: a failed read (object gone) is retried next time.
-        let info = Rc::new(self.read_code(layout, addr, &head, identity)?);
+        let mut info = self.read_code(layout, addr, &head, identity)?;
+        info.frees = frees;
+        let info = Rc::new(info);
         self.cache.insert((addr, check), info.clone());
         Some(info)
     }
@@ -214,6 +255,7 @@ impl PyResolver {
                 addr.wrapping_add(o.code_adaptive),
             ),
         };
+        let serial = o.version != 0 && u32_at(head, o.version)? != 0;
         Some(CodeInfo {
             filename,
             name,
@@ -222,7 +264,18 @@ impl PyResolver {
             firsttraceable,
             code_start,
             identity,
+            serial,
+            frees: 0,
         })
+    }
+}
+
+/// A frame whose code object could not be read (see [`UNRESOLVED_FILE`]).
+fn unresolved_frame() -> Frame {
+    Frame {
+        name: "??".to_string(),
+        filename: UNRESOLVED_FILE.to_string(),
+        line: 0,
     }
 }
 

@@ -1,6 +1,9 @@
 //! Native return addresses to frames: addr2line + object, demangled, cached per address.
 //!
-//! Cold (writer thread). Per module: one `addr2line::Loader` on the file (DWARF file:line with
+//! Cold (writer thread). Each address comes with the module it was in when its stack was
+//! interned (`super::ModuleIds`), so a library unloaded since is still named from its file,
+//! and another mapped at its addresses later gets its own names. Per module: one
+//! `addr2line::Loader` on the file (DWARF file:line with
 //! inlined frames), plus one on its separate debug file when the module names one
 //! (`/usr/lib/debug/.build-id/xx/yyyy.debug`, or `.gnu_debuglink` next to the file, in its
 //! `.debug/` folder, or under `/usr/lib/debug`); and the symbol tables of both
@@ -14,10 +17,10 @@
 //! code the tables do not name (cuBLAS's internal functions after a 5-byte export), and the
 //! nearest symbol before it would be a wrong name. OFF is the return address's distance from
 //! the symbol's start, or from the module's base (its ELF virtual address). Only an address
-//! outside every module stays unnamed: `{"0x7f..", "??", 0}`.
+//! that was in no module stays unnamed: `{"0x7f..", "??", 0}` (counted by `super`).
 
 use super::symtab::SymbolTable;
-use crate::process::modules::{self, ModuleInfo};
+use crate::process::modules::ModuleInfo;
 use crate::snapshot::model::Frame;
 use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};
@@ -36,8 +39,8 @@ struct ModuleSymbols {
 pub struct Symbolizer {
     /// Keyed by module path.
     modules: FxHashMap<String, ModuleSymbols>,
-    /// Keyed by return address.
-    cache: FxHashMap<u64, Rc<[Frame]>>,
+    /// Keyed by module (`super::ModuleId`) and return address.
+    cache: FxHashMap<(u32, u64), Rc<[Frame]>>,
 }
 
 impl Symbolizer {
@@ -45,30 +48,27 @@ impl Symbolizer {
         Self::default()
     }
 
-    /// The frames (innermost first; several when inlined) of the call that returns to `pc`.
-    pub fn symbolize(&mut self, pc: u64) -> Rc<[Frame]> {
-        if let Some(f) = self.cache.get(&pc) {
+    /// The frames (innermost first; several when inlined) of the call that returns to `pc`,
+    /// in `module` (its id and what it was), or in none.
+    pub fn symbolize(&mut self, pc: u64, module: Option<(u32, &ModuleInfo)>) -> Rc<[Frame]> {
+        let key = (module.map_or(u32::MAX, |(id, _)| id), pc);
+        if let Some(f) = self.cache.get(&key) {
             return f.clone();
         }
-        let frames: Rc<[Frame]> = self.lookup(pc).into();
-        self.cache.insert(pc, frames.clone());
+        let frames: Rc<[Frame]> = self.lookup(pc, module.map(|(_, m)| m)).into();
+        self.cache.insert(key, frames.clone());
         frames
     }
 
-    /// Whether the call returning to `pc` is inside PyTorch's CUDA allocator library
-    /// (`libc10_cuda.so`): the innermost such frames of a stack are the allocator's own
-    /// (its tracker call, its `malloc`), not where the program allocated.
-    pub fn in_allocator_library(&self, pc: u64) -> bool {
-        let table = modules::ensure();
-        table
-            .find(pc)
-            .and_then(|i| table.modules.get(i))
-            .is_some_and(|m| Path::new(&m.path).file_name() == Some("libc10_cuda.so".as_ref()))
+    /// Whether `module` is PyTorch's CUDA allocator library (`libc10_cuda.so`): the
+    /// innermost frames of a stack there are the allocator's own (its tracker call, its
+    /// `malloc`), not where the program allocated.
+    pub fn is_allocator_library(module: &ModuleInfo) -> bool {
+        Path::new(&module.path).file_name() == Some("libc10_cuda.so".as_ref())
     }
 
-    fn lookup(&mut self, pc: u64) -> Vec<Frame> {
-        let table = modules::ensure();
-        let Some(m) = table.find(pc).and_then(|i| table.modules.get(i)) else {
+    fn lookup(&mut self, pc: u64, module: Option<&ModuleInfo>) -> Vec<Frame> {
+        let Some(m) = module else {
             return vec![Frame {
                 name: format!("{pc:#x}"),
                 filename: "??".to_string(),

@@ -147,3 +147,86 @@ fn stacks_are_told_apart_by_content_even_when_their_hashes_collide() {
     assert_eq!(ids[..3], ids[3..]);
     assert_eq!(table.len(), 3);
 }
+
+/// A library of one function `func` built in `dir` as `name`, loaded; its handle and the
+/// function's address.
+fn load_library(dir: &std::path::Path, name: &str, func: &str) -> (*mut libc::c_void, u64) {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, format!("int {func}(int x) {{ return x * 3 + 1; }}\n")).unwrap();
+    let lib = dir.join(name);
+    crate::stack_tests::build_c_library(&src, &lib, &["-g", "-O1"]);
+    let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+    let func = std::ffi::CString::new(func).unwrap();
+    // SAFETY: loading a library of our own; only its address is taken, nothing is called.
+    unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        assert!(!handle.is_null(), "dlopen {}", lib.display());
+        let at = libc::dlsym(handle, func.as_ptr());
+        assert!(!at.is_null());
+        (handle, at as u64)
+    }
+}
+
+#[test]
+fn an_unloaded_librarys_frames_keep_its_names_with_another_library_at_its_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut table = StackTable::new(&Config::default());
+    let (first, at_first) = load_library(dir.path(), "libfirst.so", "first_fn");
+    // A return address just inside the function, interned while its library is loaded.
+    let in_first = table.intern(&native_slot(&[at_first + 1])).unwrap();
+    // SAFETY: our handle; nothing of the library is used after this.
+    assert_eq!(unsafe { libc::dlclose(first) }, 0);
+    // What memsnap's `dlclose` does after the library is gone.
+    modules::mark_stale();
+    // Usually mapped where the first one was: the same addresses, another library.
+    let (second, at_second) = load_library(dir.path(), "libsecond.so", "second_fn");
+    let in_second = table
+        .intern(&native_slot(&[at_second + 1, at_second + 2]))
+        .unwrap();
+    let name = |table: &mut StackTable, id| table.frames(id)[0].name.clone();
+    assert_eq!(name(&mut table, in_first), "first_fn");
+    assert_eq!(name(&mut table, in_second), "second_fn");
+    assert_eq!(table.frames_unresolved, 0);
+    // SAFETY: our handle.
+    assert_eq!(unsafe { libc::dlclose(second) }, 0);
+}
+
+#[test]
+fn frames_that_cannot_be_resolved_are_kept_and_counted() {
+    let mut table = StackTable::new(&Config::default());
+    // An address in no module, and two Python records whose code objects cannot be read
+    // (this test process has no interpreter): each kept, each counted.
+    let mut slot = native_slot(&[0x10]);
+    slot.python[0] = PyFrameRaw {
+        code: 8,
+        instr: 0,
+        check: 1,
+        flags: 0,
+    };
+    slot.python[1] = PyFrameRaw {
+        code: 16,
+        instr: 0,
+        check: 2,
+        flags: crate::process::cpython::FLAG_ENTRY,
+    };
+    slot.n_python = 2;
+    let id = table.intern(&slot).unwrap();
+    assert_eq!(table.frames_unresolved, 3);
+    let frames: Vec<(String, String, i64)> = table
+        .frames(id)
+        .iter()
+        .map(|f| (f.name.clone(), f.filename.clone(), f.line))
+        .collect();
+    let python = ("??".to_string(), UNRESOLVED_FILE.to_string(), 0);
+    assert_eq!(
+        frames,
+        [
+            ("0x10".to_string(), "??".to_string(), 0),
+            python.clone(),
+            python
+        ]
+    );
+    // The same stack again: counted once, as the one distinct stack it is.
+    assert_eq!(table.intern(&slot), Some(id));
+    assert_eq!(table.frames_unresolved, 3);
+}
