@@ -1,5 +1,6 @@
 //! Arguments several commands share: `--ignore` and `--callers` ([`Attribution`], turned
-//! into the engine's site rules). Cold code.
+//! into the engine's site rules), and with `--json` the [`Report`] of the reading commands.
+//! Cold code.
 
 use memsnap_engine::sites;
 
@@ -25,4 +26,15 @@ impl Attribution {
             callers: self.callers,
         }
     }
+}
+
+/// How a reading command (`summary`, `diff`, `explain`, `ranks`) reports: its site rules,
+/// and text or JSON.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct Report {
+    #[command(flatten)]
+    pub attr: Attribution,
+    /// Print JSON instead of text (shape: see --help).
+    #[arg(long)]
+    pub json: bool,
 }

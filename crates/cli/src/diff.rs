@@ -6,7 +6,7 @@
 //! each file, or at the moment `--at` names on each side (then in requested bytes, on both
 //! sides). Exit status 1 when the total growth passes `--fail-above`, for CI. Cold code.
 
-use crate::args::Attribution;
+use crate::args::Report;
 use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At};
@@ -53,10 +53,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     #[command(flatten)]
-    pub attr: Attribution,
-    /// Print JSON instead of text (shape: see --help).
-    #[arg(long)]
-    pub json: bool,
+    pub report: Report,
 }
 
 /// The live set of `path` at `at`, by site: block bytes at the end when `requested` is
@@ -82,7 +79,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     // Block bytes exist only at the end; any other moment puts both sides in the
     // history's units, so the two columns compare like with like.
     let requested = at_before != At::End || at_after != At::End;
-    let attr = a.attr.rules();
+    let attr = a.report.attr.rules();
     // Both files at once: reading is one core per file.
     let mut loaded = crate::input::map_files(
         &[(&a.before, at_before), (&a.after, at_after)],
@@ -106,7 +103,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         a.top,
         a.fail_above,
     );
-    if a.json {
+    if a.report.json {
         serde_json::to_writer_pretty(&mut *out, &d)?;
         writeln!(out)?;
     } else {

@@ -3,7 +3,7 @@
 //! of the engine's [`Explanation`] (JSON is its serde form; docs/EXPLAIN.md has the shape):
 //! a few short paragraphs, most important first. Cold code.
 
-use crate::args::Attribution;
+use crate::args::Report;
 use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At};
@@ -57,10 +57,7 @@ pub struct Args {
     #[arg(long)]
     pub fail_on_leak: bool,
     #[command(flatten)]
-    pub attr: Attribution,
-    /// Print JSON instead of text (shape: see --help).
-    #[arg(long)]
-    pub json: bool,
+    pub report: Report,
 }
 
 /// Reads every file and puts the answers together.
@@ -68,7 +65,7 @@ pub fn build(a: &Args) -> Result<Explanation> {
     let files = crate::input::run_files(&a.paths)?;
     let at = a.at.unwrap_or(At::Auto);
     let opts = engine::Options {
-        attr: a.attr.rules(),
+        attr: a.report.attr.rules(),
     };
     let digests = crate::input::map_files(&files, |p| {
         let name = p.display().to_string();
@@ -103,7 +100,7 @@ pub fn build(a: &Args) -> Result<Explanation> {
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     let x = build(a)?;
-    if a.json {
+    if a.report.json {
         serde_json::to_writer_pretty(&mut *out, &x)?;
         writeln!(out)?;
     } else {

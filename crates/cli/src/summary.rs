@@ -3,7 +3,7 @@
 //! (the first OOM, else the peak, or the moment `--at` names), beside the end, per device;
 //! and each OOM. Cold code.
 
-use crate::args::Attribution;
+use crate::args::Report;
 use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At, Kind};
@@ -60,10 +60,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     #[command(flatten)]
-    pub attr: Attribution,
-    /// Print JSON instead of text (shape: see --help).
-    #[arg(long)]
-    pub json: bool,
+    pub report: Report,
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
@@ -74,7 +71,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         &loaded.histories,
         a.snap.display().to_string(),
         a.top,
-        &a.attr.rules(),
+        &a.report.attr.rules(),
     );
     // A moment asked for by name that no device reached is an error, not an answer.
     if a.at.is_some_and(|at| at != At::End)
@@ -82,7 +79,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     {
         anyhow::bail!("{}: --at: {why}", a.snap.display());
     }
-    if a.json {
+    if a.report.json {
         serde_json::to_writer_pretty(&mut *out, &s)?;
         writeln!(out)?;
     } else {
@@ -93,7 +90,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
                 && let Some(line) = memsnap_engine::explain::verdict_line(
                     &loaded,
                     &crate::input::display_name(&a.snap),
-                    &a.attr.rules(),
+                    &a.report.attr.rules(),
                 )
             {
                 writeln!(out)?;
