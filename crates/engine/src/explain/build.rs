@@ -6,6 +6,7 @@ use super::leaks::{self, Leak, StepPoint, Unit};
 use super::{
     AtFile, Digest, Explanation, OtherRank, iterations, log, owners, side_by_side, snapshots,
 };
+use crate::sites::{Attribution, HelperRule, Helpers};
 use std::collections::BTreeMap;
 
 /// Live bytes of a file at `time_us` (Σ over devices), from its timelines; `None` when its
@@ -387,7 +388,7 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
     if several && files > 0 && digests.is_empty() {
         notes.push("no file could be read".into());
     }
-    Explanation {
+    let mut x = Explanation {
         oom,
         leaks,
         iterations: iteration_infos,
@@ -400,7 +401,48 @@ pub fn build(mut digests: Vec<Digest>) -> Explanation {
         files,
         steps_to_oom,
         sites,
+    };
+    name_helpers(&mut x, &digests);
+    x
+}
+
+/// The helper of each site that is a helper's calling line, in every list of sites.
+fn name_helpers(x: &mut Explanation, digests: &[Digest]) {
+    let via: BTreeMap<&str, &str> = digests
+        .iter()
+        .flat_map(|d| d.via.iter().map(|(s, v)| (s.as_str(), v.as_str())))
+        .collect();
+    if via.is_empty() {
+        return;
     }
+    let of = |site: &str| via.get(site).map(|v| v.to_string());
+    for l in &mut x.leaks {
+        l.via = of(&l.site);
+    }
+    for g in x.snapshots.iter_mut().flat_map(|s| &mut s.sites) {
+        g.via = of(&g.site);
+    }
+    for d in x.ranks.iter_mut().flat_map(|r| &mut r.differing_sites) {
+        d.via = of(&d.site);
+    }
+}
+
+/// Where several files are explained together, the helpers found in any of them, and the
+/// files (their indices) whose sites would differ under them: read those again with the
+/// rules returned, so that every file names its sites alike (leaks and ranks compare sites
+/// by name). `None` when the files agree already.
+pub fn shared_helpers(digests: &[Digest], attr: &Attribution) -> Option<(Attribution, Vec<usize>)> {
+    if attr.helpers != HelperRule::Find {
+        return None;
+    }
+    let mut all = Helpers::default();
+    for d in digests.iter().filter(|d| d.error.is_none()) {
+        all.union(&d.helpers);
+    }
+    let redo: Vec<usize> = (0..digests.len())
+        .filter(|&i| digests[i].error.is_none() && !digests[i].helpers.agrees_with(&all))
+        .collect();
+    (!redo.is_empty()).then(|| (attr.with_helpers(all), redo))
 }
 
 /// A note when the files recorded PyTorch's allocator as different kinds (its blocks in

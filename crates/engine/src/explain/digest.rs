@@ -15,7 +15,7 @@ use crate::device;
 use crate::history::History;
 use crate::input::Summarized;
 use crate::ranks::rank_from_name;
-use crate::sites::{self, Attribution, Library, Sites};
+use crate::sites::{self, Attribution, HelperRule, Library, Sites, StackBytes};
 use crate::tally::Tally;
 use memsnap_format::model::{BlockState, Snapshot, StackId};
 use rustc_hash::FxHashMap;
@@ -33,6 +33,8 @@ struct Ctx<'a> {
     snap: &'a Snapshot,
     sites: Sites,
     roles: Vec<StackRole>,
+    /// What each stack allocated (helpers are found from it).
+    bytes: StackBytes,
 }
 
 impl Ctx<'_> {
@@ -63,6 +65,7 @@ impl Ctx<'_> {
             .into_iter()
             .map(|(site, (t, libs, roles))| SiteRow {
                 site: self.sites.text(site).to_string(),
+                via: self.sites.via(site).map(str::to_string),
                 bytes: t.bytes,
                 allocations: t.count,
                 library: top(&libs).unwrap_or(Library::Unknown),
@@ -110,13 +113,16 @@ impl Ctx<'_> {
         Some(r)
     }
 
-    /// When one site holds most of `holders` through several callers: which caller to look
-    /// at, and the `--ignore` pattern that names the callers.
-    fn helper(
+    /// Under `--at-helpers`, when one site holds most of `holders` and is a helper: the
+    /// note naming its calling lines (the sites it would have been shown at).
+    fn helper_note(
         &self,
         holders: &FxHashMap<Option<StackId>, Tally>,
         attr: &Attribution,
     ) -> Option<String> {
+        if attr.helpers != HelperRule::Off || attr.callers.is_some() {
+            return None;
+        }
         let total: i64 = holders.values().map(|t| t.bytes).sum();
         let mut by_site: FxHashMap<u32, i64> = FxHashMap::default();
         for (s, t) in holders {
@@ -128,32 +134,17 @@ impl Ctx<'_> {
         if total <= 0 || (bytes as f64) < HELPER_SHARE * total as f64 {
             return None;
         }
-        // The site's frame, from its largest stack.
-        let (stack, _) = holders
-            .iter()
-            .filter(|(s, _)| self.sites.site(**s) == site)
-            .max_by_key(|(s, t)| (t.bytes, std::cmp::Reverse(**s)))?;
-        let frames: Vec<_> = self.snap.stack_frames(*stack).collect();
-        let frame = sites::site_frame(&frames, attr)?;
-        let pattern = if sites::is_python_frame(frame) {
-            frame
-                .filename
-                .rsplit('/')
-                .next()
-                .unwrap_or(&frame.filename)
-                .to_string()
-        } else {
-            sites::simplify_cpp(&frame.name)
+        let found = Attribution {
+            helpers: HelperRule::Find,
+            ..attr.clone()
         };
-        if pattern.is_empty() {
-            return None;
-        }
-        let mut ignoring = attr.clone();
-        ignoring.ignore.push(pattern.clone());
-        let callers = Sites::new(self.snap, &ignoring);
+        let at_callers = Sites::new(self.snap, &found, &self.bytes);
         let mut by_caller: FxHashMap<u32, i64> = FxHashMap::default();
         for (s, t) in holders.iter().filter(|(s, _)| self.sites.site(**s) == site) {
-            *by_caller.entry(callers.site(*s)).or_default() += t.bytes;
+            let c = at_callers.site(*s);
+            if at_callers.via(c).is_some() {
+                *by_caller.entry(c).or_default() += t.bytes;
+            }
         }
         if by_caller.len() < 2 {
             return None;
@@ -161,14 +152,17 @@ impl Ctx<'_> {
         let (&caller, &caller_bytes) = by_caller
             .iter()
             .max_by_key(|(s, b)| (**b, std::cmp::Reverse(**s)))?;
+        let text = at_callers.text(caller);
+        let line = at_callers
+            .via(caller)
+            .and_then(|via| text.strip_suffix(&format!("{}{via}", sites::VIA)))
+            .unwrap_or(text);
         Some(format!(
-            "{} holds {:.0}% of the live bytes, reached from {} callers: an allocation helper? \
-             The largest caller is {} ({}); `--ignore {pattern}` makes the callers the sites, \
-             `--callers 2` shows them beside it",
+            "{} holds {:.0}% of the live bytes and is a helper: it allocates for {} calling \
+             lines, the largest {line} ({}); without --at-helpers they are the sites",
             self.sites.text(site),
             100.0 * bytes as f64 / total as f64,
             by_caller.len(),
-            callers.text(caller),
             crate::bytes::fmt_bytes(caller_bytes),
         ))
     }
@@ -193,12 +187,14 @@ impl Ctx<'_> {
 /// timelines: what `summary` has).
 pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Options) -> Digest {
     let Summarized { snap, histories } = loaded;
-    let sites = Sites::new(snap, &opts.attr);
+    let bytes = loaded.stack_bytes();
+    let sites = Sites::new(snap, &opts.attr, &bytes);
     let knowledge = owners::knowledge(snap, &sites);
     let ctx = Ctx {
         snap,
         roles: roles::of_stacks(snap),
         sites,
+        bytes,
     };
     let devs = device::devices(snap);
     let capacity = device_meta(snap, "total_bytes");
@@ -327,6 +323,13 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         }
     }
     choose_iterations(&mut d, &ctx, cuts);
+    d.helpers = ctx.sites.helpers().clone();
+    d.via = ctx
+        .sites
+        .sites
+        .iter()
+        .filter_map(|s| Some((s.text.clone(), s.via.clone()?)))
+        .collect();
     d.timelines = timelines.filter(|t| !t.is_empty());
     // From the first entry to the last, or to the moment the file was written (memsnap's
     // `time_us`): the state then is the snapshot's own.
@@ -359,7 +362,7 @@ pub fn digest(file: String, loaded: &Summarized, logs: &[EventLog], opts: &Optio
         owners: owners::owners(&ctx.sites, knowledge, &holders, reserved_at, outside_at_end),
         roles: ctx.roles(&holders, &freed),
         sites: ctx.site_rows(&holders, &freed),
-        helper: ctx.helper(&holders, &opts.attr),
+        helper: ctx.helper_note(&holders, &opts.attr),
     };
     if let Some((dev, time_us, (request, free, reserved, oom_holders, changed))) = first_oom {
         let oom_live: i64 = oom_holders.values().map(|t| t.bytes).sum();

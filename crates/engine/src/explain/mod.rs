@@ -20,14 +20,14 @@ mod build;
 mod digest;
 mod side_by_side;
 
-pub use build::{STEPS_HORIZON, build};
+pub use build::{STEPS_HORIZON, build, shared_helpers};
 pub use digest::digest;
 pub use side_by_side::{DifferingSite, ForeignDevice, Ranks};
 
 use crate::at::At;
 use crate::input::{self, Summarized};
 use crate::ranks::rank_from_name;
-use crate::sites::{Attribution, Library};
+use crate::sites::{Attribution, Helpers, Library};
 use leaks::{Leak, StepPoint};
 use log::EventLog;
 use memsnap_format::model::{Meta, Snapshot};
@@ -43,7 +43,8 @@ use std::io::Read as IoRead;
 pub const OOM_SITES: usize = 5;
 /// Sites listed as differing between ranks.
 pub const DIFFERING_SITES: usize = 5;
-/// Share of the live bytes above which one site is looked at as a possible helper.
+/// Under `--at-helpers`, the share of the live bytes above which a site that is a helper
+/// gets a note naming its calling lines.
 pub const HELPER_SHARE: f64 = 0.5;
 
 /// A file read for `explain`: its summarized snapshot and, per device ordinal, the log of
@@ -103,6 +104,8 @@ pub struct Options {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SiteRow {
     pub site: String,
+    /// The helper the bytes went through, where the site is its calling line.
+    pub via: Option<String>,
     pub bytes: i64,
     pub allocations: i64,
     pub library: Library,
@@ -158,7 +161,7 @@ pub struct Instant {
     pub owners: BTreeMap<String, i64>,
     pub roles: Option<Roles>,
     pub sites: Vec<SiteRow>,
-    /// The helper note, when one site holds most of the bytes through several callers.
+    /// Under `--at-helpers`, the note on a helper that holds most of the bytes.
     pub helper: Option<String>,
 }
 
@@ -214,6 +217,10 @@ pub struct Digest {
     pub torch_allocator: Option<String>,
     /// Why the file could not be read.
     pub error: Option<String>,
+    /// The helpers whose allocations the sites above show at their calling lines, and the
+    /// helper of each such site (`A via H` → `H`).
+    pub helpers: Helpers,
+    pub via: BTreeMap<String, String>,
 }
 
 /// A digest saying why the file `name` could not be read.

@@ -22,6 +22,8 @@ pub struct DifferingSite {
     pub site: String,
     pub bytes_worst: i64,
     pub bytes_median: i64,
+    /// The helper the bytes went through, where the site is its calling line.
+    pub via: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -115,6 +117,7 @@ pub(super) fn side_by_side(
             site: s.clone(),
             bytes_worst: w.get(s).copied().unwrap_or(0),
             bytes_median: m.get(s).copied().unwrap_or(0),
+            via: None,
         })
         .filter(|d| d.bytes_worst != d.bytes_median)
         .collect();
