@@ -78,7 +78,7 @@ fn ignore_moves_the_site_to_the_caller_and_callers_are_shown() {
     let skip = Attribution {
         ignore: vec!["pyalloc.py".into()],
         callers: None,
-        helpers: HelperRule::Find,
+        ..Attribution::default()
     };
     assert_eq!(
         plain(&stack, &skip).text,
@@ -88,7 +88,7 @@ fn ignore_moves_the_site_to_the_caller_and_callers_are_shown() {
     let skip_fn = Attribution {
         ignore: vec!["cuda_alloc".into()],
         callers: None,
-        helpers: HelperRule::Find,
+        ..Attribution::default()
     };
     assert_eq!(
         plain(&stack, &skip_fn).text,
@@ -97,7 +97,7 @@ fn ignore_moves_the_site_to_the_caller_and_callers_are_shown() {
     let callers = Attribution {
         ignore: Vec::new(),
         callers: Some(2),
-        helpers: HelperRule::Find,
+        ..Attribution::default()
     };
     assert_eq!(
         plain(&stack, &callers).text,
@@ -106,7 +106,7 @@ fn ignore_moves_the_site_to_the_caller_and_callers_are_shown() {
     let both = Attribution {
         ignore: vec!["pyalloc.py".into()],
         callers: Some(5),
-        helpers: HelperRule::Find,
+        ..Attribution::default()
     };
     assert_eq!(
         plain(&stack, &both).text,
@@ -116,7 +116,7 @@ fn ignore_moves_the_site_to_the_caller_and_callers_are_shown() {
     let all = Attribution {
         ignore: vec!["/".into()],
         callers: None,
-        helpers: HelperRule::Find,
+        ..Attribution::default()
     };
     let s = plain(&stack, &all);
     assert_eq!(
@@ -137,7 +137,7 @@ fn ignore_moves_the_site_to_the_caller_and_callers_are_shown() {
     let skip_torch = Attribution {
         ignore: vec!["libtorch".into()],
         callers: None,
-        helpers: HelperRule::Find,
+        ..Attribution::default()
     };
     assert_eq!(
         plain(&[&rt, &op, &app], &skip_torch).text,
