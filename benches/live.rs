@@ -7,7 +7,7 @@
 //! thread over the real socket, asking as `memsnap top` does (only the frames it does not
 //! hold yet); each request's cost is the writer time of the drain-loop
 //! passes that served it (accept, read, build the sample, encode, send). See
-//! src/writer/drain_bench.rs.
+//! benches/in_library/writer_drain.rs.
 
 mod support;
 

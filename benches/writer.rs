@@ -5,7 +5,7 @@
 //! `memsnap_debug_bench_writer` and `memsnap_debug_bench_writer_blocks` entry points: a
 //! producer thread sends synthetic events with native stacks through the real channel
 //! while the calling thread applies them as the writer thread does (stack interning and
-//! the per-device state; see src/writer/drain_bench.rs), on each of memsnap's routes: the
+//! the per-device state; see benches/in_library/writer_drain.rs), on each of memsnap's routes: the
 //! CUDA calls' allocations and frees, and PyTorch's caching allocator's trace entries
 //! (blocks handed out, frees requested, frees completed). Prints events per second on one
 //! core and the growth of resident memory, for 10M events at 45 and 57 frames, 2,000 and

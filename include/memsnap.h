@@ -23,8 +23,10 @@ extern "C" {
 #endif
 
 /* Marks the end of a training step (MEMSNAP_SKIP, MEMSNAP_INTERVAL, MEMSNAP_EVERY,
- * MEMSNAP_STATS count these). Cheap: one event on the queue. Returns 0, or -1 when this
- * process is not recording (a step before the first CUDA allocation starts nothing). */
+ * MEMSNAP_STATS count these). Cheap: one event on the queue. From the first call on,
+ * PyTorch's optimizer steps no longer mark steps by themselves. Returns 0, or -1 when this
+ * process is not recording (a step before the first CUDA allocation starts nothing) or
+ * MEMSNAP_STEPS=off. */
 int memsnap_step(void);
 
 /* Writes a snapshot now, named with tag ({tag} in MEMSNAP_FILENAME; NULL for none), and

@@ -44,7 +44,7 @@ cargo test --workspace --no-fail-fast 2>&1 | tee "$LOG/test.log" || status=1
 # it must pass clippy too, and its counters' tests run alone and one at a time, since the counters are
 # process-wide. The feature includes bench-hooks: the switch that lets every thread pass
 # through is tested here too (in a child process of its own), and the drain benchmark's events
-# (src/writer/drain_bench.rs: every one applied as the writer expects, on both routes).
+# (benches/in_library/writer_drain.rs: every one applied as the writer expects, on both routes).
 echo "== capture-stats build: clippy, its counters' tests one at a time, the bench-hooks switch and events"
 cargo clippy -p memsnap --all-targets --features capture-stats -- -D warnings
 cargo test -p memsnap --lib --features capture-stats -- --test-threads=1 capture_stats_ guard::tests::every_thread writer::drain_bench 2>&1 | tee "$LOG/capture-stats.log" || status=1

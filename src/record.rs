@@ -9,13 +9,14 @@
 //! the snapshot before the failing call returns.
 
 use crate::capture;
-use crate::channel::event::{Api, Event, Kind, MAX_OOM_DUMPS, Payload, PoolId};
+use crate::channel::event::{Api, Event, Kind, MAX_OOM_DUMPS, Payload, PoolId, StepOrigin};
 use crate::channel::handshake::{self, OOM_DUMPS};
 use crate::channel::queue::Recorder;
 use crate::channel::recording;
 use crate::channel::sent;
 use crate::channel::thread::HookThread;
 use crate::config::{Context, Stacks};
+use crate::guard::Scope;
 use crate::prefetch::{prefetch_for_write, prefetch_line};
 use crate::process::clock::{self, Stamp, now};
 use crate::process::hook_line::HOOK_LINE;
@@ -218,6 +219,23 @@ pub fn mapping(by: Sender, kind: Kind, addr: u64, size: u64, handle: u64) {
     let payload = Payload::Handle(handle);
     let ev = by.event(now(), kind, api, -1, addr, size, payload);
     send(by, ev, with_stack);
+}
+
+/// A step boundary marked by `origin` (`memsnap_step()`, or PyTorch's optimizer step through
+/// memsnap's hook): one event on the queue, no stack. Cold. False when this process is not
+/// recording (a step before its first CUDA allocation starts nothing).
+pub fn step(origin: StepOrigin) -> bool {
+    let scope = Scope::enter();
+    if !recording::is_active() {
+        return false;
+    }
+    let Some(rec) = recording::recorder_if_started() else {
+        return false;
+    };
+    let payload = Payload::Step(origin);
+    let ev = Event::stackless(Kind::Step, Api::Memsnap, 0, 0, 0, 0, payload, now());
+    rec.push(scope.thread(), ev);
+    true
 }
 
 /// PyTorch frees its cache and retries after an OOM: the retry's failure within this

@@ -436,3 +436,86 @@ fn real_torch_tensor_mode_records_each_tensor_through_its_cuda_call() {
     ];
     assert_eq!(actions.map(count), [100, 100, 50, 50, 50]);
 }
+
+/// `tests/python/torch_train.py MODE` with `MEMSNAP_EVERY=5` and `env`, and `paths` ahead
+/// of the real PyTorch's on PYTHONPATH after it: the labels of the files written, the exit
+/// file's metadata and the program's results.
+fn train(
+    mode: &str,
+    env: &[(&str, &str)],
+    paths: &[PathBuf],
+) -> (
+    Vec<String>,
+    serde_json::Value,
+    std::collections::HashMap<String, String>,
+) {
+    let dir = real_torch_dir();
+    let folder = tempfile::tempdir().expect("temporary folder");
+    let mut path = vec![dir.join("site-packages"), dir.join("deps")];
+    path.extend(paths.iter().cloned());
+    let path = std::env::join_paths(path).expect("a PYTHONPATH");
+    let path = path.to_str().expect("a UTF-8 PYTHONPATH");
+    let mut all = vec![("MEMSNAP_EVERY", "5"), ("PYTHONPATH", path)];
+    all.extend_from_slice(env);
+    let stdout = python(&["tests/python/torch_train.py", mode], &all, folder.path());
+    let (labels, meta) = common::written(folder.path());
+    (labels, meta, common::results(&stdout))
+}
+
+#[test]
+#[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
+fn real_torch_optimizer_steps_are_steps_with_no_memsnap_code() {
+    // 20 optimizer steps, one batch each or four (gradient accumulation): step files at 5, 10,
+    // 15 and 20, with nothing but the preload.
+    for mode in ["plain", "accumulate"] {
+        let (labels, meta, r) = train(mode, &[], &[]);
+        assert_eq!(r["optimizer_steps"], "20", "{mode}");
+        common::assert_optimizer_steps(&labels, &meta, mode);
+    }
+    // The program marks its steps too (memsnap.step() after each optimizer step): each step
+    // once.
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let (labels, meta, r) = train("program", &[], &[python]);
+    assert_eq!(r["marks"], "20");
+    assert_eq!(labels, common::steps_every_5());
+    assert_eq!(meta["step"], 20);
+    assert_eq!(meta["step_source"], "optimizer, then program from step 1");
+    // MEMSNAP_STEPS=off: no step at all.
+    let (labels, meta, _) = train("plain", &[("MEMSNAP_STEPS", "off")], &[]);
+    assert_eq!(labels, ["exit"]);
+    assert_eq!(meta["step"], 0);
+    assert_eq!(meta["step_source"], "none");
+}
+
+#[test]
+#[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
+fn real_torch_lightning_and_trainer_steps_are_the_same_with_and_without_the_callback() {
+    let frameworks = real_torch_dir().join("frameworks");
+    if !frameworks.join(".installed").is_file() {
+        common::skip(&format!(
+            "no Lightning or transformers in {} (scripts/real-torch/setup.sh installs them \
+             unless REAL_TORCH_FRAMEWORKS=0)",
+            frameworks.display()
+        ));
+        return;
+    }
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    for framework in ["lightning", "trainer"] {
+        for callback in [false, true] {
+            let mode = match callback {
+                true => format!("{framework}_callback"),
+                false => framework.to_string(),
+            };
+            let paths = [frameworks.clone(), python.clone()];
+            let (labels, meta, r) = train(&mode, &[], &paths);
+            assert_eq!(r["optimizer_steps"], "20", "{mode}");
+            assert_eq!(labels, common::steps_every_5(), "{mode}");
+            assert_eq!(meta["step"], 20, "{mode}");
+            let source = match callback {
+                true => "optimizer, then program from step 1",
+                false => "optimizer",
+            };
+            assert_eq!(meta["step_source"], source, "{mode}");
+        }
+    }
+}

@@ -48,58 +48,11 @@ fn libmemsnap() -> PathBuf {
     so
 }
 
-/// pyenv's root: `$PYENV_ROOT`, else `$HOME/.pyenv`.
-fn pyenv_root() -> PathBuf {
-    std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".pyenv")
-        })
-}
-
-/// CPython interpreters to test: pyenv's 3.10–3.14 and `MEMSNAP_TEST_PYTHONS`, else
-/// `python3` if it is one of the supported versions.
-fn interpreters() -> Vec<(String, PathBuf)> {
-    let mut found = Vec::new();
-    let root = pyenv_root();
-    for minor in ["3.10", "3.11", "3.12", "3.13", "3.14"] {
-        let Ok(entries) = std::fs::read_dir(root.join("versions")) else {
-            break;
-        };
-        let mut versions: Vec<PathBuf> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                    n.strip_prefix(minor)
-                        .is_some_and(|rest| rest.starts_with('.'))
-                })
-            })
-            .collect();
-        versions.sort();
-        if let Some(v) = versions.pop() {
-            let py = v.join("bin/python3");
-            if py.is_file() {
-                found.push((minor.to_string(), py));
-            }
-        }
-    }
-    if let Some(extra) = std::env::var_os("MEMSNAP_TEST_PYTHONS") {
-        for py in std::env::split_paths(&extra).filter(|p| !p.as_os_str().is_empty()) {
-            found.push((py.display().to_string(), py));
-        }
-    }
-    if found.is_empty() {
-        found.push(("python3".to_string(), PathBuf::from("python3")));
-    }
-    found
-}
-
 #[test]
 fn python_frames_exact_under_each_cpython() {
     let so = libmemsnap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/stacks/capture_check.py");
-    let pythons = interpreters();
+    let pythons = common::interpreters();
     for (name, py) in &pythons {
         let out = Command::new(py)
             .arg(&script)
@@ -130,7 +83,7 @@ fn capture_in_python_allocates_nothing_after_setup() {
         .expect("cc");
     assert!(st.success());
     let script = root.join("tests/stacks/no_alloc_check.py");
-    for (name, py) in &interpreters() {
+    for (name, py) in &common::interpreters() {
         let out = Command::new(py)
             .env("LD_PRELOAD", &counter)
             .arg(&script)
@@ -148,7 +101,7 @@ fn capture_in_python_allocates_nothing_after_setup() {
 /// frames, native frames unaffected.
 #[test]
 fn unsupported_python_turns_python_frames_off_with_one_warning() {
-    let root = pyenv_root();
+    let root = common::pyenv_root();
     let Ok(entries) = std::fs::read_dir(root.join("versions")) else {
         common::skip("no pyenv with CPython 3.9");
         return;

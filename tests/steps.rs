@@ -1504,6 +1504,7 @@ fn run_refuses_what_the_library_refuses_in_one_line() {
             "MEMSNAP_MAX_ENTRIES",
         ),
         ("--every", "18446744073709551615", "MEMSNAP_EVERY"),
+        ("--steps", "optimizer", "MEMSNAP_STEPS"),
         ("--folder", "snaps/{rnak}", "MEMSNAP_FOLDER"),
         ("--stats", "mem-{rnak}.csv", "MEMSNAP_STATS"),
         ("--stats", "mem-{step}.csv", "MEMSNAP_STATS"),

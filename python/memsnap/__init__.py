@@ -10,6 +10,9 @@
     run_suspect_code()
     memsnap.dump("after")
 
+In a PyTorch program each optimizer step ends a step without ``step()``; from the first
+``step()`` on, only the program's count (``MEMSNAP_STEPS``).
+
 Run the program with the library preloaded (``memsnap run -- python train.py``, or
 ``LD_PRELOAD=$(python -c 'import memsnap; print(memsnap.library_path())') python train.py``).
 Without the preload every function is a silent no-op: ``step()`` and ``active()`` return

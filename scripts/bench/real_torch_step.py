@@ -1,6 +1,7 @@
 """One process of scripts/bench-real-torch-step.sh: the transformer training step of
-scripts/gpu/step_time.py (its TorchWorkload, imported: the same model, batch, autocast and
-optimizer) on the real PyTorch and the simulated driver, counted by callgrind on every thread
+scripts/gpu/step_time.py (scripts/gpu/transformer_step.py's TorchWorkload, imported: the same
+model, batch, autocast and optimizer) on the real PyTorch and the simulated driver, counted by
+callgrind on every thread
 (run under `valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes`).
 
     python3 real_torch_step.py HELPER_SO memsnap|recorder|plain|monitoring|frame-eval STACKS STEPS
@@ -41,7 +42,7 @@ import threading
 import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
-from step_time import TorchWorkload, add_workload_args  # noqa: E402
+from transformer_step import TorchWorkload, add_workload_args  # noqa: E402
 from torch_blocks import memsnap_counts  # noqa: E402
 
 warnings.filterwarnings("ignore")  # the simulated device is no architecture PyTorch was built for

@@ -5,7 +5,7 @@ burst of load elsewhere hits all of them; prints the median and the spread over 
     python3 scripts/bench/writer_rate.py [--rounds 5] [--events 4000000] [--route R] LIB.so [LIB.so ...]
 
 A LIB is a libmemsnap.so built with `--features bench-hooks` (its memsnap_debug_bench_writer
-entry points are what `cargo bench --bench writer` calls: src/writer/drain_bench.rs). The
+entry points are what `cargo bench --bench writer` calls: benches/in_library/writer_drain.rs). The
 route R: `cuda` (default), the events of CUDA calls, each allocation and free with its
 stack; `blocks`, PyTorch's caching allocator's trace entries, a third each blocks handed out
 and frees requested (with stacks) and frees completed (without), inside 64 segments (a

@@ -3,6 +3,7 @@
 Imports nothing beyond the standard library, so the case drivers (which run without the preload)
 and the workloads (which run with it) can both use it.
 """
+import ctypes
 import json
 import os
 import pickle
@@ -209,6 +210,19 @@ def c_handler_installed(signum=signal.SIGUSR1):
     except (OSError, ValueError):
         pass
     return None
+
+
+def memsnap_dump(tag):
+    """memsnap_dump_path from the preloaded library: the snapshot's path, or None."""
+    lib = ctypes.CDLL(None)
+    fn = getattr(lib, "memsnap_dump_path", None)
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    buf = ctypes.create_string_buffer(4096)
+    n = fn(tag.encode(), buf, 4096)
+    return buf.raw[:n].decode() if 0 <= n < 4096 else None
 
 
 def request_dump(folder, timeout=30.0, reason="signal"):

@@ -10,8 +10,8 @@ Why: step_time.py gives the step time users feel (memsnap against another proces
 against itself passing through); this script gives the cost per event and, with a
 capture-stats build, its parts; the loops of hook_cost_torch.py and torch_blocks.py call the
 allocator back to back with everything memsnap touches in the caches, at one stack. Here the
-workload is step_time.py's transformer step (its TorchWorkload, same sizes), and recording
-is switched on and off inside one process
+workload is step_time.py's transformer step (transformer_step.py's TorchWorkload, same
+sizes), and recording is switched on and off inside one process
 (memsnap_debug_pass_through, a bench-hooks build), beside PyTorch's recorder switched on and
 off in the same process, so the per-event figure is a paired difference at the same machine
 state. Autograd runs its backward pass on the calling thread
@@ -63,8 +63,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
 from hook_cost_torch import ASYNC, SAFE_ENV  # noqa: E402
 from snapshot_counts import read_counts  # noqa: E402
-from step_time import add_workload_args  # noqa: E402
-from torch_blocks import memsnap_dump  # noqa: E402
+from snaputil import memsnap_dump  # noqa: E402
+from transformer_step import add_workload_args  # noqa: E402
 
 # memsnap_debug_capture_stats's order (src/capture/stats.rs, `Stat`).
 STAT_NAMES = ["walks", "walks_reused", "steps_unwound", "steps_reused", "reads_checked", "whole_paths", "paths_left", "rule_misses",
@@ -124,7 +124,7 @@ def where(address):
 
 def child(a):
     """One process: the workload, then the cycles (or the stats run); JSON on the last line."""
-    from step_time import TorchWorkload  # imports torch: only in the processes that run it
+    from transformer_step import TorchWorkload  # imports torch: only in the processes that run it
 
     wl = TorchWorkload(workload_args(a))
     torch = wl.torch

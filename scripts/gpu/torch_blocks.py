@@ -67,21 +67,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from pinning import pin_main_thread  # noqa: E402
+from snaputil import memsnap_dump  # noqa: E402
 
 MIB = 1 << 20
-
-
-def memsnap_dump(tag):
-    """memsnap_dump_path from the preloaded library: the snapshot's path, or None."""
-    lib = ctypes.CDLL(None)
-    fn = getattr(lib, "memsnap_dump_path", None)
-    if fn is None:
-        return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    buf = ctypes.create_string_buffer(4096)
-    n = fn(tag.encode(), buf, 4096)
-    return buf.raw[:n].decode() if 0 <= n < 4096 else None
 
 
 def memsnap_counts(tag):
@@ -267,10 +255,10 @@ def case_graphs(args):
 
 
 def case_step(args):
-    """The transformer training step of step_time.py (its TorchWorkload: 4 encoder layers, bf16
+    """The transformer training step of step_time.py (transformer_step.TorchWorkload: 4 encoder layers, bf16
     autocast, AdamW), three steps, then a fourth: memsnap's blocks against PyTorch's snapshot
     after its forward pass (the activations autograd keeps live) and after the optimizer."""
-    from step_time import TorchWorkload, add_workload_args  # (step_time imports this file)
+    from transformer_step import TorchWorkload, add_workload_args
     workload_args = argparse.ArgumentParser()
     add_workload_args(workload_args)
     a = workload_args.parse_args([])

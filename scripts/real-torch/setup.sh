@@ -14,6 +14,9 @@
 # driver's addresses, and a model's forward and backward passes allocate and free as on a
 # GPU: kernel launches and cuBLAS calls succeed and compute nothing.
 #
+# Also installs Lightning and Hugging Face's Trainer into DIR/frameworks (not on env.sh's
+# PYTHONPATH; REAL_TORCH_FRAMEWORKS=0: not at all).
+#
 # Writes DIR/env.sh (PYTHONPATH, LD_LIBRARY_PATH, FAKE_CUDA_DEVICES=1) and checks that a
 # tensor allocated through the caching allocator is counted by it. Safe to run again: the
 # wheel, its unpacked files and its requirements are kept; the libraries are built again.
@@ -54,6 +57,43 @@ if [ ! -f "$DIR/deps/.installed" ]; then
     "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$DIR/deps" \
         -r "$DIR/requirements.txt"
     touch "$DIR/deps/.installed"
+fi
+
+# Lightning and Hugging Face's Trainer (with accelerate), for the steps tests
+# (tests/real_torch.rs; REAL_TORCH_FRAMEWORKS=0 leaves them out, and those tests skip). Into
+# DIR/frameworks, with their requirements but PyTorch's: a wheel of PyTorch's name and
+# version holding nothing stands for it (the unpacked wheel is on PYTHONPATH ahead of it).
+FRAMEWORKS="lightning==2.6.6 transformers==5.24.0 accelerate==1.15.0"
+if [ "${REAL_TORCH_FRAMEWORKS:-1}" != 0 ] && [ "$(cat "$DIR/frameworks/.installed" 2>/dev/null)" != "$FRAMEWORKS" ]; then
+    rm -rf "$DIR/frameworks" "$DIR/torch-stand-in"
+    mkdir -p "$DIR/torch-stand-in"
+    "$PYTHON" - "$DIR/torch-stand-in" "$VERSION" <<'PY'
+import base64, hashlib, sys, zipfile
+folder, version = sys.argv[1], sys.argv[2] + "+stand.in"
+info = f"torch-{version}.dist-info"
+files = {
+    f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+    f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: memsnap\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = "".join(
+    f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text)}\n"
+    for name, text in files.items()
+) + f"{info}/RECORD,,\n"
+with zipfile.ZipFile(f"{folder}/torch-{version}-py3-none-any.whl", "w") as wheel:
+    for name, text in files.items():
+        wheel.writestr(name, text)
+    wheel.writestr(f"{info}/RECORD", record)
+PY
+    echo "torch==$VERSION+stand.in" > "$DIR/torch-stand-in/constraints.txt"
+    echo "real-torch/setup.sh: installing $FRAMEWORKS" >&2
+    # shellcheck disable=SC2086
+    if "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$DIR/frameworks" \
+        --find-links "$DIR/torch-stand-in" -c "$DIR/torch-stand-in/constraints.txt" $FRAMEWORKS; then
+        echo "$FRAMEWORKS" > "$DIR/frameworks/.installed"
+    else
+        echo "real-torch/setup.sh: could not install $FRAMEWORKS: the tests that need them skip" >&2
+        rm -rf "$DIR/frameworks"
+    fi
 fi
 
 rm -rf "$DIR/lib" "$DIR/stubs" "$DIR/fake" # (made again each time, from this wheel only; fake: where the driver was built before)

@@ -54,8 +54,9 @@ pub enum Kind {
     /// to a private memory pool (a CUDA graph's, or a `torch.cuda.MemPool`); payload:
     /// [`Payload::Pool`]. Not sent for the default pool.
     CachePool,
-    /// `memsnap_step()`: carried as an event so that it is ordered with the allocations
-    /// around it. (Dump and exit requests do not wait in the queue: see
+    /// A step boundary (`memsnap_step()`, or PyTorch's optimizer step: [`Payload::Step`]
+    /// says which): carried as an event so that it is ordered with the allocations around
+    /// it. (Dump and exit requests do not wait in the queue: see
     /// [`handshake`](super::handshake).)
     Step,
 }
@@ -78,6 +79,18 @@ pub enum Payload {
     },
     /// The private pool a [`Kind::CachePool`] names.
     Pool(PoolId),
+    /// Who marked a [`Kind::Step`].
+    Step(StepOrigin),
+}
+
+/// Who marked a step boundary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum StepOrigin {
+    /// The program: `memsnap_step()` (`memsnap.step()`, the framework callbacks).
+    Program = 0,
+    /// PyTorch's optimizer step, through the hook memsnap attached (`pytorch::optimizer`).
+    Optimizer = 1,
 }
 
 /// A memory pool of PyTorch's caching allocator: its `MempoolId_t`, two 64-bit ids (a
@@ -262,9 +275,9 @@ pub struct Event {
     /// The address, or an out-of-memory event's free memory (see the type's text).
     addr_or_free: u64,
     pub size: u64,
-    /// [`Payload::Stream`], [`Payload::Handle`], [`Payload::Oom`]'s stream or
-    /// [`Payload::Pool`]'s first id (0 for [`Payload::None`]: [`Event::payload`] tells them
-    /// apart by the kind).
+    /// [`Payload::Stream`], [`Payload::Handle`], [`Payload::Oom`]'s stream,
+    /// [`Payload::Pool`]'s first id or [`Payload::Step`]'s origin (0 for [`Payload::None`]:
+    /// [`Event::payload`] tells them apart by the kind).
     payload_word: u64,
     /// When it happened, on the event clock (the writer converts it to microseconds since
     /// the Unix epoch).
@@ -276,11 +289,11 @@ pub struct Event {
 /// stream its trace entry named).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PayloadForm {
-    None,
     Stream,
     Handle,
     Oom,
     Pool,
+    Step,
 }
 
 impl Kind {
@@ -303,7 +316,7 @@ impl Kind {
             | Kind::ReserveFree => PayloadForm::Handle,
             Kind::Oom => PayloadForm::Oom,
             Kind::CachePool => PayloadForm::Pool,
-            Kind::Step => PayloadForm::None,
+            Kind::Step => PayloadForm::Step,
         }
     }
 }
@@ -349,6 +362,7 @@ impl Event {
                 dump_ticket,
             } => (stream, free_bytes, dump_ticket, 0),
             Payload::Pool(pool) => (pool.first, None, 0, pool.second),
+            Payload::Step(origin) => (origin as u64, None, 0, 0),
         };
         let oom = kind == Kind::Oom;
         Event {
@@ -413,7 +427,6 @@ impl Event {
     #[inline]
     pub fn payload(&self) -> Payload {
         match self.kind.payload_form() {
-            PayloadForm::None => Payload::None,
             PayloadForm::Stream => Payload::Stream(self.payload_word),
             PayloadForm::Handle => Payload::Handle(self.payload_word),
             PayloadForm::Oom => Payload::Oom {
@@ -424,6 +437,10 @@ impl Event {
             PayloadForm::Pool => Payload::Pool(PoolId {
                 first: self.payload_word,
                 second: self.stack_hash,
+            }),
+            PayloadForm::Step => Payload::Step(match self.payload_word {
+                1 => StepOrigin::Optimizer,
+                _ => StepOrigin::Program,
             }),
         }
     }
@@ -626,7 +643,8 @@ mod tests {
                     second: u64::MAX,
                 }),
             ),
-            (Kind::Step, Payload::None),
+            (Kind::Step, Payload::Step(StepOrigin::Program)),
+            (Kind::Step, Payload::Step(StepOrigin::Optimizer)),
             (
                 Kind::Oom,
                 Payload::Oom {

@@ -118,6 +118,7 @@ fn record_after(
     {
         let thread = scope.thread();
         record(Sender { rec, thread }, r);
+        crate::pytorch::optimizer::attach_if_due(thread);
     }
     r
 }

@@ -6,28 +6,26 @@
 //! waits (in 1 ms steps) until the writer says the file is on disk.
 
 use super::EXIT_WAIT;
-use crate::channel::event::{Api, Event, Kind};
+use crate::channel::event::StepOrigin;
 use crate::channel::handshake::{API_DUMP_LOG, API_DUMPS, ApiDump};
 use crate::channel::recording;
 use crate::guard::Scope;
-use crate::process::clock;
+use crate::process::step_marks;
+use crate::record;
 use std::ffi::{CStr, c_char, c_int};
 
 /// `memsnap_step()`: marks the end of a training step. Cheap: one event on the queue.
+/// -1 under `MEMSNAP_STEPS=off`; from the first call on, PyTorch's optimizer steps are no
+/// boundaries (`process::step_marks`).
 #[inline]
 pub fn step() -> c_int {
-    let scope = Scope::enter();
-    // A step in a process that has not made a CUDA allocation yet starts nothing.
-    if !recording::is_active() {
+    if !step_marks::program_mark() {
         return -1;
     }
-    let Some(rec) = recording::recorder_if_started() else {
-        return -1;
-    };
-    let mut ev = Event::new(Kind::Step, Api::Memsnap);
-    ev.time = clock::now();
-    rec.push(scope.thread(), ev);
-    0
+    match record::step(StepOrigin::Program) {
+        true => 0,
+        false => -1,
+    }
 }
 
 /// `memsnap_dump(tag)`: 0 once the snapshot is on disk, -1 if memsnap is off or it timed

@@ -15,6 +15,7 @@ use crate::channel::recording::{self, Start, Switch};
 use crate::config::Config;
 use crate::guard;
 use crate::process::clock;
+use crate::process::step_marks;
 use crate::signals::{self, CRASH_SIGNALS, Role};
 use crate::writer;
 
@@ -57,6 +58,7 @@ fn start() {
         Box::leak(Box::new(Recorder::new(cfg.queue_capacity, settings, lanes)));
     recording::publish(rec);
     let signal = cfg.signal;
+    let steps = cfg.steps;
     let (at_crash, crash_wait) = (cfg.at_crash, cfg.crash_wait);
     if cfg.remote.is_some() {
         UPLOAD_WAIT_MS.store(cfg.remote_wait.as_millis() as u64, Relaxed);
@@ -106,6 +108,8 @@ fn start() {
         unsafe { libc::atexit(at_exit) };
     }
     exec::set_recording_pid();
+    // The first attempt to attach the optimizer step hook: this very event may take it.
+    step_marks::start(steps);
     recording::activate();
 }
 

@@ -3,14 +3,15 @@
 //! the driver's device query, whether the process sees one device only, the devices whose
 //! total memory is known, whether PyTorch's block events are recorded and where its trace
 //! entries hold what the tracker reads, whether stream-ordered allocations still look for
-//! PyTorch's allocator, the interpreter's resolved functions and frame
-//! layout, where each thread's hook state lies from its thread pointer, and the
-//! benchmarks' pass-through switch.
+//! PyTorch's allocator, the interpreter's resolved functions and frame layout, where each
+//! thread's hook state lies from its thread pointer, whether attaching the optimizer step
+//! hook is due, and the benchmarks' pass-through switch.
 //!
 //! Hot: read (relaxed or acquire loads) by every hooked call. Each value belongs to the
 //! module that gives it a meaning (`channel::recording`, `clock`, `interpose::device`,
-//! `record`, `allocator_route`, `python`, `channel::thread`, `guard`, `pytorch`), which reads and writes it only
-//! through its own functions; this room only decides where they live. Why one line: in a
+//! `record`, `allocator_route`, `python`, `channel::thread`, `guard`, `pytorch`,
+//! `step_marks`), which reads and writes it only through its own functions; this room only
+//! decides where they live. Why one line: in a
 //! real program the work between two events pushes memsnap's lines out of the nearer
 //! caches, and each line an event reads is one more wait; as separate statics these values
 //! sat on three to five lines, and the recorder's settings, the device query and the
@@ -69,6 +70,8 @@ pub struct HookLine {
     pub trace_entry_layout: AtomicU8,
     /// `guard` (benchmarks only): every thread's hooked calls pass through unrecorded.
     pub every_thread_passing_through: AtomicBool,
+    /// `step_marks`: an attempt to attach the optimizer step hook is due.
+    pub optimizer_hook_due: AtomicBool,
 }
 
 const _: () = assert!(size_of::<HookLine>() == 64);
@@ -95,4 +98,5 @@ pub static HOOK_LINE: HookLine = HookLine {
     stream_allocations_done_looking: AtomicBool::new(false),
     trace_entry_layout: AtomicU8::new(0),
     every_thread_passing_through: AtomicBool::new(false),
+    optimizer_hook_due: AtomicBool::new(false),
 };

@@ -14,6 +14,8 @@
 //!   the writer's conversion of its readings.
 //! - [`allocator_route`]: how PyTorch's caching allocator is seen (decided once by the hook
 //!   side, read by the writer for each snapshot), and the switch that sets its events aside.
+//! - [`step_marks`]: where step boundaries come from (`MEMSNAP_STEPS`, the program's marks,
+//!   the optimizer step hook's state).
 //! - [`hook_line`]: where the values above that every hooked call reads live: one cache
 //!   line.
 
@@ -24,3 +26,4 @@ pub mod dlsym;
 pub mod hook_line;
 pub mod modules;
 pub mod python;
+pub mod step_marks;

@@ -16,6 +16,7 @@
 
 pub mod layout;
 pub mod library;
+pub mod optimizer;
 pub mod std_function;
 
 use crate::channel::event::{Kind, PoolId};
@@ -240,6 +241,7 @@ pub(crate) unsafe extern "C" fn on_trace_entry(_functor: *const AnyData, entry: 
     let f = unsafe { EntryFields::read(layout, entry) };
     // One call site: the stack capture it inlines is in the binary once.
     record::block(by, kind, f.device, f.addr, f.size, f.stream, f.time);
+    optimizer::attach_if_due(by.thread);
 }
 
 /// What every event takes from its entry.

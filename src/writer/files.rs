@@ -70,18 +70,10 @@ impl Identity {
             pid,
             rank,
             local_rank,
-            host: hostname(),
+            host: crate::config::hostname(),
             exe: program_name(),
         }
     }
-}
-
-pub(super) fn hostname() -> String {
-    fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
 }
 
 /// The program's name; for an interpreter (`python3 train.py`, `python -m pkg.mod`) the

@@ -554,7 +554,7 @@ mod tests {
         let stale = maker.name(dead, 0x1234);
         let alive = maker.name(1, 0x1234);
         // The same temporary as another host or another boot of this one would name it.
-        let host = crate::config::sanitize(&crate::writer::files::hostname());
+        let host = crate::config::sanitize(&crate::config::hostname());
         let other_host = stale.replacen(&format!(".{host}."), ".otherhost.", 1);
         let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
         let other_boot = stale.replacen(&boot.trim().replace('-', ""), &"0".repeat(32), 1);

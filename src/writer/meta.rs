@@ -9,7 +9,9 @@ use super::device_memory;
 use super::dump::{meta_int, meta_str};
 use super::files::Reason;
 use crate::channel::handshake::{self, ROUTED, SIGNAL_DUMPS};
+use crate::config::StepMarks;
 use crate::process::allocator_route;
+use crate::process::step_marks::{self, Hook, NotAttached};
 use crate::snapshot::model::Meta;
 use std::sync::atomic::Ordering::*;
 
@@ -23,6 +25,41 @@ fn signal_name(sig: i32) -> &'static str {
         libc::SIGHUP => "SIGHUP",
         libc::SIGQUIT => "SIGQUIT",
         _ => "other",
+    }
+}
+
+/// What became of the optimizer step hook (`process::step_marks`), in words.
+fn optimizer_step_hook() -> &'static str {
+    match (step_marks::setting(), step_marks::hook()) {
+        (StepMarks::Off, _) => "off (MEMSNAP_STEPS=off)",
+        (StepMarks::Program, _) => "off (MEMSNAP_STEPS=program)",
+        (StepMarks::Auto, Hook::Attached) if step_marks::program_marks() => {
+            "attached; unused since the program marks its own steps"
+        }
+        (StepMarks::Auto, Hook::Attached) => "attached",
+        (StepMarks::Auto, _) if step_marks::program_marks() => {
+            "not attached: the program marks its own steps"
+        }
+        (StepMarks::Auto, Hook::Failed) => {
+            "not attached: registering it raised a Python error (cleared)"
+        }
+        (StepMarks::Auto, Hook::Scheduled) => {
+            "not attached yet: queued for the interpreter's main thread"
+        }
+        (StepMarks::Auto, Hook::NotTried | Hook::Waiting) => match step_marks::why_not() {
+            NotAttached::NoPython => "not attached: no supported CPython in the process",
+            NotAttached::NotMainThread => {
+                "not attached yet: no CUDA call from the interpreter's main thread"
+            }
+            NotAttached::NoTorchOptim => "not attached: torch.optim not imported",
+            NotAttached::NoHookFunction => {
+                "not attached: torch.optim has no global step hooks (PyTorch before 2.0)"
+            }
+            NotAttached::ProgramHooks => {
+                "not attached: the program has global optimizer step hooks of its own"
+            }
+            NotAttached::Busy => "not attached yet: the interpreter was busy",
+        },
     }
 }
 
@@ -107,6 +144,10 @@ impl Writer {
             meta_str("tag", tag),
             meta_int("seq", self.seq),
             meta_int("step", self.step),
+            // Where the steps came from, and why the optimizer's did or did not.
+            meta_str("step_source", &self.marks.describe()),
+            meta_str("optimizer_step_hook", optimizer_step_hook()),
+            meta_int("optimizer_hook_python_errors", step_marks::python_errors()),
             meta_int("time_us", crate::process::clock::wall_micros()),
             meta_int("events_recorded", c.applied.load(Relaxed)),
             // Lost only while the writer is gone; a snapshot written then has none to report,

@@ -17,9 +17,12 @@
 
 pub mod ack;
 pub mod blocks;
-pub mod cache;
 pub mod device_memory;
+/// The writer's drain benchmark (`cargo bench --bench writer`). Its code lives with the
+/// other benchmarks, in benches/in_library/; it is compiled here, as a part of the writer it
+/// measures, only in `bench-hooks` builds.
 #[cfg(feature = "bench-hooks")]
+#[path = "../../benches/in_library/writer_drain.rs"]
 pub mod drain_bench;
 pub mod dump;
 mod exit_report;
@@ -43,7 +46,7 @@ use crate::channel::lanes::Reader;
 use crate::channel::queue::Recorder;
 use crate::config::Config;
 use crate::process::clock::StampConverter;
-use crate::process::{allocator_route, modules};
+use crate::process::{allocator_route, modules, step_marks};
 use crate::snapshot::live::OomSample;
 use dump::FrameInterner;
 use files::{Identity, Reason};
@@ -76,8 +79,9 @@ const BATCH: usize = 8192;
 /// Events applied between looks for a waiting request within a batch: a starved writer
 /// (many threads on few processors) takes a batch in hundreds of milliseconds.
 const REQUEST_LOOK: usize = 512;
-/// How often the writer looks for newly loaded libraries for the native unwinder, and for
-/// PyTorch's allocator to be looked for again.
+/// How often the writer looks for newly loaded libraries for the native unwinder, for
+/// PyTorch's allocator to be looked for again, and arms the optimizer step hook's next
+/// attempt when one is due.
 const MODULE_REFRESH: Duration = Duration::from_millis(100);
 
 /// The writer thread's state: what was recorded, what was written, and the policies'
@@ -93,6 +97,8 @@ struct Writer {
     id: Identity,
     seq: u64,
     step: u64,
+    /// Where the steps came from (the optimizer, the program).
+    marks: steps::MarkOrigins,
     written: Vec<PathBuf>,
     /// Folders memsnap created (absolute), named in the exit line.
     created_folders: Vec<PathBuf>,
@@ -168,6 +174,7 @@ impl Writer {
             id,
             seq: 0,
             step: 0,
+            marks: steps::MarkOrigins::default(),
             written: Vec::new(),
             created_folders: Vec::new(),
             folders: folder::Folders::new(),
@@ -280,13 +287,15 @@ impl Writer {
         }
     }
 
-    /// Every 100 ms: the module table refreshed (libraries loaded since) and PyTorch's
-    /// allocator looked for again where that is due; then the one-time stack warnings.
+    /// Every 100 ms: the module table refreshed (libraries loaded since), PyTorch's
+    /// allocator looked for again and the optimizer step hook's next attempt armed where
+    /// those are due; then the one-time stack warnings.
     fn maintain_stacks(&mut self) {
         if self.last_refresh.elapsed() >= MODULE_REFRESH {
             self.last_refresh = Instant::now();
             self.stacks.refresh_modules();
             self.maintain_allocator_route();
+            step_marks::maintain();
         }
         for w in self.stacks.take_warnings() {
             eprintln!("memsnap: {w}");
@@ -397,10 +406,9 @@ impl Writer {
                 }
             }
             Kind::Step => {
-                // Marked before the step's own snapshot (MEMSNAP_EVERY) is written, so that
-                // file has its closing boundary too.
-                self.state.mark_step(self.step + 1, time_us);
-                self.on_step()
+                if let Payload::Step(origin) = ev.payload() {
+                    self.on_step_mark(origin, time_us)
+                }
             }
         }
         Flow::Continue
@@ -448,7 +456,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel::event::PoolId;
+    use crate::channel::event::{PoolId, StepOrigin};
     use crate::channel::queue::HookSettings;
     use crate::config::{Context, Stacks};
 
@@ -461,6 +469,29 @@ mod tests {
         };
         let rec: &'static Recorder = Box::leak(Box::new(Recorder::new(1 << 10, settings, true)));
         Writer::new(rec, Config::default())
+    }
+
+    #[test]
+    fn the_programs_first_step_mark_moves_the_optimizers_last_boundary_to_it() {
+        let mut w = writer();
+        let now = crate::process::clock::now();
+        let step = |origin| {
+            let payload = Payload::Step(origin);
+            Event::stackless(Kind::Step, Api::Memsnap, 0, 0, 0, 0, payload, now)
+        };
+        w.apply(step(StepOrigin::Optimizer));
+        w.apply(step(StepOrigin::Optimizer));
+        let optimizers = w.state.step_marks.back().copied().expect("a boundary");
+        // The program marks the second step after more work: one boundary, at its mark.
+        w.apply(step(StepOrigin::Program));
+        assert_eq!(w.step, 2);
+        assert_eq!(w.state.step_marks.len(), 2);
+        let (steps, time) = w.state.step_marks.back().copied().expect("a boundary");
+        assert_eq!(steps, 2);
+        assert!(time > optimizers.1, "{time} after {}", optimizers.1);
+        w.apply(step(StepOrigin::Program));
+        assert_eq!((w.step, w.state.step_marks.len()), (3, 3));
+        assert_eq!(w.marks.describe(), "optimizer, then program from step 2");
     }
 
     #[test]

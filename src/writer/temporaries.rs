@@ -36,7 +36,7 @@ impl Maker {
             link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
         });
         Maker {
-            host: crate::config::sanitize(&super::files::hostname()),
+            host: crate::config::sanitize(&crate::config::hostname()),
             boot,
             pid_namespace,
         }

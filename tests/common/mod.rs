@@ -156,18 +156,32 @@ impl Run {
 /// `FAKE_CUDA_*` and `LD_PRELOAD` variables are removed first; `env` is applied last and wins.
 /// Kills the program and panics after [`PROGRAM_TIMEOUT`].
 pub fn run_program(program: &str, args: &[&str], env: &[(&str, &str)], preload: bool) -> Run {
+    let python = program.ends_with(".py").then_some(Path::new("python3"));
+    run_program_under(python, program, args, env, preload)
+}
+
+/// [`run_program`], a `*.py` program run by the interpreter `python` (a program that is
+/// none by itself when `None`).
+pub fn run_program_under(
+    python: Option<&Path>,
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    preload: bool,
+) -> Run {
     let dir = tempfile::Builder::new()
         .prefix("memsnap-run-")
         .tempdir()
         .expect("create a temporary MEMSNAP_FOLDER");
     let path = program_path(program);
     assert!(path.exists(), "no test program {}", path.display());
-    let mut cmd = if program.ends_with(".py") {
-        let mut c = Command::new("python3");
-        c.arg(&path);
-        c
-    } else {
-        Command::new(&path)
+    let mut cmd = match python {
+        Some(python) => {
+            let mut c = Command::new(python);
+            c.arg(&path);
+            c
+        }
+        None => Command::new(&path),
     };
     cmd.args(args);
     for (key, _) in std::env::vars_os() {
@@ -283,6 +297,53 @@ pub fn num(map: &HashMap<String, String>, key: &str) -> u64 {
 pub fn label_of(path: &Path) -> Option<String> {
     let name = path.file_name()?.to_string_lossy().into_owned();
     name.rsplit('-').nth(1).map(str::to_string)
+}
+
+/// The labels of the files a run wrote (`step5`, `exit`, ...), in order of their sequence
+/// numbers, and the exit file's `memsnap` metadata.
+pub fn written(dir: &Path) -> (Vec<String>, serde_json::Value) {
+    let mut files: Vec<(u64, PathBuf)> = snapshot_files(dir)
+        .into_iter()
+        .map(|path| {
+            let seq = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.rsplit('-').next())
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("no sequence number in {}", path.display()));
+            (seq, path)
+        })
+        .collect();
+    files.sort();
+    let labels: Vec<String> = files
+        .iter()
+        .map(|(_, p)| label_of(p).expect("a default name"))
+        .collect();
+    let exit = &files.last().expect("an exit snapshot").1;
+    assert_eq!(
+        labels.last().map(String::as_str),
+        Some("exit"),
+        "{labels:?}"
+    );
+    (labels, python_load_json(exit)["memsnap"].clone())
+}
+
+/// What [`written`] gives for 20 steps with `MEMSNAP_EVERY=5`.
+pub fn steps_every_5() -> Vec<String> {
+    ["step5", "step10", "step15", "step20", "exit"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// A run of 20 optimizer steps with `MEMSNAP_EVERY=5` and nothing else marking steps: the
+/// labels and the exit file's metadata [`written`] gave (`what`: the run, for messages).
+pub fn assert_optimizer_steps(labels: &[String], meta: &serde_json::Value, what: &str) {
+    assert_eq!(labels, steps_every_5(), "{what}");
+    assert_eq!(meta["step"], 20, "{what}");
+    assert_eq!(meta["step_source"], "optimizer", "{what}");
+    assert_eq!(meta["optimizer_step_hook"], "attached", "{what}");
+    assert_eq!(meta["optimizer_hook_python_errors"], 0, "{what}");
+    assert_eq!(meta["dropped_events"], 0, "{what}");
 }
 
 /// The regular files directly inside `dir`, sorted by path.
@@ -427,4 +488,51 @@ pub fn env_lines(stdout: &[u8]) -> HashMap<String, String> {
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// pyenv's root: `$PYENV_ROOT`, else `$HOME/.pyenv`.
+pub fn pyenv_root() -> PathBuf {
+    std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".pyenv")
+        })
+}
+
+/// CPython interpreters to test: pyenv's 3.10–3.14 and `MEMSNAP_TEST_PYTHONS`, else
+/// `python3` if it is one of the supported versions.
+pub fn interpreters() -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    let root = pyenv_root();
+    for minor in ["3.10", "3.11", "3.12", "3.13", "3.14"] {
+        let Ok(entries) = std::fs::read_dir(root.join("versions")) else {
+            break;
+        };
+        let mut versions: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.strip_prefix(minor)
+                        .is_some_and(|rest| rest.starts_with('.'))
+                })
+            })
+            .collect();
+        versions.sort();
+        if let Some(v) = versions.pop() {
+            let py = v.join("bin/python3");
+            if py.is_file() {
+                found.push((minor.to_string(), py));
+            }
+        }
+    }
+    if let Some(extra) = std::env::var_os("MEMSNAP_TEST_PYTHONS") {
+        for py in std::env::split_paths(&extra).filter(|p| !p.as_os_str().is_empty()) {
+            found.push((py.display().to_string(), py));
+        }
+    }
+    if found.is_empty() {
+        found.push(("python3".to_string(), PathBuf::from("python3")));
+    }
+    found
 }

@@ -9,8 +9,8 @@
 //! mapped and is recording (its `memsnap-writer` thread exists), reads where it writes from
 //! `/proc/PID/environ` with the library's own parser (for `--folder`), then asks:
 //!
-//! - through its live socket (`memsnap_format::live`, the one `memsnap top` uses) when it
-//!   has one: no signal, so nothing in the program is interrupted (a `sleep()` is not cut
+//! - through its live socket (`reach::ask`, the client `memsnap top` uses) when it has
+//!   one: no signal, so nothing in the program is interrupted (a `sleep()` is not cut
 //!   short), and the answer is the file's path;
 //! - else with the dump signal, only when it catches it (sending SIGUSR1 to a process that
 //!   does not would kill it), following its acknowledgement file (`memsnap_format::ack`):
@@ -25,10 +25,14 @@
 //! Signals are sent with the `kill` program: the CLI has no unsafe code, and `libc::kill`
 //! is an unsafe FFI call.
 
+use crate::reach::{
+    self, ScopeArgs, describe_pids, has_memsnap, has_socket, has_writer_thread, in_scope, plural,
+    read_environ, recording_descendants,
+};
 use anyhow::{Result, bail};
 use memsnap_format::ack::{self, Ack, Outcome};
 use memsnap_format::config::{self, Config, var};
-use memsnap_format::live::{self, Answer, Request};
+use memsnap_format::live::{Answer, Request};
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -51,51 +55,6 @@ pub struct DumpArgs {
     /// Seconds to wait for each snapshot
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub timeout: f64,
-}
-
-/// `--all` and `--user`: the processes a command reaches when it is given no pids.
-#[derive(clap::Args, Debug, Clone, Copy)]
-pub struct ScopeArgs {
-    /// The processes with memsnap in this session or job: same session id, a descendant of
-    /// this session (a launcher's workers), or the same SLURM_JOB_ID
-    #[arg(long, conflicts_with = "pids")]
-    pub all: bool,
-    /// With --all: every process of yours on this host with memsnap, whatever its session
-    /// (under a shared account: other people's jobs too)
-    #[arg(long, requires = "all")]
-    pub user: bool,
-}
-
-/// The processes of `uid` (other than this one) with memsnap loaded that `keep` accepts,
-/// split into those `--all` reaches (the caller's session or job; every one with `--user`)
-/// and the rest, with the caller's scope. When `--all` reaches none, says so on stderr,
-/// naming the processes outside the scope (`what`: how the processes are described, e.g.
-/// "with memsnap loaded"), and returns `None`.
-pub fn in_scope(
-    uid: u32,
-    user: bool,
-    what: &str,
-    keep: impl Fn(u32) -> bool,
-) -> Option<(Scope, Vec<u32>, Vec<u32>)> {
-    let scope = Scope::of_caller();
-    let (pids, outside): (Vec<u32>, Vec<u32>) = memsnap_processes(uid, std::process::id())
-        .into_iter()
-        .filter(|&pid| keep(pid))
-        .partition(|&pid| user || scope.contains(pid));
-    if !pids.is_empty() {
-        return Some((scope, pids, outside));
-    }
-    if outside.is_empty() {
-        eprintln!("memsnap: no process of yours on this host {what}");
-    } else {
-        eprintln!(
-            "memsnap: no process {what} in {}; {} of yours elsewhere on this host: {} (add --user to include them, or name the pids)",
-            scope.describe(),
-            plural(outside.len(), "process", "processes"),
-            describe_pids(&outside)
-        );
-    }
-    None
 }
 
 /// How long a process has to acknowledge the signal: its writer answers within
@@ -289,101 +248,6 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     })
 }
 
-/// The caller's session and job: what `--all` reaches without `--user`.
-pub struct Scope {
-    session: Option<u32>,
-    slurm_job: Option<String>,
-}
-
-/// Parent links followed at most, looking for an ancestor in the caller's session.
-const MAX_ANCESTORS: usize = 64;
-
-impl Scope {
-    fn of_caller() -> Self {
-        Scope {
-            session: stat_fields(Path::new("/proc/self")).map(|f| f.session),
-            slurm_job: std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty()),
-        }
-    }
-
-    /// Whether `pid` is in the caller's session (or descends from a process that is), or
-    /// in the caller's SLURM job.
-    fn contains(&self, pid: u32) -> bool {
-        let proc = PathBuf::from(format!("/proc/{pid}"));
-        if let Some(job) = &self.slurm_job
-            && read_environ(&proc.join("environ")).get("SLURM_JOB_ID") == Some(job)
-        {
-            return true;
-        }
-        let Some(mine) = self.session else {
-            return false;
-        };
-        let mut at = pid;
-        for _ in 0..MAX_ANCESTORS {
-            let Some(f) = stat_fields(&PathBuf::from(format!("/proc/{at}"))) else {
-                return false;
-            };
-            if f.session == mine {
-                return true;
-            }
-            if f.ppid <= 1 {
-                return false;
-            }
-            at = f.ppid;
-        }
-        false
-    }
-
-    fn describe(&self) -> String {
-        match (&self.slurm_job, self.session) {
-            (Some(job), Some(s)) => format!("this session ({s}) or SLURM job {job}"),
-            (Some(job), None) => format!("SLURM job {job}"),
-            (None, Some(s)) => format!("this session ({s})"),
-            (None, None) => "this session".to_string(),
-        }
-    }
-}
-
-/// The fields of /proc/PID/stat that say where a process belongs.
-struct StatFields {
-    ppid: u32,
-    session: u32,
-}
-
-/// Parent pid and session id from `proc/stat` (fields 4 and 6; the command name in field
-/// 2 may hold spaces and parentheses, so fields are counted from its closing parenthesis).
-fn stat_fields(proc: &Path) -> Option<StatFields> {
-    parse_stat(&std::fs::read_to_string(proc.join("stat")).ok()?)
-}
-
-fn parse_stat(stat: &str) -> Option<StatFields> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    let _state = f.next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let _pgrp = f.next()?;
-    let session = f.next()?.parse().ok()?;
-    Some(StatFields { ppid, session })
-}
-
-/// `pid 12 (python), pid 13 (python)`.
-fn describe_pids(pids: &[u32]) -> String {
-    pids.iter()
-        .map(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            match comm.trim() {
-                "" => format!("pid {pid}"),
-                c => format!("pid {pid} ({c})"),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn plural(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
 enum Poll {
     Waiting,
     Done(Result<PathBuf, String>),
@@ -473,7 +337,7 @@ fn alive(proc: &Path) -> bool {
 /// Asks `t` for a snapshot through its live socket; the file's path once written.
 fn ask_through_socket(uid: u32, t: &Target, timeout: Duration) -> Result<PathBuf, String> {
     let pid = t.pid;
-    match crate::top::ask(uid, pid, &Request::Dump, timeout) {
+    match reach::ask(uid, pid, &Request::Dump, timeout) {
         Ok(Answer::Dumped { path, requests }) => {
             shared(pid, requests);
             Ok(PathBuf::from(path))
@@ -525,33 +389,6 @@ fn has_number(name: &str, number: &str) -> bool {
         let after = name[at + number.len()..].chars().next();
         !before.is_some_and(|c| c.is_ascii_digit()) && !after.is_some_and(|c| c.is_ascii_digit())
     })
-}
-
-/// The processes descending from `pid` that have memsnap loaded and are recording.
-fn recording_descendants(uid: u32, pid: u32) -> Vec<u32> {
-    memsnap_processes(uid, std::process::id())
-        .into_iter()
-        .filter(|&p| descends_from(p, pid))
-        .filter(|&p| has_writer_thread(&PathBuf::from(format!("/proc/{p}"))))
-        .collect()
-}
-
-/// Whether `ancestor` is `pid`'s parent, grandparent, ...
-fn descends_from(pid: u32, ancestor: u32) -> bool {
-    let mut at = pid;
-    for _ in 0..MAX_ANCESTORS {
-        let Some(f) = stat_fields(&PathBuf::from(format!("/proc/{at}"))) else {
-            return false;
-        };
-        if f.ppid == ancestor {
-            return true;
-        }
-        if f.ppid <= 1 {
-            return false;
-        }
-        at = f.ppid;
-    }
-    false
 }
 
 enum Prepare {
@@ -687,47 +524,6 @@ fn prepare(pid: u32, uid: u32, only_folder: Option<&Path>) -> Result<Target, Pre
     Ok(target)
 }
 
-/// Whether `pid` serves a live socket in this user's private folder (what `memsnap top`
-/// connects to): only this user can have made it there.
-fn has_socket(uid: u32, pid: u32) -> bool {
-    let private = std::fs::symlink_metadata(ack::folder(uid))
-        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0);
-    private
-        && std::fs::symlink_metadata(live::socket_path(uid, pid))
-            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-}
-
-pub fn has_memsnap(maps: &str) -> bool {
-    maps.lines().any(|l| {
-        l.split_whitespace()
-            .nth(5)
-            .is_some_and(|path| path.rsplit('/').next() == Some("libmemsnap.so"))
-    })
-}
-
-/// The process's environment at exec time (what `MEMSNAP_*` the library most likely read).
-fn read_environ(path: &Path) -> HashMap<String, String> {
-    std::fs::read(path)
-        .unwrap_or_default()
-        .split(|&b| b == 0)
-        .filter_map(|kv| {
-            let kv = String::from_utf8_lossy(kv);
-            kv.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-/// The library's writer thread is named `memsnap-writer`; it exists only while recording.
-fn has_writer_thread(proc: &Path) -> bool {
-    let Ok(tasks) = std::fs::read_dir(proc.join("task")) else {
-        return false;
-    };
-    tasks.flatten().any(|t| {
-        std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "memsnap-writer")
-    })
-}
-
 /// Whether the process has a handler for `signal` (`SigCgt` in /proc/PID/status).
 fn catches(proc: &Path, signal: i32) -> bool {
     let Ok(status) = std::fs::read_to_string(proc.join("status")) else {
@@ -783,43 +579,9 @@ fn send_signal(pid: u32, signal: i32) -> Result<()> {
     }
 }
 
-/// Every process of `uid` except `me` with libmemsnap.so mapped.
-pub fn memsnap_processes(uid: u32, me: u32) -> Vec<u32> {
-    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    pids.sort_unstable();
-    pids.into_iter()
-        .filter(|&pid| pid != me)
-        .filter(|pid| {
-            let proc = PathBuf::from(format!("/proc/{pid}"));
-            std::fs::metadata(&proc).is_ok_and(|m| m.uid() == uid)
-                && std::fs::read_to_string(proc.join("maps")).is_ok_and(|m| has_memsnap(&m))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn finds_the_library_in_maps() {
-        let maps = "7f00-7f10 r-xp 00000000 08:01 123 /opt/x/lib/libmemsnap.so\n";
-        assert!(has_memsnap(maps));
-        assert!(has_memsnap(
-            "7f00-7f10 r-xp 00000000 08:01 123 /t/libmemsnap.so (deleted)\n"
-        ));
-        assert!(!has_memsnap(
-            "7f00-7f10 r-xp 00000000 08:01 123 /usr/lib/libmemsnap.so.bak\n"
-        ));
-        assert!(!has_memsnap("7f00-7f10 rw-p 00000000 00:00 0 \n"));
-    }
 
     /// A process that has exited but is not yet reaped still has its /proc entry, with no
     /// mappings: `--all` met one while other jobs' processes exited beside it, and called it
@@ -849,17 +611,6 @@ mod tests {
             "an exited process"
         );
         child.wait().unwrap();
-    }
-
-    #[test]
-    fn session_and_parent_from_stat() {
-        // The command name may hold spaces and parentheses.
-        let stat = "4242 (my (odd) prog) S 4200 4242 4100 34816 4242 4194304 120 0";
-        let f = parse_stat(stat).unwrap();
-        assert_eq!((f.ppid, f.session), (4200, 4100));
-        assert!(parse_stat("4242 (x").is_none());
-        let me = stat_fields(Path::new("/proc/self")).unwrap();
-        assert_eq!(me.ppid, std::os::unix::process::parent_id());
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod flamegraph;
 mod input;
 mod mcp;
 mod ranks;
+mod reach;
 mod remote;
 mod run;
 mod shown;

@@ -57,6 +57,10 @@ pub struct RunArgs {
     /// A snapshot every N steps (MEMSNAP_EVERY)
     #[arg(long, value_name = "N")]
     pub every: Option<String>,
+    /// Where steps come from: auto (PyTorch's optimizer steps until the program marks its
+    /// own), program, off (MEMSNAP_STEPS)
+    #[arg(long, value_name = "FROM")]
+    pub steps: Option<String>,
     /// A snapshot every duration from 1s to 30d, e.g. 30s, 5m (MEMSNAP_PERIOD)
     #[arg(long, value_name = "DURATION")]
     pub period: Option<String>,
@@ -129,6 +133,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     opt(var::SKIP, "--skip", &args.skip);
     opt(var::INTERVAL, "--interval", &args.interval);
     opt(var::EVERY, "--every", &args.every);
+    opt(var::STEPS, "--steps", &args.steps);
     opt(var::PERIOD, "--period", &args.period);
     opt(var::STATS, "--stats", &args.stats);
     opt(var::REMOTE, "--remote", &args.remote);

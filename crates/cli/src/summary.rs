@@ -185,6 +185,17 @@ pub fn write_text(s: &Summary, name: &str, out: &mut dyn Write) -> std::io::Resu
     {
         writeln!(out, "PyTorch's allocator: {}", shown(line))?;
     }
+    // Where memsnap's step marks came from: what MEMSNAP_EVERY and the window counted.
+    if let Some(source) = s.metadata.get("step_source").and_then(|v| v.as_str()) {
+        let text = |key: &str| s.metadata.get(key).and_then(|v| v.as_str()).unwrap_or("");
+        let steps = s.metadata.get("step").and_then(|v| v.as_i64()).unwrap_or(0);
+        writeln!(
+            out,
+            "Steps: {steps} (from: {}; optimizer step hook: {})",
+            shown(source),
+            shown(text("optimizer_step_hook"))
+        )?;
+    }
     if !s.api_calls.is_empty() {
         let list = api_list(s.api_calls.iter().map(|c| (c.api.as_str(), c.calls)));
         writeln!(out, "API calls: {list}")?;

@@ -17,6 +17,7 @@
 //!   moment).
 //! - [`sites`]: allocation sites and owning libraries (`--ignore`, `--callers`).
 //! - [`device`]: per-device figures; the live set of every device at a moment.
+//! - [`origin`]: which process a file came from (metadata numbers, the rank in its name).
 //! - [`summary`], [`diff`], [`ranks`], [`flamegraph`], [`view`], [`explain`]: each command's
 //!   model.
 //!
@@ -31,6 +32,7 @@ pub mod explain;
 pub mod flamegraph;
 pub mod history;
 pub mod input;
+pub mod origin;
 pub mod ranks;
 pub mod sites;
 pub mod summary;

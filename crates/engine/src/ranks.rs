@@ -13,9 +13,9 @@
 //! files, prints text or serializes this as JSON. Cold code.
 
 use crate::device;
-use crate::explain::meta_number;
 use crate::explain::owners::{by_allocator_kind, torch_allocator_line};
 use crate::input::Summarized;
+use crate::origin::{meta_number, rank_from_name};
 use crate::sites::{Attribution, Sites};
 use crate::tally::sorted;
 use memsnap_format::model::Meta;
@@ -63,33 +63,6 @@ pub struct Ranks {
     pub median_live_bytes: i64,
     pub median_peak_bytes: i64,
     pub ranks: Vec<Rank>,
-}
-
-/// `…-r12-…`, `rank12`, `rank_12`, `_r3.`: the first such number in the file name.
-pub fn rank_from_name(name: &str) -> Option<i64> {
-    let b = name.as_bytes();
-    for (i, _) in name.match_indices('r') {
-        let boundary = i == 0 || !b[i - 1].is_ascii_alphanumeric();
-        if !boundary {
-            continue;
-        }
-        let mut j = i + 1;
-        if name[j..].starts_with("ank") {
-            j += 3;
-            if name[j..].starts_with('_') || name[j..].starts_with('-') {
-                j += 1;
-            }
-        }
-        let digits: String = name[j..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit())
-            .collect();
-        let after = name[j + digits.len()..].chars().next();
-        if !digits.is_empty() && after.is_none_or(|c| !c.is_ascii_alphanumeric()) {
-            return digits.parse().ok();
-        }
-    }
-    None
 }
 
 fn median(mut v: Vec<i64>) -> i64 {
@@ -295,7 +268,7 @@ fn mark_allocator_differences(ranks: &mut [Rank]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Rank, empty_row, finish, rank_from_name};
+    use super::{Rank, empty_row, finish};
 
     fn rank_with(name: &str, live: i64, allocator: Option<&str>) -> Rank {
         Rank {
@@ -356,18 +329,5 @@ mod tests {
             ],
         );
         assert!(r.ranks.iter().all(|x| !x.outlier));
-    }
-
-    #[test]
-    fn rank_from_file_names() {
-        assert_eq!(
-            rank_from_name("memsnap-python-node1-r12-p4242-exit-0.pickle"),
-            Some(12)
-        );
-        assert_eq!(rank_from_name("rank3_memory_snapshot.pickle"), Some(3));
-        assert_eq!(rank_from_name("snap_rank_7.pickle"), Some(7));
-        assert_eq!(rank_from_name("train-r0.pickle"), Some(0));
-        assert_eq!(rank_from_name("torch-transformer.pickle"), None);
-        assert_eq!(rank_from_name("run-r2d2.pickle"), None);
     }
 }

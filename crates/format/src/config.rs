@@ -28,6 +28,7 @@ pub mod var {
     pub const SKIP: &str = "MEMSNAP_SKIP";
     pub const INTERVAL: &str = "MEMSNAP_INTERVAL";
     pub const EVERY: &str = "MEMSNAP_EVERY";
+    pub const STEPS: &str = "MEMSNAP_STEPS";
     pub const PERIOD: &str = "MEMSNAP_PERIOD";
     pub const STATS: &str = "MEMSNAP_STATS";
     pub const AT_CRASH: &str = "MEMSNAP_AT_CRASH";
@@ -86,6 +87,31 @@ impl Stacks {
     }
 }
 
+/// Where step boundaries come from (`MEMSNAP_STEPS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum StepMarks {
+    /// PyTorch's optimizer steps, until the program marks steps itself; the program's marks
+    /// from then on.
+    Auto = 1,
+    /// Only the program's own marks (`memsnap_step()`, `memsnap.step()`, the callbacks).
+    Program = 2,
+    /// No step boundaries at all: the program's marks are refused too.
+    Off = 3,
+}
+
+impl StepMarks {
+    /// The inverse of `as u8`.
+    pub fn from_u8(v: u8) -> Option<StepMarks> {
+        match v {
+            1 => Some(StepMarks::Auto),
+            2 => Some(StepMarks::Program),
+            3 => Some(StepMarks::Off),
+            _ => None,
+        }
+    }
+}
+
 /// Whether frees carry their own stack (`all`) or reuse the allocation's (`alloc`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Context {
@@ -119,6 +145,8 @@ pub struct Config {
     pub interval: u64,
     /// A snapshot every N steps. 0 = off.
     pub every: u64,
+    /// Where step boundaries come from.
+    pub steps: StepMarks,
     /// A snapshot every given duration. `None` = off.
     pub period: Option<Duration>,
     /// CSV file for per-step memory figures. `None` = off.
@@ -158,6 +186,7 @@ impl Default for Config {
             skip: 1,
             interval: 0,
             every: 0,
+            steps: StepMarks::Auto,
             period: None,
             stats: None,
             at_crash: true,
@@ -260,6 +289,14 @@ impl Config {
         cfg.skip = p.count(var::SKIP, cfg.skip, 0, MAX_STEPS);
         cfg.interval = p.count(var::INTERVAL, cfg.interval, 0, MAX_STEPS);
         cfg.every = p.count(var::EVERY, cfg.every, 0, MAX_STEPS);
+        if let Some(v) = p.text(var::STEPS) {
+            match v.to_ascii_lowercase().as_str() {
+                "auto" => cfg.steps = StepMarks::Auto,
+                "program" => cfg.steps = StepMarks::Program,
+                "off" => cfg.steps = StepMarks::Off,
+                _ => p.bad(var::STEPS, &v, "one of auto, program, off"),
+            }
+        }
         if let Some(v) = p.text(var::PERIOD) {
             match parse_duration(&v) {
                 Some(d) if d.is_zero() => cfg.period = None,
@@ -612,6 +649,16 @@ pub fn ranks(get: impl Fn(&str) -> Option<String>, pid: u32) -> (String, String)
     (rank, local_rank)
 }
 
+/// This machine's host name, the value of `{host}` (before [`sanitize`]); `localhost` when
+/// the kernel names none.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
 /// A placeholder value made safe for file and folder names: letters, digits, `.`, `_`,
 /// `-`, anything else becomes `_`, and so does a leading `.`. The result is never empty and
 /// never starts with `.`, so whatever text surrounds it, a value cannot make a path
@@ -698,6 +745,7 @@ mod tests {
             ("MEMSNAP_SIGNAL", "usr2"),
             ("MEMSNAP_STACKS", "python"),
             ("MEMSNAP_CONTEXT", "all"),
+            ("MEMSNAP_STEPS", "Program"),
             ("MEMSNAP_OVERWRITE", "yes"),
             ("MEMSNAP_PERIOD", "2500ms"),
             ("MEMSNAP_FILENAME", "rank{rank}.{step}.pickle"),
@@ -707,6 +755,7 @@ mod tests {
         assert_eq!(cfg.signal, Some(libc::SIGUSR2));
         assert_eq!(cfg.stacks, Stacks::Python);
         assert_eq!(cfg.context, Context::All);
+        assert_eq!(cfg.steps, StepMarks::Program);
         assert!(cfg.overwrite);
         assert_eq!(cfg.period, Some(Duration::from_millis(2500)));
         assert_eq!(cfg.filename, "rank{rank}.{step}.pickle");
@@ -738,6 +787,26 @@ mod tests {
         assert_eq!(cfg.signal, Some(libc::SIGUSR1));
         assert!(cfg.at_exit);
         assert_eq!(cfg.filename, DEFAULT_FILENAME);
+    }
+
+    #[test]
+    fn steps_take_auto_program_or_off_and_refuse_the_rest() {
+        assert_eq!(parse(&[]).0.steps, StepMarks::Auto);
+        for (v, steps) in [
+            ("auto", StepMarks::Auto),
+            ("OFF", StepMarks::Off),
+            (" program ", StepMarks::Program),
+        ] {
+            let (cfg, errors) = parse(&[("MEMSNAP_STEPS", v)]);
+            assert!(errors.is_empty(), "{v}: {errors:?}");
+            assert_eq!(cfg.steps, steps, "{v}");
+            assert_eq!(StepMarks::from_u8(steps as u8), Some(steps));
+        }
+        for v in ["optimizer", "0", "none"] {
+            let e = refused("MEMSNAP_STEPS", v);
+            assert_eq!(e.expected, "one of auto, program, off");
+        }
+        assert_eq!(StepMarks::from_u8(0), None);
     }
 
     #[test]

@@ -1,20 +1,19 @@
 //! `memsnap top [PID ...|--all]`: watches running processes' GPU memory by allocation
 //! site, live, through the socket each recording process serves (`memsnap_format::live`).
 //!
-//! Cold, no unsafe. [`ask`] is the client; `model` turns samples into rows (with the
+//! Cold, no unsafe. The client is `reach::ask`; `model` turns samples into rows (with the
 //! site rules of `memsnap_engine::sites`); `ui` is the full-screen view (ratatui). When
 //! stdout is not a terminal, or with `--once`, samples are printed as plain lines or JSON.
 
 pub mod model;
 pub mod ui;
 
-use anyhow::{Context, Result, bail};
-use memsnap_format::ack;
-use memsnap_format::live::{self, Answer, MAX_ANSWER, PROTOCOL_VERSION, Request, Sample};
+use crate::reach;
+use anyhow::{Result, bail};
+use memsnap_format::live::{self, Answer, Request, Sample};
 use model::Watched;
 use std::io::{IsTerminal, Write};
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -31,7 +30,7 @@ pub struct TopArgs {
     #[arg(value_name = "PID", required_unless_present = "all")]
     pub pids: Vec<u32>,
     #[command(flatten)]
-    pub scope: crate::dump::ScopeArgs,
+    pub scope: reach::ScopeArgs,
     /// Print one sample and exit
     #[arg(long)]
     pub once: bool,
@@ -54,75 +53,13 @@ const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a snapshot asked with `d` may take to be written.
 const DUMP_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Sends one request to process `pid` and reads its answer.
-pub fn ask(uid: u32, pid: u32, request: &Request, timeout: Duration) -> Result<Answer> {
-    let folder = ack::folder(uid);
-    // Only this user can have made a socket in a private folder of theirs: the process at
-    // the other end is one of ours (the process checks our credentials in turn).
-    let private = std::fs::symlink_metadata(&folder)
-        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0);
-    let path = live::socket_path(uid, pid);
-    // The writer opens the socket a moment after the first CUDA call: give a process that
-    // has just started recording a second to show it.
-    let start = Instant::now();
-    while private && !path.exists() && start.elapsed() < Duration::from_secs(1) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if !private || !path.exists() {
-        bail!("{}", why_unreachable(pid));
-    }
-    let mut stream = UnixStream::connect(&path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::ConnectionRefused {
-            anyhow::anyhow!("pid {pid} does not answer (it exited, or its recording stopped)")
-        } else {
-            anyhow::anyhow!("cannot connect to pid {pid} ({}): {e}", path.display())
-        }
-    })?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream
-        .write_all(&live::encode(request))
-        .with_context(|| format!("asking pid {pid}"))?;
-    let answer: Answer = live::read_message(&mut stream, MAX_ANSWER).with_context(|| {
-        format!(
-            "reading the answer of pid {pid} (a process closes connections while too many \
-             clients are still sending or waiting for a snapshot, and from other users)"
-        )
-    })?;
-    if let Answer::Sample(s) = &answer
-        && s.version != PROTOCOL_VERSION
-    {
-        bail!(
-            "pid {pid} speaks live-protocol version {} (this memsnap: {PROTOCOL_VERSION}); use the memsnap that came with its library",
-            s.version
-        );
-    }
-    Ok(answer)
-}
-
-/// Why a process has no socket, from what /proc shows.
-fn why_unreachable(pid: u32) -> String {
-    match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-        Err(_) if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
-            format!("no process {pid}")
-        }
-        Err(e) => format!("cannot read /proc/{pid}/maps ({e}): not your process?"),
-        Ok(maps) if !crate::dump::has_memsnap(&maps) => format!(
-            "pid {pid} does not have memsnap loaded (start it with `memsnap run -- ...` or LD_PRELOAD=libmemsnap.so)"
-        ),
-        Ok(_) => format!(
-            "pid {pid} has memsnap loaded but is not recording yet (it starts on the first CUDA allocation)"
-        ),
-    }
-}
-
 /// One sample of `pid`, without the first `known` (frames, stacks) the caller holds.
 pub fn sample(uid: u32, pid: u32, known: (u32, u32)) -> Result<Sample> {
     let request = Request::Sample {
         known_frames: known.0,
         known_stacks: known.1,
     };
-    match ask(uid, pid, &request, SAMPLE_TIMEOUT)? {
+    match reach::ask(uid, pid, &request, SAMPLE_TIMEOUT)? {
         Answer::Sample(s) => Ok(s),
         Answer::Failed { reason } => bail!("pid {pid}: {reason}"),
         Answer::Dumped { .. } => bail!("pid {pid} answered a sample request with a dump"),
@@ -131,7 +68,7 @@ pub fn sample(uid: u32, pid: u32, known: (u32, u32)) -> Result<Sample> {
 
 /// Asks `pid` for a snapshot now; its path once written.
 pub fn dump_now(uid: u32, pid: u32) -> Result<String> {
-    match ask(uid, pid, &Request::Dump, DUMP_TIMEOUT)? {
+    match reach::ask(uid, pid, &Request::Dump, DUMP_TIMEOUT)? {
         Answer::Dumped { path, .. } => Ok(path),
         Answer::Failed { reason } => bail!("pid {pid} could not write a snapshot: {reason}"),
         Answer::Sample(_) => bail!("pid {pid} answered a dump request with a sample"),
@@ -159,7 +96,7 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
     let uid = std::fs::metadata("/proc/self")?.uid();
     let pids = if args.scope.all {
         let recording = |pid| live::socket_path(uid, pid).exists();
-        match crate::dump::in_scope(uid, args.scope.user, "recording with memsnap", recording) {
+        match reach::in_scope(uid, args.scope.user, "recording with memsnap", recording) {
             Some((_, pids, _)) => pids,
             None => return Ok(ExitCode::from(1)),
         }

@@ -8,13 +8,13 @@ use super::owners::{self, Knowledge};
 use super::roles::{self, Role, Roles, StackRole};
 use super::{
     Digest, HELPER_SHARE, Instant, OOM_SITES, Oom, Options, SiteRow, device_meta, iterations,
-    meta_number, meta_str, oom,
+    meta_str, oom,
 };
 use crate::at::{Kind, Resolved};
 use crate::device;
 use crate::history::History;
 use crate::input::Summarized;
-use crate::ranks::rank_from_name;
+use crate::origin::{meta_number, rank_from_name};
 use crate::sites::{self, Attribution, HelperRule, Library, Sites, StackBytes};
 use crate::tally::Tally;
 use memsnap_format::model::{BlockState, Snapshot, StackId};

@@ -26,7 +26,7 @@ pub use side_by_side::{DifferingSite, ForeignDevice, Ranks};
 
 use crate::at::At;
 use crate::input::{self, Summarized};
-use crate::ranks::rank_from_name;
+use crate::origin::rank_from_name;
 use crate::sites::{Attribution, Helpers, Library};
 use leaks::{Leak, StepPoint};
 use log::EventLog;
@@ -230,16 +230,6 @@ pub fn unreadable(file: String, error: String) -> Digest {
         file,
         error: Some(error),
         ..Digest::default()
-    }
-}
-
-/// An integer of memsnap's metadata, also from a numeric string (`rank` and `local_rank`
-/// are written as strings).
-pub fn meta_number(snap: &Snapshot, key: &str) -> Option<i64> {
-    match snap.meta(key)? {
-        Meta::Int(i) => Some(*i),
-        Meta::Str(s) => s.trim().parse().ok(),
-        _ => None,
     }
 }
 

@@ -10,11 +10,15 @@
 //! Robust to lost events: an allocation that overlaps a live one means a free was missed
 //! (dropped under back-pressure); the stale one is closed with synthesized free events
 //! and counted, so the history stays valid and the live set stays right.
+//!
+//! `cache`: PyTorch's caching allocator inside a device's state (its segments and blocks).
+
+pub mod cache;
 
 use crate::channel::event::Api;
 use crate::writer::blocks::BlockMap;
-use crate::writer::cache::{Cache, CacheCheck};
 use crate::writer::stacks::RawStackId;
+use cache::{Cache, CacheCheck};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -115,7 +119,7 @@ pub struct Device {
     /// Physical bytes of VMM handles created on this device and not yet freed.
     pub physical_bytes: u64,
     /// PyTorch's caching allocator on this device: its segments and live blocks
-    /// (`writer/cache.rs`).
+    /// (`state/cache.rs`).
     pub cache: Cache,
 }
 
@@ -150,7 +154,7 @@ pub struct State {
     pub imported_mappings: BTreeMap<u64, u64>,
     pub reservations: BTreeMap<u64, u64>,
     pub anomalies: Anomalies,
-    /// The check of PyTorch's allocator route (`writer/cache.rs`).
+    /// The check of PyTorch's allocator route (`state/cache.rs`).
     pub cache_check: CacheCheck,
     /// Step boundaries, oldest first: `(steps completed, time_us)`, the newest
     /// [`MAX_STEP_MARKS`] (written as `external_annotations`, docs/FORMAT.md).
@@ -582,6 +586,14 @@ impl State {
             self.step_marks.pop_front();
         }
         self.step_marks.push_back((steps, time_us));
+    }
+
+    /// The last step boundary is at `time_us` instead (where the program marked the step
+    /// the optimizer's mark had closed: `writer::steps`).
+    pub fn move_last_step_mark(&mut self, time_us: u64) {
+        if let Some((_, time)) = self.step_marks.back_mut() {
+            *time = time_us;
+        }
     }
 
     pub fn reserve(&mut self, addr: u64, size: u64) {

@@ -8,10 +8,10 @@
 //! of the segment); and it keeps that whole free block when the rest is too small to be
 //! split off. Everything else (segments, addresses, states) is what the allocator said.
 
+use super::{Action, Live, State, TraceRec, TraceStack};
 use crate::channel::event::{Api, PoolId};
 use crate::process::allocator_route;
 use crate::writer::stacks::RawStackId;
-use crate::writer::state::{Action, Live, State, TraceRec, TraceStack};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -138,7 +138,7 @@ fn check_applied(writer: &Writer) {
     );
     assert_ne!(
         writer.state.cache_check,
-        super::cache::CacheCheck::Failed,
+        super::state::cache::CacheCheck::Failed,
         "the writer refused the bench's segments: void"
     );
 }
