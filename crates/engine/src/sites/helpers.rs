@@ -19,12 +19,13 @@
 //!   caller, or one caller that all but owns it, stays the site.
 
 use super::{
-    Attribution, SiteKind, choose_site, frame_library, frame_text, is_hidden,
-    is_library_python_file, is_python_frame, is_runtime,
+    Attribution, SiteKind, frame_library, frame_text, is_hidden, is_library_python_file,
+    is_python_frame, is_runtime,
 };
 use crate::sites::Library;
 use memsnap_format::model::{Frame, Snapshot, StackId, TraceEntry};
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 
 /// How many lines above a site the calling lines are looked for.
 pub const MAX_DEPTH: usize = 6;
@@ -114,40 +115,43 @@ pub struct Helpers {
 }
 
 impl Helpers {
-    /// The helpers of one file's stacks, by the rule above.
-    pub fn find(
-        frames: &[Frame],
+    /// The helpers of one file's stacks, by the rule above: `chosen`, each stack's site
+    /// frame (its position among the stack's frames); `bytes`, by stack.
+    pub(super) fn find(
         stacks: &[Vec<u32>],
-        attr: &Attribution,
+        chosen: &[Option<(usize, SiteKind)>],
+        facts: &mut Facts,
         bytes: &StackBytes,
     ) -> Helpers {
-        // Per candidate site frame: each allocating stack's calling lines and bytes.
-        let mut through: BTreeMap<String, Vec<(Vec<Line>, i64)>> = BTreeMap::new();
-        let mut seen = BTreeSet::new();
-        for (i, st) in stacks.iter().enumerate() {
-            let fs: Vec<&Frame> = st.iter().filter_map(|&f| frames.get(f as usize)).collect();
-            let Some((at, kind)) = choose_site(&fs, attr) else {
+        // Per candidate site frame (by text: a frame's text is what names it in every
+        // file): each allocating stack's calling lines and bytes.
+        let mut through: BTreeMap<Rc<str>, Vec<(Vec<Line>, i64)>> = BTreeMap::new();
+        let mut seen: BTreeSet<Rc<str>> = BTreeSet::new();
+        for (i, (st, &chosen)) in stacks.iter().zip(chosen).enumerate() {
+            let Some((at, kind)) = chosen else {
                 continue;
             };
-            if !may_be_helper(fs[at], kind) {
+            let ids = super::frame_ids(facts.frames, st);
+            if !facts.may_be_helper(ids[at], kind) {
                 continue;
             }
-            let mut lines = calling_lines(&fs, at, kind, attr).peekable();
-            if lines.peek().is_none() {
-                continue;
-            }
-            let key = frame_text(fs[at]);
             let b = bytes.get(i);
-            if b > 0 {
-                let chain = lines.take(MAX_DEPTH).map(Line::of).collect();
-                through.entry(key.clone()).or_default().push((chain, b));
+            let chain = facts.calling_lines(&ids, at, kind, if b > 0 { MAX_DEPTH } else { 1 });
+            if chain.is_empty() {
+                continue;
             }
-            seen.insert(key);
+            let site = facts.text(ids[at]);
+            if b > 0 {
+                let chain = chain.into_iter().map(|id| facts.line(id)).collect();
+                through.entry(site.clone()).or_default().push((chain, b));
+            }
+            seen.insert(site);
         }
         let found = through
             .into_iter()
-            .filter_map(|(key, stacks)| calling_depth(&stacks).map(|d| (key, d)))
+            .filter_map(|(site, stacks)| Some((site.to_string(), calling_depth(&stacks)?)))
             .collect();
+        let seen = seen.into_iter().map(|s| s.to_string()).collect();
         Helpers { found, seen }
     }
 
@@ -184,21 +188,6 @@ impl Helpers {
     }
 }
 
-/// One calling line: its text, and whether it is a module-level line.
-struct Line {
-    text: String,
-    module: bool,
-}
-
-impl Line {
-    fn of(f: &Frame) -> Line {
-        Line {
-            text: frame_text(f),
-            module: is_module_level(f),
-        }
-    }
-}
-
 fn is_module_level(f: &Frame) -> bool {
     is_python_frame(f) && f.name == "<module>"
 }
@@ -212,26 +201,99 @@ fn is_own(f: &Frame, kind: SiteKind) -> bool {
     }
 }
 
-/// Whether the site frame `f` can be a helper: the program's own, not a module-level line.
-fn may_be_helper(f: &Frame, kind: SiteKind) -> bool {
-    is_own(f, kind) && !is_module_level(f)
+/// One calling line: its text, and whether it is a module-level line.
+struct Line {
+    text: Rc<str>,
+    module: bool,
 }
 
-/// The program's own frames above the site at `at`, outward.
-pub(super) fn calling_lines<'f>(
-    frames: &[&'f Frame],
-    at: usize,
-    kind: SiteKind,
-    attr: &Attribution,
-) -> impl Iterator<Item = &'f Frame> {
-    frames[at + 1..]
-        .iter()
-        .copied()
-        .filter(move |f| !is_hidden(f) && !attr.ignores(f) && is_own(f, kind))
+/// What the helper rule asks of each frame of one file, each answer found once (the stacks
+/// share their frames): whether it can be a calling line or a helper, for a Python site and
+/// for a native one, and its text.
+pub(super) struct Facts<'a> {
+    frames: &'a [Frame],
+    attr: &'a Attribution,
+    /// Per frame and site kind: 0 not known yet, 1 no, 2 yes.
+    calling: Vec<[u8; 2]>,
+    helper: Vec<[u8; 2]>,
+    texts: Vec<Option<Rc<str>>>,
 }
 
-/// Where the stacks through one site frame part: the depth of their calling lines when
-/// they make it a helper, else `None`.
+impl<'a> Facts<'a> {
+    pub(super) fn new(frames: &'a [Frame], attr: &'a Attribution) -> Self {
+        Facts {
+            frames,
+            attr,
+            calling: vec![[0; 2]; frames.len()],
+            helper: vec![[0; 2]; frames.len()],
+            texts: vec![None; frames.len()],
+        }
+    }
+
+    fn known(memo: &mut [[u8; 2]], id: u32, kind: SiteKind, find: impl FnOnce() -> bool) -> bool {
+        let slot = &mut memo[id as usize][(kind != SiteKind::Python) as usize];
+        if *slot == 0 {
+            *slot = if find() { 2 } else { 1 };
+        }
+        *slot == 2
+    }
+
+    /// Whether frame `id` can be a calling line above a site of `kind`: the program's own,
+    /// neither hidden nor ignored.
+    fn is_calling_line(&mut self, id: u32, kind: SiteKind) -> bool {
+        let (f, attr) = (&self.frames[id as usize], self.attr);
+        Self::known(&mut self.calling, id, kind, || {
+            is_own(f, kind) && !is_hidden(f) && !attr.ignores(f)
+        })
+    }
+
+    /// Whether the site frame `id` can be a helper: the program's own, not a module-level
+    /// line.
+    pub(super) fn may_be_helper(&mut self, id: u32, kind: SiteKind) -> bool {
+        let f = &self.frames[id as usize];
+        Self::known(&mut self.helper, id, kind, || {
+            is_own(f, kind) && !is_module_level(f)
+        })
+    }
+
+    pub(super) fn text(&mut self, id: u32) -> Rc<str> {
+        let f = &self.frames[id as usize];
+        self.texts[id as usize]
+            .get_or_insert_with(|| frame_text(f).into())
+            .clone()
+    }
+
+    fn line(&mut self, id: u32) -> Line {
+        Line {
+            text: self.text(id),
+            module: is_module_level(&self.frames[id as usize]),
+        }
+    }
+
+    /// The calling lines above the site at `at` of the stack whose frames are `ids`,
+    /// outward, at most `n`.
+    pub(super) fn calling_lines(
+        &mut self,
+        ids: &[u32],
+        at: usize,
+        kind: SiteKind,
+        n: usize,
+    ) -> Vec<u32> {
+        let mut lines = Vec::new();
+        for &id in &ids[at + 1..] {
+            if lines.len() == n {
+                break;
+            }
+            if self.is_calling_line(id, kind) {
+                lines.push(id);
+            }
+        }
+        lines
+    }
+}
+
+/// Where the stacks through one site frame part (each: its calling lines, outward, and
+/// its bytes): the depth of their calling lines when they make it a helper, else `None`.
 fn calling_depth(stacks: &[(Vec<Line>, i64)]) -> Option<usize> {
     let total: i64 = stacks.iter().map(|(_, b)| b).sum();
     if total <= 0 {

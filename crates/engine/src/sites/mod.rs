@@ -17,6 +17,7 @@
 
 mod helpers;
 
+use helpers::Facts;
 pub use helpers::{Helpers, StackBytes};
 use memsnap_format::model::{Frame, Snapshot, StackId};
 use rustc_hash::FxHashMap;
@@ -104,11 +105,23 @@ impl Attribution {
             .any(|p| f.filename.contains(p.as_str()) || f.name.contains(p.as_str()))
     }
 
-    /// The helpers these rules apply to stacks that allocated `bytes`.
+    /// The helpers these rules apply to stacks that allocated `bytes` (by index into
+    /// `stacks`).
     pub fn helpers_of(&self, frames: &[Frame], stacks: &[Vec<u32>], bytes: &StackBytes) -> Helpers {
+        let chosen = chosen_sites(frames, stacks, self);
+        self.helpers_chosen(stacks, &chosen, &mut Facts::new(frames, self), bytes)
+    }
+
+    fn helpers_chosen(
+        &self,
+        stacks: &[Vec<u32>],
+        chosen: &[Option<(usize, SiteKind)>],
+        facts: &mut Facts,
+        bytes: &StackBytes,
+    ) -> Helpers {
         match &self.helpers {
             _ if self.callers.is_some() => Helpers::default(),
-            HelperRule::Find => Helpers::find(frames, stacks, self, bytes),
+            HelperRule::Find => Helpers::find(stacks, chosen, facts, bytes),
             HelperRule::Given(h) => h.clone(),
             HelperRule::Off => Helpers::default(),
         }
@@ -171,7 +184,8 @@ impl Sites {
     }
 
     /// The same from frames and stacks alone (a live sample from `memsnap top`);
-    /// `all_torch` for PyTorch's own files, whose every block is torch's.
+    /// `all_torch` for PyTorch's own files, whose every block is torch's; `bytes` by index
+    /// into `stacks`.
     pub fn of_stacks(
         frames: &[Frame],
         stacks: &[Vec<u32>],
@@ -179,7 +193,10 @@ impl Sites {
         attr: &Attribution,
         bytes: &StackBytes,
     ) -> Self {
-        let helpers = attr.helpers_of(frames, stacks, bytes);
+        // Each stack's site frame, and each frame's facts, found once for both passes.
+        let chosen = chosen_sites(frames, stacks, attr);
+        let mut facts = Facts::new(frames, attr);
+        let helpers = attr.helpers_chosen(stacks, &chosen, &mut facts, bytes);
         let mut sites = Vec::new();
         let mut by_text: FxHashMap<String, u32> = FxHashMap::default();
         let mut intern = |s: Site| -> u32 {
@@ -198,10 +215,13 @@ impl Sites {
         });
         let mut site_of_stack = Vec::with_capacity(stacks.len());
         let mut lib_of_stack = Vec::with_capacity(stacks.len());
-        for st in stacks {
-            let frames: Vec<&Frame> = st.iter().filter_map(|&f| frames.get(f as usize)).collect();
-            site_of_stack.push(intern(site_of(&frames, attr, &helpers)));
-            lib_of_stack.push(library_of(&frames));
+        for (st, &chosen) in stacks.iter().zip(&chosen) {
+            let ids = frame_ids(frames, st);
+            let fs: Vec<&Frame> = ids.iter().map(|&i| &frames[i as usize]).collect();
+            let site = at_caller(&ids, chosen, &helpers, &mut facts)
+                .unwrap_or_else(|| site_at(&fs, chosen, attr));
+            site_of_stack.push(intern(site));
+            lib_of_stack.push(library_of(&fs));
         }
         Sites {
             sites,
@@ -316,13 +336,43 @@ fn is_allocator_plumbing(f: &Frame) -> bool {
     P.iter().any(|p| f.name.contains(p))
 }
 
-/// The site of a stack: the chosen frame's text, then its callers'; a helper's calling
-/// line, then the helper.
-fn site_of(frames: &[&Frame], attr: &Attribution, helpers: &Helpers) -> Site {
-    if let Some(site) = at_caller(frames, attr, helpers) {
-        return site;
-    }
-    match site_chain(frames, attr) {
+/// The indices of a stack's frames that `frames` holds.
+fn frame_ids(frames: &[Frame], stack: &[u32]) -> Vec<u32> {
+    stack
+        .iter()
+        .copied()
+        .filter(|&f| (f as usize) < frames.len())
+        .collect()
+}
+
+/// Each stack's site frame ([`choose_site`]): its position among the stack's frames.
+fn chosen_sites(
+    frames: &[Frame],
+    stacks: &[Vec<u32>],
+    attr: &Attribution,
+) -> Vec<Option<(usize, SiteKind)>> {
+    stacks
+        .iter()
+        .map(|st| {
+            let fs: Vec<&Frame> = frame_ids(frames, st)
+                .iter()
+                .map(|&i| &frames[i as usize])
+                .collect();
+            choose_site(&fs, attr)
+        })
+        .collect()
+}
+
+/// The site of a stack without helpers: the chosen frame's text, then its callers'.
+#[cfg(test)]
+fn site_of(frames: &[&Frame], attr: &Attribution) -> Site {
+    site_at(frames, choose_site(frames, attr), attr)
+}
+
+/// The site of a stack whose site frame is `chosen`, shown at its own line: its text,
+/// then its callers' (`--callers`).
+fn site_at(frames: &[&Frame], chosen: Option<(usize, SiteKind)>, attr: &Attribution) -> Site {
+    match chosen.map(|(at, kind)| (chain_at(frames, at, kind, attr), kind)) {
         Some((chain, kind)) => Site {
             text: chain.join(CALLER_SEPARATOR),
             kind,
@@ -340,25 +390,29 @@ fn site_of(frames: &[&Frame], attr: &Attribution, helpers: &Helpers) -> Site {
     }
 }
 
-/// The site of a stack through a helper: its calling line `via` the helper (the line the
-/// calling line called; the site frame itself for the nearest calling lines).
-fn at_caller(frames: &[&Frame], attr: &Attribution, helpers: &Helpers) -> Option<Site> {
-    if helpers.is_empty() {
+/// The site of a stack (its frames' indices, `ids`) through a helper: its calling line
+/// `via` the helper (the line the calling line called; the site frame itself for the
+/// nearest calling lines).
+fn at_caller(
+    ids: &[u32],
+    chosen: Option<(usize, SiteKind)>,
+    helpers: &Helpers,
+    facts: &mut Facts,
+) -> Option<Site> {
+    let (at, kind) = chosen?;
+    if helpers.is_empty() || !facts.may_be_helper(ids[at], kind) {
         return None;
     }
-    let (at, kind) = choose_site(frames, attr)?;
-    let site = frame_text(frames[at]);
-    let depth = helpers.depth(&site)?;
-    let lines: Vec<&Frame> = helpers::calling_lines(frames, at, kind, attr)
-        .take(depth + 1)
-        .collect();
-    let caller = lines.get(depth)?;
+    let depth = helpers.depth(&facts.text(ids[at]))?;
+    let lines = facts.calling_lines(ids, at, kind, depth + 1);
+    let caller = *lines.get(depth)?;
     let via = match depth {
-        0 => site,
-        d => frame_text(lines[d - 1]),
+        0 => ids[at],
+        d => lines[d - 1],
     };
+    let via = facts.text(via).to_string();
     Some(Site {
-        text: format!("{}{VIA}{via}", frame_text(caller)),
+        text: format!("{}{VIA}{via}", facts.text(caller)),
         kind,
         via: Some(via),
     })
@@ -368,6 +422,11 @@ fn at_caller(frames: &[&Frame], attr: &Attribution, helpers: &Helpers) -> Option
 /// can be the site.
 pub fn site_chain(frames: &[&Frame], attr: &Attribution) -> Option<(Vec<String>, SiteKind)> {
     let (at, kind) = choose_site(frames, attr)?;
+    Some((chain_at(frames, at, kind, attr), kind))
+}
+
+/// The text of the site frame at `at`, then its callers' (`--callers`).
+fn chain_at(frames: &[&Frame], at: usize, kind: SiteKind, attr: &Attribution) -> Vec<String> {
     let mut chain = vec![frame_text(frames[at])];
     let callers = frames[at + 1..]
         .iter()
@@ -375,12 +434,7 @@ pub fn site_chain(frames: &[&Frame], attr: &Attribution) -> Option<(Vec<String>,
         .filter(|f| kind != SiteKind::Python || is_python_frame(f))
         .take(attr.callers.unwrap_or(0));
     chain.extend(callers.map(|f| frame_text(f)));
-    Some((chain, kind))
-}
-
-/// The frame a stack's site names (`None` when no frame can be the site).
-pub fn site_frame<'f>(frames: &[&'f Frame], attr: &Attribution) -> Option<&'f Frame> {
-    choose_site(frames, attr).map(|(i, _)| frames[i])
+    chain
 }
 
 /// The index of the site frame: the innermost user Python frame, else the first native

@@ -4,7 +4,7 @@ use super::*;
 
 /// The site of one stack, no helper applied.
 fn plain(frames: &[&Frame], attr: &Attribution) -> Site {
-    site_of(frames, attr, &Helpers::default())
+    site_of(frames, attr)
 }
 
 fn fr(name: &str, file: &str, line: i64) -> Frame {
@@ -328,10 +328,9 @@ fn a_module_level_line_is_never_a_helper_and_the_frames_below_are_its_callees() 
         sites_of(&stacks, &Attribution::default()),
         vec![("/job/train.py:21 (<module>)".to_string(), None); 3]
     );
-    let found = Helpers::find(
+    let found = Attribution::default().helpers_of(
         &[dropout.clone(), line.clone()],
         &[vec![0, 1]],
-        &Attribution::default(),
         &StackBytes::default(),
     );
     assert!(found.is_empty());
@@ -372,7 +371,7 @@ fn helpers_found_in_several_files_are_applied_to_each() {
     bytes.add(Some(0), 10);
     bytes.add(Some(1), 10);
     let attr = Attribution::default();
-    let here = Helpers::find(&frames, &both, &attr, &bytes);
+    let here = attr.helpers_of(&frames, &both, &bytes);
     assert_eq!(
         here.names().collect::<Vec<_>>(),
         ["device_alloc (loop.c:24)"]
@@ -380,7 +379,7 @@ fn helpers_found_in_several_files_are_applied_to_each() {
     // A file where only `keep` called it: no helper of its own, and its site would differ
     // under the shared helpers.
     let one = vec![vec![0, 1, 3]];
-    let alone = Helpers::find(&frames, &one, &attr, &bytes);
+    let alone = attr.helpers_of(&frames, &one, &bytes);
     assert!(alone.is_empty());
     let mut shared = alone.clone();
     shared.union(&here);
@@ -392,7 +391,7 @@ fn helpers_found_in_several_files_are_applied_to_each() {
         "keep (loop.c:57) via device_alloc (loop.c:24)"
     );
     // A file that never reached the wrapper agrees with any helpers.
-    let elsewhere = Helpers::find(&frames, &[vec![0, 2]], &attr, &bytes);
+    let elsewhere = attr.helpers_of(&frames, &[vec![0, 2]], &bytes);
     assert!(elsewhere.agrees_with(&here));
     // Off stays off.
     let off = Attribution {
