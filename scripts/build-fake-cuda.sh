@@ -36,7 +36,7 @@ DLOPEN_PROGRAMS="jax_dlsym driver_checks"
 PLAIN_PROGRAMS="nocuda"
 # Built with -rdynamic: their own symbols are what dlsym(RTLD_DEFAULT) finds.
 RDYNAMIC_PROGRAMS="old_python"
-PY_PROGRAMS="py_alloc.py py_steps.py py_signals.py py_callbacks.py torch_leak.py py_exec.py py_optimizer_steps.py py_frames_kept.py"
+PY_PROGRAMS="py_alloc.py py_helper.py py_steps.py py_signals.py py_callbacks.py torch_leak.py py_exec.py py_optimizer_steps.py py_frames_kept.py"
 
 exec 9>"$OUT/.build.lock"
 flock 9

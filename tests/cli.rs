@@ -738,6 +738,11 @@ const SITE_KEPT: &str = "/srv/app/main.py:30 (remember_me)";
 const SITE_TEMP: &str = "/srv/app/main.py:35 (forget_me)";
 const SITE_MODULE: &str = "/srv/app/main.py:41 (<module>)";
 
+/// A calling line of `cuda_alloc` as a site: called from two lines, it is a helper.
+fn via_helper(site: &str) -> String {
+    format!("{site} via {SITE_HELPER}")
+}
+
 /// A memsnap-style snapshot built call by call: `cudaMalloc` is `segment_alloc` + `alloc`,
 /// `cudaFree` is `free_requested` + `free_completed` + `segment_free`, as the recorder
 /// writes them.
@@ -909,15 +914,25 @@ fn summary_answers_at_the_peak_by_default_with_the_end_beside_it() {
     assert_eq!(at["live_requested_bytes"], 11000);
     assert_eq!(at["live_allocations"], 3);
     assert_eq!(at["reserved_bytes"], 11000);
-    // Everything goes through the helper, so without --ignore it is the one site.
+    // Everything goes through the helper, from two lines: each is a site, the helper
+    // named beside it.
+    let (kept, temp) = (via_helper(SITE_KEPT), via_helper(SITE_TEMP));
     assert_eq!(
         rows(&at["sites"], "bytes", "count"),
-        owned(&[(SITE_HELPER, 11000, 3)])
+        owned(&[(&temp, 10000, 2), (&kept, 1000, 1)])
     );
     assert_eq!(
         rows(&at["sites"], "end_bytes", "end_count"),
-        owned(&[(SITE_HELPER, 2000, 2)])
+        owned(&[(&temp, 0, 0), (&kept, 2000, 2)])
     );
+    assert_eq!(at["sites"][0]["via"], SITE_HELPER);
+    // --at-helpers: the helper's own line is the one site.
+    let off = json(&memsnap(&["summary", "--json", "--at-helpers", p]));
+    assert_eq!(
+        rows(&off["devices"][0]["at"]["sites"], "bytes", "count"),
+        owned(&[(SITE_HELPER, 11000, 3)])
+    );
+    assert_eq!(off["devices"][0]["at"]["sites"][0]["via"], Value::Null);
     // The end's own figures are unchanged (block bytes).
     assert_eq!(v["devices"][0]["live_bytes"], 2000);
 
@@ -931,7 +946,7 @@ fn summary_answers_at_the_peak_by_default_with_the_end_beside_it() {
     );
     assert!(
         text.contains(&format!(
-            "       at peak  allocs      at end  allocs  allocation site\n      10.7 KiB       3     2.0 KiB       2  {SITE_HELPER}\n"
+            "       at peak  allocs      at end  allocs  allocation site\n       9.8 KiB       2         0 B       0  {temp}\n        1000 B       1     2.0 KiB       2  {kept}\n"
         )),
         "{text}"
     );
@@ -943,7 +958,7 @@ fn summary_answers_at_the_peak_by_default_with_the_end_beside_it() {
     assert_eq!(at["after_event"], Value::Null);
     assert_eq!(
         rows(&at["sites"], "bytes", "count"),
-        owned(&[(SITE_HELPER, 2000, 2)])
+        owned(&[(&kept, 2000, 2)])
     );
 }
 
@@ -1173,7 +1188,8 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
     // The site's library and role say which is which.
     assert!(
         text.contains(&format!(
-            "\n  held by (requested bytes, allocations, site):\n        1000 B       1  {SITE_HELPER} [library: app, role: other]\n"
+            "\n  held by (requested bytes, allocations, site):\n        1000 B       1  {} [library: app, role: other]\n",
+            via_helper(SITE_KEPT)
         )),
         "{text}"
     );
@@ -1191,7 +1207,8 @@ fn a_file_without_a_rank_is_named_by_its_pid() {
     let text = stdout(&memsnap(&["explain", other.to_str().unwrap()]));
     assert!(
         text.contains(&format!(
-            "\n    10.7 KiB  at {SITE_HELPER} [library: app, role: other]\n"
+            "\n     9.8 KiB  at {} [library: app, role: other]\n",
+            via_helper(SITE_TEMP)
         )),
         "{text}"
     );

@@ -298,8 +298,12 @@ fn a_loop_without_step_marks_leaks_per_iteration_in_its_exit_file() {
     let exit = files_named(run.dir.path(), "-exit-");
     assert_eq!(exit.len(), 1);
     let exit = exit[0].as_path();
-    // Every allocation goes through device_alloc: ignoring it names its callers.
-    let x = explain_with(&["--ignore", "device_alloc"], &[exit], 0);
+    // Every allocation goes through device_alloc, from seven lines: a helper, so each
+    // allocation is shown at its calling line, the helper named beside it.
+    let helper = format!("device_alloc (iter_leak.c:{})", num(&r, "helper_line"));
+    let keep = format!("keep_batch (iter_leak.c:{})", num(&r, "keep_line"));
+    let keep_via = format!("{keep} via {helper}");
+    let x = explain_json(&[exit], 0);
     let it = &x["iterations"][0];
     assert_eq!(it["found"], true, "{x:#}");
     assert_eq!(it["iterations"], 30, "{x:#}");
@@ -308,8 +312,8 @@ fn a_loop_without_step_marks_leaks_per_iteration_in_its_exit_file() {
     let leaks = x["leaks"].as_array().unwrap();
     assert_eq!(leaks.len(), 1, "{x:#}");
     let l = &leaks[0];
-    let keep = format!("keep_batch (iter_leak.c:{})", num(&r, "keep_line"));
-    assert_eq!(l["site"], keep.as_str(), "{x:#}");
+    assert_eq!(l["site"], keep_via.as_str(), "{x:#}");
+    assert_eq!(l["via"], helper.as_str(), "{x:#}");
     assert_eq!(l["unit"], "iteration");
     assert_eq!(l["bytes_per_step"], 1 << 20);
     assert_eq!(l["bytes_per_iteration"], 1 << 20);
@@ -318,24 +322,49 @@ fn a_loop_without_step_marks_leaks_per_iteration_in_its_exit_file() {
         (1.into(), 30.into())
     );
     assert_eq!(l["live_bytes_at_end"], 30 << 20);
-    // By default the helper's line holds every allocation: the 1 MiB an iteration is still
-    // found there (or at its caller, where the callers are the sites).
-    let x = explain_json(&[exit], 0);
-    let site = x["leaks"][0]["site"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let helper = format!("iter_leak.c:{})", num(&r, "helper_line"));
-    assert!(site.ends_with(&helper) || site.contains(&keep), "{x:#}");
+    // `--ignore device_alloc` makes the callers the sites themselves (keep_batch has one
+    // caller, main: no helper).
+    let x = explain_with(&["--ignore", "device_alloc"], &[exit], 0);
+    assert_eq!(x["leaks"][0]["site"], keep.as_str(), "{x:#}");
+    assert_eq!(x["leaks"][0]["via"], Value::Null, "{x:#}");
+    // `--at-helpers`: the helper's own line, and a note naming its calling lines.
+    let x = explain_with(&["--at-helpers"], &[exit], 0);
+    assert_eq!(x["leaks"][0]["site"], helper.as_str(), "{x:#}");
     assert_eq!(x["leaks"][0]["bytes_per_iteration"], 1 << 20, "{x:#}");
+    assert!(
+        notes(&x).iter().any(|n| n.starts_with(&format!(
+            "{helper} holds 100% of the live bytes and is a helper: it allocates for 7 \
+             calling lines, the largest {keep} (30.0 MiB)"
+        ))),
+        "{x:#}"
+    );
     let out = memsnap(&["explain", "--fail-on-leak", &exit.display().to_string()]);
     assert_eq!(out.status.code(), Some(1));
     let t = text(&out);
     assert!(
         t.contains("Leaks across iterations found in the record")
             && t.contains("30 iterations of 6 allocations")
-            && t.contains("+1.0 MiB per iteration since iteration 1 (30 iterations"),
+            && t.contains(&format!(
+                "+1.0 MiB per iteration since iteration 1 (30 iterations, 30.0 MiB live at the \
+                 end): {keep_via}"
+            )),
         "{t}"
+    );
+    // `summary` shows every calling line, each with its bytes at the end.
+    assert_eq!(
+        end_sites(exit, &[]),
+        [
+            (keep_via.clone(), Value::from(helper.as_str()), 30 << 20, 30),
+            (
+                format!(
+                    "model_weights (iter_leak.c:{}) via {helper}",
+                    num(&r, "weights_line")
+                ),
+                Value::from(helper.as_str()),
+                16 << 20,
+                1
+            ),
+        ]
     );
 }
 
@@ -383,9 +412,13 @@ fn two_signal_dumps_of_one_leaking_process_name_the_leak() {
         "keep_batch (iter_leak.c:{})",
         num(&run.results(), "keep_line")
     );
+    let keep = format!(
+        "{keep} via device_alloc (iter_leak.c:{})",
+        num(&run.results(), "helper_line")
+    );
     let dumps = files_named(run.dir.path(), "-signal-");
     let paths: Vec<&Path> = dumps.iter().map(|p| p.as_path()).collect();
-    let x = explain_with(&["--ignore", "device_alloc"], &paths, 0);
+    let x = explain_json(&paths, 0);
     let s = &x["snapshots"][0];
     let names: Vec<String> = dumps.iter().map(|p| p.display().to_string()).collect();
     assert_eq!(s["files"], serde_json::json!(names), "{x:#}");
@@ -403,18 +436,25 @@ fn two_signal_dumps_of_one_leaking_process_name_the_leak() {
     let dumps = files_named(run.dir.path(), "-signal-");
     let paths: Vec<&Path> = dumps.iter().map(|p| p.as_path()).collect();
     let names: Vec<String> = dumps.iter().map(|p| p.display().to_string()).collect();
-    let x = explain_with(&["--ignore", "device_alloc"], &paths, 0);
+    let x = explain_json(&paths, 0);
     assert_eq!(x["snapshots"][0]["iterations"], 15, "{x:#}");
     assert_eq!(x["snapshots"][0]["sites"][0]["verdict"], "leak");
     assert_eq!(x["leaks"][0]["site"], keep.as_str());
     assert_eq!(x["leaks"][0]["bytes_per_iteration"], 1 << 20, "{x:#}");
-    let t = text(&memsnap(&[
-        "explain",
-        "--ignore",
-        "device_alloc",
-        &names[0],
-        &names[1],
-    ]));
+    // `diff` of the two dumps: the growth at the calling line, the helper beside it.
+    let d: Value =
+        serde_json::from_slice(&memsnap(&["diff", "--json", &names[0], &names[1]]).stdout)
+            .expect("diff --json");
+    assert_eq!(d["grew"][0]["site"], keep.as_str(), "{d:#}");
+    assert_eq!(d["grew"][0]["growth_bytes"], 15 << 20, "{d:#}");
+    assert!(
+        d["grew"][0]["via"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("device_alloc (iter_leak.c:")),
+        "{d:#}"
+    );
+    assert_eq!(d["grew"].as_array().unwrap().len(), 1, "{d:#}");
+    let t = text(&memsnap(&["explain", &names[0], &names[1]]));
     assert!(
         t.contains("Growth between 2 snapshots of one process (pid ")
             && t.contains("about 15 iterations apart")
@@ -442,4 +482,114 @@ fn two_signal_dumps_of_one_leaking_process_name_the_leak() {
         "{files:?}"
     );
     assert!(files[2].contains("-exit-"), "{files:?}");
+}
+
+/// The line of tests/programs/py_helper.py that ends in `# LINE: name`, as a site names it:
+/// `FILE:N (function)`.
+fn py_helper_line(name: &str, function: &str) -> String {
+    let path = common::program_path("py_helper.py");
+    let source = std::fs::read_to_string(&path).expect("read py_helper.py");
+    let marker = format!("# LINE: {name}");
+    let n = source
+        .lines()
+        .position(|l| l.trim_end().ends_with(&marker))
+        .unwrap_or_else(|| panic!("no line marked {marker}"));
+    format!("{}:{} ({function})", path.display(), n + 1)
+}
+
+/// (site, via, bytes, count) of each row of `summary --json`'s end, largest first.
+fn end_sites(file: &Path, extra: &[&str]) -> Vec<(String, Value, i64, i64)> {
+    let path = file.display().to_string();
+    let mut args = vec!["summary", "--json", &path];
+    args.extend(extra);
+    let s: Value = serde_json::from_slice(&memsnap(&args).stdout).expect("summary --json");
+    s["devices"][0]["top_sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["site"].as_str().unwrap().to_string(),
+                r["via"].clone(),
+                r["bytes"].as_i64().unwrap(),
+                r["count"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_python_programs_helpers_are_shown_at_their_calling_lines() {
+    let run = run_program("py_helper.py", &[], &[("MEMSNAP_QUIET", "1")], true);
+    run.assert_success();
+    let exit = files_named(run.dir.path(), "-exit-");
+    assert_eq!(exit.len(), 1);
+    let exit = exit[0].as_path();
+    let mib = 1i64 << 20;
+    let get = py_helper_line("get", "get");
+    let alloc = py_helper_line("alloc", "alloc");
+    let via = |line: &str, helper: &str| format!("{line} via {helper}");
+    let module = py_helper_line("module", "<module>");
+    let keep = via(&py_helper_line("keep", "step"), &get);
+    // The cache's get (through its one-caller _new_block) and alloc are helpers; the
+    // module-level line is the site of the library's two allocations, alone; load_weights
+    // has one caller.
+    assert_eq!(
+        end_sites(exit, &[]),
+        [
+            (module.clone(), Value::Null, 256 * mib, 2),
+            (keep.clone(), Value::from(get.as_str()), 60 * mib, 20),
+            (
+                py_helper_line("weights", "load_weights"),
+                Value::Null,
+                16 * mib,
+                1
+            ),
+            (
+                via(&py_helper_line("eval", "evaluate"), &get),
+                Value::from(get.as_str()),
+                16 * mib,
+                1
+            ),
+            (
+                via(&py_helper_line("temp1", "step"), &alloc),
+                Value::from(alloc.as_str()),
+                2 * mib,
+                1
+            ),
+            (
+                via(&py_helper_line("temp2", "step"), &alloc),
+                Value::from(alloc.as_str()),
+                mib,
+                1
+            ),
+        ]
+    );
+    // Turned off: every allocation at the helper's own line.
+    let off = end_sites(exit, &["--at-helpers"]);
+    let lines: Vec<(&str, i64)> = off.iter().map(|r| (r.0.as_str(), r.2)).collect();
+    let new_block = py_helper_line("new_block", "_new_block");
+    let weights = py_helper_line("weights", "load_weights");
+    assert_eq!(
+        lines,
+        [
+            (module.as_str(), 256 * mib),
+            (new_block.as_str(), 76 * mib),
+            (weights.as_str(), 16 * mib),
+            (alloc.as_str(), 3 * mib),
+        ]
+    );
+    // explain names the leak at the calling line of the cache's get, and never calls the
+    // module-level line a helper (the library's lines below it are its callees).
+    let x = explain_json(&[exit], 0);
+    assert_eq!(x["leaks"][0]["site"], keep.as_str(), "{x:#}");
+    assert_eq!(x["leaks"][0]["via"], get.as_str(), "{x:#}");
+    assert_eq!(x["leaks"][0]["bytes_per_iteration"], 3 * mib, "{x:#}");
+    for extra in [&[][..], &["--at-helpers"][..]] {
+        let x = explain_with(extra, &[exit], 0);
+        assert!(
+            !notes(&x).iter().any(|n| n.contains("helper")),
+            "{extra:?}: {x:#}"
+        );
+    }
 }

@@ -183,7 +183,7 @@ fn handshake_and_tool_list_with_schemas() {
     assert_eq!(required("ranks"), ["dir"]);
     assert_eq!(required("explain"), ["paths"]);
     let summary = tools.iter().find(|t| t["name"] == "summary").unwrap();
-    for key in ["path", "at", "top", "ignore", "callers"] {
+    for key in ["path", "at", "top", "ignore", "callers", "at_helpers"] {
         assert!(
             summary["inputSchema"]["properties"][key].is_object(),
             "summary has no `{key}` parameter: {summary}"

@@ -162,6 +162,41 @@ fn site_of_kind(top: &Value, function: &str, kind: &str) -> (u64, u64) {
     )
 }
 
+/// (site, via, bytes, count) of the native rows whose site contains `function`.
+fn rows_through(top: &Value, function: &str) -> Vec<(String, Value, u64, u64)> {
+    top["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["site"].as_str().unwrap().contains(function))
+        .map(|s| {
+            assert_eq!(s["kind"], "native", "{s}");
+            (
+                s["site"].as_str().unwrap().to_string(),
+                s["via"].clone(),
+                s["bytes"].as_u64().unwrap(),
+                s["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Checks that each of `rows` is a line of main through `helper` (the function's name);
+/// returns how many distinct lines they are and their bytes.
+fn through_helper(rows: &[(String, Value, u64, u64)], helper: &str) -> (usize, u64) {
+    let mut callers: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    callers.dedup();
+    for (site, via, _, _) in rows {
+        let via = via.as_str().unwrap_or_default();
+        assert!(via.starts_with(&format!("{helper} (top.c:")), "{rows:?}");
+        assert!(
+            site.starts_with("main (top.c:") && site.ends_with(&format!(" via {via}")),
+            "{rows:?}"
+        );
+    }
+    (callers.len(), rows.iter().map(|r| r.2).sum())
+}
+
 fn num(results: &HashMap<String, String>, key: &str) -> u64 {
     common::num(results, key)
 }
@@ -207,16 +242,28 @@ fn once_json_reports_exactly_what_the_program_holds_by_site() {
     assert_eq!(top["devices"][0]["live_allocations"].as_u64(), Some(3));
     // The freed 1 MiB scratch buffer counts toward the peak only.
     assert_eq!(top["devices"][0]["peak_bytes"].as_u64(), Some(12 * MIB));
-    assert_eq!(site(&top, "top_weights"), (num(&truth, "weights_bytes"), 2));
+    // top_weights is called from two lines of main: a helper, shown at each of them.
+    let weights = rows_through(&top, "top_weights");
+    assert_eq!(
+        through_helper(&weights, "top_weights"),
+        (2, num(&truth, "weights_bytes"))
+    );
+    assert!(weights.iter().all(|r| r.3 == 1), "{weights:?}");
+    // top_cache, from one line so far: its own line is the site.
     assert_eq!(site(&top, "top_cache"), (num(&truth, "cache_bytes"), 1));
-    assert_eq!(top["sites"].as_array().unwrap().len(), 2, "{top}");
+    assert_eq!(rows_through(&top, "top_cache")[0].1, Value::Null);
+    assert_eq!(top["sites"].as_array().unwrap().len(), 3, "{top}");
     assert_eq!(top["step"], 0);
 
     p.send("grow");
     let truth = p.results_until_ready();
     let top = top_json(pid);
     assert_eq!(top["live_bytes"].as_u64(), Some(num(&truth, "live_bytes")));
-    assert_eq!(site(&top, "top_cache"), (num(&truth, "cache_bytes"), 2));
+    // A second line of main called top_cache: now a helper too.
+    assert_eq!(
+        through_helper(&rows_through(&top, "top_cache"), "top_cache"),
+        (2, num(&truth, "cache_bytes"))
+    );
     assert_eq!(top["step"], 1);
 
     // Plain lines, as a script would see them.

@@ -6,7 +6,8 @@
  * (16 MiB, kept). Every iteration: load_batch 3 MiB, forward 4 MiB (plus 0 to 2 pages, the
  * size varying from one iteration to the next), 2 MiB and 512 KiB, backward 2 MiB, all freed
  * within the iteration; leak: keep_batch keeps 1 MiB more.
- * Prints result helper_line=, keep_line=, iterations=, signal_files=, and the truth. */
+ * Prints result helper_line=, keep_line=, weights_line=, iterations=, signal_files=, and the
+ * truth. */
 #include "prog_common.h"
 
 #include <signal.h>
@@ -18,7 +19,7 @@
 #define MIB (1ull << 20)
 #define MAX_ITERATIONS 1000
 
-static int helper_line, keep_line;
+static int helper_line, keep_line, weights_line;
 
 NOINLINE static void *device_alloc(unsigned long long bytes) {
     void *p = NULL;
@@ -28,6 +29,7 @@ NOINLINE static void *device_alloc(unsigned long long bytes) {
 }
 
 NOINLINE void *model_weights(void) {
+    weights_line = __LINE__ + 1;
     void *p = device_alloc(16 * MIB);
     STAY(p);
     return p;
@@ -96,6 +98,7 @@ int main(int argc, char **argv) {
     (void)weights;
     printf("result helper_line=%d\n", helper_line);
     printf("result keep_line=%d\n", keep_line);
+    printf("result weights_line=%d\n", weights_line);
     printf("result iterations=%d\n", iterations);
     printf("result signal_files=%d\n", files);
     print_truth();

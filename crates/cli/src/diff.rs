@@ -6,13 +6,15 @@
 //! each file, or at the moment `--at` names on each side (then in requested bytes, on both
 //! sides). Exit status 1 when the total growth passes `--fail-above`, for CI. Cold code.
 
-use crate::args::Attribution;
+use crate::args::Report;
+use crate::input::{FinalState, Summarized};
 use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At};
 use memsnap_engine::bytes::{fmt_bytes, parse_bytes};
 use memsnap_engine::diff::{self as engine, Diff, Input, Row, SideLive};
-use memsnap_engine::sites;
+use memsnap_engine::sites::{self, StackBytes};
+use memsnap_format::model::Snapshot;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -22,11 +24,13 @@ JSON (--json):
   { before: {file, live_bytes, live_blocks, units, at: [ {device, moment, after_event, ...} ], capped: [str]},
     after:  {same fields},
     total_growth_bytes, fail_above_bytes: int|null, failed: bool,
-    grew:   [ {site, kind, before_bytes, after_bytes, growth_bytes, before_count, after_count, count_growth} ],
+    grew:   [ {site, kind, via: str|null, before_bytes, after_bytes, growth_bytes, before_count,
+               after_count, count_growth} ],
     shrank: [ same fields, most negative growth first ] }
 units: \"block bytes\" (both sides at the end: active_allocated blocks) or \"requested bytes\"
 (a side at another moment: what was live then, as the history records it; live_blocks then
-counts allocations). Exit status: 0, or 1 when total_growth_bytes > --fail-above; 2 on errors.";
+counts allocations). via: the helper, where the site is its calling line (a helper of either
+file is one of both). Exit status: 0, or 1 when total_growth_bytes > --fail-above; 2 on errors.";
 
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = JSON_SHAPE)]
@@ -53,27 +57,47 @@ pub struct Args {
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     #[command(flatten)]
-    pub attr: Attribution,
-    /// Print JSON instead of text (shape: see --help).
-    #[arg(long)]
-    pub json: bool,
+    pub report: Report,
 }
 
-/// The live set of `path` at `at`, by site: block bytes at the end when `requested` is
-/// false, else requested bytes (the history's units) at the moment.
-fn side(path: &Path, at: At, requested: bool, attr: &sites::Attribution) -> Result<SideLive> {
-    if !requested {
-        let snap = crate::input::load_final_state(path)?;
-        return Ok(engine::side_at_end(&snap, attr));
+/// One file read for `diff`: its final state (block bytes at the end), or its histories
+/// followed to a moment (requested bytes).
+enum Loaded {
+    End(FinalState),
+    At(Summarized, At),
+}
+
+impl Loaded {
+    fn read(path: &Path, at: At, requested: bool) -> Result<Loaded> {
+        Ok(if requested {
+            Loaded::At(crate::input::load_summarized(path, at)?, at)
+        } else {
+            Loaded::End(crate::input::load_final_state(path)?)
+        })
     }
-    let loaded = crate::input::load_summarized(path, at)?;
-    let side = engine::side_at(&loaded, attr);
-    if at != At::End
-        && let Some(why) = side.unreached()
-    {
-        anyhow::bail!("{}: --at: {why}", path.display());
+
+    /// The snapshot, and what its stacks allocated (helpers are found from it).
+    fn stacks(&self) -> (&Snapshot, StackBytes) {
+        match self {
+            Loaded::End(f) => (&f.snap, f.bytes.clone()),
+            Loaded::At(s, _) => (&s.snap, s.stack_bytes()),
+        }
     }
-    Ok(side)
+
+    /// The live set of the file `path`, by site.
+    fn side(&self, path: &Path, attr: &sites::Attribution) -> Result<SideLive> {
+        let (loaded, at) = match self {
+            Loaded::End(f) => return Ok(engine::side_at_end(&f.snap, &f.bytes, attr)),
+            Loaded::At(s, at) => (s, *at),
+        };
+        let side = engine::side_at(loaded, attr);
+        if at != At::End
+            && let Some(why) = side.unreached()
+        {
+            anyhow::bail!("{}: --at: {why}", path.display());
+        }
+        Ok(side)
+    }
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
@@ -82,17 +106,20 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     // Block bytes exist only at the end; any other moment puts both sides in the
     // history's units, so the two columns compare like with like.
     let requested = at_before != At::End || at_after != At::End;
-    let attr = a.attr.rules();
     // Both files at once: reading is one core per file.
     let mut loaded = crate::input::map_files(
         &[(&a.before, at_before), (&a.after, at_after)],
-        |(p, at)| side(p, *at, requested, &attr),
+        |(p, at)| Loaded::read(p, *at, requested),
     )
     .into_iter();
     let (Some(b), Some(c)) = (loaded.next(), loaded.next()) else {
         anyhow::bail!("internal error: two files read, fewer results");
     };
     let (b, c) = (b?, c?);
+    // A helper of either file is one of both, so that the two name their sites alike.
+    let (sb, sc) = (b.stacks(), c.stacks());
+    let attr = a.report.attr.rules().shared([(sb.0, &sb.1), (sc.0, &sc.1)]);
+    let (b, c) = (b.side(&a.before, &attr)?, c.side(&a.after, &attr)?);
     let d = engine::compare(
         Input {
             file: a.before.display().to_string(),
@@ -106,7 +133,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         a.top,
         a.fail_above,
     );
-    if a.json {
+    if a.report.json {
         serde_json::to_writer_pretty(&mut *out, &d)?;
         writeln!(out)?;
     } else {

@@ -3,7 +3,7 @@
 //! of the engine's [`Explanation`] (JSON is its serde form; docs/EXPLAIN.md has the shape):
 //! a few short paragraphs, most important first. Cold code.
 
-use crate::args::Attribution;
+use crate::args::Report;
 use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At};
@@ -22,24 +22,25 @@ JSON (--json); docs/EXPLAIN.md has every key and its meaning:
                   verdict: \"live\"|\"fragmentation\"|\"outside\", reserved_unallocated_bytes,
                   largest_free_block_bytes, reserved_bytes, live_bytes, capacity_bytes,
                   outside_bytes, advice, cannot_tell,
-                  sites: [ {site, bytes, allocations, library, role} ], owners: {owner: bytes},
+                  sites: [ {site, via, bytes, allocations, library, role} ], owners: {owner: bytes},
                   first_rank, others: [ {rank, live_bytes, peak_bytes} ] },
     leaks: [ {site, bytes_per_step, steps, first_step, last_step, live_bytes_at_end, ranks,
-              unit: \"step\"|\"iteration\"|\"snapshot\", bytes_per_iteration} ],
+              unit: \"step\"|\"iteration\"|\"snapshot\", bytes_per_iteration, via} ],
     iterations: [ {file, rank, pid, device, found, iterations, allocations_per_iteration,
                    entries_per_iteration, us_per_iteration, anchor_site, anchor_bytes,
                    anchors_per_iteration, tokens, similarity, compared, alike,
                    confidence: \"high\"|\"medium\"|\"low\", why_not} ],
     snapshots: [ {rank, pid, host, files, seconds, iterations,
                   sites: [ {site, growth_bytes, live_bytes_at_end,
-                            verdict: \"leak\"|\"warm-up\"|\"grew\"} ]} ],
+                            verdict: \"leak\"|\"warm-up\"|\"grew\", via} ]} ],
     owners: {owner: bytes}, roles: null | {parameters, gradients, optimizer_state,
     activations, temporaries, communication, other},
     ranks: null | {worst_rank, median_rank, median_peak_bytes, worst_peak_bytes,
-                   differing_sites: [ {site, bytes_worst, bytes_median} ],
+                   differing_sites: [ {site, bytes_worst, bytes_median, via} ],
                    foreign_devices: [ {rank, local_rank, devices} ]},
     notes: [str], at: null | {file, rank, pid, moment}, files, steps_to_oom: int|null }
-Bytes at a moment are requested bytes, as in `summary`'s `at`.";
+Bytes at a moment are requested bytes, as in `summary`'s `at`. via: the helper, where the site
+is its calling line (`caller via helper`), else null.";
 
 #[derive(clap::Args, Debug)]
 #[command(after_long_help = JSON_SHAPE)]
@@ -57,10 +58,7 @@ pub struct Args {
     #[arg(long)]
     pub fail_on_leak: bool,
     #[command(flatten)]
-    pub attr: Attribution,
-    /// Print JSON instead of text (shape: see --help).
-    #[arg(long)]
-    pub json: bool,
+    pub report: Report,
 }
 
 /// Reads every file and puts the answers together.
@@ -68,15 +66,26 @@ pub fn build(a: &Args) -> Result<Explanation> {
     let files = crate::input::run_files(&a.paths)?;
     let at = a.at.unwrap_or(At::Auto);
     let opts = engine::Options {
-        attr: a.attr.rules(),
+        attr: a.report.attr.rules(),
     };
-    let digests = crate::input::map_files(&files, |p| {
+    let digest = |p: &PathBuf, opts: &engine::Options| {
         let name = p.display().to_string();
         match crate::input::load_explained(p, at) {
-            Ok(read) => engine::digest(name, &read.loaded, &read.logs, &opts),
+            Ok(read) => engine::digest(name, &read.loaded, &read.logs, opts),
             Err(e) => engine::unreadable(name, format!("{e:#}")),
         }
-    });
+    };
+    let mut digests = crate::input::map_files(&files, |p| digest(p, &opts));
+    // Files that found different helpers name some sites differently: those whose sites
+    // change under the helpers of all are read again with them (rarely needed: a helper
+    // is one in every file of a run that calls it alike).
+    if let Some((attr, again)) = engine::shared_helpers(&digests, &opts.attr) {
+        let opts = engine::Options { attr };
+        let redone = crate::input::map_files(&again, |&i| digest(&files[i], &opts));
+        for (i, d) in again.into_iter().zip(redone) {
+            digests[i] = d;
+        }
+    }
     if let Some(e) = digests.iter().find_map(|d| d.error.as_ref())
         && digests.iter().all(|d| d.error.is_some())
     {
@@ -103,7 +112,7 @@ pub fn build(a: &Args) -> Result<Explanation> {
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     let x = build(a)?;
-    if a.json {
+    if a.report.json {
         serde_json::to_writer_pretty(&mut *out, &x)?;
         writeln!(out)?;
     } else {

@@ -36,7 +36,7 @@ pub struct Args {
 /// The live set of every device at `at`, by stack (the end's blocks for `At::End`).
 pub fn live_at(path: &std::path::Path, at: At) -> Result<(Snapshot, Live)> {
     if at == At::End {
-        let snap = crate::input::load_final_state(path)?;
+        let snap = crate::input::load_final_state(path)?.snap;
         let live = engine::live_at_end(&snap);
         return Ok((snap, live));
     }

@@ -9,7 +9,8 @@
 use anyhow::{Context, Result};
 use memsnap_engine::at::At;
 use memsnap_engine::input as engine;
-pub use memsnap_engine::input::Summarized;
+pub use memsnap_engine::input::{FinalState, Summarized};
+use memsnap_engine::sites::StackBytes;
 use memsnap_format::model::Snapshot;
 use memsnap_format::pickle_read;
 use std::io::IsTerminal;
@@ -67,10 +68,16 @@ pub fn load_explained(path: &Path, at: At) -> Result<memsnap_engine::explain::Re
 }
 
 /// Reads a snapshot for commands that only need its final state (`diff`, `flamegraph`).
-pub fn load_final_state(path: &Path) -> Result<Snapshot> {
+pub fn load_final_state(path: &Path) -> Result<FinalState> {
     match decode(path, engine::read_final_state)? {
         Some(s) => Ok(s),
-        None => load(path),
+        None => {
+            let snap = load(path)?;
+            Ok(FinalState {
+                bytes: StackBytes::of_whole(&snap),
+                snap,
+            })
+        }
     }
 }
 

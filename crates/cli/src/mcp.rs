@@ -43,7 +43,8 @@ enum Reading {
     Explain(explain::Args),
 }
 
-/// How to choose the allocation site: the `--ignore` and `--callers` of every command.
+/// How to choose the allocation site: the `--ignore`, `--callers` and `--at-helpers` of
+/// every command.
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 pub struct Attribution {
     /// Skip frames whose file or function contains one of these patterns when choosing the
@@ -53,6 +54,10 @@ pub struct Attribution {
     /// Show this many callers above each allocation site; sites are then grouped by the
     /// whole chain (`--callers`).
     pub callers: Option<u32>,
+    /// Show a helper's allocations at its own line, not at the lines that call it
+    /// (`--at-helpers`).
+    #[serde(default)]
+    pub at_helpers: bool,
 }
 
 /// `summary`'s arguments.
@@ -358,6 +363,9 @@ fn attribution(argv: &mut Vec<OsString>, a: Attribution) {
         argv.push(pattern.into());
     }
     option(argv, "--callers", a.callers);
+    if a.at_helpers {
+        argv.push("--at-helpers".into());
+    }
 }
 
 /// Runs one reading command with `argv` (on a blocking thread: commands read files and may

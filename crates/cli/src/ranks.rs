@@ -4,7 +4,7 @@
 //! be read gets a row saying why; the other ranks are still reported (they are the ones a
 //! person needs then). Cold code.
 
-use crate::args::Attribution;
+use crate::args::{Attribution, Report};
 use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::At;
@@ -33,10 +33,7 @@ pub struct Args {
     /// Folder holding one snapshot per rank (*.pickle, *.pkl).
     pub dir: PathBuf,
     #[command(flatten)]
-    pub attr: Attribution,
-    /// Print JSON instead of text (shape: see --help).
-    #[arg(long)]
-    pub json: bool,
+    pub report: Report,
 }
 
 /// Reads every snapshot of `dir` and builds the table.
@@ -62,8 +59,8 @@ pub fn build(dir: &Path, attr: &Attribution) -> Result<Ranks> {
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
-    let r = build(&a.dir, &a.attr)?;
-    if a.json {
+    let r = build(&a.dir, &a.report.attr)?;
+    if a.report.json {
         serde_json::to_writer_pretty(&mut *out, &r)?;
         writeln!(out)?;
         return Ok(0);

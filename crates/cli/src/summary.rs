@@ -3,7 +3,7 @@
 //! (the first OOM, else the peak, or the moment `--at` names), beside the end, per device;
 //! and each OOM. Cold code.
 
-use crate::args::Attribution;
+use crate::args::Report;
 use crate::shown::{shown, write_escaped};
 use anyhow::Result;
 use memsnap_engine::at::{self, At, Kind};
@@ -25,14 +25,14 @@ JSON (--json):
                             peak_after_event: int|null, start_reserved_bytes, peak_reserved_bytes,
                             dropped_by_cap: int|null, capped: str|null },
                  events_by_api: [ {api, events} ],
-                 top_sites: [ {site, kind: \"python\"|\"native\"|\"none\", bytes, count} ],
+                 top_sites: [ {site, kind: \"python\"|\"native\"|\"none\", via: str|null, bytes, count} ],
                  libraries: [ {library, bytes, count} ],
                  at: { moment: \"peak\"|\"oom\"|\"event\"|\"time\"|\"end\", after_event: int|null,
                        before_first_event, time_us: int|null, since_first_event_us: int|null,
                        unreached: str|null, live_requested_bytes, live_allocations, reserved_bytes,
-                       sites: [ {site, kind, bytes, count, end_bytes, end_count} ],
+                       sites: [ {site, kind, via, bytes, count, end_bytes, end_count} ],
                        libraries: [ {library, bytes, count, end_bytes, end_count} ] },
-                 ooms: [ { event, requested_bytes, device_free_bytes, time_us, site, library,
+                 ooms: [ { event, requested_bytes, device_free_bytes, time_us, site, via, library,
                            live_requested_bytes, live_allocations, reserved_bytes, top_sites } ] } ] }
 Live = active_allocated blocks (block bytes); top_sites and libraries are the end's, in block
 bytes. Peak = the most live bytes after any recorded event, each state derived from the final
@@ -40,7 +40,9 @@ one, in requested bytes (what `alloc` events carry); a capped history starts fro
 state it implies. `at` = the live set at the moment --at names (default: the first OOM, else
 the peak), in requested bytes, with the end's figures in the same units (end_bytes).
 Site = innermost user Python file:line, else the first native frame outside the CUDA
-runtime, the allocator and PyTorch's filtered frames; --ignore and --callers change it.
+runtime, the allocator and PyTorch's filtered frames; --ignore and --callers change it. A
+helper (a function of the program that allocates for several calling lines) is shown at each
+calling line, `caller via helper` (via: the helper, else null); --at-helpers turns it off.
 events_by_api counts trace events (a cudaMalloc is 2, a cudaFree 3); api_calls counts calls.
 private_pools = segments whose segment_pool_id is not (0, 0): PyTorch's private pools (CUDA
 graphs', as torch.compile mode=\"reduce-overhead\" makes, or torch.cuda.MemPool's), part of
@@ -60,10 +62,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     #[command(flatten)]
-    pub attr: Attribution,
-    /// Print JSON instead of text (shape: see --help).
-    #[arg(long)]
-    pub json: bool,
+    pub report: Report,
 }
 
 pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
@@ -74,7 +73,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
         &loaded.histories,
         a.snap.display().to_string(),
         a.top,
-        &a.attr.rules(),
+        &a.report.attr.rules(),
     );
     // A moment asked for by name that no device reached is an error, not an answer.
     if a.at.is_some_and(|at| at != At::End)
@@ -82,7 +81,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
     {
         anyhow::bail!("{}: --at: {why}", a.snap.display());
     }
-    if a.json {
+    if a.report.json {
         serde_json::to_writer_pretty(&mut *out, &s)?;
         writeln!(out)?;
     } else {
@@ -93,7 +92,7 @@ pub fn run(a: &Args, out: &mut dyn Write) -> Result<i32> {
                 && let Some(line) = memsnap_engine::explain::verdict_line(
                     &loaded,
                     &crate::input::display_name(&a.snap),
-                    &a.attr.rules(),
+                    &a.report.attr.rules(),
                 )
             {
                 writeln!(out)?;

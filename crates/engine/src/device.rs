@@ -377,7 +377,7 @@ pub fn unreached<'m>(moments: impl IntoIterator<Item = &'m Resolved>) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sites::Attribution;
+    use crate::sites::{Attribution, StackBytes};
     use memsnap_format::model::{Action, Frame};
 
     fn fr(name: &str, file: &str, line: i64) -> Frame {
@@ -436,7 +436,7 @@ mod tests {
             ],
             &[(0x2000, 200, 1), (0x3000, 300, 3)],
         );
-        let sites = Sites::new(&s, &Attribution::default());
+        let sites = Sites::new(&s, &Attribution::default(), &StackBytes::of_whole(&s));
         let st = device_stats(
             &s,
             &sites,
@@ -483,7 +483,7 @@ mod tests {
             ],
             &[(0x1000, 100, 1), (0x5000, 600, 2)],
         );
-        let sites = Sites::new(&s, &Attribution::default());
+        let sites = Sites::new(&s, &Attribution::default(), &StackBytes::of_whole(&s));
         let st = device_stats(
             &s,
             &sites,

@@ -6,7 +6,7 @@
 use crate::at::{AtJson, Resolved};
 use crate::device;
 use crate::input::Summarized;
-use crate::sites::{Attribution, SiteKind, Sites};
+use crate::sites::{Attribution, SiteKind, Sites, StackBytes};
 use crate::tally::Tally;
 use memsnap_format::model::Snapshot;
 use serde::Serialize;
@@ -35,6 +35,8 @@ pub struct Side {
 pub struct Row {
     pub site: String,
     pub kind: SiteKind,
+    /// The helper the bytes went through, where the site is its calling line.
+    pub via: Option<String>,
     pub before_bytes: i64,
     pub after_bytes: i64,
     pub growth_bytes: i64,
@@ -54,9 +56,17 @@ pub struct Diff {
     pub shrank: Vec<Row>,
 }
 
+/// The live bytes of one site on one side.
+#[derive(Clone)]
+pub struct SiteLive {
+    pub kind: SiteKind,
+    pub via: Option<String>,
+    pub live: Tally,
+}
+
 /// One side: live bytes by site text, the moment of each device, and the cap labels.
 pub struct SideLive {
-    pub by_site: BTreeMap<String, (SiteKind, Tally)>,
+    pub by_site: BTreeMap<String, SiteLive>,
     pub total: Tally,
     /// The moment of each device (empty at the end).
     pub moments: Vec<(i64, Resolved)>,
@@ -77,8 +87,12 @@ impl SideLive {
     fn add(&mut self, sites: &Sites, site: u32, t: Tally) {
         self.by_site
             .entry(sites.text(site).to_string())
-            .or_insert((sites.sites[site as usize].kind, Tally::default()))
-            .1
+            .or_insert_with(|| SiteLive {
+                kind: sites.sites[site as usize].kind,
+                via: sites.via(site).map(str::to_string),
+                live: Tally::default(),
+            })
+            .live
             .merge(t);
         self.total.merge(t);
     }
@@ -90,10 +104,12 @@ impl SideLive {
     }
 }
 
-/// The snapshot's live blocks (`active_allocated`, all devices) by site, in block bytes.
-pub fn side_at_end(snap: &Snapshot, attr: &Attribution) -> SideLive {
+/// The snapshot's live blocks (`active_allocated`, all devices) by site, in block bytes;
+/// `bytes`: what its stacks allocated. Both sides are to name their sites alike: `attr`
+/// gives the helpers of both files ([`Attribution::shared`]).
+pub fn side_at_end(snap: &Snapshot, bytes: &StackBytes, attr: &Attribution) -> SideLive {
     let mut side = SideLive::new();
-    let sites = Sites::new(snap, attr);
+    let sites = Sites::new(snap, attr, bytes);
     for (s, t) in device::live_by_site(snap, &sites) {
         side.add(&sites, s, t);
     }
@@ -101,10 +117,10 @@ pub fn side_at_end(snap: &Snapshot, attr: &Attribution) -> SideLive {
 }
 
 /// The live set at the moment each device's history followed, by site, in requested
-/// bytes (the history's units).
+/// bytes (the history's units); `attr` as for [`side_at_end`].
 pub fn side_at(loaded: &Summarized, attr: &Attribution) -> SideLive {
     let mut side = SideLive::new();
-    let sites = Sites::new(&loaded.snap, attr);
+    let sites = Sites::new(&loaded.snap, attr, &loaded.stack_bytes());
     for m in device::moments(&loaded.snap, &loaded.histories) {
         for (stack, t) in &m.holders {
             side.add(&sites, sites.site(*stack), *t);
@@ -131,22 +147,23 @@ pub fn compare(
     fail_above: Option<i64>,
 ) -> Diff {
     let (b, c) = (before.live, after.live);
-    let mut rows: BTreeMap<&str, (SiteKind, Tally, Tally)> = BTreeMap::new();
-    for (site, (kind, t)) in &b.by_site {
+    let mut rows: BTreeMap<&str, (&SiteLive, Tally, Tally)> = BTreeMap::new();
+    for (site, s) in &b.by_site {
         rows.entry(site)
-            .or_insert((*kind, Tally::default(), Tally::default()))
-            .1 = *t;
+            .or_insert((s, Tally::default(), Tally::default()))
+            .1 = s.live;
     }
-    for (site, (kind, t)) in &c.by_site {
+    for (site, s) in &c.by_site {
         rows.entry(site)
-            .or_insert((*kind, Tally::default(), Tally::default()))
-            .2 = *t;
+            .or_insert((s, Tally::default(), Tally::default()))
+            .2 = s.live;
     }
     let all: Vec<Row> = rows
         .into_iter()
-        .map(|(site, (kind, x, y))| Row {
+        .map(|(site, (s, x, y))| Row {
             site: site.to_string(),
-            kind,
+            kind: s.kind,
+            via: s.via.clone(),
             before_bytes: x.bytes,
             after_bytes: y.bytes,
             growth_bytes: y.bytes - x.bytes,

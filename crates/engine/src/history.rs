@@ -23,6 +23,7 @@
 //! event, where the live set *is* the current one, and forgets the notes.
 
 use crate::at::{At, Kind, Pos, Resolved, fmt_since};
+use crate::sites::StackBytes;
 use crate::tally::Tally;
 use memsnap_format::model::{Action, StackId, TraceEntry};
 use rustc_hash::FxHashMap;
@@ -56,6 +57,8 @@ pub struct History {
     /// The allocating stack of the block the latest free released (its own stack when the
     /// allocation is older than the history).
     last_freed_stack: Option<StackId>,
+    /// Bytes of the `alloc` entries, by stack (what helpers are found from).
+    allocated: StackBytes,
 }
 
 /// An allocation of the history: requested bytes, stack, and the entry that made it.
@@ -226,6 +229,7 @@ impl History {
             Action::Alloc => {
                 self.last_change = Some(i);
                 self.net_live += e.size;
+                self.allocated.add(e.stack, e.size);
                 let new = LiveAlloc {
                     size: e.size,
                     stack: e.stack,
@@ -323,6 +327,11 @@ impl History {
             let key = Arc::as_ptr(api) as *const u8 as usize;
             self.apis.entry(key).or_insert_with(|| (api.clone(), 0)).1 += 1;
         }
+    }
+
+    /// Bytes of the history's `alloc` entries, by stack.
+    pub fn allocated(&self) -> &StackBytes {
+        &self.allocated
     }
 
     /// The allocating stack of the block the latest `free`/`free_completed` entry released

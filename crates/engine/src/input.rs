@@ -8,6 +8,7 @@
 
 use crate::at::At;
 use crate::history::History;
+use crate::sites::StackBytes;
 use memsnap_format::model::{Snapshot, TraceEntry};
 use memsnap_format::pickle_read::{self, ReadError};
 use std::io::Read;
@@ -42,6 +43,17 @@ impl Summarized {
             .collect();
         Summarized { snap, histories }
     }
+
+    /// What each stack allocated, as far as the file records ([`StackBytes`]).
+    pub fn stack_bytes(&self) -> StackBytes {
+        StackBytes::of_file(&self.snap, self.histories.iter().map(History::allocated))
+    }
+}
+
+/// A snapshot's final state (its history decoded, not kept), and what its stacks allocated.
+pub struct FinalState {
+    pub snap: Snapshot,
+    pub bytes: StackBytes,
 }
 
 /// Reads a snapshot for `summary`, `ranks`, and the commands asked for a moment (`--at`):
@@ -114,14 +126,21 @@ pub fn read_summarized_with(
 }
 
 /// Reads a snapshot for commands that only need its final state (`diff`, `flamegraph`):
-/// the history is decoded (that is how a pickle is read) but nothing of it is kept.
-/// `Ok(None)` as for [`read_summarized`].
+/// the history is decoded (that is how a pickle is read) and only the bytes each stack
+/// allocated are kept of it. `Ok(None)` as for [`read_summarized`].
 pub fn read_final_state(
     file: &mut dyn Read,
     progress: &mut dyn FnMut(usize),
-) -> Result<Option<Snapshot>, ReadError> {
-    match pickle_read::stream_snapshot_from(file, progress, &mut |_, _| {}) {
-        Ok(s) => Ok(Some(s.snapshot)),
+) -> Result<Option<FinalState>, ReadError> {
+    let mut bytes = StackBytes::default();
+    match pickle_read::stream_snapshot_from(file, progress, &mut |_, e| bytes.add_entry(&e)) {
+        Ok(s) => {
+            bytes.add_end_blocks(&s.snapshot);
+            Ok(Some(FinalState {
+                snap: s.snapshot,
+                bytes,
+            }))
+        }
         Err(ReadError::NeedsFullRead { .. }) => Ok(None),
         Err(e) => Err(e),
     }

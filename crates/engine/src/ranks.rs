@@ -112,7 +112,7 @@ pub fn unreadable(name: String, error: String) -> Rank {
 /// The row of the file `name` (figures summed over its devices).
 pub fn row(name: String, loaded: &Summarized, attr: &Attribution) -> Rank {
     let Summarized { snap, histories } = loaded;
-    let sites = Sites::new(snap, attr);
+    let sites = Sites::new(snap, attr, &loaded.stack_bytes());
     // memsnap writes the pid as the rank where the environment names none (and so in its
     // default file name, `-r{rank}-`): no rank then, as `explain` reads it.
     let pid = meta_number(snap, "pid");

@@ -6,7 +6,7 @@
 use crate::at::{AtJson, Resolved};
 use crate::device::{self, AtInfo, DeviceStats};
 use crate::history;
-use crate::sites::{Attribution, Library, SiteKind, Sites};
+use crate::sites::{Attribution, Library, SiteKind, Sites, StackBytes};
 use crate::tally::{Tally, sorted};
 use memsnap_format::model::{Meta, Snapshot};
 use serde::Serialize;
@@ -15,6 +15,8 @@ use serde::Serialize;
 pub struct SiteRow {
     pub site: String,
     pub kind: SiteKind,
+    /// The helper the bytes went through, where the site is its calling line.
+    pub via: Option<String>,
     pub bytes: i64,
     pub count: i64,
 }
@@ -76,6 +78,7 @@ impl AtFigures {
 pub struct AtSiteRow {
     pub site: String,
     pub kind: SiteKind,
+    pub via: Option<String>,
     #[serde(flatten)]
     pub figures: AtFigures,
 }
@@ -107,6 +110,7 @@ pub struct Oom {
     pub device_free_bytes: Option<i64>,
     pub time_us: i64,
     pub site: String,
+    pub via: Option<String>,
     pub library: Library,
     pub live_requested_bytes: i64,
     pub live_allocations: i64,
@@ -190,6 +194,7 @@ fn site_rows(sites: &Sites, v: &[(u32, Tally)], top: usize) -> Vec<SiteRow> {
         .map(|(s, t)| SiteRow {
             site: sites.text(*s).to_string(),
             kind: sites.sites[*s as usize].kind,
+            via: sites.via(*s).map(str::to_string),
             bytes: t.bytes,
             count: t.count,
         })
@@ -223,7 +228,8 @@ pub fn build(
     top: usize,
     attr: &Attribution,
 ) -> Summary {
-    let sites = Sites::new(snap, attr);
+    let bytes = StackBytes::of_file(snap, histories.iter().map(history::History::allocated));
+    let sites = Sites::new(snap, attr, &bytes);
     let devices = device::devices(snap)
         .into_iter()
         .map(|d| {
@@ -256,6 +262,7 @@ fn at_device(sites: &Sites, at: &AtInfo, top: usize) -> AtDevice {
         .map(|(s, t)| AtSiteRow {
             site: sites.text(s).to_string(),
             kind: sites.sites[s as usize].kind,
+            via: sites.via(s).map(str::to_string),
             figures: AtFigures::new(t, at.end_by_site.get(&s)),
         })
         .collect();
@@ -333,6 +340,7 @@ fn device_summary(
                 device_free_bytes: o.device_free,
                 time_us: o.time_us,
                 site: sites.text(o.site).to_string(),
+                via: sites.via(o.site).map(str::to_string),
                 library: o.library,
                 live_requested_bytes: o.live.bytes,
                 live_allocations: o.live.count,

@@ -9,7 +9,7 @@ use crate::at::{At, Pos};
 use crate::bytes::fmt_bytes;
 use crate::device;
 use crate::history::History;
-use crate::sites::{Attribution, Sites, is_hidden, stack_frame_text};
+use crate::sites::{Attribution, Sites, StackBytes, is_hidden, stack_frame_text};
 use memsnap_format::model::{Action, BlockState, Snapshot, StackId, TraceEntry};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -388,7 +388,7 @@ pub fn unreached(snap: &Snapshot, at: At) -> Option<String> {
 /// The page data of a snapshot read whole; `title` heads the page, `top` sites are drawn
 /// separately, `at` is the moment it opens at.
 pub fn page(snap: &Snapshot, title: &str, top: usize, at: At, attr: &Attribution) -> Page {
-    let sites = Sites::new(snap, attr);
+    let sites = Sites::new(snap, attr, &StackBytes::of_whole(snap));
     let mut table = Table::default();
     let devices = device::devices(snap)
         .into_iter()

@@ -3,10 +3,14 @@
 //! same site rules as `memsnap summary`, from `memsnap_engine::sites`), growth against a
 //! baseline, steps per second, and the OOM events seen while watching.
 //!
+//! Helpers are found from the live bytes of every sample so far, and stay helpers once
+//! found; live bytes are kept by stack and named by the current rules when shown, so a
+//! baseline taken before a helper was found compares like with like.
+//!
 //! Cold, no I/O: the terminal view (`ui`), the plain lines and `--json` all read this.
 
 use memsnap_engine::bytes::fmt_bytes;
-use memsnap_engine::sites::{Attribution, SiteKind, Sites};
+use memsnap_engine::sites::{Attribution, HelperRule, Helpers, SiteKind, Sites, StackBytes};
 use memsnap_format::live::{DeviceSample, Sample};
 use memsnap_format::model::Frame;
 use rustc_hash::FxHashMap;
@@ -56,16 +60,19 @@ pub enum Baseline {
 pub struct SiteRow {
     pub site: String,
     pub kind: SiteKind,
+    /// The helper the bytes went through, where the site is its calling line.
+    pub via: Option<String>,
     pub bytes: u64,
     pub count: u64,
     pub growth: i64,
 }
 
 impl SiteRow {
-    fn empty(site: &str, kind: SiteKind) -> SiteRow {
+    fn empty(site: &SiteName) -> SiteRow {
         SiteRow {
-            site: site.to_string(),
-            kind,
+            site: site.text.clone(),
+            kind: site.kind,
+            via: site.via.clone(),
             bytes: 0,
             count: 0,
             growth: 0,
@@ -84,8 +91,16 @@ pub struct DeviceRow {
     pub history: Vec<u64>,
 }
 
-/// Site totals of one sample: site text → (kind, bytes, count).
-type SiteTotals = FxHashMap<String, (SiteKind, u64, u64)>;
+/// How a stack's site is shown.
+#[derive(Clone, Debug)]
+struct SiteName {
+    text: String,
+    kind: SiteKind,
+    via: Option<String>,
+}
+
+/// Live bytes and blocks of one sample by stack (`None`: recorded without frames).
+type StackTotals = FxHashMap<Option<u32>, (u64, u64)>;
 
 /// One watched process: its latest sample and what is remembered across samples.
 pub struct Watched {
@@ -95,10 +110,16 @@ pub struct Watched {
     /// site of each stack, by `summary`'s rules.
     frames: Vec<Frame>,
     stacks: Vec<Vec<u32>>,
-    stack_sites: Vec<(String, SiteKind)>,
-    sites: SiteTotals,
-    start_sites: SiteTotals,
-    step_sites: SiteTotals,
+    stack_sites: Vec<SiteName>,
+    /// The site of blocks recorded without frames.
+    no_frames: SiteName,
+    /// Live bytes by stack summed over the samples so far (what helpers are found from),
+    /// and the helpers found.
+    held: StackBytes,
+    helpers: Helpers,
+    now: StackTotals,
+    start: StackTotals,
+    step: StackTotals,
     history: FxHashMap<u32, VecDeque<u64>>,
     /// (time, step) of the first sample, for steps per second.
     first: (u64, u64),
@@ -120,18 +141,25 @@ impl Watched {
             frames: Vec::new(),
             stacks: Vec::new(),
             stack_sites: Vec::new(),
-            start_sites: SiteTotals::default(),
-            step_sites: SiteTotals::default(),
-            sites: SiteTotals::default(),
+            no_frames: SiteName {
+                text: NO_FRAMES.to_string(),
+                kind: SiteKind::None,
+                via: None,
+            },
+            held: StackBytes::default(),
+            helpers: Helpers::default(),
+            now: StackTotals::default(),
+            start: StackTotals::default(),
+            step: StackTotals::default(),
             history: FxHashMap::default(),
             last: Sample::default(),
             gone: None,
             attr,
         };
         w.absorb(&mut sample);
-        w.sites = w.site_totals(&sample);
-        w.start_sites = w.sites.clone();
-        w.step_sites = w.sites.clone();
+        w.now = by_stack(&sample);
+        w.start = w.now.clone();
+        w.step = w.now.clone();
         w.last = sample;
         w.remember_live();
         w
@@ -143,7 +171,8 @@ impl Watched {
         (self.frames.len() as u32, self.stacks.len() as u32)
     }
 
-    /// Takes the frames and stacks a sample carries, and the sites of the new stacks.
+    /// Takes the frames, stacks and live bytes a sample carries, and names the sites of the
+    /// new stacks (of every stack when a helper was found).
     fn absorb(&mut self, sample: &mut Sample) {
         self.frames.truncate(sample.frames_from as usize);
         self.frames.append(&mut sample.frames);
@@ -151,28 +180,41 @@ impl Watched {
         self.stacks.append(&mut sample.stacks);
         self.stack_sites
             .truncate(self.stacks.len().min(sample.stacks_from as usize));
+        for g in &sample.groups {
+            self.held.add(g.stack, g.bytes as i64);
+        }
+        let mut helpers = self.helpers.clone();
+        if self.attr.helpers == HelperRule::Find {
+            helpers.union(&self.attr.helpers_of(&self.frames, &self.stacks, &self.held));
+        }
+        if helpers != self.helpers {
+            self.helpers = helpers;
+            self.stack_sites.clear();
+        }
         let new = &self.stacks[self.stack_sites.len()..];
-        let sites = Sites::of_stacks(&self.frames, new, false, &self.attr);
+        let rules = self.attr.with_helpers(self.helpers.clone());
+        let sites = Sites::of_stacks(&self.frames, new, false, &rules, &StackBytes::default());
         for i in 0..new.len() {
             let site = sites.site(Some(i as u32));
-            self.stack_sites.push((
-                sites.text(site).to_string(),
-                sites.sites[site as usize].kind,
-            ));
+            let s = &sites.sites[site as usize];
+            self.stack_sites.push(SiteName {
+                text: s.text.clone(),
+                kind: s.kind,
+                via: s.via.clone(),
+            });
         }
     }
 
-    /// Live bytes by site in one sample, over all its devices.
-    fn site_totals(&self, sample: &Sample) -> SiteTotals {
-        let mut out = SiteTotals::default();
-        for g in &sample.groups {
-            let (text, kind) = match g.stack.and_then(|s| self.stack_sites.get(s as usize)) {
-                Some((text, kind)) => (text.as_str(), *kind),
-                None => (NO_FRAMES, SiteKind::None),
-            };
-            let e = out.entry(text.to_string()).or_insert((kind, 0, 0));
-            e.1 += g.bytes;
-            e.2 += g.count;
+    /// Live bytes by site of `totals` (by stack), by the current rules.
+    fn site_totals(&self, totals: &StackTotals) -> FxHashMap<&str, (&SiteName, u64, u64)> {
+        let mut out: FxHashMap<&str, (&SiteName, u64, u64)> = FxHashMap::default();
+        for (stack, &(bytes, count)) in totals {
+            let name = stack
+                .and_then(|s| self.stack_sites.get(s as usize))
+                .unwrap_or(&self.no_frames);
+            let e = out.entry(name.text.as_str()).or_insert((name, 0, 0));
+            e.1 += bytes;
+            e.2 += count;
         }
         out
     }
@@ -180,9 +222,9 @@ impl Watched {
     /// Takes a new sample; returns the lines of OOMs that happened since the last one.
     pub fn update(&mut self, mut sample: Sample) -> Vec<String> {
         self.absorb(&mut sample);
-        let sites = self.site_totals(&sample);
+        let now = by_stack(&sample);
         if sample.step != self.last.step {
-            self.step_sites = sites.clone();
+            self.step = now.clone();
             self.step_marks.push_back((sample.time_us, sample.step));
             if self.step_marks.len() > 10 {
                 self.step_marks.pop_front();
@@ -216,7 +258,7 @@ impl Watched {
             ));
             self.ooms_seen = ooms;
         }
-        self.sites = sites;
+        self.now = now;
         self.last = sample;
         self.remember_live();
         events
@@ -259,33 +301,45 @@ impl Watched {
             .collect()
     }
 
-    fn baseline(&self, baseline: Baseline) -> &SiteTotals {
+    fn baseline(&self, baseline: Baseline) -> &StackTotals {
         match baseline {
-            Baseline::Start => &self.start_sites,
-            Baseline::LastStep => &self.step_sites,
+            Baseline::Start => &self.start,
+            Baseline::LastStep => &self.step,
         }
     }
 }
 
+/// Live bytes and blocks of a sample by stack, over all its devices.
+fn by_stack(sample: &Sample) -> StackTotals {
+    let mut out = StackTotals::default();
+    for g in &sample.groups {
+        let e = out.entry(g.stack).or_default();
+        e.0 += g.bytes;
+        e.1 += g.count;
+    }
+    out
+}
+
 /// Site rows over all watched processes, sorted.
 pub fn site_rows(watched: &[Watched], sort: SortBy, baseline: Baseline) -> Vec<SiteRow> {
-    let mut rows: FxHashMap<&str, SiteRow> = FxHashMap::default();
+    let mut rows: FxHashMap<String, SiteRow> = FxHashMap::default();
     for w in watched.iter().filter(|w| w.gone.is_none()) {
-        let base = w.baseline(baseline);
-        for (site, &(kind, bytes, count)) in &w.sites {
+        let base = w.site_totals(w.baseline(baseline));
+        let now = w.site_totals(&w.now);
+        for (site, &(name, bytes, count)) in &now {
             let r = rows
-                .entry(site)
-                .or_insert_with(|| SiteRow::empty(site, kind));
+                .entry(site.to_string())
+                .or_insert_with(|| SiteRow::empty(name));
             r.bytes += bytes;
             r.count += count;
             r.growth += bytes as i64 - base.get(site).map_or(0, |b| b.1 as i64);
         }
         // Sites that held memory at the baseline and hold none now shrank to zero.
-        for (site, &(kind, bytes, _)) in base {
-            if !w.sites.contains_key(site) {
+        for (site, &(name, bytes, _)) in &base {
+            if !now.contains_key(site) {
                 let r = rows
-                    .entry(site)
-                    .or_insert_with(|| SiteRow::empty(site, kind));
+                    .entry(site.to_string())
+                    .or_insert_with(|| SiteRow::empty(name));
                 r.growth -= bytes as i64;
             }
         }
@@ -519,6 +573,58 @@ pub mod tests {
             ]
         );
         assert!(w.update(s).is_empty());
+    }
+
+    #[test]
+    fn a_helper_found_later_names_the_baseline_alike() {
+        // `wrap` (app.cc:5) is called from main:10 and main:20; the first sample holds
+        // memory from main:10 only.
+        let frame = |name: &str, line| Frame {
+            name: name.into(),
+            filename: "src/app.cc".into(),
+            line,
+        };
+        let group = |stack, bytes| LiveGroup {
+            device: 0,
+            stack: Some(stack),
+            bytes,
+            count: 1,
+        };
+        let mut first = sample(3, 0, 0, 0, 0);
+        first.frames = vec![frame("wrap", 5), frame("main", 10), frame("main", 20)];
+        first.stacks = vec![vec![0, 1], vec![0, 2]];
+        first.groups = vec![group(0, 600)];
+        let mut w = Watched::new(first, Attribution::default());
+        let rows = site_rows(std::slice::from_ref(&w), SortBy::Live, Baseline::Start);
+        assert_eq!(rows[0].site, "wrap (app.cc:5)");
+        assert_eq!(rows[0].via, None);
+        let mut next = sample(3, 0, 1, 0, 0);
+        (next.frames_from, next.stacks_from) = (3, 2);
+        (next.frames, next.stacks) = (Vec::new(), Vec::new());
+        next.groups = vec![group(0, 700), group(1, 400)];
+        w.update(next);
+        let rows = site_rows(std::slice::from_ref(&w), SortBy::Live, Baseline::Start);
+        let got: Vec<(&str, Option<&str>, u64, i64)> = rows
+            .iter()
+            .map(|r| (r.site.as_str(), r.via.as_deref(), r.bytes, r.growth))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "main (app.cc:10) via wrap (app.cc:5)",
+                    Some("wrap (app.cc:5)"),
+                    700,
+                    100
+                ),
+                (
+                    "main (app.cc:20) via wrap (app.cc:5)",
+                    Some("wrap (app.cc:5)"),
+                    400,
+                    400
+                ),
+            ]
+        );
     }
 
     #[test]

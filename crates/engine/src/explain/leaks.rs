@@ -74,6 +74,8 @@ pub struct Leak {
     /// Bytes an iteration of the program, where its iterations are known (found in the
     /// record, or counted between snapshots).
     pub bytes_per_iteration: Option<i64>,
+    /// The helper the bytes went through, where the site is its calling line.
+    pub via: Option<String>,
 }
 
 /// What one series of boundaries says.
@@ -153,6 +155,7 @@ pub fn find(points: &[StepPoint], rank: Option<i64>, name_rank: bool, unit: Unit
                 ranks: rank.into_iter().collect(),
                 unit,
                 bytes_per_iteration: (unit == Unit::Iteration).then_some(per_step),
+                via: None,
             });
         } else if v[n - 1] > v[0] {
             // Grew, then stopped: the last step it grew at.

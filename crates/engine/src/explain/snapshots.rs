@@ -41,6 +41,8 @@ pub struct Growth {
     pub growth_bytes: i64,
     pub live_bytes_at_end: i64,
     pub verdict: Verdict,
+    /// The helper the bytes went through, where the site is its calling line.
+    pub via: Option<String>,
 }
 
 /// One process's snapshots side by side (`snapshots` in `--json`).
@@ -208,6 +210,7 @@ pub fn compare(files: &[&Digest], name_rank: bool) -> Compared {
                 ranks: rank.into_iter().collect(),
                 unit: Unit::Snapshot,
                 bytes_per_iteration: iterations_between(files[start], last, cut).map(|k| bytes / k),
+                via: None,
             });
         }
         growth.push(Growth {
@@ -215,6 +218,7 @@ pub fn compare(files: &[&Digest], name_rank: bool) -> Compared {
             growth_bytes: grew,
             live_bytes_at_end: v[n - 1],
             verdict,
+            via: None,
         });
     }
     growth.sort_by(|a, b| {

@@ -1,8 +1,9 @@
 //! Tests of `explain`'s model, and the snapshots they build (`pub(crate)`: other modules'
 //! tests reuse them). Cold: test code.
 
+use super::leaks::Unit;
 use super::*;
-use memsnap_format::model::{Action, Frame, Segment, StepMark, TraceEntry};
+use memsnap_format::model::{Action, BlockState, Frame, Segment, StepMark, TraceEntry};
 
 const MIB: i64 = 1 << 20;
 

@@ -1,6 +1,7 @@
 //! Allocation sites and owning libraries: which frame of a stack is the site, how a frame
-//! is named, which library owns a stack, and `--ignore` / `--callers` ([`Attribution`]).
-//! The same rules serve every command, `memsnap top`'s live samples included.
+//! is named, which library owns a stack, and `--ignore` / `--callers` / `--at-helpers`
+//! ([`Attribution`]). The same rules serve every command, `memsnap top`'s live samples
+//! included (docs/EXPLAIN.md#sites).
 //!
 //! Cold code. Definitions (also printed by `memsnap summary --help`):
 //! - *site*: the innermost frame in user code: a Python `file:line` when the stack has a
@@ -10,8 +11,14 @@
 //!   `--ignore PATTERN` skips frames whose file or function contains PATTERN when choosing
 //!   it; `--callers N` shows the N frames above it (the site's text then names them too,
 //!   so sites are grouped by the whole chain).
+//! - *helper*: a site frame that allocates for several calling lines ([`helpers`]); its
+//!   stacks' site is then the calling line, `caller via helper`.
 //! - *library*: the owner of the innermost meaningful frame (torch, nccl, cublas, ...).
 
+mod helpers;
+
+use helpers::Facts;
+pub use helpers::{Helpers, StackBytes};
 use memsnap_format::model::{Frame, Snapshot, StackId};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -61,17 +68,33 @@ pub enum SiteKind {
 pub struct Site {
     pub text: String,
     pub kind: SiteKind,
+    /// The helper the allocations went through, where the site is its calling line
+    /// (`train.py:88 (step) via cache.py:12 (get)`: `cache.py:12 (get)`).
+    pub via: Option<String>,
 }
 
-/// How the allocation site is chosen and shown: `--ignore` and `--callers`, the same for
-/// every command.
+/// How the allocation site is chosen and shown: `--ignore`, `--callers` and
+/// `--at-helpers`, the same for every command.
 #[derive(Clone, Debug, Default)]
 pub struct Attribution {
     /// Frames whose file or function contains one of these are never the site.
     pub ignore: Vec<String>,
     /// Callers shown above each site (`site <- caller <- ...`); sites are then grouped by
-    /// the whole chain.
+    /// the whole chain, and helpers are not looked for (the chain names the callers).
     pub callers: Option<usize>,
+    pub helpers: HelperRule,
+}
+
+/// Which helpers' allocations are shown at their calling lines.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum HelperRule {
+    /// Those found in the file itself (the default).
+    #[default]
+    Find,
+    /// These: found over several files read together, so that each names its sites alike.
+    Given(Helpers),
+    /// None: every site is the helper's own line (`--at-helpers`).
+    Off,
 }
 
 impl Attribution {
@@ -81,10 +104,60 @@ impl Attribution {
             .iter()
             .any(|p| f.filename.contains(p.as_str()) || f.name.contains(p.as_str()))
     }
+
+    /// The helpers these rules apply to stacks that allocated `bytes` (by index into
+    /// `stacks`).
+    pub fn helpers_of(&self, frames: &[Frame], stacks: &[Vec<u32>], bytes: &StackBytes) -> Helpers {
+        let chosen = chosen_sites(frames, stacks, self);
+        self.helpers_chosen(stacks, &chosen, &mut Facts::new(frames, self), bytes)
+    }
+
+    fn helpers_chosen(
+        &self,
+        stacks: &[Vec<u32>],
+        chosen: &[Option<(usize, SiteKind)>],
+        facts: &mut Facts,
+        bytes: &StackBytes,
+    ) -> Helpers {
+        match &self.helpers {
+            _ if self.callers.is_some() => Helpers::default(),
+            HelperRule::Find => Helpers::find(stacks, chosen, facts, bytes),
+            HelperRule::Given(h) => h.clone(),
+            HelperRule::Off => Helpers::default(),
+        }
+    }
+
+    /// The same rules with `helpers` applied instead of those each file would find (off
+    /// stays off).
+    pub fn with_helpers(&self, helpers: Helpers) -> Attribution {
+        let mut a = self.clone();
+        if a.helpers != HelperRule::Off {
+            a.helpers = HelperRule::Given(helpers);
+        }
+        a
+    }
+
+    /// The rules for several files compared site by site (`diff`'s two): the helpers
+    /// found in any of them, applied to each, so that each names its sites alike.
+    pub fn shared<'s>(
+        &self,
+        files: impl IntoIterator<Item = (&'s Snapshot, &'s StackBytes)>,
+    ) -> Attribution {
+        if self.helpers != HelperRule::Find {
+            return self.clone();
+        }
+        let mut all = Helpers::default();
+        for (snap, bytes) in files {
+            all.union(&self.helpers_of(&snap.frames, &snap.stacks, bytes));
+        }
+        self.with_helpers(all)
+    }
 }
 
 /// Between a site and its callers in a site's text.
 pub const CALLER_SEPARATOR: &str = " <- ";
+/// Between a helper's calling line and the helper in a site's text.
+pub const VIA: &str = " via ";
 
 /// Sites and owners of every stack of one snapshot, computed once.
 pub struct Sites {
@@ -94,21 +167,36 @@ pub struct Sites {
     no_stack: u32,
     /// PyTorch's recorder sees only its caching allocator: every block there is torch's.
     all_torch: bool,
+    /// The helpers whose allocations are shown at their calling lines.
+    helpers: Helpers,
 }
 
 impl Sites {
-    pub fn new(snap: &Snapshot, attr: &Attribution) -> Self {
-        Self::of_stacks(&snap.frames, &snap.stacks, snap.memsnap.is_empty(), attr)
+    /// The sites of a file whose stacks allocated `bytes` (what its helpers are found from).
+    pub fn new(snap: &Snapshot, attr: &Attribution, bytes: &StackBytes) -> Self {
+        Self::of_stacks(
+            &snap.frames,
+            &snap.stacks,
+            snap.memsnap.is_empty(),
+            attr,
+            bytes,
+        )
     }
 
     /// The same from frames and stacks alone (a live sample from `memsnap top`);
-    /// `all_torch` for PyTorch's own files, whose every block is torch's.
+    /// `all_torch` for PyTorch's own files, whose every block is torch's; `bytes` by index
+    /// into `stacks`.
     pub fn of_stacks(
         frames: &[Frame],
         stacks: &[Vec<u32>],
         all_torch: bool,
         attr: &Attribution,
+        bytes: &StackBytes,
     ) -> Self {
+        // Each stack's site frame, and each frame's facts, found once for both passes.
+        let chosen = chosen_sites(frames, stacks, attr);
+        let mut facts = Facts::new(frames, attr);
+        let helpers = attr.helpers_chosen(stacks, &chosen, &mut facts, bytes);
         let mut sites = Vec::new();
         let mut by_text: FxHashMap<String, u32> = FxHashMap::default();
         let mut intern = |s: Site| -> u32 {
@@ -123,13 +211,17 @@ impl Sites {
         let no_stack = intern(Site {
             text: "<no frames recorded>".into(),
             kind: SiteKind::None,
+            via: None,
         });
         let mut site_of_stack = Vec::with_capacity(stacks.len());
         let mut lib_of_stack = Vec::with_capacity(stacks.len());
-        for st in stacks {
-            let frames: Vec<&Frame> = st.iter().filter_map(|&f| frames.get(f as usize)).collect();
-            site_of_stack.push(intern(site_of(&frames, attr)));
-            lib_of_stack.push(library_of(&frames));
+        for (st, &chosen) in stacks.iter().zip(&chosen) {
+            let ids = frame_ids(frames, st);
+            let fs: Vec<&Frame> = ids.iter().map(|&i| &frames[i as usize]).collect();
+            let site = at_caller(&ids, chosen, &helpers, &mut facts)
+                .unwrap_or_else(|| site_at(&fs, chosen, attr));
+            site_of_stack.push(intern(site));
+            lib_of_stack.push(library_of(&fs));
         }
         Sites {
             sites,
@@ -137,6 +229,7 @@ impl Sites {
             lib_of_stack,
             no_stack,
             all_torch,
+            helpers,
         }
     }
     pub fn site(&self, stack: Option<StackId>) -> u32 {
@@ -154,6 +247,14 @@ impl Sites {
     }
     pub fn text(&self, site: u32) -> &str {
         &self.sites[site as usize].text
+    }
+    /// The helper a site's allocations went through, where it is the helper's caller.
+    pub fn via(&self, site: u32) -> Option<&str> {
+        self.sites[site as usize].via.as_deref()
+    }
+    /// The helpers applied (those found in the file, unless given).
+    pub fn helpers(&self) -> &Helpers {
+        &self.helpers
     }
 }
 
@@ -235,12 +336,47 @@ fn is_allocator_plumbing(f: &Frame) -> bool {
     P.iter().any(|p| f.name.contains(p))
 }
 
-/// The site of a stack: the chosen frame's text, then its callers'.
+/// The indices of a stack's frames that `frames` holds.
+fn frame_ids(frames: &[Frame], stack: &[u32]) -> Vec<u32> {
+    stack
+        .iter()
+        .copied()
+        .filter(|&f| (f as usize) < frames.len())
+        .collect()
+}
+
+/// Each stack's site frame ([`choose_site`]): its position among the stack's frames.
+fn chosen_sites(
+    frames: &[Frame],
+    stacks: &[Vec<u32>],
+    attr: &Attribution,
+) -> Vec<Option<(usize, SiteKind)>> {
+    stacks
+        .iter()
+        .map(|st| {
+            let fs: Vec<&Frame> = frame_ids(frames, st)
+                .iter()
+                .map(|&i| &frames[i as usize])
+                .collect();
+            choose_site(&fs, attr)
+        })
+        .collect()
+}
+
+/// The site of a stack without helpers: the chosen frame's text, then its callers'.
+#[cfg(test)]
 fn site_of(frames: &[&Frame], attr: &Attribution) -> Site {
-    match site_chain(frames, attr) {
+    site_at(frames, choose_site(frames, attr), attr)
+}
+
+/// The site of a stack whose site frame is `chosen`, shown at its own line: its text,
+/// then its callers' (`--callers`).
+fn site_at(frames: &[&Frame], chosen: Option<(usize, SiteKind)>, attr: &Attribution) -> Site {
+    match chosen.map(|(at, kind)| (chain_at(frames, at, kind, attr), kind)) {
         Some((chain, kind)) => Site {
             text: chain.join(CALLER_SEPARATOR),
             kind,
+            via: None,
         },
         None => Site {
             text: if frames.is_empty() {
@@ -249,14 +385,48 @@ fn site_of(frames: &[&Frame], attr: &Attribution) -> Site {
                 "<every frame matched --ignore>".into()
             },
             kind: SiteKind::None,
+            via: None,
         },
     }
+}
+
+/// The site of a stack (its frames' indices, `ids`) through a helper: its calling line
+/// `via` the helper (the line the calling line called; the site frame itself for the
+/// nearest calling lines).
+fn at_caller(
+    ids: &[u32],
+    chosen: Option<(usize, SiteKind)>,
+    helpers: &Helpers,
+    facts: &mut Facts,
+) -> Option<Site> {
+    let (at, kind) = chosen?;
+    if helpers.is_empty() || !facts.may_be_helper(ids[at], kind) {
+        return None;
+    }
+    let depth = helpers.depth(&facts.text(ids[at]))?;
+    let lines = facts.calling_lines(ids, at, kind, depth + 1);
+    let caller = *lines.get(depth)?;
+    let via = match depth {
+        0 => ids[at],
+        d => lines[d - 1],
+    };
+    let via = facts.text(via).to_string();
+    Some(Site {
+        text: format!("{}{VIA}{via}", facts.text(caller)),
+        kind,
+        via: Some(via),
+    })
 }
 
 /// The site frame's text and its callers' (`--callers`, outward), or `None` when no frame
 /// can be the site.
 pub fn site_chain(frames: &[&Frame], attr: &Attribution) -> Option<(Vec<String>, SiteKind)> {
     let (at, kind) = choose_site(frames, attr)?;
+    Some((chain_at(frames, at, kind, attr), kind))
+}
+
+/// The text of the site frame at `at`, then its callers' (`--callers`).
+fn chain_at(frames: &[&Frame], at: usize, kind: SiteKind, attr: &Attribution) -> Vec<String> {
     let mut chain = vec![frame_text(frames[at])];
     let callers = frames[at + 1..]
         .iter()
@@ -264,12 +434,7 @@ pub fn site_chain(frames: &[&Frame], attr: &Attribution) -> Option<(Vec<String>,
         .filter(|f| kind != SiteKind::Python || is_python_frame(f))
         .take(attr.callers.unwrap_or(0));
     chain.extend(callers.map(|f| frame_text(f)));
-    Some((chain, kind))
-}
-
-/// The frame a stack's site names (`None` when no frame can be the site).
-pub fn site_frame<'f>(frames: &[&'f Frame], attr: &Attribution) -> Option<&'f Frame> {
-    choose_site(frames, attr).map(|(i, _)| frames[i])
+    chain
 }
 
 /// The index of the site frame: the innermost user Python frame, else the first native
@@ -463,158 +628,4 @@ fn library_of(frames: &[&Frame]) -> Library {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fr(name: &str, file: &str, line: i64) -> Frame {
-        Frame {
-            name: name.into(),
-            filename: file.into(),
-            line,
-        }
-    }
-
-    #[test]
-    fn site_prefers_user_python_then_native_outside_runtime() {
-        let none = Attribution::default();
-        let torch = fr(
-            "forward",
-            "/x/site-packages/torch/nn/modules/linear.py",
-            125,
-        );
-        let user = fr("<module>", "/srv/job/train.py", 36);
-        let s = site_of(&[&torch, &user], &none);
-        assert_eq!(s.text, "/srv/job/train.py:36 (<module>)");
-        let s = site_of(&[&torch], &none);
-        assert_eq!(s.text, "torch/nn/modules/linear.py:125 (forward)");
-        let rt = fr("cudaMalloc", "/usr/lib/libcudart.so.12", 0);
-        let alloc = fr(
-            "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long)",
-            "??",
-            0,
-        );
-        let nccl = fr("ncclMemAlloc", "/usr/lib/libnccl.so.2", 0);
-        let op = fr(
-            "void at::native::gpu_reduce_kernel<float, 4>(at::TensorIterator&)",
-            "Reduce.cuh",
-            10,
-        );
-        assert_eq!(
-            site_of(&[&rt, &nccl], &none).text,
-            "ncclMemAlloc (libnccl.so.2)"
-        );
-        assert_eq!(
-            site_of(&[&rt, &alloc, &op], &none).text,
-            "at::native::gpu_reduce_kernel (Reduce.cuh:10)"
-        );
-        assert_eq!(library_of(&[&rt, &nccl]), Library::Nccl);
-        assert_eq!(library_of(&[&rt, &alloc, &op]), Library::Torch);
-        assert_eq!(library_of(&[&rt]), Library::Cudart);
-        assert_eq!(
-            library_of(&[&rt, &fr("main", "/src/app.cpp", 7)]),
-            Library::App
-        );
-        assert_eq!(
-            library_of(&[&rt, &fr("cublasLtMatmul", "libcublasLt.so.12", 0)]),
-            Library::Cublas
-        );
-        assert_eq!(library_of(&[]), Library::Unknown);
-    }
-
-    #[test]
-    fn ignore_moves_the_site_to_the_caller_and_callers_are_shown() {
-        // A helper that every allocation goes through, as pyalloc.py's cuda_alloc.
-        let rt = fr("cudaMalloc", "/usr/lib/libcudart.so.13", 0);
-        let helper = fr("cuda_alloc", "/srv/app/pyalloc.py", 12);
-        let keeper = fr("remember_me", "/srv/app/main.py", 30);
-        let outer = fr("<module>", "/srv/app/main.py", 41);
-        let stack = [&rt, &helper, &keeper, &outer];
-        let none = Attribution::default();
-        assert_eq!(
-            site_of(&stack, &none).text,
-            "/srv/app/pyalloc.py:12 (cuda_alloc)"
-        );
-        let skip = Attribution {
-            ignore: vec!["pyalloc.py".into()],
-            callers: None,
-        };
-        assert_eq!(
-            site_of(&stack, &skip).text,
-            "/srv/app/main.py:30 (remember_me)"
-        );
-        // A function name matches too.
-        let skip_fn = Attribution {
-            ignore: vec!["cuda_alloc".into()],
-            callers: None,
-        };
-        assert_eq!(
-            site_of(&stack, &skip_fn).text,
-            "/srv/app/main.py:30 (remember_me)"
-        );
-        let callers = Attribution {
-            ignore: Vec::new(),
-            callers: Some(2),
-        };
-        assert_eq!(
-            site_of(&stack, &callers).text,
-            "/srv/app/pyalloc.py:12 (cuda_alloc) <- /srv/app/main.py:30 (remember_me) <- /srv/app/main.py:41 (<module>)"
-        );
-        let both = Attribution {
-            ignore: vec!["pyalloc.py".into()],
-            callers: Some(5),
-        };
-        assert_eq!(
-            site_of(&stack, &both).text,
-            "/srv/app/main.py:30 (remember_me) <- /srv/app/main.py:41 (<module>)"
-        );
-        // Everything ignored: said so.
-        let all = Attribution {
-            ignore: vec!["/".into()],
-            callers: None,
-        };
-        let s = site_of(&stack, &all);
-        assert_eq!(
-            (s.text.as_str(), s.kind),
-            ("<every frame matched --ignore>", SiteKind::None)
-        );
-        // Native sites: the first frame outside the runtime that is not ignored.
-        let op = fr(
-            "at::native::addmm_out_cuda_impl(at::Tensor&)+0x4c",
-            "/t/libtorch_cuda.so",
-            0,
-        );
-        let app = fr("main", "/src/app.cpp", 7);
-        assert_eq!(
-            site_of(&[&rt, &op, &app], &none).text,
-            "at::native::addmm_out_cuda_impl+0x4c (libtorch_cuda.so)"
-        );
-        let skip_torch = Attribution {
-            ignore: vec!["libtorch".into()],
-            callers: None,
-        };
-        assert_eq!(
-            site_of(&[&rt, &op, &app], &skip_torch).text,
-            "main (app.cpp:7)"
-        );
-    }
-
-    #[test]
-    fn native_frames_keep_their_symbol_offset_and_name_the_library_once() {
-        let f = fr("cublasLtMatmul+0x3a7b20", "/usr/lib/libcublasLt.so.13", 0);
-        assert_eq!(
-            native_text(&f),
-            "cublasLtMatmul+0x3a7b20 (libcublasLt.so.13)"
-        );
-        let f = fr("libcublas.so.13+0x1a2b3c", "/usr/lib/libcublas.so.13", 0);
-        assert_eq!(native_text(&f), "libcublas.so.13+0x1a2b3c");
-        let f = fr(
-            "void at::f<int>(at::Tensor const&)+0x10",
-            "/t/libtorch_cuda.so",
-            0,
-        );
-        assert_eq!(native_text(&f), "at::f+0x10 (libtorch_cuda.so)");
-        // `+0x` not followed by hex only is part of the name.
-        let f = fr("operator+0xyz", "??", 0);
-        assert_eq!(native_text(&f), "operator+0xyz");
-    }
-}
+mod tests;
