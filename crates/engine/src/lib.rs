@@ -17,8 +17,8 @@
 //!   moment).
 //! - [`sites`]: allocation sites and owning libraries (`--ignore`, `--callers`).
 //! - [`device`]: per-device figures; the live set of every device at a moment.
-//! - [`summary`], [`diff`], [`ranks`], [`flamegraph`], [`view`], [`explain`]: each command's
-//!   model.
+//! - [`summary`], [`diff`], [`ranks`], [`flamegraph`], [`view`], [`explain`], [`whatif`]: each
+//!   command's model.
 //!
 //! Cold code: nothing here runs inside the recorded process.
 #![forbid(unsafe_code)]
@@ -36,3 +36,4 @@ pub mod sites;
 pub mod summary;
 pub mod tally;
 pub mod view;
+pub mod whatif;
