@@ -436,3 +436,94 @@ fn real_torch_tensor_mode_records_each_tensor_through_its_cuda_call() {
     ];
     assert_eq!(actions.map(count), [100, 100, 50, 50, 50]);
 }
+
+#[test]
+#[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
+fn real_torch_whatif_replays_and_predicts_the_caching_allocator_to_the_byte() {
+    // scripts/gpu/whatif_check.py: four workloads (random sizes and lifetimes with an
+    // empty_cache(), two streams with record_stream, oversize tensors, an MLP's training
+    // steps), each recorded under six allocator settings. The replay as recorded gives back
+    // each run's segments and PyTorch's max_memory_reserved() (memsnap's file and PyTorch's
+    // own snapshot); each file's prediction for each other setting equals that setting's own
+    // run. Then an OOM through fragmentation on a 210 MiB device that expandable segments
+    // avoid: explain points to whatif, whatif says so, and the run with it fits.
+    let out = tempfile::tempdir().expect("temporary folder");
+    let lib = common::preload_lib();
+    let cli = common::memsnap_bin();
+    python(
+        &[
+            "scripts/gpu/whatif_check.py",
+            "--lib",
+            lib.to_str().expect("a UTF-8 path"),
+            "--cli",
+            cli.to_str().expect("a UTF-8 path"),
+            "--out",
+            out.path().to_str().expect("a UTF-8 path"),
+            "--capacity",
+            &(210u64 << 20).to_string(),
+        ],
+        &[],
+        out.path(),
+    );
+    let path = out.path().join("whatif_check.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let result: serde_json::Value = serde_json::from_str(&text).expect("whatif_check.json");
+    let replay = &result["replay"];
+    let runs = replay["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 4 * 6, "{replay:#}");
+    for run in runs {
+        assert_eq!(run["reproduced"], true, "{run:#}");
+        assert_eq!(run["model_peak"], run["pytorch_peak"], "{run:#}");
+        assert!(number(run, "segment_operations") > 0, "{run:#}");
+    }
+    let predictions = replay["predictions"].as_array().expect("predictions");
+    assert_eq!(predictions.len(), 4 * 6 * 5);
+    for p in predictions {
+        assert_eq!(p["refused"], serde_json::Value::Null, "{p:#}");
+        assert!(number(p, "actual") > 0, "{p:#}");
+        assert_eq!(p["predicted"], p["actual"], "{p:#}");
+    }
+    for own in replay["own"].as_array().expect("own") {
+        assert_eq!(own["reproduced"], true, "{own:#}");
+        assert_eq!(own["model_peak"], own["pytorch_peak"], "{own:#}");
+    }
+    // The settings do change the peak (the predictions are not all one figure).
+    let peaks: std::collections::BTreeSet<u64> =
+        predictions.iter().map(|p| number(p, "actual")).collect();
+    assert!(peaks.len() >= 10, "{peaks:?}");
+
+    let oom = &result["oom"];
+    assert_eq!(oom["default"]["error"], "OutOfMemoryError", "{oom:#}");
+    assert_eq!(oom["check"]["reproduced"], true, "{oom:#}");
+    assert_eq!(
+        oom["recorded_oom"]["request_bytes"],
+        serde_json::json!(24 << 20),
+        "{oom:#}"
+    );
+    assert_eq!(
+        oom["recorded_oom"]["avoided_by"],
+        serde_json::json!(["expandable_segments:True"]),
+        "{oom:#}"
+    );
+    assert_eq!(oom["scenarios"][1]["fits"], true, "{oom:#}");
+    assert_eq!(
+        oom["scenarios"][1]["peak_reserved_bytes"], oom["expandable_run"]["max_reserved"],
+        "{oom:#}"
+    );
+    assert_eq!(oom["ok"], true, "{oom:#}");
+    // explain calls it fragmentation and names the command.
+    let file = oom["file"].as_str().expect("the OOM file");
+    let explained = Command::new(&cli)
+        .args(["explain", file])
+        .output()
+        .expect("run memsnap explain");
+    let text = String::from_utf8_lossy(&explained.stdout);
+    assert!(text.contains("verdict: fragmentation"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "`memsnap whatif {file} --set expandable_segments:True --set max_split_size_mb:128`"
+        )),
+        "{text}"
+    );
+}
