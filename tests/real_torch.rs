@@ -103,6 +103,30 @@ fn torch_blocks_case(case: &str, env: &[(&str, &str)]) -> serde_json::Value {
     serde_json::from_str(&line["RESULT ".len()..]).expect("RESULT is JSON")
 }
 
+/// Runs scripts/gpu/NAME.py with this build's library and CLI and `args`: the JSON it writes
+/// (NAME.json in its --out folder).
+fn check_script(name: &str, args: &[&str]) -> serde_json::Value {
+    let out = tempfile::tempdir().expect("temporary folder");
+    let lib = common::preload_lib();
+    let cli = common::memsnap_bin();
+    let script = format!("scripts/gpu/{name}.py");
+    let mut argv = vec![
+        script.as_str(),
+        "--lib",
+        lib.to_str().expect("a UTF-8 path"),
+        "--cli",
+        cli.to_str().expect("a UTF-8 path"),
+        "--out",
+        out.path().to_str().expect("a UTF-8 path"),
+    ];
+    argv.extend_from_slice(args);
+    python(&argv, &[], out.path());
+    let path = out.path().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 fn number(value: &serde_json::Value, key: &str) -> u64 {
     value[key]
         .as_u64()
@@ -290,28 +314,7 @@ fn real_torch_explain_says_why_a_model_ran_out_of_memory_and_what_leaks() {
     // doubles until PyTorch raises OutOfMemoryError on the 80 GiB simulated device, and a
     // training loop whose evaluation pass keeps its outputs, one snapshot a step (and the same
     // loop without the leak). `memsnap explain --json` on what memsnap wrote.
-    let out = tempfile::tempdir().expect("temporary folder");
-    let lib = common::preload_lib();
-    let cli = common::memsnap_bin();
-    python(
-        &[
-            "scripts/gpu/explain_check.py",
-            "--lib",
-            lib.to_str().expect("a UTF-8 path"),
-            "--cli",
-            cli.to_str().expect("a UTF-8 path"),
-            "--out",
-            out.path().to_str().expect("a UTF-8 path"),
-            "--cases",
-            "oom,leak",
-        ],
-        &[],
-        out.path(),
-    );
-    let path = out.path().join("explain_check.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let result: serde_json::Value = serde_json::from_str(&text).expect("explain_check.json");
+    let result = check_script("explain_check", &["--cases", "oom,leak"]);
     let oom = &result["oom"];
     // The request was larger than what the driver had left, while the cache held more than it
     // in free blocks, none of them large enough: fragmentation, and the forward pass's line
@@ -447,28 +450,8 @@ fn real_torch_whatif_replays_and_predicts_the_caching_allocator_to_the_byte() {
     // own snapshot); each file's prediction for each other setting equals that setting's own
     // run. Then an OOM through fragmentation on a 210 MiB device that expandable segments
     // avoid: explain points to whatif, whatif says so, and the run with it fits.
-    let out = tempfile::tempdir().expect("temporary folder");
-    let lib = common::preload_lib();
-    let cli = common::memsnap_bin();
-    python(
-        &[
-            "scripts/gpu/whatif_check.py",
-            "--lib",
-            lib.to_str().expect("a UTF-8 path"),
-            "--cli",
-            cli.to_str().expect("a UTF-8 path"),
-            "--out",
-            out.path().to_str().expect("a UTF-8 path"),
-            "--capacity",
-            &(210u64 << 20).to_string(),
-        ],
-        &[],
-        out.path(),
-    );
-    let path = out.path().join("whatif_check.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let result: serde_json::Value = serde_json::from_str(&text).expect("whatif_check.json");
+    let capacity = (210u64 << 20).to_string();
+    let result = check_script("whatif_check", &["--capacity", &capacity]);
     let replay = &result["replay"];
     let runs = replay["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 4 * 6, "{replay:#}");
@@ -514,7 +497,7 @@ fn real_torch_whatif_replays_and_predicts_the_caching_allocator_to_the_byte() {
     assert_eq!(oom["ok"], true, "{oom:#}");
     // explain calls it fragmentation and names the command.
     let file = oom["file"].as_str().expect("the OOM file");
-    let explained = Command::new(&cli)
+    let explained = Command::new(common::memsnap_bin())
         .args(["explain", file])
         .output()
         .expect("run memsnap explain");

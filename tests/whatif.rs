@@ -44,6 +44,13 @@ fn standin(scenario: &str, env: &[(&str, &str)]) -> (common::Run, PathBuf) {
     (run, exit)
 }
 
+/// The scenarios' names, in order.
+fn labels<'a>(rows: impl IntoIterator<Item = &'a Value>) -> Vec<&'a str> {
+    rows.into_iter()
+        .map(|r| r["setting"].as_str().expect("a setting"))
+        .collect()
+}
+
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
@@ -74,12 +81,8 @@ fn the_stand_ins_runs_replay_as_recorded_private_pools_too() {
         assert_eq!(rows[0]["setting"], "as recorded");
         // The defaults: expandable segments, max_split_size_mb:128, the other backend; the
         // simulated device's 80 GiB holds every one.
-        let labels: Vec<&str> = rows
-            .iter()
-            .map(|r| r["setting"].as_str().unwrap())
-            .collect();
         assert_eq!(
-            labels,
+            labels(rows.iter().copied()),
             [
                 "as recorded",
                 "expandable_segments:True",
@@ -163,14 +166,8 @@ fn pytorchs_own_snapshots_scales_and_refusals() {
     ]);
     assert_eq!(w["checks"][0]["reproduced"], true, "{w:#}");
     assert_eq!(w["release_assumed"], true);
-    let labels: Vec<&str> = w["scenarios"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["setting"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        labels,
+        labels(w["scenarios"].as_array().unwrap()),
         [
             "as recorded",
             "frobnicate:1",

@@ -144,6 +144,14 @@ pub fn write_text(r: &Report, file: &str, out: &mut dyn Write) -> std::io::Resul
             ""
         };
         match &c.divergence {
+            // No segments: the stream-ordered backend, its tensors' bytes.
+            None if c.segment_operations == 0 => writeln!(
+                out,
+                "As recorded, the model gives back device {}'s peak of {} in tensors, to the \
+                 byte{start}",
+                c.device,
+                fmt_bytes(c.recorded_peak_reserved_bytes)
+            )?,
             None => writeln!(
                 out,
                 "As recorded, the model gives back device {}'s {} segment operations and its \

@@ -7,7 +7,7 @@
 
 use super::model::{Allocator, BlockView, Driver, Fail, NONE};
 use super::settings::{Backend, Settings};
-use super::trace::{DeviceTrace, Op, SegKind, SegRec};
+use super::trace::{DeviceTrace, Op, Outside, Request, SegKind, SegRec};
 use crate::explain::roles::Role;
 use memsnap_format::model::StackId;
 use std::collections::BTreeMap;
@@ -41,6 +41,39 @@ pub struct OomPoint {
     pub outside: bool,
     /// The request that ran out in the recording too.
     pub recorded: bool,
+}
+
+impl OomPoint {
+    /// Request `r`, of `size` bytes in the scenario, ran out (`recorded`: so did it in the
+    /// recording).
+    fn of(r: &Request, size: u64, recorded: bool) -> Self {
+        OomPoint {
+            request_bytes: size,
+            stack: r.stack,
+            event: r.event,
+            outside: false,
+            recorded,
+        }
+    }
+
+    /// Another library's allocation `o` no longer fits.
+    fn outside(o: &Outside) -> Self {
+        OomPoint {
+            request_bytes: o.size,
+            stack: o.stack,
+            event: o.event,
+            outside: true,
+            recorded: false,
+        }
+    }
+}
+
+/// A request's bytes in `scenario`: its role's factor applied, at least 1.
+fn scaled(scenario: &Scenario, r: &Request) -> u64 {
+    match scenario.scale.iter().find(|(role, _)| *role == r.role) {
+        Some((_, f)) => ((r.size as f64 * f).round() as u64).max(1),
+        None => r.size,
+    }
 }
 
 /// The figures of one scenario on one device.
@@ -415,13 +448,7 @@ pub fn run(
             malloc.used.insert(s.addr, s.addr + s.size);
         }
     }
-    let scale = |id: u32| -> u64 {
-        let r = &t.requests[id as usize];
-        match scenario.scale.iter().find(|(role, _)| *role == r.role) {
-            Some((_, f)) => ((r.size as f64 * f).round() as u64).max(1),
-            None => r.size,
-        }
-    };
+    let scale = |id: u32| scaled(scenario, &t.requests[id as usize]);
     let mut empty_next = empty_cache_at.iter().peekable();
     let peak = |a: &Allocator, out: &mut Outcome| {
         if a.reserved > out.peak_reserved || (out.peak_reserved == 0 && a.reserved == 0) {
@@ -463,20 +490,15 @@ pub fn run(
                         }
                         if as_recorded && matches!(op, Op::Failed(_)) {
                             dev.diverge(format!(
-                                "at event {}, the recording ran out of memory for a request of                                  {size} bytes; the model served it",
+                                "at event {}, the recording ran out of memory for a request of {size} bytes; the \
+                                 model served it",
                                 r.event
                             ));
                         }
                     }
                     Err(Fail::Oom(_)) => {
                         let recorded = matches!(op, Op::Failed(_));
-                        out.oom.get_or_insert(OomPoint {
-                            request_bytes: size,
-                            stack: r.stack,
-                            event: r.event,
-                            outside: false,
-                            recorded,
-                        });
+                        out.oom.get_or_insert(OomPoint::of(r, size, recorded));
                         if !recorded {
                             if as_recorded {
                                 dev.diverge(format!(
@@ -533,13 +555,7 @@ pub fn run(
             Op::OutsideAlloc(i) => {
                 let o = &t.outside[i as usize];
                 if !dev.room(o.size, a.reserved) {
-                    out.oom.get_or_insert(OomPoint {
-                        request_bytes: o.size,
-                        stack: o.stack,
-                        event: o.event,
-                        outside: true,
-                        recorded: false,
-                    });
+                    out.oom.get_or_insert(OomPoint::outside(o));
                     if as_recorded {
                         dev.diverge(format!(
                             "at event {}, another library's allocation of {} bytes does not fit \
@@ -652,19 +668,10 @@ fn run_async(t: &DeviceTrace, scenario: &Scenario, limits: Limits) -> Outcome {
         match *op {
             Op::Alloc(id) | Op::Failed(id) => {
                 let r = &t.requests[id as usize];
-                let size = match scenario.scale.iter().find(|(role, _)| *role == r.role) {
-                    Some((_, f)) => ((r.size as f64 * f).round() as u64).max(1),
-                    None => r.size,
-                };
+                let size = scaled(scenario, r);
                 if !fits(live, outside, size) {
                     let recorded = matches!(op, Op::Failed(_));
-                    out.oom.get_or_insert(OomPoint {
-                        request_bytes: size,
-                        stack: r.stack,
-                        event: r.event,
-                        outside: false,
-                        recorded,
-                    });
+                    out.oom.get_or_insert(OomPoint::of(r, size, recorded));
                     if recorded {
                         continue;
                     }
@@ -690,13 +697,7 @@ fn run_async(t: &DeviceTrace, scenario: &Scenario, limits: Limits) -> Outcome {
             Op::OutsideAlloc(i) => {
                 let o = &t.outside[i as usize];
                 if !fits(live, outside, o.size) {
-                    out.oom.get_or_insert(OomPoint {
-                        request_bytes: o.size,
-                        stack: o.stack,
-                        event: o.event,
-                        outside: true,
-                        recorded: false,
-                    });
+                    out.oom.get_or_insert(OomPoint::outside(o));
                     break;
                 }
                 outside += o.size;

@@ -543,5 +543,21 @@ mod tests {
         assert_eq!(d.allocation_size(10 * MIB), 10 * MIB);
         assert_eq!(d.allocation_size(11 * MIB + 1), 12 * MIB);
         assert_eq!(Release::parse("2.11.0+cu130"), Some(R));
+        // PyTorch's own example: each interval's divisions by the size it holds.
+        let p = parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]").unwrap();
+        let at = |mib: u64| p.divisions_for(mib * MIB);
+        assert_eq!(
+            [
+                at(1),
+                at(32),
+                at(64),
+                at(128),
+                at(256),
+                at(512),
+                at(1024),
+                at(4096)
+            ],
+            [8, 8, 8, 2, 4, 2, 4, 1]
+        );
     }
 }
