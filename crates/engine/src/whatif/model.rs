@@ -68,8 +68,6 @@ struct Pool {
     blocks: BTreeSet<(u64, u64, u64, u32)>,
     unmapped: BTreeSet<(u64, u64, u32)>,
     gc_calls: i64,
-    /// A private pool whose owner is gone: `empty_cache` may free its segments.
-    freeable: bool,
 }
 
 /// One expandable segment: address space of `pages` pages, some mapped.
@@ -189,15 +187,6 @@ impl Allocator {
     /// The pools of the private pool `id`, if it has been used.
     pub fn find_private_pool(&self, id: (i64, i64)) -> Option<u32> {
         self.private.iter().find(|(i, _)| *i == id).map(|&(_, p)| p)
-    }
-
-    /// The private pool `id` has no owner left: `empty_cache` may free its segments
-    /// (`releasePool` to zero uses).
-    pub fn release_pool(&mut self, id: (i64, i64)) {
-        if let Some(&(_, p)) = self.private.iter().find(|(i, _)| *i == id) {
-            self.pools[p as usize].freeable = true;
-            self.pools[p as usize + 1].freeable = true;
-        }
     }
 
     fn new_block(&mut self, addr: u64, size: u64, stream: u64, pool: u32, exp: u32) -> u32 {
@@ -639,14 +628,10 @@ impl Allocator {
                 self.free_block(b);
             }
         }
+        // A private pool's segments go back only once its graphs are released
+        // (`releasePool`), which no file records: they stay.
         self.release_blocks(drv, LARGE);
         self.release_blocks(drv, SMALL);
-        let freeable: Vec<u32> = (2..self.pools.len() as u32)
-            .filter(|&p| self.pools[p as usize].freeable)
-            .collect();
-        for p in freeable {
-            self.release_blocks(drv, p);
-        }
     }
 
     /// `release_blocks`: whole free segments go back; free pages of expandable segments are
