@@ -160,7 +160,11 @@ fn handshake_and_tool_list_with_schemas() {
     let tools = list["result"]["tools"].as_array().expect("tools").clone();
     let mut names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
     names.sort();
-    assert_eq!(names, ["diff", "explain", "ranks", "summary"], "{list}");
+    assert_eq!(
+        names,
+        ["diff", "explain", "ranks", "summary", "whatif"],
+        "{list}"
+    );
     let required = |name: &str| -> Vec<String> {
         let tool = tools.iter().find(|t| t["name"] == name).unwrap();
         assert_eq!(tool["inputSchema"]["type"], "object", "{tool}");
@@ -182,6 +186,7 @@ fn handshake_and_tool_list_with_schemas() {
     assert_eq!(required("diff"), ["after", "before"]);
     assert_eq!(required("ranks"), ["dir"]);
     assert_eq!(required("explain"), ["paths"]);
+    assert_eq!(required("whatif"), ["path"]);
     let summary = tools.iter().find(|t| t["name"] == "summary").unwrap();
     for key in ["path", "at", "top", "ignore", "callers", "at_helpers"] {
         assert!(
@@ -265,6 +270,30 @@ fn each_tool_answers_what_the_cli_answers() {
         r["structuredContent"],
         memsnap_json(&["explain", "--json", exit, "--at", "end"])
     );
+
+    // The demo has no PyTorch: whatif replays one of PyTorch's own snapshots.
+    let oom = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/torch/torch-oom.pickle"
+    );
+    let r = c.call(
+        "whatif",
+        json!({"path": oom, "set": ["expandable_segments:True"], "device_memory": "100GiB"}),
+    );
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(
+        r["structuredContent"],
+        memsnap_json(&[
+            "whatif",
+            "--json",
+            oom,
+            "--set",
+            "expandable_segments:True",
+            "--device-memory",
+            "100GiB"
+        ])
+    );
+    assert_eq!(r["structuredContent"]["scenarios"][1]["fits"], true, "{r}");
 }
 
 #[test]
@@ -288,6 +317,11 @@ fn failures_are_tool_errors_and_the_server_goes_on() {
 
     let r = c.call("ranks", json!({"dir": "/nonexistent/memsnap-mcp-ranks"}));
     assert_eq!(r["isError"], true, "{r}");
+
+    // A file without PyTorch's allocator: nothing to replay, said as a tool error.
+    let r = c.call("whatif", json!({ "path": exit }));
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(text_of(&r).contains("nothing to replay"), "{r}");
 
     // Not a tool at all: a JSON-RPC error, still no crash.
     let r = c.request("tools/call", json!({"name": "nope", "arguments": {}}));

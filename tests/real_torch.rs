@@ -103,6 +103,30 @@ fn torch_blocks_case(case: &str, env: &[(&str, &str)]) -> serde_json::Value {
     serde_json::from_str(&line["RESULT ".len()..]).expect("RESULT is JSON")
 }
 
+/// Runs scripts/gpu/NAME.py with this build's library and CLI and `args`: the JSON it writes
+/// (NAME.json in its --out folder).
+fn check_script(name: &str, args: &[&str]) -> serde_json::Value {
+    let out = tempfile::tempdir().expect("temporary folder");
+    let lib = common::preload_lib();
+    let cli = common::memsnap_bin();
+    let script = format!("scripts/gpu/{name}.py");
+    let mut argv = vec![
+        script.as_str(),
+        "--lib",
+        lib.to_str().expect("a UTF-8 path"),
+        "--cli",
+        cli.to_str().expect("a UTF-8 path"),
+        "--out",
+        out.path().to_str().expect("a UTF-8 path"),
+    ];
+    argv.extend_from_slice(args);
+    python(&argv, &[], out.path());
+    let path = out.path().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 fn number(value: &serde_json::Value, key: &str) -> u64 {
     value[key]
         .as_u64()
@@ -290,28 +314,7 @@ fn real_torch_explain_says_why_a_model_ran_out_of_memory_and_what_leaks() {
     // doubles until PyTorch raises OutOfMemoryError on the 80 GiB simulated device, and a
     // training loop whose evaluation pass keeps its outputs, one snapshot a step (and the same
     // loop without the leak). `memsnap explain --json` on what memsnap wrote.
-    let out = tempfile::tempdir().expect("temporary folder");
-    let lib = common::preload_lib();
-    let cli = common::memsnap_bin();
-    python(
-        &[
-            "scripts/gpu/explain_check.py",
-            "--lib",
-            lib.to_str().expect("a UTF-8 path"),
-            "--cli",
-            cli.to_str().expect("a UTF-8 path"),
-            "--out",
-            out.path().to_str().expect("a UTF-8 path"),
-            "--cases",
-            "oom,leak",
-        ],
-        &[],
-        out.path(),
-    );
-    let path = out.path().join("explain_check.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let result: serde_json::Value = serde_json::from_str(&text).expect("explain_check.json");
+    let result = check_script("explain_check", &["--cases", "oom,leak"]);
     let oom = &result["oom"];
     // The request was larger than what the driver had left, while the cache held more than it
     // in free blocks, none of them large enough: fragmentation, and the forward pass's line
@@ -518,4 +521,75 @@ fn real_torch_lightning_and_trainer_steps_are_the_same_with_and_without_the_call
             assert_eq!(meta["step_source"], source, "{mode}");
         }
     }
+}
+
+#[test]
+#[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
+fn real_torch_whatif_replays_and_predicts_the_caching_allocator_to_the_byte() {
+    // scripts/gpu/whatif_check.py: four workloads (random sizes and lifetimes with an
+    // empty_cache(), two streams with record_stream, oversize tensors, an MLP's training
+    // steps), each recorded under six allocator settings. The replay as recorded gives back
+    // each run's segments and PyTorch's max_memory_reserved() (memsnap's file and PyTorch's
+    // own snapshot); each file's prediction for each other setting equals that setting's own
+    // run. Then an OOM through fragmentation on a 210 MiB device that expandable segments
+    // avoid: explain points to whatif, whatif says so, and the run with it fits.
+    let capacity = (210u64 << 20).to_string();
+    let result = check_script("whatif_check", &["--capacity", &capacity]);
+    let replay = &result["replay"];
+    let runs = replay["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 4 * 6, "{replay:#}");
+    for run in runs {
+        assert_eq!(run["reproduced"], true, "{run:#}");
+        assert_eq!(run["model_peak"], run["pytorch_peak"], "{run:#}");
+        assert!(number(run, "segment_operations") > 0, "{run:#}");
+    }
+    let predictions = replay["predictions"].as_array().expect("predictions");
+    assert_eq!(predictions.len(), 4 * 6 * 5);
+    for p in predictions {
+        assert_eq!(p["refused"], serde_json::Value::Null, "{p:#}");
+        assert!(number(p, "actual") > 0, "{p:#}");
+        assert_eq!(p["predicted"], p["actual"], "{p:#}");
+    }
+    for own in replay["own"].as_array().expect("own") {
+        assert_eq!(own["reproduced"], true, "{own:#}");
+        assert_eq!(own["model_peak"], own["pytorch_peak"], "{own:#}");
+    }
+    // The settings do change the peak (the predictions are not all one figure).
+    let peaks: std::collections::BTreeSet<u64> =
+        predictions.iter().map(|p| number(p, "actual")).collect();
+    assert!(peaks.len() >= 10, "{peaks:?}");
+
+    let oom = &result["oom"];
+    assert_eq!(oom["default"]["error"], "OutOfMemoryError", "{oom:#}");
+    assert_eq!(oom["check"]["reproduced"], true, "{oom:#}");
+    assert_eq!(
+        oom["recorded_oom"]["request_bytes"],
+        serde_json::json!(24 << 20),
+        "{oom:#}"
+    );
+    assert_eq!(
+        oom["recorded_oom"]["avoided_by"],
+        serde_json::json!(["expandable_segments:True"]),
+        "{oom:#}"
+    );
+    assert_eq!(oom["scenarios"][1]["fits"], true, "{oom:#}");
+    assert_eq!(
+        oom["scenarios"][1]["peak_reserved_bytes"], oom["expandable_run"]["max_reserved"],
+        "{oom:#}"
+    );
+    assert_eq!(oom["ok"], true, "{oom:#}");
+    // explain calls it fragmentation and names the command.
+    let file = oom["file"].as_str().expect("the OOM file");
+    let explained = Command::new(common::memsnap_bin())
+        .args(["explain", file])
+        .output()
+        .expect("run memsnap explain");
+    let text = String::from_utf8_lossy(&explained.stdout);
+    assert!(text.contains("verdict: fragmentation"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "`memsnap whatif {file} --set expandable_segments:True --set max_split_size_mb:128`"
+        )),
+        "{text}"
+    );
 }

@@ -70,18 +70,24 @@ fn api_name(i: usize) -> Option<&'static str> {
 impl Writer {
     pub(super) fn allocator_settings(&self) -> Vec<(String, Meta)> {
         let overflowed = self.state.devices.iter().any(|d| d.trace_overflow > 0);
-        vec![
-            meta_str(
-                "PYTORCH_CUDA_ALLOC_CONF",
-                &std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default(),
-            ),
+        let mut settings = vec![meta_str(
+            "PYTORCH_CUDA_ALLOC_CONF",
+            &std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default(),
+        )];
+        // PyTorch reads this one first where it is set (from 2.9); `memsnap whatif` replays
+        // the settings it names.
+        if let Ok(conf) = std::env::var("PYTORCH_ALLOC_CONF") {
+            settings.push(meta_str("PYTORCH_ALLOC_CONF", &conf));
+        }
+        settings.extend([
             (
                 "trace_alloc_max_entries".to_string(),
                 Meta::Int(self.cfg.max_entries as i64),
             ),
             ("trace_alloc_overflowed".to_string(), Meta::Bool(overflowed)),
             meta_str("recorder", "memsnap (CUDA driver/runtime interposer)"),
-        ]
+        ]);
+        settings
     }
 
     pub(super) fn metadata(&self, reason: Reason, tag: &str) -> Vec<(String, Meta)> {

@@ -13,6 +13,11 @@ memo with probability --share, else written afresh (PyTorch's files do both).
   python3 gen_snapshot.py OUT.pickle --events 1000000
   python3 gen_snapshot.py OUT.pickle --size 1G
   python3 gen_snapshot.py OUT.pickle --events 1000000 --loop 200   (a loop that leaks)
+  python3 gen_snapshot.py OUT.pickle --events 1000000 --torch-tensors
+
+--torch-tensors: PyTorch's allocations (all but NCCL's) are tensors of
+`backend:cudaMallocAsync` (cudaMallocAsync / cudaFreeAsync, `memsnap.torch_allocator` says
+`tensors: ...`): requests `memsnap whatif` replays through the caching allocator.
 """
 import argparse, random, struct, sys
 
@@ -29,6 +34,7 @@ p.add_argument("--seed", type=int, default=1)
 p.add_argument("--loop", type=int, default=0,
                help="a loop instead of random traffic: N allocations an iteration, freed at its "
                     "end but one 1 MiB allocation (a leak)")
+p.add_argument("--torch-tensors", action="store_true", help="PyTorch's allocations are backend:cudaMallocAsync tensors")
 a = p.parse_args()
 units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 size_limit = int(a.size[:-1]) * units[a.size[-1].upper()] if a.size[-1].upper() in units else int(a.size)
@@ -133,6 +139,8 @@ def frames(k):
 
 
 API = {"torch": "cudaMalloc", "nccl": "cuMemAlloc_v2", "cublas": "cudaMallocAsync", "app": "cudaMalloc"}
+if a.torch_tensors:
+    API = {k: ("cuMemAlloc_v2" if k == "nccl" else "cudaMallocAsync") for k in API}
 t0 = 1_795_000_000_000_000
 
 
@@ -190,8 +198,9 @@ def do_alloc(k, size):
 def do_free(addr):
     global count
     size, k = live.pop(addr)
+    api = "cudaFreeAsync" if API[stacks[k][1]] == "cudaMallocAsync" else "cudaFree"
     for act in ("free_requested", "free_completed", "segment_free"):
-        event(act, addr, size, k, t, "cudaFree"); item_done(); count += 1
+        event(act, addr, size, k, t, api); item_done(); count += 1
 
 
 def loop_ops():
@@ -249,6 +258,8 @@ s("external_annotations"); w(b"]"); memoize()
 s("memsnap"); w(b"}"); memoize(); w(b"(")
 s("dropped_events"); n(a.dropped); s("rank"); n(a.rank); s("pid"); n(4242)
 s("host"); s("gen-host"); s("reason"); s("exit")
+if a.torch_tensors:
+    s("torch_allocator"); s("tensors: PyTorch 2.11.0+cu130 with backend:cudaMallocAsync, each tensor a CUDA allocation")
 w(b"u")
 w(b"u.")
 f.close()

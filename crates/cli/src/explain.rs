@@ -447,7 +447,15 @@ fn write_oom(o: &Oom, several: bool, out: &mut dyn Write) -> std::io::Result<()>
             opt_bytes(o.reserved_unallocated_bytes),
             opt_bytes(o.largest_free_block_bytes),
             shown(o.advice.as_deref().unwrap_or_default())
-        )?,
+        )
+        .and_then(|_| {
+            writeln!(
+                out,
+                "  `memsnap whatif {} --set expandable_segments:True --set max_split_size_mb:128` \
+                 replays it under those settings and says which would have avoided it",
+                shown(&o.file)
+            )
+        })?,
         Verdict::Outside => writeln!(
             out,
             "  verdict: outside: {} of the device's {} is in use but not recorded by memsnap \

@@ -27,6 +27,7 @@ mod summary;
 mod top;
 mod upload_agent;
 mod view;
+mod whatif;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;
@@ -56,6 +57,9 @@ enum Cmd {
     /// Why it ran out of memory, leaks across steps, who owns every byte and what for, the
     /// ranks side by side: a few short paragraphs over files, folders of a run or prefixes.
     Explain(explain::Args),
+    /// Replay the recorded run through PyTorch's caching allocator under other settings
+    /// (--set), backends or larger requests (--scale): would it have fitted?
+    Whatif(whatif::Args),
     /// Write one self-contained HTML page: timeline, segments, stacks, search, zoom; it opens
     /// at the OOM, else the peak (--at).
     View(view::Args),
@@ -74,8 +78,9 @@ enum Cmd {
     UploadAgent(upload_agent::Args),
     /// Watch running processes' GPU memory by allocation site, live (no file written).
     Top(top::TopArgs),
-    /// Serve summary, diff, ranks and explain (four tools) to an agent: a Model Context Protocol server on
-    /// stdin/stdout whose tools return the commands' --json output (docs/MCP.md).
+    /// Serve summary, diff, ranks, explain and whatif (five tools) to an agent: a Model Context
+    /// Protocol server on stdin/stdout whose tools return the commands' --json output
+    /// (docs/MCP.md).
     Mcp(mcp::Args),
 }
 
@@ -108,6 +113,7 @@ fn main() -> ExitCode {
         Cmd::Diff(a) => report(|out| diff::run(&a, out)),
         Cmd::Ranks(a) => report(|out| ranks::run(&a, out)),
         Cmd::Explain(a) => report(|out| explain::run(&a, out)),
+        Cmd::Whatif(a) => report(|out| whatif::run(&a, out)),
         Cmd::View(a) => report(|out| view::run(&a, out)),
         Cmd::Flamegraph(a) => report(|out| flamegraph::run(&a, out)),
         Cmd::Check(a) => report(|out| check::run(&a, out)),

@@ -13,7 +13,7 @@
 //! parameter (rmcp makes them a tool result with serde's message, which names none). Cold
 //! code.
 
-use crate::{diff, explain, ranks, summary};
+use crate::{diff, explain, ranks, summary, whatif};
 use clap::Parser;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -41,6 +41,7 @@ enum Reading {
     Diff(diff::Args),
     Ranks(ranks::Args),
     Explain(explain::Args),
+    Whatif(whatif::Args),
 }
 
 /// How to choose the allocation site: the `--ignore`, `--callers` and `--at-helpers` of
@@ -112,6 +113,26 @@ pub struct ExplainParams {
     /// The moment owners and roles are told at (`--at`: peak, oom, end, an event number or
     /// a time); default: the OOM if any, else the peak.
     pub at: Option<String>,
+    #[serde(flatten)]
+    pub attribution: Attribution,
+}
+
+/// `whatif`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct WhatifParams {
+    /// The snapshot file (memsnap's, or PyTorch's own with its trace).
+    pub path: String,
+    /// Scenarios: the run as if PYTORCH_CUDA_ALLOC_CONF had been each of these
+    /// (`--set`, one scenario each: "expandable_segments:True,max_split_size_mb:128" is one
+    /// of two keys). Default, with neither `set` nor `scale`: expandable_segments:True,
+    /// max_split_size_mb:128, backend:cudaMallocAsync.
+    #[serde(default)]
+    pub set: Vec<String>,
+    /// Scenarios with larger requests of some roles (`--scale`): "activations=2,temporaries=2".
+    #[serde(default)]
+    pub scale: Vec<String>,
+    /// The device's memory in place of the recorded capacity (`--device-memory`: "80GiB").
+    pub device_memory: Option<String>,
     #[serde(flatten)]
     pub attribution: Attribution,
 }
@@ -220,6 +241,37 @@ impl Server {
         attribution(&mut argv, p.attribution);
         Ok(call(argv).await)
     }
+
+    #[tool(
+        name = "whatif",
+        description = describe(
+            "Would it have fitted under other settings? The recorded run replayed through a \
+             model of PyTorch's caching allocator: as recorded (checked against the \
+             recording), under each `set` (PYTORCH_CUDA_ALLOC_CONF text), with larger \
+             requests of some roles (`scale`): peak reserved and allocated bytes, \
+             fragmentation at the peak, whether it fits and where it runs out; for an OOM \
+             file, which settings avoid it. Same as `memsnap whatif PATH --json`.",
+            whatif::JSON_SHAPE,
+        )
+    )]
+    async fn whatif(
+        &self,
+        Parameters(p): Parameters<WhatifParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut argv = args(["whatif", "--json"]);
+        argv.push(p.path.into());
+        for s in p.set {
+            argv.push("--set".into());
+            argv.push(s.into());
+        }
+        for s in p.scale {
+            argv.push("--scale".into());
+            argv.push(s.into());
+        }
+        option(&mut argv, "--device-memory", p.device_memory);
+        attribution(&mut argv, p.attribution);
+        Ok(call(argv).await)
+    }
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -249,7 +301,8 @@ impl ServerHandler for Server {
                 "Reads GPU memory snapshots (memsnap's and PyTorch's memory_viz pickles) and \
                  answers what holds the memory: `summary` for one file, `diff` for two, \
                  `ranks` for a folder of per-rank files, `explain` for the answers (why it \
-                 ran out of memory, leaks, owners). Paths are on the server's machine. \
+                 ran out of memory, leaks, owners), `whatif` for what would have fitted under \
+                 other allocator settings. Paths are on the server's machine. \
                  Each result is the JSON of the matching `memsnap <command> --json`.",
             )
     }
@@ -396,6 +449,7 @@ fn run(argv: Vec<OsString>) -> Result<serde_json::Value, String> {
         Reading::Ranks(a) => ranks::run(a, &mut out),
         // Its status 1 (a leak under --fail-on-leak) is not asked for here either.
         Reading::Explain(a) => explain::run(a, &mut out),
+        Reading::Whatif(a) => whatif::run(a, &mut out),
     };
     // A status other than 0 (`diff --fail-above`) is not asked for here: the JSON stands.
     ran.map_err(|e| format!("memsnap: {e:#}"))?;

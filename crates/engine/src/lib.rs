@@ -18,8 +18,8 @@
 //! - [`sites`]: allocation sites and owning libraries (`--ignore`, `--callers`).
 //! - [`device`]: per-device figures; the live set of every device at a moment.
 //! - [`origin`]: which process a file came from (metadata numbers, the rank in its name).
-//! - [`summary`], [`diff`], [`ranks`], [`flamegraph`], [`view`], [`explain`]: each command's
-//!   model.
+//! - [`summary`], [`diff`], [`ranks`], [`flamegraph`], [`view`], [`explain`], [`whatif`]: each
+//!   command's model.
 //!
 //! Cold code: nothing here runs inside the recorded process.
 #![forbid(unsafe_code)]
@@ -38,3 +38,4 @@ pub mod sites;
 pub mod summary;
 pub mod tally;
 pub mod view;
+pub mod whatif;
