@@ -435,11 +435,9 @@ impl Recorder {
     }
 
     /// Writer side: holds the threads that record through lanes while it serves a request
-    /// (see [`Lanes::hold`]), unless they are held already.
+    /// (see [`Lanes::hold`]).
     pub fn hold_lanes(&self) {
-        if !self.lanes.held() {
-            self.lanes.hold();
-        }
+        self.lanes.hold();
     }
 
     /// Whether the writer holds the lanes.
