@@ -6,7 +6,8 @@
 # signal, oom) or to the process's end (exit, term).
 #
 #   bash scripts/bench-requests.sh        (RUNS=5 by default; LIB=... another build; FAKE_CUDA=...
-#                                          below; prints a Markdown table)
+#                                          below; THREADS="64" some thread counts only;
+#                                          prints a Markdown table)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -n "${LIB:-}" ] || cargo build --release --workspace --quiet
@@ -28,7 +29,7 @@ echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo " (+ 
 echo
 echo "| threads allocating | request | ms: median | ms: max | events recorded (last run) | dropped | stackless |"
 echo "|---|---|---|---|---|---|---|"
-for threads in 2 8 32 64; do
+for threads in ${THREADS:-2 8 32 64}; do
     for mode in dump signal oom exit term; do
         times=() dropped=0 stackless=0 recorded=0
         for _ in $(seq "$RUNS"); do
