@@ -33,14 +33,19 @@ use crate::channel::queue::Recorder;
 use crate::prefetch::prefetch_for_write;
 use crate::thread_state::ExitKey;
 use std::cell::{Cell, UnsafeCell};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 
 /// Lanes at most: threads recording at the same time beyond this many use the shared
 /// queue (their events are merged just the same).
 pub const MAX_LANES: usize = 256;
-/// The fewest events a lane may hold however many lanes share the channel's budget; also
-/// the most events a producer publishes between two looks at its lane's `head` and share.
+/// The fewest events a lane may hold however many lanes share the channel's budget.
 const MIN_LANE_SHARE: u64 = 256;
+/// The most events a producer publishes between two looks at its lane (its `head`, share
+/// and hold). A look reads a line the writer writes, so not every event; but a hold must
+/// reach every thread soon, and at 64 threads on two cores each gets a 32nd of a processor:
+/// 256 events a thread (the look's former interval) kept threads running for tens of
+/// milliseconds into a hold. Every 64 events costs under one instruction an event more.
+const LOOK_EVERY: u64 = 64;
 /// The longest a producer waits for a hold to end ([`Lanes::hold`]); past it, it leaves
 /// the hold ([`Lanes::leave_hold`]) and publishes into its lane again, up to its share.
 pub const MAX_HELD_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -93,7 +98,7 @@ pub struct Cursor {
     /// Events ever published into the lane.
     tail: u64,
     /// The position at which the producer looks at its lane's `head` and share again:
-    /// where the share it last read would be full, and at most [`MIN_LANE_SHARE`] events
+    /// where the share it last read would be full, and at most [`LOOK_EVERY`] events
     /// after that look.
     next_look: u64,
 }
@@ -190,17 +195,19 @@ impl Lane {
 /// queued over all lanes is the work between a request and its file. Each lane may hold
 /// the budget divided by the lanes mapped (at least [`MIN_LANE_SHARE`]): one thread gets the
 /// whole ring, 64 threads a 64th each. A producer looks at its share again at least every
-/// [`MIN_LANE_SHARE`] events, so a lane runs at most that many past a lowered share: the
-/// total stays under the budget plus [`MIN_LANE_SHARE`] per lane (81,920 events for 64
+/// [`LOOK_EVERY`] events, so a lane runs at most that many past a lowered share: the
+/// total stays under the budget plus [`LOOK_EVERY`] per lane (69,632 events for 64
 /// threads at the default budget of 65,536), however many threads record.
 ///
 /// A bounded queue is not enough when threads outnumber the processors: 64 threads
 /// allocating on two cores leave the writer a 65th of the time, and a snapshot request
 /// then waits hundreds of milliseconds for the writer to take what was queued before it.
-/// So while the writer serves a request and has been at it for a while, it *holds* the
-/// lanes ([`Lanes::hold`]): at its next look a producer finds its lane refused, and waits
-/// on a futex word (no processor taken) until the writer lets go, [`MAX_HELD_WAIT`] at
-/// most (then it leaves the hold: a hold can slow a thread by that much, not stop it). The writer lets go once the snapshot is encoded, before the file is written.
+/// So while a request is served and the writer is starved, the lanes are *held*
+/// ([`Lanes::hold`]: by the writer, and by a thread that waits for the snapshot it asked
+/// for): at its next look a producer finds its lane refused, and waits on a futex word (no
+/// processor taken) until every holder lets go, [`MAX_HELD_WAIT`] at most (then it leaves
+/// the hold: a hold can slow a thread by that much, not stop it). The writer lets go once
+/// the snapshot is written, a waiting thread once it has its answer.
 pub struct Lanes {
     /// Whether threads get lanes (the event clock orders events across cores).
     on: bool,
@@ -214,10 +221,14 @@ pub struct Lanes {
     /// there: a count kept beside them would lag the entries for a moment, and a lane left
     /// out of a pass could put an event after one that depended on it).
     table: Box<[AtomicPtr<Lane>]>,
-    /// 1 while the writer holds the lanes, else 0: the futex word held producers wait on.
-    /// (Only the writer sets and clears the lanes' own flags, so none is left set; a lane
-    /// mapped during a hold is not held by it.)
+    /// How many hold the lanes (the writer serving a request, threads waiting for a
+    /// snapshot they asked for: [`Lanes::hold`]), 0 when none: the futex word held
+    /// producers wait on. (Only holders set and clear the lanes' own flags, so none is
+    /// left set once all let go; a lane mapped during a hold is not held by it.)
     hold_word: AtomicU32,
+    /// Set by a quiet let-go ([`Lanes::let_go_quietly`]): the held producers are still to be
+    /// woken.
+    pub(super) wake_due: AtomicBool,
 }
 
 impl Lanes {
@@ -231,28 +242,59 @@ impl Lanes {
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             hold_word: AtomicU32::new(0),
+            wake_due: AtomicBool::new(false),
         }
     }
 
-    /// Writer side: producers wait at their next look until [`Lanes::let_go`] (or
-    /// [`MAX_HELD_WAIT`]). Cold.
+    /// Producers wait at their next look until every holder has let go ([`Lanes::let_go`],
+    /// once for each `hold`), [`MAX_HELD_WAIT`] at most. Cold; async-signal-safe.
     pub fn hold(&self) {
-        self.hold_word.store(1, Relaxed);
-        for lane in self.mapped() {
-            lane.claim.0.held.store(1, Relaxed);
+        if self.hold_word.fetch_add(1, Relaxed) == 0 {
+            for lane in self.mapped() {
+                lane.claim.0.held.store(1, Relaxed);
+            }
         }
     }
 
-    /// Writer side: ends a hold and wakes the producers waiting on it. Cold.
+    /// Ends one [`Lanes::hold`]; the last to let go wakes the producers waiting on it.
+    /// (A hold and the last let-go racing can leave some lanes of the new hold unheld for
+    /// it: a hold is a help to the writer, never what correctness rests on.) Cold;
+    /// async-signal-safe.
     pub fn let_go(&self) {
-        if self.hold_word.load(Relaxed) == 0 {
-            return;
+        if self.end_hold() {
+            futex::wake(&self.hold_word, i32::MAX);
+        }
+    }
+
+    /// Ends one [`Lanes::hold`] without waking anyone: the last to let go leaves the wake
+    /// to [`Lanes::wake_if_due`] (the writer's next pass). For a thread that must go on at
+    /// once: woken together, the held threads take the processors from the one that woke
+    /// them (at 64 threads on two cores, for 100 ms and more). Cold; async-signal-safe.
+    pub fn let_go_quietly(&self) {
+        if self.end_hold() {
+            self.wake_due.store(true, Release);
+        }
+    }
+
+    /// Wakes the producers a quiet let-go left waiting, if any. Cold.
+    pub fn wake_if_due(&self) {
+        if self.wake_due.load(Relaxed) && self.wake_due.swap(false, Acquire) {
+            futex::wake(&self.hold_word, i32::MAX);
+        }
+    }
+
+    /// One holder fewer; true for the last, who cleared the lanes' flags.
+    fn end_hold(&self) -> bool {
+        let before = self
+            .hold_word
+            .fetch_update(Release, Relaxed, |holders| holders.checked_sub(1));
+        if before != Ok(1) {
+            return false;
         }
         for lane in self.mapped() {
             lane.claim.0.held.store(0, Relaxed);
         }
-        self.hold_word.store(0, Release);
-        futex::wake(&self.hold_word, i32::MAX);
+        true
     }
 
     /// Producer side, cold: the lane of `cursor` is no longer held by the present hold (its
@@ -265,7 +307,7 @@ impl Lanes {
         unsafe { (*cursor.lane()).claim.0.held.store(0, Relaxed) };
     }
 
-    /// Whether the writer holds the lanes.
+    /// Whether anyone holds the lanes.
     pub fn held(&self) -> bool {
         self.hold_word.load(Relaxed) != 0
     }
@@ -273,7 +315,10 @@ impl Lanes {
     /// Producer side, cold: waits until the hold ends or `timeout` passes (a spurious
     /// return is harmless: the caller looks again).
     pub fn wait_while_held(&self, timeout: std::time::Duration) {
-        futex::wait(&self.hold_word, 1, timeout);
+        let holders = self.hold_word.load(Relaxed);
+        if holders != 0 {
+            futex::wait(&self.hold_word, holders, timeout);
+        }
     }
 
     /// Events one lane holds.
@@ -295,7 +340,7 @@ impl Lanes {
     /// Publishes `ev` in the lane of `cursor`; `false` when the lane holds its share (the
     /// writer is behind) or is held ([`Lanes::hold`]). Reads nothing but the cursor before its stores, except at a look
     /// (the lane's `head` and share: when the share last read would be full, and at least
-    /// every [`MIN_LANE_SHARE`] events).
+    /// every [`LOOK_EVERY`] events).
     ///
     /// # Safety
     /// `cursor` holds a cursor [`Lanes::claim`] returned, of a lane the calling thread owns.
@@ -317,7 +362,7 @@ impl Lanes {
             if lane.claim.0.held.load(Relaxed) != 0 {
                 return false;
             }
-            c.next_look = (head + limit + 1).min(at + MIN_LANE_SHARE);
+            c.next_look = (head + limit + 1).min(at + LOOK_EVERY);
             cursor.set(c);
         }
         // SAFETY: the caller's contract.
@@ -739,7 +784,7 @@ mod tests {
     }
 
     /// A lane whose share was lowered while it was sending (threads that start later) takes
-    /// the lower share at its next look, at most [`MIN_LANE_SHARE`] events later.
+    /// the lower share at its next look, at most [`LOOK_EVERY`] events later.
     #[test]
     fn a_lowered_share_is_taken_within_a_look() {
         const BUDGET: usize = 8192;
@@ -757,12 +802,12 @@ mod tests {
         while unsafe { Lanes::try_push(&first, &ev) } {
             more += 1;
         }
-        assert!(1000 + more <= 1024 + MIN_LANE_SHARE as usize, "{more} more");
+        assert!(1000 + more <= 1024 + LOOK_EVERY as usize, "{more} more");
         assert!(1000 + more >= 1024, "{more} more");
     }
 
     /// While the writer holds the lanes a producer is refused at its next look, however
-    /// much room its lane has (at most [`MIN_LANE_SHARE`] events later), and takes events
+    /// much room its lane has (at most [`LOOK_EVERY`] events later), and takes events
     /// again once let go.
     #[test]
     fn a_held_lane_refuses_within_a_look_and_takes_again_once_let_go() {
@@ -779,7 +824,7 @@ mod tests {
         while unsafe { Lanes::try_push(&cursor, &ev) } {
             more += 1;
             assert!(
-                more <= MIN_LANE_SHARE,
+                more <= LOOK_EVERY,
                 "still taking events {more} after the hold"
             );
         }
@@ -829,6 +874,64 @@ mod tests {
             assert_eq!(taken, (1..=EVENTS).collect::<Vec<_>>(), "let go: {let_go}");
             assert!(rec.counters.queue_waits.load(Relaxed) > waits_before);
         }
+    }
+
+    /// Two holders (the writer and a thread waiting for its snapshot): the lanes stay held
+    /// until both let go, in either order; a let-go without a hold changes nothing.
+    #[test]
+    fn the_lanes_stay_held_until_every_holder_lets_go() {
+        let lanes = Lanes::new(true, 8192);
+        let cursor = Cell::new(lanes.claim().unwrap());
+        let ev = Event::new(Kind::Alloc, Api::CudaMalloc);
+        let refused_within_a_look = |cursor: &Cell<Cursor>| {
+            // SAFETY: the cursor of a lane this thread claimed and owns.
+            (0..=LOOK_EVERY).any(|_| !unsafe { Lanes::try_push(cursor, &ev) })
+        };
+        lanes.let_go();
+        assert!(!lanes.held(), "a let-go without a hold");
+        lanes.hold();
+        lanes.hold();
+        lanes.let_go();
+        assert!(lanes.held());
+        assert!(refused_within_a_look(&cursor), "one holder of two let go");
+        lanes.let_go_quietly();
+        assert!(!lanes.held());
+        assert!(!refused_within_a_look(&cursor), "both let go");
+    }
+
+    /// A quiet let-go leaves the held thread waiting until the wake it leaves due (the
+    /// writer's next pass), so that the thread that let go runs first.
+    #[test]
+    fn a_quiet_let_go_wakes_the_held_threads_at_the_writers_next_pass() {
+        const EVENTS: u64 = 4 * LOOK_EVERY;
+        let rec = channel(8192);
+        let lane_claimed = Arc::new(Barrier::new(2));
+        let held = lane_claimed.clone();
+        let producer = std::thread::spawn(move || {
+            send(rec, 1); // claims the thread's lane
+            held.wait();
+            for time in 2..=EVENTS {
+                send(rec, time);
+            }
+        });
+        lane_claimed.wait();
+        rec.lanes.hold();
+        while rec.counters.queue_waits.load(Relaxed) == 0 {
+            std::thread::yield_now();
+        }
+        rec.lanes.let_go_quietly();
+        let published = |rec: &Recorder| rec.lanes.queued();
+        let before = published(rec);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(published(rec), before, "woken before the writer's pass");
+        assert!(!producer.is_finished());
+        rec.wake_held_if_due();
+        producer.join().unwrap();
+        let mut reader = Reader::new();
+        let taken: Vec<u64> = std::iter::from_fn(|| reader.next(rec))
+            .map(|e| e.addr())
+            .collect();
+        assert_eq!(taken, (1..=EVENTS).collect::<Vec<_>>());
     }
 
     /// The line a hook asks for before its walks is where its next push writes: the event

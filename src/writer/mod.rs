@@ -66,10 +66,20 @@ pub fn run(rec: &'static Recorder, cfg: Config) {
     if outcome.is_err() {
         eprintln!("memsnap: internal error in the writer thread; recording is off");
     }
+    // The thread that waited for the exit snapshot goes on to end the process; if it held
+    // the lanes, it lets go quietly and the wake is done here, so that it does not wait
+    // behind the threads it woke.
+    rec.wake_held_once_let_go(LAST_LET_GO);
     rec.writer_alive.store(false, Release);
     EXIT_DONE.store(true, Release);
+    // A thread that waited for the last snapshot may have let go quietly meanwhile (see
+    // `Recorder::wait_for`: each side stores, fences, then loads).
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    rec.wake_held_if_due();
 }
 
+/// How long the ending writer waits for a thread that holds the lanes to let go.
+const LAST_LET_GO: Duration = Duration::from_millis(100);
 /// Longest idle sleep between queue polls.
 const MAX_IDLE: Duration = Duration::from_millis(5);
 /// Longest stretch spent symbolizing new stacks before the queue is looked at again.
@@ -209,9 +219,11 @@ impl Writer {
             self.window_from = Some(self.history_marks());
         }
         loop {
+            self.rec.wake_held_if_due();
             self.clock.refresh();
             self.serve_reads();
             let mut applied = 0;
+            let pass = self.serving.pass_begins();
             while applied < BATCH {
                 if applied % REQUEST_LOOK == REQUEST_LOOK - 1 && self.request_waiting() {
                     break;
@@ -227,6 +239,8 @@ impl Writer {
                     self.serve_reads();
                 }
             }
+            self.serving.pass_ends(pass, applied >= REQUEST_LOOK);
+            self.rec.note_writer_starved(self.serving.is_starved());
             self.serve_reads();
             self.maintain_stacks();
             if let Flow::Exit = self.serve_requests() {
@@ -413,8 +427,12 @@ impl Writer {
                         device_free: free,
                     });
                     if dump_ticket != 0 {
+                        let began = self.begin_serving();
                         let _ = self.dump(Reason::Oom, "");
                         OOM_DUMPS.complete(u64::from(dump_ticket));
+                        if began {
+                            self.end_serving();
+                        }
                     }
                 }
             }

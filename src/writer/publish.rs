@@ -43,8 +43,6 @@ impl Writer {
         snap.memsnap = self.metadata(reason, tag);
         self.hold_if_starved();
         let bytes = pickle_write::to_bytes(&snap);
-        // Encoded: the threads a request held need not wait for the file to be written.
-        self.end_serving();
         let name = files::expand(&self.cfg.filename, &self.id, &fields);
         let result = files::folder(&self.cfg, &self.id, &fields).and_then(|dir| {
             if dir.created {

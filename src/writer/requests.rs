@@ -37,16 +37,55 @@ const MAX_WAITING_DUMPS: usize = 64;
 /// How long a request is served before the writer looks at whether it is starved.
 const STARVED_AFTER: Duration = Duration::from_millis(5);
 
-/// A request being served (from when the writer saw it to when its snapshot is encoded),
+/// A request being served (from when the writer saw it to when its snapshot is written),
 /// and whether the lanes are held for it. The writer holds the lanes (`Lanes::hold`: the
-/// allocating threads wait, off the processors) only when it is starved: serving has
-/// lasted [`STARVED_AFTER`] and the writer ran for less than half of it, as when 64
-/// threads allocate on two cores. Where the writer has a processor of its own, nobody
-/// waits (docs/SIGNALS.md, "Many threads").
+/// allocating threads wait, off the processors) only when it is starved, as when 64
+/// threads allocate on two cores: at once when its last busy pass ran for less than half
+/// its time, else once serving has lasted [`STARVED_AFTER`] and the writer ran for less
+/// than half of it. Where the writer has a processor of its own, nobody waits
+/// (docs/SIGNALS.md, "Many threads").
 #[derive(Default)]
 pub(super) struct Serving {
     /// When serving began, and the writer thread's processor time then.
     since: Option<(Instant, Duration)>,
+    /// Whether the writer holds the lanes (one hold of its own, ended by `end_serving`).
+    holding: bool,
+    /// Whether the last pass was busy: the next one is measured.
+    last_pass_busy: bool,
+    /// Whether the writer's last measured busy pass (one that applied at least a
+    /// [`super::REQUEST_LOOK`] of events, right after another) ran for less than half
+    /// its time; false again after a pass that found little to do.
+    starved: bool,
+}
+
+/// A pass of the writer's loop being measured: when it began, and the thread's processor
+/// time then.
+pub(super) struct PassStart(Option<(Instant, Duration)>);
+
+impl Serving {
+    /// A pass of the writer's loop begins: measured only after a busy pass (an idle
+    /// writer does not pay for the clock's system call).
+    pub(super) fn pass_begins(&self) -> PassStart {
+        PassStart(
+            self.last_pass_busy
+                .then(|| (Instant::now(), thread_cpu_time())),
+        )
+    }
+
+    /// Whether the writer's last measured busy pass was starved.
+    pub(super) fn is_starved(&self) -> bool {
+        self.starved
+    }
+
+    /// The pass begun at `start` ended, busy or not.
+    pub(super) fn pass_ends(&mut self, start: PassStart, busy: bool) {
+        if !busy {
+            self.starved = false;
+        } else if let PassStart(Some((began, cpu_then))) = start {
+            self.starved = thread_cpu_time().saturating_sub(cpu_then) * 2 < began.elapsed();
+        }
+        self.last_pass_busy = busy;
+    }
 }
 
 /// The calling thread's processor time.
@@ -61,11 +100,16 @@ fn thread_cpu_time() -> Duration {
 }
 
 impl Writer {
-    /// A request is being served (see [`Serving`]).
-    pub(super) fn begin_serving(&mut self) {
-        if self.serving.since.is_none() {
-            self.serving.since = Some((Instant::now(), thread_cpu_time()));
+    /// A request is being served (see [`Serving`]); false when one was already.
+    pub(super) fn begin_serving(&mut self) -> bool {
+        if self.serving.since.is_some() {
+            return false;
         }
+        self.serving.since = Some((Instant::now(), thread_cpu_time()));
+        if self.serving.starved {
+            self.hold_lanes();
+        }
+        true
     }
 
     /// Holds the lanes if a request is being served and the writer is starved. Cheap
@@ -77,10 +121,10 @@ impl Writer {
         };
         let wall = began.elapsed();
         if wall >= STARVED_AFTER
-            && !self.rec.lanes_held()
+            && !self.serving.holding
             && thread_cpu_time().saturating_sub(cpu_then) * 2 < wall
         {
-            self.rec.hold_lanes();
+            self.hold_lanes();
         }
     }
 
@@ -99,10 +143,22 @@ impl Writer {
                     .is_none_or(|until| Instant::now() >= until))
     }
 
-    /// The request's snapshot is encoded (or it needed none): the threads go on.
+    /// The request's snapshot is written (or it needed none): the threads go on.
     pub(super) fn end_serving(&mut self) {
         self.serving.since = None;
-        self.rec.let_lanes_go();
+        if std::mem::take(&mut self.serving.holding) {
+            self.rec.let_lanes_go();
+        }
+    }
+
+    fn hold_lanes(&mut self) {
+        if !self.serving.holding {
+            self.serving.holding = true;
+            self.rec.hold_lanes();
+            // Threads that wait for this snapshot hold too, until they have it: let go
+            // when it is written, they would wait their turn behind every other thread.
+            self.rec.note_writer_starved(true);
+        }
     }
 }
 
@@ -136,7 +192,7 @@ impl Writer {
             // Dump signals are served with the socket's dump requests (`serve_live`).
             return Flow::Continue;
         }
-        self.begin_serving();
+        let _ = self.begin_serving();
         if let Flow::Exit = self.apply_queued() {
             self.end_serving();
             return Flow::Exit;
@@ -287,7 +343,7 @@ impl Writer {
             return;
         }
         // What the program did before it asked is in the snapshot (see `serve_live`).
-        self.begin_serving();
+        let _ = self.begin_serving();
         let _ = self.apply_queued();
         let written = self.dump(Reason::Signal, "");
         self.end_serving();
