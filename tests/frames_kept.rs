@@ -1,5 +1,6 @@
 //! Every frame is kept, whatever happens to its code after the allocation: Python code freed
-//! right after it allocated (generated code, its memory taken by the next compiles), a script
+//! right after it allocated (generated code, its memory taken by the next compiles; module
+//! code and a function of every length, freed as the module ends), a script
 //! that exits 0, 1 or 5 ms after its last allocation (the exit snapshot, and a signal
 //! snapshot taken just before the exit), the first allocation of the process, and a library
 //! unloaded (`dlclose`) right after it allocated (docs/CPYTHON.md, "Code freed after an
@@ -169,6 +170,47 @@ fn signal_before_exit(python: &Path) {
     }
 }
 
+/// Module code of 10 to 1000 statements that allocates from its last line, freed as the
+/// module ends: code objects of CPython's small-object allocator and, from 40 statements on
+/// 3.11+, over its 512 bytes (malloc's, whose free overwrites the type pointer), lines past
+/// 255, over 256 names and constants (EXTENDED_ARG) and line tables' long entries. Its frame
+/// is `long_<S>.py:<S + 2>`.
+fn long_module(python: &Path) {
+    for statements in [10, 40, 200, 1000] {
+        for round in 0..RUNS {
+            let run = run_python_stacks(python, &["long", &statements.to_string()]);
+            let truth = truth(&run);
+            assert_eq!(truth.len(), 1);
+            let file = format!("long_{statements}.py");
+            assert_eq!(
+                truth[0].1[1],
+                (file, "<module>".to_string(), statements + 2),
+                "the module allocates from its last line"
+            );
+            let what = format!("{statements} statements, round {round}");
+            assert_stacks_kept(&run, "exit", &what);
+        }
+    }
+}
+
+/// A function of 300 statements, a line of 150 names and 300 blank lines before the call
+/// that allocates (over two lines, past column 127: the line table's long entries with
+/// varints of two bytes), called from module code; both freed as the module ends.
+fn long_function(python: &Path) {
+    for round in 0..RUNS {
+        let run = run_python_stacks(python, &["long", "10", "function"]);
+        let truth = truth(&run);
+        assert_eq!(truth.len(), 1);
+        let at = |name: &str, line| ("long_10.py".to_string(), name.to_string(), line);
+        assert_eq!(
+            truth[0].1[1..3],
+            [at("long_body", 603), at("<module>", 616)],
+            "the function allocates from line 603, called from the module's last line"
+        );
+        assert_stacks_kept(&run, "exit", &format!("round {round}"));
+    }
+}
+
 /// `tests/programs/kept_lib.c`'s line that allocates.
 fn kept_lib_line() -> i64 {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/kept_lib.c");
@@ -297,4 +339,6 @@ under_each_python!(
     exit_soon_after,
     signal_before_exit,
     library_unloaded,
+    long_module,
+    long_function,
 );

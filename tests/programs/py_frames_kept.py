@@ -12,6 +12,13 @@ Modes (argv[1]):
                 deep, then exits MS milliseconds later (the script's code is freed at exit)
   signal MS     the same, then sends itself the dump signal (SIGUSR1) MS milliseconds later
                 and exits at once
+  long S [function]  runs a module `long_<S>.py` compiled for it (its code object freed as it
+                ends): S module-level statements, then a line of 150 names, then its last line
+                (S + 2) allocates; with `function`, it calls `long_body` (lines 1-604) there
+                instead, which allocates from line 603: 300 statements, a line of 150 names, 300
+                blank lines, then a call over two lines past column 127. Long code objects, over
+                256 names and constants (EXTENDED_ARG), lines past 255 and line tables' long
+                entries. Then exits at once
   unload LIB HOW  allocates through LIB (tests/programs/kept_lib.c built as a library), then
                 `keep`s it loaded, `close`s it with dlclose at once, or closes it and
                 `delete`s its file; exits at once
@@ -93,6 +100,29 @@ def print_generated(probe, count):
         print(f"truth size={4096 * (i + 2)} stack={json.dumps(stack)}")
 
 
+def long_source(statements, function):
+    """The source `long S [function]` runs (see above)."""
+    lines = []
+    if function:
+        lines.append("def long_body(size):")
+        lines += [f"    t{i} = {i}" for i in range(300)]
+        lines.append("    t = [" + ", ".join(f"t{i}" for i in range(150)) + "]")
+        lines += [""] * 300
+        lines.append("    return [" + ", ".join(f"t{i}" for i in range(32)) + ", alloc(")
+        lines.append("        size)]")
+    lines += [f"v{i} = {i}" for i in range(statements)]
+    lines.append("w = [" + ", ".join(f"v{i}" for i in range(min(statements, 150))) + "]")
+    lines.append(f"x = {'long_body' if function else 'alloc'}({5000 + statements})")
+    return "\n".join(lines) + "\n"
+
+
+def run_long(statements, function):
+    scope = {"alloc": alloc}
+    # The module's code object is freed as exec returns, long_body's as `scope` is cleared.
+    exec(compile(long_source(statements, function), f"long_{statements}.py", "exec"), scope)
+    scope.clear()
+
+
 def deep3(size):
     return alloc(size)
 
@@ -134,6 +164,8 @@ elif MODE in ("exit", "signal"):
     time.sleep(int(sys.argv[2]) / 1000)
     if MODE == "signal":
         os.kill(os.getpid(), signal.SIGUSR1)
+elif MODE == "long":
+    run_long(int(sys.argv[2]), sys.argv[3:] == ["function"])
 elif MODE == "unload":
     run_unload(sys.argv[2], sys.argv[3])
 else:

@@ -9,8 +9,7 @@ Each line the tests look for ends in a `# LINE: name` comment.
 - A module-level line calls `fakelib.block` (a library the program writes under
   ./site-packages), which allocates 128 MiB from each of two of its own lines.
 
-The module level is kept short: memsnap records a module's frame only while its code stays
-under about 160 instructions (CPython 3.11). Prints the driver's truth lines at the end.
+Prints the driver's truth lines at the end.
 """
 
 import ctypes
