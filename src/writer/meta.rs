@@ -149,9 +149,9 @@ impl Writer {
             meta_str("reason", reason.as_str()),
             meta_str("tag", tag),
             meta_int("seq", self.seq),
-            meta_int("step", self.step),
+            meta_int("step", self.window.step()),
             // Where the steps came from, and why the optimizer's did or did not.
-            meta_str("step_source", &self.marks.describe()),
+            meta_str("step_source", &self.window.step_source()),
             meta_str("optimizer_step_hook", optimizer_step_hook()),
             meta_int("optimizer_hook_python_errors", step_marks::python_errors()),
             meta_int("time_us", crate::process::clock::wall_micros()),

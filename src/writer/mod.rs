@@ -96,16 +96,13 @@ struct Writer {
     interner: FrameInterner,
     id: Identity,
     seq: u64,
-    step: u64,
-    /// Where the steps came from (the optimizer, the program).
-    marks: steps::MarkOrigins,
+    /// The step count, the recording window and `MEMSNAP_EVERY`.
+    window: steps::StepWindow,
     written: Vec<PathBuf>,
     /// Folders memsnap created (absolute), named in the exit line.
     created_folders: Vec<PathBuf>,
     /// The folders written into, held by descriptor.
     folders: folder::Folders,
-    /// Per-device event index where the current recording window began.
-    window_from: Option<Vec<u64>>,
     last_period: Instant,
     last_refresh: Instant,
     /// The loader's count of loads when stream-ordered allocations were last sent looking
@@ -176,12 +173,10 @@ impl Writer {
             interner: FrameInterner::default(),
             id,
             seq: 0,
-            step: 0,
-            marks: steps::MarkOrigins::default(),
+            window: steps::StepWindow::new(cfg.skip, cfg.interval, cfg.every),
             written: Vec::new(),
             created_folders: Vec::new(),
             folders: folder::Folders::new(),
-            window_from: None,
             last_period: Instant::now(),
             last_refresh: Instant::now(),
             libraries_at_allocator_look: 0,
@@ -205,8 +200,8 @@ impl Writer {
 
     fn run(&mut self) {
         let mut idle = Duration::from_micros(100);
-        if self.cfg.skip == 0 && self.cfg.interval > 0 {
-            self.window_from = Some(self.history_marks());
+        if self.window.opens_at_start() {
+            self.window.open(self.history_marks());
         }
         loop {
             self.clock.refresh();
@@ -524,14 +519,17 @@ mod tests {
         let optimizers = w.state.step_marks.back().copied().expect("a boundary");
         // The program marks the second step after more work: one boundary, at its mark.
         w.apply(step(StepOrigin::Program));
-        assert_eq!(w.step, 2);
+        assert_eq!(w.window.step(), 2);
         assert_eq!(w.state.step_marks.len(), 2);
         let (steps, time) = w.state.step_marks.back().copied().expect("a boundary");
         assert_eq!(steps, 2);
         assert!(time > optimizers.1, "{time} after {}", optimizers.1);
         w.apply(step(StepOrigin::Program));
-        assert_eq!((w.step, w.state.step_marks.len()), (3, 3));
-        assert_eq!(w.marks.describe(), "optimizer, then program from step 2");
+        assert_eq!((w.window.step(), w.state.step_marks.len()), (3, 3));
+        assert_eq!(
+            w.window.step_source(),
+            "optimizer, then program from step 2"
+        );
     }
 
     #[test]

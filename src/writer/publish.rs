@@ -13,19 +13,26 @@ use std::path::PathBuf;
 const MAX_WRITE_WARNINGS: u32 = 3;
 
 impl Writer {
-    /// Writes one snapshot; returns its path, or why it could not be written.
+    /// Writes one snapshot of the whole history; returns its path, or why it could not be
+    /// written.
     pub(super) fn dump(&mut self, reason: Reason, tag: &str) -> Result<PathBuf, String> {
+        self.dump_from(reason, tag, None)
+    }
+
+    /// [`Writer::dump`], the history cut to each device's events from `history_from` on
+    /// when given (a recording window).
+    pub(super) fn dump_from(
+        &mut self,
+        reason: Reason,
+        tag: &str,
+        history_from: Option<&[u64]>,
+    ) -> Result<PathBuf, String> {
         self.hold_if_starved();
-        let window = if reason == Reason::Step {
-            self.window_from.clone()
-        } else {
-            None
-        };
         let mut snap = dump::build(
             &self.state,
             &mut self.stacks,
             &mut self.interner,
-            window.as_deref(),
+            history_from,
         );
         self.seq += 1;
         let now_s = std::time::SystemTime::now()
@@ -35,7 +42,7 @@ impl Writer {
         let fields = NameFields {
             reason,
             seq: self.seq,
-            step: self.step,
+            step: self.window.step(),
             tag,
             time_s: now_s,
         };

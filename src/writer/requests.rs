@@ -334,7 +334,7 @@ impl Writer {
         sample.version = live_protocol::PROTOCOL_VERSION;
         sample.pid = self.id.pid;
         sample.time_us = crate::process::clock::wall_micros();
-        sample.step = self.step;
+        sample.step = self.window.step();
         sample.events_recorded = c.applied.load(Relaxed);
         sample.dropped_events = c.lost_total();
         sample.events_without_stack = self.events_without_stack();
