@@ -38,6 +38,7 @@ pub mod state;
 pub mod stats;
 mod steps;
 mod temporaries;
+mod timers;
 pub mod upload;
 
 use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
@@ -103,7 +104,8 @@ struct Writer {
     created_folders: Vec<PathBuf>,
     /// The folders written into, held by descriptor.
     folders: folder::Folders,
-    last_period: Instant,
+    /// `MEMSNAP_PERIOD`'s snapshots.
+    period: timers::Period,
     last_refresh: Instant,
     /// The loader's count of loads when stream-ordered allocations were last sent looking
     /// for PyTorch's allocator.
@@ -177,7 +179,7 @@ impl Writer {
             written: Vec::new(),
             created_folders: Vec::new(),
             folders: folder::Folders::new(),
-            last_period: Instant::now(),
+            period: timers::Period::new(cfg.period),
             last_refresh: Instant::now(),
             libraries_at_allocator_look: 0,
             api_counts: [0; Api::ALL.len()],
@@ -228,10 +230,7 @@ impl Writer {
                 return;
             }
             self.serve_live();
-            if let Some(period) = self.cfg.period
-                && self.last_period.elapsed() >= period
-            {
-                self.last_period = Instant::now();
+            if self.period.due() {
                 let _ = self.dump(Reason::Period, "");
                 self.write_stats(Reason::Period);
             }
