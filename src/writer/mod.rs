@@ -47,7 +47,6 @@ use crate::channel::lanes::{ReadMark, Reader};
 use crate::channel::queue::Recorder;
 use crate::config::Config;
 use crate::process::clock::StampConverter;
-use crate::process::{allocator_route, modules, step_marks};
 use crate::snapshot::live::OomSample;
 use dump::FrameInterner;
 use files::{Identity, Reason};
@@ -55,7 +54,7 @@ use stacks::StackTable;
 use state::{Live, State};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The writer thread's body: drains the channel and writes snapshots until exit. Catches
 /// its own panics (a bug in here must never take the program down); when it returns, the
@@ -80,10 +79,6 @@ const BATCH: usize = 8192;
 /// Events applied between looks for a waiting request within a batch: a starved writer
 /// (many threads on few processors) takes a batch in hundreds of milliseconds.
 const REQUEST_LOOK: usize = 512;
-/// How often the writer looks for newly loaded libraries for the native unwinder, for
-/// PyTorch's allocator to be looked for again, and arms the optimizer step hook's next
-/// attempt when one is due.
-const MODULE_REFRESH: Duration = Duration::from_millis(100);
 
 /// The writer thread's state: what was recorded, what was written, and the policies'
 /// bookkeeping (each policy is an `impl Writer` in its own file).
@@ -106,10 +101,8 @@ struct Writer {
     folders: folder::Folders,
     /// `MEMSNAP_PERIOD`'s snapshots.
     period: timers::Period,
-    last_refresh: Instant,
-    /// The loader's count of loads when stream-ordered allocations were last sent looking
-    /// for PyTorch's allocator.
-    libraries_at_allocator_look: u64,
+    /// The module table, PyTorch's allocator and the step hook looked at again.
+    refresh: timers::Refresh,
     api_counts: [u64; Api::ALL.len()],
     write_warnings: u32,
     stats: Option<stats::Stats>,
@@ -180,8 +173,7 @@ impl Writer {
             created_folders: Vec::new(),
             folders: folder::Folders::new(),
             period: timers::Period::new(cfg.period),
-            last_refresh: Instant::now(),
-            libraries_at_allocator_look: 0,
+            refresh: timers::Refresh::new(),
             api_counts: [0; Api::ALL.len()],
             write_warnings: 0,
             ack: ack::AckFile::new(id_pid),
@@ -318,31 +310,12 @@ impl Writer {
         }
     }
 
-    /// Every 100 ms: the module table refreshed (libraries loaded since), PyTorch's
-    /// allocator looked for again and the optimizer step hook's next attempt armed where
-    /// those are due; then the one-time stack warnings.
+    /// The refresh of what the process loaded since, when due, then the one-time stack
+    /// warnings.
     fn maintain_stacks(&mut self) {
-        if self.last_refresh.elapsed() >= MODULE_REFRESH {
-            self.last_refresh = Instant::now();
-            self.stacks.refresh_modules();
-            self.maintain_allocator_route();
-            step_marks::maintain(crate::channel::keep::keep_code_objects);
-        }
+        self.refresh.maintain(&mut self.stacks);
         for w in self.stacks.take_warnings() {
             eprintln!("memsnap: {w}");
-        }
-    }
-
-    /// PyTorch may have been loaded since stream-ordered allocations last looked for its
-    /// allocator with nothing found: they look again (`process::allocator_route`).
-    fn maintain_allocator_route(&mut self) {
-        if !allocator_route::stream_allocations_stopped_undecided() {
-            return;
-        }
-        let loaded = modules::libraries_loaded();
-        if loaded != self.libraries_at_allocator_look {
-            self.libraries_at_allocator_look = loaded;
-            allocator_route::look_again_at_stream_allocations();
         }
     }
 
