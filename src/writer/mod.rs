@@ -120,10 +120,8 @@ struct Writer {
     serving: requests::Serving,
     /// The most recent out-of-memory error, for `memsnap top`.
     last_oom: Option<OomSample>,
-    /// Turns the events' clock readings into microseconds since the epoch.
-    clock: StampConverter,
-    /// The time given to the last event applied (see [`Writer::event_time`]).
-    last_time_us: u64,
+    /// The events' times in microseconds since the epoch.
+    times: EventTimes,
     /// The wake-ups counted when the writer last woke: it waits only while none came since.
     wake_seen: u32,
     /// The newest read request seen (`READ_REQUESTS`) and where the lanes stood then: done
@@ -143,6 +141,39 @@ struct CrashInfo {
     code: i32,
     sender: i32,
     tid: u32,
+}
+
+/// The events' times: their clock readings in microseconds since the epoch, in order.
+#[derive(Default)]
+struct EventTimes {
+    /// Turns the events' clock readings into microseconds since the epoch.
+    clock: StampConverter,
+    /// The time given to the last event applied.
+    last_us: u64,
+}
+
+impl EventTimes {
+    /// Reads the clock's conversion again (see [`StampConverter::refresh`]).
+    fn refresh(&mut self) {
+        self.clock.refresh();
+    }
+
+    /// `ev`'s time in microseconds since the epoch, such that times never decrease in the
+    /// order events are recorded, and a step mark is later than every event before it: the
+    /// file's step boundaries are times ("the history's entries from `t` on come after N
+    /// steps", docs/FORMAT.md#step-boundaries), and a fast program makes several events in
+    /// one microsecond, so an event just before a mark must not share its time. (Threads
+    /// stamp an event before they queue it, so the queue's order and the clock's can differ
+    /// by the time between the two: an event then takes the time of the one before it.)
+    fn of(&mut self, ev: &Event) -> u64 {
+        let t = self.clock.micros(ev.time);
+        let floor = match ev.kind {
+            Kind::Step => self.last_us + 1,
+            _ => self.last_us,
+        };
+        self.last_us = t.max(floor);
+        self.last_us
+    }
 }
 
 enum Flow {
@@ -183,8 +214,7 @@ impl Writer {
             held: requests::HeldRequests::default(),
             serving: requests::Serving::default(),
             last_oom: None,
-            clock: StampConverter::new(),
-            last_time_us: 0,
+            times: EventTimes::default(),
             wake_seen: 0,
             reads: None,
             stats,
@@ -198,7 +228,7 @@ impl Writer {
             self.window.open(self.history_marks());
         }
         loop {
-            self.clock.refresh();
+            self.times.refresh();
             self.serve_reads();
             let mut applied = 0;
             while applied < BATCH {
@@ -324,7 +354,7 @@ impl Writer {
         // Its code objects are read: a thread may free them (`Recorder::all_read`).
         let interned = &self.rec.counters.interned;
         interned.store(interned.load(Relaxed) + 1, Release);
-        let time_us = self.event_time(&ev);
+        let time_us = self.times.of(&ev);
         // (A pool event is part of its segment's trace entry, counted with it.)
         if ev.kind != Kind::CachePool
             && let Some(c) = self.api_counts.get_mut(ev.api as usize)
@@ -422,25 +452,8 @@ impl Writer {
     }
 
     /// Applies the events in the queue now (not those pushed while this runs).
-    /// `ev`'s time in microseconds since the epoch, such that times never decrease in the
-    /// order events are recorded, and a step mark is later than every event before it: the
-    /// file's step boundaries are times ("the history's entries from `t` on come after N
-    /// steps", docs/FORMAT.md#step-boundaries), and a fast program makes several events in
-    /// one microsecond, so an event just before a mark must not share its time. (Threads
-    /// stamp an event before they queue it, so the queue's order and the clock's can differ
-    /// by the time between the two: an event then takes the time of the one before it.)
-    fn event_time(&mut self, ev: &Event) -> u64 {
-        let t = self.clock.micros(ev.time);
-        let floor = match ev.kind {
-            Kind::Step => self.last_time_us + 1,
-            _ => self.last_time_us,
-        };
-        self.last_time_us = t.max(floor);
-        self.last_time_us
-    }
-
     fn apply_queued(&mut self) -> Flow {
-        self.clock.refresh();
+        self.times.refresh();
         for taken in 0..=self.rec.queued() {
             if taken % 64 == 0 {
                 self.hold_if_starved();
