@@ -24,7 +24,7 @@ impl Writer {
             return;
         }
         let mut err = io::stderr().lock();
-        match self.written.as_slice() {
+        match self.files.written() {
             [] => {
                 let _ = writeln!(
                     err,
@@ -67,7 +67,7 @@ impl Writer {
                 // One folder: named once, files by name; several: whole paths.
                 let (place, shown): (String, Vec<String>) = match folders.iter().next() {
                     Some(dir) if folders.len() == 1 => {
-                        let created = if self.created_folders.iter().any(|c| c == dir) {
+                        let created = if self.files.created_folders().iter().any(|c| c == dir) {
                             ", a folder memsnap created"
                         } else {
                             ""
@@ -83,7 +83,8 @@ impl Writer {
                     }
                     _ => {
                         let created: Vec<String> = self
-                            .created_folders
+                            .files
+                            .created_folders()
                             .iter()
                             .map(|c| c.display().to_string())
                             .collect();

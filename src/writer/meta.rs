@@ -148,7 +148,7 @@ impl Writer {
             meta_str("exe", &self.id.exe),
             meta_str("reason", reason.as_str()),
             meta_str("tag", tag),
-            meta_int("seq", self.seq),
+            meta_int("seq", self.files.seq()),
             meta_int("step", self.window.step()),
             // Where the steps came from, and why the optimizer's did or did not.
             meta_str("step_source", &self.window.step_source()),

@@ -91,20 +91,15 @@ struct Writer {
     stacks: StackTable,
     interner: FrameInterner,
     id: Identity,
-    seq: u64,
+    /// Where snapshot files go, and those written.
+    files: publish::SnapshotFiles,
     /// The step count, the recording window and `MEMSNAP_EVERY`.
     window: steps::StepWindow,
-    written: Vec<PathBuf>,
-    /// Folders memsnap created (absolute), named in the exit line.
-    created_folders: Vec<PathBuf>,
-    /// The folders written into, held by descriptor.
-    folders: folder::Folders,
     /// `MEMSNAP_PERIOD`'s snapshots.
     period: timers::Period,
     /// The module table, PyTorch's allocator and the step hook looked at again.
     refresh: timers::Refresh,
     api_counts: [u64; Api::ALL.len()],
-    write_warnings: u32,
     stats: Option<stats::Stats>,
     /// What `memsnap dump` reads to learn that its signal arrived and how it ended.
     ack: ack::AckFile,
@@ -198,15 +193,15 @@ impl Writer {
             stacks: StackTable::new(&cfg),
             interner: FrameInterner::default(),
             id,
-            seq: 0,
+            files: publish::SnapshotFiles::new(
+                cfg.folder.clone(),
+                cfg.filename.clone(),
+                cfg.overwrite,
+            ),
             window: steps::StepWindow::new(cfg.skip, cfg.interval, cfg.every),
-            written: Vec::new(),
-            created_folders: Vec::new(),
-            folders: folder::Folders::new(),
             period: timers::Period::new(cfg.period),
             refresh: timers::Refresh::new(),
             api_counts: [0; Api::ALL.len()],
-            write_warnings: 0,
             ack: ack::AckFile::new(id_pid),
             crash: None,
             uploader,
