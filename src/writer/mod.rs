@@ -180,10 +180,9 @@ impl Writer {
     fn new(rec: &'static Recorder, cfg: Config) -> Writer {
         let id = Identity::current();
         let id_pid = id.pid;
-        let uploader = cfg
-            .remote
-            .as_ref()
-            .map(|_| upload::Uploader::new(cfg.remote_only, &id.host, id_pid));
+        let uploader = cfg.remote.clone().map(|remote| {
+            upload::Uploader::new(remote, cfg.remote_only, cfg.remote_wait, &id.host, id_pid)
+        });
         let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
         ack::forget_dead_processes(live::LiveServer::own_uid());
         Writer {

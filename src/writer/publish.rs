@@ -148,8 +148,9 @@ impl Writer {
         // Encoded: the threads a request held need not wait for the file to be written.
         self.end_serving();
         let path = self.files.write(&self.id, &fields, &bytes)?;
-        if let (Some(uploader), Some(remote)) = (&mut self.uploader, &self.cfg.remote) {
-            uploader.send(&path, &files::expand(remote, &self.id, &fields));
+        if let Some(uploader) = &mut self.uploader {
+            let url = files::expand(uploader.remote(), &self.id, &fields);
+            uploader.send(&path, &url);
         }
         Ok(path)
     }

@@ -194,7 +194,7 @@ impl Writer {
             }
             self.write_stats(Reason::Exit);
             if let Some(uploader) = &mut self.uploader {
-                uploader.finish(self.cfg.remote_wait);
+                uploader.finish();
             }
             self.end_serving();
             self.report_at_exit();
