@@ -104,7 +104,7 @@ struct Writer {
     /// What `memsnap dump` reads to learn that its signal arrived and how it ended.
     ack: ack::AckFile,
     /// The signal that ends the job, once its snapshot was asked for.
-    crash: Option<CrashInfo>,
+    crash: Option<meta::CrashInfo>,
     /// Copies to `MEMSNAP_REMOTE`; `None` when it is unset.
     uploader: Option<upload::Uploader>,
     /// The socket `memsnap top` asks through.
@@ -127,15 +127,6 @@ struct Writer {
 /// `path` made absolute against the working directory (left as is if that fails).
 fn absolute(path: &std::path::Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-/// The signal behind a `term` or `crash` snapshot, for its metadata.
-#[derive(Clone, Copy)]
-struct CrashInfo {
-    signal: i32,
-    code: i32,
-    sender: i32,
-    tid: u32,
 }
 
 /// The events' times: their clock readings in microseconds since the epoch, in order.

@@ -13,7 +13,8 @@
 //! step, period and `memsnap_dump` snapshots are not held.
 
 use super::files::Reason;
-use super::{CrashInfo, Flow, Writer, absolute, dump};
+use super::meta::CrashInfo;
+use super::{Flow, Writer, absolute, dump};
 use crate::channel::event::Api;
 use crate::channel::handshake::{
     API_DUMP_LOG, API_DUMPS, CRASH, EXEC_DUMPS, EXIT_DONE, EXIT_REQUESTED, SIGNAL_DUMPS,
@@ -210,12 +211,7 @@ impl Writer {
     /// The `term` or `crash` snapshot: the signal, with the signalled thread's stack, is
     /// its last trace entry (a `snapshot` action, which PyTorch's viewer shows as a marker).
     pub(super) fn crash_snapshot(&mut self) {
-        let info = CrashInfo {
-            signal: CRASH.signal.load(Acquire),
-            code: CRASH.code.load(Relaxed),
-            sender: CRASH.sender.load(Relaxed),
-            tid: CRASH.tid.load(Relaxed),
-        };
+        let info = CrashInfo::asked();
         let stack = if CRASH.with_stack.load(Relaxed) {
             self.stacks.intern(self.rec.crash_slot())
         } else {
@@ -224,12 +220,7 @@ impl Writer {
         self.state
             .marker(CRASH.time_us.load(Relaxed), stack, Api::Memsnap);
         self.crash = Some(info);
-        // Sent to stop the job (a scheduler, a person at the terminal) or raised by a crash.
-        let reason = match info.signal {
-            libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT => Reason::Term,
-            _ => Reason::Crash,
-        };
-        let _ = self.dump(reason, "");
+        let _ = self.dump(info.reason(), "");
     }
 
     /// `memsnap top` and `memsnap dump`: answers the requests that arrived in full, from
