@@ -126,7 +126,7 @@ impl Writer {
         settings.extend([
             (
                 "trace_alloc_max_entries".to_string(),
-                Meta::Int(self.cfg.max_entries as i64),
+                Meta::Int(self.state.max_entries() as i64),
             ),
             ("trace_alloc_overflowed".to_string(), Meta::Bool(overflowed)),
             meta_str("recorder", "memsnap (CUDA driver/runtime interposer)"),
