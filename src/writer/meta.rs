@@ -232,7 +232,11 @@ impl Writer {
                 self.state.imported_mappings.values().sum(),
             ),
             meta_int("reserved_va_bytes", self.state.reservations.values().sum()),
-            meta_str("stacks", &format!("{:?}", self.cfg.stacks).to_lowercase()),
+            // The hooks' setting, as the recorder holds it.
+            meta_str(
+                "stacks",
+                &format!("{:?}", self.rec.settings.stacks).to_lowercase(),
+            ),
             (
                 "routes".to_string(),
                 Meta::Dict(vec![

@@ -80,39 +80,19 @@ const BATCH: usize = 8192;
 /// (many threads on few processors) takes a batch in hundreds of milliseconds.
 const REQUEST_LOOK: usize = 512;
 
-/// The writer thread's state: what was recorded, what was written, and the policies'
-/// bookkeeping (each policy is an `impl Writer` in its own file).
+/// The writer thread's state: what was recorded (the reader, the state, the stacks), and
+/// one state per policy, each holding the settings it reads (a policy's functions are an
+/// `impl` on its state, or an `impl Writer` in its file where it needs the recorded state).
 struct Writer {
     rec: &'static Recorder,
     /// Takes the events of every thread's lane and of the shared queue in one order.
     reader: Reader,
-    cfg: Config,
     state: State,
     stacks: StackTable,
     interner: FrameInterner,
     id: Identity,
-    /// Where snapshot files go, and those written.
-    files: publish::SnapshotFiles,
-    /// The step count, the recording window and `MEMSNAP_EVERY`.
-    window: steps::StepWindow,
-    /// `MEMSNAP_PERIOD`'s snapshots.
-    period: timers::Period,
-    /// The module table, PyTorch's allocator and the step hook looked at again.
-    refresh: timers::Refresh,
+    /// Calls applied, by CUDA entry point.
     api_counts: [u64; Api::ALL.len()],
-    stats: Option<stats::Stats>,
-    /// What `memsnap dump` reads to learn that its signal arrived and how it ended.
-    ack: ack::AckFile,
-    /// The signal that ends the job, once its snapshot was asked for.
-    crash: Option<meta::CrashInfo>,
-    /// Copies to `MEMSNAP_REMOTE`; `None` when it is unset.
-    uploader: Option<upload::Uploader>,
-    /// The socket `memsnap top` asks through.
-    live: live::LiveServer,
-    /// Dump requests (signals, socket) waiting for the next request snapshot.
-    held: requests::HeldRequests,
-    /// The request being served, if any, and whether the lanes are held for it.
-    serving: requests::Serving,
     /// The most recent out-of-memory error, for `memsnap top`.
     last_oom: Option<OomSample>,
     /// The events' times in microseconds since the epoch.
@@ -122,6 +102,30 @@ struct Writer {
     /// The newest read request seen (`READ_REQUESTS`) and where the lanes stood then: done
     /// once the reader has passed it.
     reads: Option<(u64, ReadMark)>,
+    /// The step count, the recording window and `MEMSNAP_EVERY`.
+    window: steps::StepWindow,
+    /// `MEMSNAP_PERIOD`'s snapshots.
+    period: timers::Period,
+    /// The module table, PyTorch's allocator and the step hook looked at again.
+    refresh: timers::Refresh,
+    /// Where snapshot files go, and those written.
+    files: publish::SnapshotFiles,
+    /// What exit and exec write.
+    at_exit: exit_report::AtExit,
+    /// `MEMSNAP_STATS`'s rows; `None` when it is unset.
+    stats: Option<stats::Stats>,
+    /// Copies to `MEMSNAP_REMOTE`; `None` when it is unset.
+    uploader: Option<upload::Uploader>,
+    /// The signal that ends the job, once its snapshot was asked for.
+    crash: Option<meta::CrashInfo>,
+    /// What `memsnap dump` reads to learn that its signal arrived and how it ended.
+    ack: ack::AckFile,
+    /// The socket `memsnap top` asks through.
+    live: live::LiveServer,
+    /// Dump requests (signals, socket) waiting for the next request snapshot.
+    held: requests::HeldRequests,
+    /// The request being served, if any, and whether the lanes are held for it.
+    serving: requests::Serving,
 }
 
 /// `path` made absolute against the working directory (left as is if that fails).
@@ -168,28 +172,48 @@ enum Flow {
 }
 
 impl Writer {
+    /// The writer for `cfg`: each setting it uses goes to the one policy that reads it
+    /// (the hooks' own went to the recorder, the signal handlers and the step hook).
     fn new(rec: &'static Recorder, cfg: Config) -> Writer {
+        let stacks = StackTable::new(&cfg);
+        let Config {
+            folder,
+            filename,
+            overwrite,
+            max_entries,
+            at_exit,
+            quiet,
+            skip,
+            interval,
+            every,
+            period,
+            stats,
+            remote,
+            remote_only,
+            remote_wait,
+            ..
+        } = cfg;
         let id = Identity::current();
         let id_pid = id.pid;
-        let uploader = cfg.remote.clone().map(|remote| {
-            upload::Uploader::new(remote, cfg.remote_only, cfg.remote_wait, &id.host, id_pid)
+        let uploader = remote.map(|remote| {
+            upload::Uploader::new(remote, remote_only, remote_wait, &id.host, id_pid)
         });
-        let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
+        let stats = stats.map(|t| stats::Stats::new(&t, &id));
         ack::forget_dead_processes(live::LiveServer::own_uid());
         Writer {
             rec,
             reader: Reader::new(),
-            state: State::new(cfg.max_entries),
-            stacks: StackTable::new(&cfg),
+            state: State::new(max_entries),
+            stacks,
             interner: FrameInterner::default(),
             id,
-            files: publish::SnapshotFiles::new(
-                cfg.folder.clone(),
-                cfg.filename.clone(),
-                cfg.overwrite,
-            ),
-            window: steps::StepWindow::new(cfg.skip, cfg.interval, cfg.every),
-            period: timers::Period::new(cfg.period),
+            files: publish::SnapshotFiles::new(folder, filename, overwrite),
+            at_exit: exit_report::AtExit {
+                snapshot: at_exit,
+                line: !quiet,
+            },
+            window: steps::StepWindow::new(skip, interval, every),
+            period: timers::Period::new(period),
             refresh: timers::Refresh::new(),
             api_counts: [0; Api::ALL.len()],
             ack: ack::AckFile::new(id_pid),
@@ -203,7 +227,6 @@ impl Writer {
             wake_seen: 0,
             reads: None,
             stats,
-            cfg,
         }
     }
 

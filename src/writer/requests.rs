@@ -174,7 +174,7 @@ impl Writer {
             // in for its exit snapshot (and, like it, is off with MEMSNAP_AT_EXIT=0), and the
             // exit's stats row and line are written now, which the image's exit never will.
             // One file serves every thread that asked meanwhile.
-            if self.cfg.at_exit {
+            if self.at_exit.snapshot {
                 let _ = self.dump(Reason::Exec, "");
             }
             self.write_stats(Reason::Exec);
@@ -190,7 +190,7 @@ impl Writer {
                 let written = self.dump(Reason::Signal, "");
                 self.answer_held(signals, written);
             }
-            if self.cfg.at_exit {
+            if self.at_exit.snapshot {
                 let _ = self.dump(Reason::Exit, "");
             }
             self.write_stats(Reason::Exit);
