@@ -8,12 +8,13 @@
 //! on stderr, never the host's problem. A panic in here turns recording off.
 //!
 //! This file holds the thread's state ([`Writer`]) and its drain loop (apply events, refresh
-//! the module table, symbolize when idle, sleep); each policy over that state has its own
-//! file: `requests` (exit, `memsnap_dump`, signals, `memsnap top`), `steps` (the step
-//! window, `MEMSNAP_EVERY`, stats rows), `publish` (writing one snapshot), `meta` (what a
-//! snapshot says about itself), `exit_report` (the exit line). What the hook side shares
-//! with it comes only through `channel/` (events, requests, counters) and `process/` (the
-//! module table and the interpreter, which `stacks` reads).
+//! the module table, symbolize when idle, sleep); each policy has its own file and its own
+//! state, holding the settings it reads: `requests` (exit, `memsnap_dump`, signals,
+//! `memsnap top`), `steps` (the step window, `MEMSNAP_EVERY`, stats rows), `timers`
+//! (`MEMSNAP_PERIOD`, the module refresh), `publish` (writing one snapshot; the files
+//! written), `meta` (what a snapshot says about itself), `exit_report` (the exit line). What
+//! the hook side shares with it comes only through `channel/` (events, requests, counters)
+//! and `process/` (the module table and the interpreter, which `stacks` reads).
 
 pub mod ack;
 pub mod blocks;

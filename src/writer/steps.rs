@@ -1,7 +1,7 @@
 //! Step boundaries as the writer sees them: which marks count (the optimizer's until the
 //! program marks its own), the recording window (`MEMSNAP_SKIP`, `MEMSNAP_INTERVAL`),
 //! `MEMSNAP_EVERY` snapshots, and the `MEMSNAP_STATS` rows written at each step, period and
-//! exit.
+//! exit. [`StepWindow`] holds the count, the window and those settings.
 //!
 //! Cold (writer thread).
 
