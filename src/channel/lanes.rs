@@ -907,8 +907,13 @@ mod tests {
         let rec = channel(8192);
         let lane_claimed = Arc::new(Barrier::new(2));
         let held = lane_claimed.clone();
+        let tid = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let producer_tid = tid.clone();
         let producer = std::thread::spawn(move || {
+            // SAFETY: no arguments, no memory touched.
+            producer_tid.store(unsafe { libc::gettid() }, Relaxed);
             send(rec, 1); // claims the thread's lane
+            held.wait();
             held.wait();
             for time in 2..=EVENTS {
                 send(rec, time);
@@ -916,7 +921,17 @@ mod tests {
         });
         lane_claimed.wait();
         rec.lanes.hold();
-        while rec.counters.queue_waits.load(Relaxed) == 0 {
+        lane_claimed.wait();
+        // Until the producer sleeps in its wait for the hold to end.
+        let stat = format!("/proc/self/task/{}/stat", tid.load(Relaxed));
+        let asleep = || {
+            let text = std::fs::read_to_string(&stat).unwrap_or_default();
+            text.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('S'))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while rec.counters.queue_waits.load(Relaxed) == 0 || !asleep() {
+            assert!(std::time::Instant::now() < deadline, "never held");
             std::thread::yield_now();
         }
         rec.lanes.let_go_quietly();

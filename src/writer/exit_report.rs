@@ -1,5 +1,6 @@
 //! The one line a user sees at exit: which snapshots were written, where, and what to run
 //! next (`MEMSNAP_QUIET` silences it). Also printed before an exec replaces the image.
+//! [`AtExit`]: what exit and exec write.
 //!
 //! Cold (writer thread, once per image).
 
@@ -7,6 +8,15 @@ use super::{Writer, absolute};
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
+
+/// What exit (and an exec, which ends the image) writes besides the last stats row.
+#[derive(Clone, Copy)]
+pub(super) struct AtExit {
+    /// A snapshot (`MEMSNAP_AT_EXIT`).
+    pub snapshot: bool,
+    /// The exit line (off with `MEMSNAP_QUIET`).
+    pub line: bool,
+}
 
 impl Writer {
     /// The written files the upload helper moved away (`MEMSNAP_REMOTE_ONLY=1`).
@@ -20,11 +30,11 @@ impl Writer {
 
     /// The one line a user sees at exit: which files, and what to run next.
     pub(super) fn report_at_exit(&self) {
-        if self.cfg.quiet {
+        if !self.at_exit.line {
             return;
         }
         let mut err = io::stderr().lock();
-        match self.written.as_slice() {
+        match self.files.written() {
             [] => {
                 let _ = writeln!(
                     err,
@@ -67,7 +77,7 @@ impl Writer {
                 // One folder: named once, files by name; several: whole paths.
                 let (place, shown): (String, Vec<String>) = match folders.iter().next() {
                     Some(dir) if folders.len() == 1 => {
-                        let created = if self.created_folders.iter().any(|c| c == dir) {
+                        let created = if self.files.created_folders().iter().any(|c| c == dir) {
                             ", a folder memsnap created"
                         } else {
                             ""
@@ -83,7 +93,8 @@ impl Writer {
                     }
                     _ => {
                         let created: Vec<String> = self
-                            .created_folders
+                            .files
+                            .created_folders()
                             .iter()
                             .map(|c| c.display().to_string())
                             .collect();

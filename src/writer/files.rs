@@ -12,7 +12,6 @@
 //! relative to the folder's descriptor (`folder`), never through its path again.
 
 use super::folder::Dir;
-use crate::config::Config;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::DirBuilderExt;
@@ -214,9 +213,10 @@ pub fn expand(template: &str, id: &Identity, f: &NameFields) -> String {
     crate::config::expand_template(template, value).unwrap_or_else(|key| format!("{{{key}}}"))
 }
 
-/// The folder for snapshots (templates allowed there too), created private if missing.
-pub fn folder(cfg: &Config, id: &Identity, f: &NameFields) -> io::Result<Folder> {
-    let path = PathBuf::from(expand(&cfg.folder, id, f));
+/// The folder for snapshots, `template` expanded (`MEMSNAP_FOLDER`), created private if
+/// missing.
+pub fn folder(template: &str, id: &Identity, f: &NameFields) -> io::Result<Folder> {
+    let path = PathBuf::from(expand(template, id, f));
     let mut created = false;
     if !path.is_dir() {
         if let Some(why) = not_a_directory(&path) {
@@ -524,10 +524,6 @@ mod tests {
     }
 
     fn folder_in(template: &str) -> io::Result<PathBuf> {
-        let cfg = Config {
-            folder: template.to_string(),
-            ..Config::default()
-        };
         let f = NameFields {
             reason: Reason::Exit,
             seq: 1,
@@ -535,7 +531,7 @@ mod tests {
             tag: "",
             time_s: 0,
         };
-        folder(&cfg, &id(), &f).map(|f| f.path)
+        folder(template, &id(), &f).map(|f| f.path)
     }
 
     #[test]

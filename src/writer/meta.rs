@@ -8,12 +8,56 @@ use super::Writer;
 use super::device_memory;
 use super::dump::{meta_int, meta_str};
 use super::files::Reason;
-use crate::channel::handshake::{self, ROUTED, SIGNAL_DUMPS};
+use crate::channel::handshake::{self, CRASH, ROUTED, SIGNAL_DUMPS};
 use crate::config::StepMarks;
 use crate::process::allocator_route;
 use crate::process::step_marks::{self, Hook, NotAttached};
 use crate::snapshot::model::Meta;
 use std::sync::atomic::Ordering::*;
+
+/// The signal behind a `term` or `crash` snapshot, for its metadata.
+#[derive(Clone, Copy)]
+pub(super) struct CrashInfo {
+    signal: i32,
+    code: i32,
+    sender: i32,
+    tid: u32,
+}
+
+impl CrashInfo {
+    /// The signal that asked for the snapshot, as its handler noted it (`CRASH`).
+    pub fn asked() -> CrashInfo {
+        CrashInfo {
+            signal: CRASH.signal.load(Acquire),
+            code: CRASH.code.load(Relaxed),
+            sender: CRASH.sender.load(Relaxed),
+            tid: CRASH.tid.load(Relaxed),
+        }
+    }
+
+    /// `term` for a signal sent to stop the job (a scheduler, a person at the terminal),
+    /// `crash` for one raised by a crash.
+    pub fn reason(&self) -> Reason {
+        match self.signal {
+            libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT => Reason::Term,
+            _ => Reason::Crash,
+        }
+    }
+
+    /// The `signal` dictionary of the snapshot's metadata.
+    fn metadata(&self) -> (String, Meta) {
+        (
+            "signal".to_string(),
+            Meta::Dict(vec![
+                meta_int("number", self.signal as u64),
+                meta_str("name", signal_name(self.signal)),
+                meta_str("origin", if self.code > 0 { "fault" } else { "sent" }),
+                meta_int("sender_pid", self.sender.max(0) as u64),
+                meta_int("thread", self.tid as u64),
+            ]),
+        )
+    }
+}
 
 fn signal_name(sig: i32) -> &'static str {
     match sig {
@@ -82,7 +126,7 @@ impl Writer {
         settings.extend([
             (
                 "trace_alloc_max_entries".to_string(),
-                Meta::Int(self.cfg.max_entries as i64),
+                Meta::Int(self.state.max_entries() as i64),
             ),
             ("trace_alloc_overflowed".to_string(), Meta::Bool(overflowed)),
             meta_str("recorder", "memsnap (CUDA driver/runtime interposer)"),
@@ -148,10 +192,10 @@ impl Writer {
             meta_str("exe", &self.id.exe),
             meta_str("reason", reason.as_str()),
             meta_str("tag", tag),
-            meta_int("seq", self.seq),
-            meta_int("step", self.step),
+            meta_int("seq", self.files.seq()),
+            meta_int("step", self.window.step()),
             // Where the steps came from, and why the optimizer's did or did not.
-            meta_str("step_source", &self.marks.describe()),
+            meta_str("step_source", &self.window.step_source()),
             meta_str("optimizer_step_hook", optimizer_step_hook()),
             meta_int("optimizer_hook_python_errors", step_marks::python_errors()),
             meta_int("time_us", crate::process::clock::wall_micros()),
@@ -188,7 +232,11 @@ impl Writer {
                 self.state.imported_mappings.values().sum(),
             ),
             meta_int("reserved_va_bytes", self.state.reservations.values().sum()),
-            meta_str("stacks", &format!("{:?}", self.cfg.stacks).to_lowercase()),
+            // The hooks' setting, as the recorder holds it.
+            meta_str(
+                "stacks",
+                &format!("{:?}", self.rec.settings.stacks).to_lowercase(),
+            ),
             (
                 "routes".to_string(),
                 Meta::Dict(vec![
@@ -207,16 +255,7 @@ impl Writer {
         if let Some(c) = self.crash
             && matches!(reason, Reason::Term | Reason::Crash)
         {
-            meta.push((
-                "signal".to_string(),
-                Meta::Dict(vec![
-                    meta_int("number", c.signal as u64),
-                    meta_str("name", signal_name(c.signal)),
-                    meta_str("origin", if c.code > 0 { "fault" } else { "sent" }),
-                    meta_int("sender_pid", c.sender.max(0) as u64),
-                    meta_int("thread", c.tid as u64),
-                ]),
-            ));
+            meta.push(c.metadata());
         }
         meta
     }

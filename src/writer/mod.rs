@@ -8,12 +8,13 @@
 //! on stderr, never the host's problem. A panic in here turns recording off.
 //!
 //! This file holds the thread's state ([`Writer`]) and its drain loop (apply events, refresh
-//! the module table, symbolize when idle, sleep); each policy over that state has its own
-//! file: `requests` (exit, `memsnap_dump`, signals, `memsnap top`), `steps` (the step
-//! window, `MEMSNAP_EVERY`, stats rows), `publish` (writing one snapshot), `meta` (what a
-//! snapshot says about itself), `exit_report` (the exit line). What the hook side shares
-//! with it comes only through `channel/` (events, requests, counters) and `process/` (the
-//! module table and the interpreter, which `stacks` reads).
+//! the module table, symbolize when idle, sleep); each policy has its own file and its own
+//! state, holding the settings it reads: `requests` (exit, `memsnap_dump`, signals,
+//! `memsnap top`), `steps` (the step window, `MEMSNAP_EVERY`, stats rows), `timers`
+//! (`MEMSNAP_PERIOD`, the module refresh), `publish` (writing one snapshot; the files
+//! written), `meta` (what a snapshot says about itself), `exit_report` (the exit line). What
+//! the hook side shares with it comes only through `channel/` (events, requests, counters)
+//! and `process/` (the module table and the interpreter, which `stacks` reads).
 
 pub mod ack;
 pub mod blocks;
@@ -38,6 +39,7 @@ pub mod state;
 pub mod stats;
 mod steps;
 mod temporaries;
+mod timers;
 pub mod upload;
 
 use crate::channel::event::{Api, Event, Kind, Payload, StackRef};
@@ -46,7 +48,6 @@ use crate::channel::lanes::{ReadMark, Reader};
 use crate::channel::queue::Recorder;
 use crate::config::Config;
 use crate::process::clock::StampConverter;
-use crate::process::{allocator_route, modules, step_marks};
 use crate::snapshot::live::OomSample;
 use dump::FrameInterner;
 use files::{Identity, Reason};
@@ -54,7 +55,7 @@ use stacks::StackTable;
 use state::{Live, State};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The writer thread's body: drains the channel and writes snapshots until exit. Catches
 /// its own panics (a bug in here must never take the program down); when it returns, the
@@ -89,64 +90,53 @@ const BATCH: usize = 8192;
 /// Events applied between looks for a waiting request within a batch: a starved writer
 /// (many threads on few processors) takes a batch in hundreds of milliseconds.
 const REQUEST_LOOK: usize = 512;
-/// How often the writer looks for newly loaded libraries for the native unwinder, for
-/// PyTorch's allocator to be looked for again, and arms the optimizer step hook's next
-/// attempt when one is due.
-const MODULE_REFRESH: Duration = Duration::from_millis(100);
 
-/// The writer thread's state: what was recorded, what was written, and the policies'
-/// bookkeeping (each policy is an `impl Writer` in its own file).
+/// The writer thread's state: what was recorded (the reader, the state, the stacks), and
+/// one state per policy, each holding the settings it reads (a policy's functions are an
+/// `impl` on its state, or an `impl Writer` in its file where it needs the recorded state).
 struct Writer {
     rec: &'static Recorder,
     /// Takes the events of every thread's lane and of the shared queue in one order.
     reader: Reader,
-    cfg: Config,
     state: State,
     stacks: StackTable,
     interner: FrameInterner,
     id: Identity,
-    seq: u64,
-    step: u64,
-    /// Where the steps came from (the optimizer, the program).
-    marks: steps::MarkOrigins,
-    written: Vec<PathBuf>,
-    /// Folders memsnap created (absolute), named in the exit line.
-    created_folders: Vec<PathBuf>,
-    /// The folders written into, held by descriptor.
-    folders: folder::Folders,
-    /// Per-device event index where the current recording window began.
-    window_from: Option<Vec<u64>>,
-    last_period: Instant,
-    last_refresh: Instant,
-    /// The loader's count of loads when stream-ordered allocations were last sent looking
-    /// for PyTorch's allocator.
-    libraries_at_allocator_look: u64,
+    /// Calls applied, by CUDA entry point.
     api_counts: [u64; Api::ALL.len()],
-    write_warnings: u32,
+    /// The most recent out-of-memory error, for `memsnap top`.
+    last_oom: Option<OomSample>,
+    /// The events' times in microseconds since the epoch.
+    times: EventTimes,
+    /// The wake-ups counted when the writer last woke: it waits only while none came since.
+    wake_seen: u32,
+    /// The newest read request seen (`READ_REQUESTS`) and where the lanes stood then: done
+    /// once the reader has passed it.
+    reads: Option<(u64, ReadMark)>,
+    /// The step count, the recording window and `MEMSNAP_EVERY`.
+    window: steps::StepWindow,
+    /// `MEMSNAP_PERIOD`'s snapshots.
+    period: timers::Period,
+    /// The module table, PyTorch's allocator and the step hook looked at again.
+    refresh: timers::Refresh,
+    /// Where snapshot files go, and those written.
+    files: publish::SnapshotFiles,
+    /// What exit and exec write.
+    at_exit: exit_report::AtExit,
+    /// `MEMSNAP_STATS`'s rows; `None` when it is unset.
     stats: Option<stats::Stats>,
-    /// What `memsnap dump` reads to learn that its signal arrived and how it ended.
-    ack: ack::AckFile,
-    /// The signal that ends the job, once its snapshot was asked for.
-    crash: Option<CrashInfo>,
     /// Copies to `MEMSNAP_REMOTE`; `None` when it is unset.
     uploader: Option<upload::Uploader>,
+    /// The signal that ends the job, once its snapshot was asked for.
+    crash: Option<meta::CrashInfo>,
+    /// What `memsnap dump` reads to learn that its signal arrived and how it ended.
+    ack: ack::AckFile,
     /// The socket `memsnap top` asks through.
     live: live::LiveServer,
     /// Dump requests (signals, socket) waiting for the next request snapshot.
     held: requests::HeldRequests,
     /// The request being served, if any, and whether the lanes are held for it.
     serving: requests::Serving,
-    /// The most recent out-of-memory error, for `memsnap top`.
-    last_oom: Option<OomSample>,
-    /// Turns the events' clock readings into microseconds since the epoch.
-    clock: StampConverter,
-    /// The time given to the last event applied (see [`Writer::event_time`]).
-    last_time_us: u64,
-    /// The wake-ups counted when the writer last woke: it waits only while none came since.
-    wake_seen: u32,
-    /// The newest read request seen (`READ_REQUESTS`) and where the lanes stood then: done
-    /// once the reader has passed it.
-    reads: Option<(u64, ReadMark)>,
 }
 
 /// `path` made absolute against the working directory (left as is if that fails).
@@ -154,13 +144,37 @@ fn absolute(path: &std::path::Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// The signal behind a `term` or `crash` snapshot, for its metadata.
-#[derive(Clone, Copy)]
-struct CrashInfo {
-    signal: i32,
-    code: i32,
-    sender: i32,
-    tid: u32,
+/// The events' times: their clock readings in microseconds since the epoch, in order.
+#[derive(Default)]
+struct EventTimes {
+    /// Turns the events' clock readings into microseconds since the epoch.
+    clock: StampConverter,
+    /// The time given to the last event applied.
+    last_us: u64,
+}
+
+impl EventTimes {
+    /// Reads the clock's conversion again (see [`StampConverter::refresh`]).
+    fn refresh(&mut self) {
+        self.clock.refresh();
+    }
+
+    /// `ev`'s time in microseconds since the epoch, such that times never decrease in the
+    /// order events are recorded, and a step mark is later than every event before it: the
+    /// file's step boundaries are times ("the history's entries from `t` on come after N
+    /// steps", docs/FORMAT.md#step-boundaries), and a fast program makes several events in
+    /// one microsecond, so an event just before a mark must not share its time. (Threads
+    /// stamp an event before they queue it, so the queue's order and the clock's can differ
+    /// by the time between the two: an event then takes the time of the one before it.)
+    fn of(&mut self, ev: &Event) -> u64 {
+        let t = self.clock.micros(ev.time);
+        let floor = match ev.kind {
+            Kind::Step => self.last_us + 1,
+            _ => self.last_us,
+        };
+        self.last_us = t.max(floor);
+        self.last_us
+    }
 }
 
 enum Flow {
@@ -169,34 +183,50 @@ enum Flow {
 }
 
 impl Writer {
+    /// The writer for `cfg`: each setting it uses goes to the one policy that reads it
+    /// (the hooks' own went to the recorder, the signal handlers and the step hook).
     fn new(rec: &'static Recorder, cfg: Config) -> Writer {
+        let stacks = StackTable::new(&cfg);
+        let Config {
+            folder,
+            filename,
+            overwrite,
+            max_entries,
+            at_exit,
+            quiet,
+            skip,
+            interval,
+            every,
+            period,
+            stats,
+            remote,
+            remote_only,
+            remote_wait,
+            ..
+        } = cfg;
         let id = Identity::current();
         let id_pid = id.pid;
-        let uploader = cfg
-            .remote
-            .as_ref()
-            .map(|_| upload::Uploader::new(cfg.remote_only, &id.host, id_pid));
-        let stats = cfg.stats.as_ref().map(|t| stats::Stats::new(t, &id));
+        let uploader = remote.map(|remote| {
+            upload::Uploader::new(remote, remote_only, remote_wait, &id.host, id_pid)
+        });
+        let stats = stats.map(|t| stats::Stats::new(&t, &id));
         ack::forget_dead_processes(live::LiveServer::own_uid());
         Writer {
             rec,
             reader: Reader::new(),
-            state: State::new(cfg.max_entries),
-            stacks: StackTable::new(&cfg),
+            state: State::new(max_entries),
+            stacks,
             interner: FrameInterner::default(),
             id,
-            seq: 0,
-            step: 0,
-            marks: steps::MarkOrigins::default(),
-            written: Vec::new(),
-            created_folders: Vec::new(),
-            folders: folder::Folders::new(),
-            window_from: None,
-            last_period: Instant::now(),
-            last_refresh: Instant::now(),
-            libraries_at_allocator_look: 0,
+            files: publish::SnapshotFiles::new(folder, filename, overwrite),
+            at_exit: exit_report::AtExit {
+                snapshot: at_exit,
+                line: !quiet,
+            },
+            window: steps::StepWindow::new(skip, interval, every),
+            period: timers::Period::new(period),
+            refresh: timers::Refresh::new(),
             api_counts: [0; Api::ALL.len()],
-            write_warnings: 0,
             ack: ack::AckFile::new(id_pid),
             crash: None,
             uploader,
@@ -204,23 +234,21 @@ impl Writer {
             held: requests::HeldRequests::default(),
             serving: requests::Serving::default(),
             last_oom: None,
-            clock: StampConverter::new(),
-            last_time_us: 0,
+            times: EventTimes::default(),
             wake_seen: 0,
             reads: None,
             stats,
-            cfg,
         }
     }
 
     fn run(&mut self) {
         let mut idle = Duration::from_micros(100);
-        if self.cfg.skip == 0 && self.cfg.interval > 0 {
-            self.window_from = Some(self.history_marks());
+        if self.window.opens_at_start() {
+            self.window.open(self.history_marks());
         }
         loop {
             self.rec.wake_held_if_due();
-            self.clock.refresh();
+            self.times.refresh();
             self.serve_reads();
             let mut applied = 0;
             let pass = self.serving.pass_begins();
@@ -247,10 +275,7 @@ impl Writer {
                 return;
             }
             self.serve_live();
-            if let Some(period) = self.cfg.period
-                && self.last_period.elapsed() >= period
-            {
-                self.last_period = Instant::now();
+            if self.period.due() {
                 let _ = self.dump(Reason::Period, "");
                 self.write_stats(Reason::Period);
             }
@@ -338,31 +363,12 @@ impl Writer {
         }
     }
 
-    /// Every 100 ms: the module table refreshed (libraries loaded since), PyTorch's
-    /// allocator looked for again and the optimizer step hook's next attempt armed where
-    /// those are due; then the one-time stack warnings.
+    /// The refresh of what the process loaded since, when due, then the one-time stack
+    /// warnings.
     fn maintain_stacks(&mut self) {
-        if self.last_refresh.elapsed() >= MODULE_REFRESH {
-            self.last_refresh = Instant::now();
-            self.stacks.refresh_modules();
-            self.maintain_allocator_route();
-            step_marks::maintain(crate::channel::keep::keep_code_objects);
-        }
+        self.refresh.maintain(&mut self.stacks);
         for w in self.stacks.take_warnings() {
             eprintln!("memsnap: {w}");
-        }
-    }
-
-    /// PyTorch may have been loaded since stream-ordered allocations last looked for its
-    /// allocator with nothing found: they look again (`process::allocator_route`).
-    fn maintain_allocator_route(&mut self) {
-        if !allocator_route::stream_allocations_stopped_undecided() {
-            return;
-        }
-        let loaded = modules::libraries_loaded();
-        if loaded != self.libraries_at_allocator_look {
-            self.libraries_at_allocator_look = loaded;
-            allocator_route::look_again_at_stream_allocations();
         }
     }
 
@@ -371,7 +377,7 @@ impl Writer {
         // Its code objects are read: a thread may free them (`Recorder::all_read`).
         let interned = &self.rec.counters.interned;
         interned.store(interned.load(Relaxed) + 1, Release);
-        let time_us = self.event_time(&ev);
+        let time_us = self.times.of(&ev);
         // (A pool event is part of its segment's trace entry, counted with it.)
         if ev.kind != Kind::CachePool
             && let Some(c) = self.api_counts.get_mut(ev.api as usize)
@@ -473,25 +479,8 @@ impl Writer {
     }
 
     /// Applies the events in the queue now (not those pushed while this runs).
-    /// `ev`'s time in microseconds since the epoch, such that times never decrease in the
-    /// order events are recorded, and a step mark is later than every event before it: the
-    /// file's step boundaries are times ("the history's entries from `t` on come after N
-    /// steps", docs/FORMAT.md#step-boundaries), and a fast program makes several events in
-    /// one microsecond, so an event just before a mark must not share its time. (Threads
-    /// stamp an event before they queue it, so the queue's order and the clock's can differ
-    /// by the time between the two: an event then takes the time of the one before it.)
-    fn event_time(&mut self, ev: &Event) -> u64 {
-        let t = self.clock.micros(ev.time);
-        let floor = match ev.kind {
-            Kind::Step => self.last_time_us + 1,
-            _ => self.last_time_us,
-        };
-        self.last_time_us = t.max(floor);
-        self.last_time_us
-    }
-
     fn apply_queued(&mut self) -> Flow {
-        self.clock.refresh();
+        self.times.refresh();
         for taken in 0..=self.rec.queued() {
             if taken % 64 == 0 {
                 self.hold_if_starved();
@@ -542,14 +531,17 @@ mod tests {
         let optimizers = w.state.step_marks.back().copied().expect("a boundary");
         // The program marks the second step after more work: one boundary, at its mark.
         w.apply(step(StepOrigin::Program));
-        assert_eq!(w.step, 2);
+        assert_eq!(w.window.step(), 2);
         assert_eq!(w.state.step_marks.len(), 2);
         let (steps, time) = w.state.step_marks.back().copied().expect("a boundary");
         assert_eq!(steps, 2);
         assert!(time > optimizers.1, "{time} after {}", optimizers.1);
         w.apply(step(StepOrigin::Program));
-        assert_eq!((w.step, w.state.step_marks.len()), (3, 3));
-        assert_eq!(w.marks.describe(), "optimizer, then program from step 2");
+        assert_eq!((w.window.step(), w.state.step_marks.len()), (3, 3));
+        assert_eq!(
+            w.window.step_source(),
+            "optimizer, then program from step 2"
+        );
     }
 
     #[test]

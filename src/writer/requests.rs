@@ -13,7 +13,8 @@
 //! step, period and `memsnap_dump` snapshots are not held.
 
 use super::files::Reason;
-use super::{CrashInfo, Flow, Writer, absolute, dump};
+use super::meta::CrashInfo;
+use super::{Flow, Writer, absolute, dump};
 use crate::channel::event::Api;
 use crate::channel::handshake::{
     API_DUMP_LOG, API_DUMPS, CRASH, EXEC_DUMPS, EXIT_DONE, EXIT_REQUESTED, SIGNAL_DUMPS,
@@ -229,7 +230,7 @@ impl Writer {
             // in for its exit snapshot (and, like it, is off with MEMSNAP_AT_EXIT=0), and the
             // exit's stats row and line are written now, which the image's exit never will.
             // One file serves every thread that asked meanwhile.
-            if self.cfg.at_exit {
+            if self.at_exit.snapshot {
                 let _ = self.dump(Reason::Exec, "");
             }
             self.write_stats(Reason::Exec);
@@ -245,12 +246,12 @@ impl Writer {
                 let written = self.dump(Reason::Signal, "");
                 self.answer_held(signals, written);
             }
-            if self.cfg.at_exit {
+            if self.at_exit.snapshot {
                 let _ = self.dump(Reason::Exit, "");
             }
             self.write_stats(Reason::Exit);
             if let Some(uploader) = &mut self.uploader {
-                uploader.finish(self.cfg.remote_wait);
+                uploader.finish();
             }
             self.end_serving();
             self.report_at_exit();
@@ -266,12 +267,7 @@ impl Writer {
     /// The `term` or `crash` snapshot: the signal, with the signalled thread's stack, is
     /// its last trace entry (a `snapshot` action, which PyTorch's viewer shows as a marker).
     pub(super) fn crash_snapshot(&mut self) {
-        let info = CrashInfo {
-            signal: CRASH.signal.load(Acquire),
-            code: CRASH.code.load(Relaxed),
-            sender: CRASH.sender.load(Relaxed),
-            tid: CRASH.tid.load(Relaxed),
-        };
+        let info = CrashInfo::asked();
         let stack = if CRASH.with_stack.load(Relaxed) {
             self.stacks.intern(self.rec.crash_slot())
         } else {
@@ -280,12 +276,7 @@ impl Writer {
         self.state
             .marker(CRASH.time_us.load(Relaxed), stack, Api::Memsnap);
         self.crash = Some(info);
-        // Sent to stop the job (a scheduler, a person at the terminal) or raised by a crash.
-        let reason = match info.signal {
-            libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT => Reason::Term,
-            _ => Reason::Crash,
-        };
-        let _ = self.dump(reason, "");
+        let _ = self.dump(info.reason(), "");
     }
 
     /// `memsnap top` and `memsnap dump`: answers the requests that arrived in full, from
@@ -390,7 +381,7 @@ impl Writer {
         sample.version = live_protocol::PROTOCOL_VERSION;
         sample.pid = self.id.pid;
         sample.time_us = crate::process::clock::wall_micros();
-        sample.step = self.step;
+        sample.step = self.window.step();
         sample.events_recorded = c.applied.load(Relaxed);
         sample.dropped_events = c.lost_total();
         sample.events_without_stack = self.events_without_stack();

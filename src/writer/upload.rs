@@ -31,7 +31,12 @@ use std::time::{Duration, Instant};
 const CLI_NAME: &str = "memsnap";
 
 pub struct Uploader {
+    /// The URL template each file is copied to (`MEMSNAP_REMOTE`).
+    remote: String,
+    /// `MEMSNAP_REMOTE_ONLY`: the agent removes each file it copied.
     remove_local: bool,
+    /// How long exit waits for the copies under way (`MEMSNAP_REMOTE_WAIT`).
+    wait: Duration,
     /// The name of the list of files not uploaded (`memsnap-unsent-HOST-PID.txt`).
     unsent_name: String,
     /// That list, beside the first snapshot handed over, once the helper started.
@@ -63,8 +68,15 @@ enum Agent {
 }
 
 impl Uploader {
-    /// `host` and `pid` name the list of files not uploaded.
-    pub fn new(remove_local: bool, host: &str, pid: u32) -> Uploader {
+    /// Copies to `remote`, a URL template; `host` and `pid` name the list of files not
+    /// uploaded.
+    pub fn new(
+        remote: String,
+        remove_local: bool,
+        wait: Duration,
+        host: &str,
+        pid: u32,
+    ) -> Uploader {
         let host: String = host
             .chars()
             .map(|c| {
@@ -76,7 +88,9 @@ impl Uploader {
             })
             .collect();
         Uploader {
+            remote,
             remove_local,
+            wait,
             unsent_name: format!("memsnap-unsent-{host}-{pid}.txt"),
             unsent: None,
             agent: Agent::NotStarted,
@@ -87,6 +101,11 @@ impl Uploader {
             failed: 0,
             moved: Vec::new(),
         }
+    }
+
+    /// The URL template files are copied to.
+    pub fn remote(&self) -> &str {
+        &self.remote
     }
 
     /// Hands one published file to the agent (started now if this is the first); never
@@ -130,11 +149,11 @@ impl Uploader {
         }
     }
 
-    /// At exit: waits at most `wait` for the copies under way, then names the local path
-    /// of each one that did not finish and the list of files not uploaded, and ends the
-    /// agent's input.
-    pub fn finish(&mut self, wait: Duration) {
-        self.collect(wait);
+    /// At exit: waits at most `MEMSNAP_REMOTE_WAIT` for the copies under way, then names the
+    /// local path of each one that did not finish and the list of files not uploaded, and
+    /// ends the agent's input.
+    pub fn finish(&mut self) {
+        self.collect(self.wait);
         let running = matches!(self.agent, Agent::Running { .. });
         if !self.pending.is_empty() {
             let paths: Vec<String> = self
@@ -146,7 +165,7 @@ impl Uploader {
                 "memsnap: {} upload{} to MEMSNAP_REMOTE did not finish within {:?} (MEMSNAP_REMOTE_WAIT){}; {}: {}",
                 paths.len(),
                 if paths.len() == 1 { "" } else { "s" },
-                wait,
+                self.wait,
                 if running {
                     "; the upload helper goes on with them after this process ends"
                 } else {

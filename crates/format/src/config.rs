@@ -899,6 +899,9 @@ mod tests {
         }
         let e = refused("MEMSNAP_SKIP", "1000000000001");
         assert_eq!(e.expected, "a whole number from 0 to 1000000000000");
+        // The history keeps at least one entry: the writer relies on this bound alone.
+        let e = refused("MEMSNAP_MAX_ENTRIES", "0");
+        assert_eq!(e.expected, "a whole number from 1 to 1099511627776");
         let (cfg, errors) = parse(&[
             ("MEMSNAP_SKIP", "1_000_000_000_000"),
             ("MEMSNAP_INTERVAL", "1000000000000"),

@@ -159,10 +159,13 @@ pub struct State {
     /// Step boundaries, oldest first: `(steps completed, time_us)`, the newest
     /// [`MAX_STEP_MARKS`] (written as `external_annotations`, docs/FORMAT.md).
     pub step_marks: VecDeque<(u64, u64)>,
+    /// Newest history entries kept per device (`MEMSNAP_MAX_ENTRIES`, at least 1).
     max_entries: usize,
 }
 
 impl State {
+    /// An empty state keeping each device's newest `max_entries` history entries
+    /// (`MEMSNAP_MAX_ENTRIES`, at least 1 as the configuration reads it).
     pub fn new(max_entries: usize) -> State {
         State {
             devices: vec![Device::default()],
@@ -174,8 +177,13 @@ impl State {
             anomalies: Anomalies::default(),
             cache_check: CacheCheck::Pending,
             step_marks: VecDeque::new(),
-            max_entries: max_entries.max(1),
+            max_entries,
         }
+    }
+
+    /// Newest history entries kept per device.
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
     }
 
     /// Device `device`'s state (device 0's for an id out of range), made on first use.
