@@ -8,7 +8,7 @@
 //! of the segment); and it keeps that whole free block when the rest is too small to be
 //! split off. Everything else (segments, addresses, states) is what the allocator said.
 
-use super::{Action, Live, State, TraceRec, TraceStack};
+use super::{Action, Live, State, TraceRec, TraceStack, keys_in};
 use crate::channel::event::{Api, PoolId};
 use crate::process::allocator_route;
 use crate::writer::stacks::RawStackId;
@@ -417,12 +417,7 @@ impl State {
     ) -> bool {
         let mut found = false;
         for d in 0..self.devices.len() {
-            let starts: Vec<u64> = self.devices[d]
-                .cache
-                .segments
-                .range(addr..end)
-                .map(|(&a, _)| a)
-                .collect();
+            let starts = keys_in(&self.devices[d].cache.segments, addr..end);
             for start in starts {
                 let Some(seg) = self.devices[d].cache.segments.remove(&start) else {
                     continue;
@@ -472,13 +467,7 @@ impl State {
     /// Blocks still live in a range that is going back to CUDA: their frees were never
     /// reported. Closed, and counted.
     fn close_blocks_in(&mut self, device: i32, start: u64, end: u64, time_us: u64) {
-        let stale: Vec<u64> = self
-            .device(device)
-            .cache
-            .blocks
-            .range(start..end)
-            .map(|(&a, _)| a)
-            .collect();
+        let stale = keys_in(&self.device(device).cache.blocks, start..end);
         for addr in stale {
             self.anomalies.cache_mismatches += 1;
             self.cache_block_free_completed(device, addr, time_us, None);

@@ -601,9 +601,15 @@ impl State {
     }
 }
 
+/// The keys of `map` that lie in `range`, collected, so that the map can change while
+/// they are visited.
+fn keys_in<V>(map: &BTreeMap<u64, V>, range: std::ops::Range<u64>) -> Vec<u64> {
+    map.range(range).map(|(&k, _)| k).collect()
+}
+
 /// Removes the entries of `map` whose keys lie in `range`; whether there were any.
 fn remove_range(map: &mut BTreeMap<u64, u64>, range: std::ops::Range<u64>) -> bool {
-    let keys: Vec<u64> = map.range(range).map(|(&k, _)| k).collect();
+    let keys = keys_in(map, range);
     for k in &keys {
         map.remove(k);
     }
