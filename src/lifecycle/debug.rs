@@ -78,6 +78,18 @@ pub unsafe fn capture_json(
     result.unwrap_or(-1)
 }
 
+/// Writes an entry point's figures to the caller's `out`, unless it is null.
+///
+/// # Safety
+/// `out` must be null or point to `N` writable `u64`.
+#[inline(always)]
+unsafe fn write_figures<const N: usize>(out: *mut u64, figures: [u64; N]) {
+    if !out.is_null() {
+        // SAFETY: `out` points to `N` writable `u64` (this function's contract).
+        unsafe { std::ptr::copy_nonoverlapping(figures.as_ptr(), out, N) };
+    }
+}
+
 /// Benchmark entry point: captures the caller's stack `iterations` times (after one warm-up
 /// capture) and returns the total nanoseconds; `out[0]`/`out[1]` receive the native/Python
 /// frame counts of the last capture, `out[2]` the nanoseconds the writer then spends to
@@ -117,15 +129,14 @@ pub unsafe fn bench_capture(
         (intern_ns, t1.elapsed().as_nanos() as u64)
     })
     .unwrap_or((0, 0));
-    if !out.is_null() {
-        // SAFETY: the caller passes room for four u64.
-        unsafe {
-            *out = slot.n_native as u64;
-            *out.add(1) = slot.n_python as u64;
-            *out.add(2) = writer.0;
-            *out.add(3) = writer.1;
-        }
-    }
+    let figures = [
+        slot.n_native as u64,
+        slot.n_python as u64,
+        writer.0,
+        writer.1,
+    ];
+    // SAFETY: the caller passes null or room for four u64.
+    unsafe { write_figures(out, figures) };
     total
 }
 
@@ -195,13 +206,9 @@ pub unsafe fn capture_counted(
         );
     }
     let after = counter();
-    if !frames_out.is_null() {
-        // SAFETY: the caller passes room for two u64.
-        unsafe {
-            *frames_out = slot.n_native as u64;
-            *frames_out.add(1) = slot.n_python as u64;
-        }
-    }
+    let frames = [slot.n_native as u64, slot.n_python as u64];
+    // SAFETY: the caller passes null or room for two u64.
+    unsafe { write_figures(frames_out, frames) };
     after.wrapping_sub(before)
 }
 
@@ -258,15 +265,9 @@ pub unsafe fn bench_writer(
         crate::writer::drain_bench::run(events, distinct_stacks, depth as usize, route)
     });
     let Ok(f) = figures else { return 0 };
-    if !out.is_null() {
-        // SAFETY: the caller passes room for four u64.
-        unsafe {
-            *out = f.interned;
-            *out.add(1) = f.rss_growth_bytes;
-            *out.add(2) = f.sent_in_full;
-            *out.add(3) = f.burst_ns;
-        }
-    }
+    let figures = [f.interned, f.rss_growth_bytes, f.sent_in_full, f.burst_ns];
+    // SAFETY: the caller passes null or room for four u64.
+    unsafe { write_figures(out, figures) };
     f.nanoseconds
 }
 
@@ -290,15 +291,15 @@ pub unsafe fn bench_live(
         crate::writer::drain_bench::live_requests(live, distinct_stacks, depth as usize, requests)
     });
     let Ok(f) = figures else { return 0 };
-    if !out.is_null() {
-        // SAFETY: the caller passes room for four u64.
-        unsafe {
-            *out = f.per_request_ns.last().copied().unwrap_or(0);
-            *out.add(1) = f.answer_bytes;
-            *out.add(2) = f.first_request_ns;
-            *out.add(3) = f.first_answer_bytes;
-        }
-    }
+    let slowest = f.per_request_ns.last().copied().unwrap_or(0);
+    let figures = [
+        slowest,
+        f.answer_bytes,
+        f.first_request_ns,
+        f.first_answer_bytes,
+    ];
+    // SAFETY: the caller passes null or room for four u64.
+    unsafe { write_figures(out, figures) };
     f.per_request_ns
         .get(f.per_request_ns.len() / 2)
         .copied()

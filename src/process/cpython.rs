@@ -249,16 +249,11 @@ const STR_310_311: StrLayout = StrLayout {
     compact_size: 72,
 };
 
-/// 3.12+ strings: `wstr` and `wstr_length` are gone.
+/// 3.12+ strings: `wstr` and `wstr_length` are gone, so the characters start earlier.
 const STR_312_314: StrLayout = StrLayout {
-    length: 16,
-    hash: 24,
-    state: 32,
-    state_kind_shift: 2,
-    state_compact_bit: 5,
-    state_ascii_bit: 6,
     ascii_size: 40,
     compact_size: 56,
+    ..STR_310_311
 };
 
 const PY310: CpythonLayout = CpythonLayout {
@@ -339,54 +334,33 @@ const PY312: CpythonLayout = CpythonLayout {
     bytes: BYTES,
 };
 
+/// 3.13: 3.12's layout but for the thread state, where `current_frame` (a
+/// `_PyInterpreterFrame *`) replaces `cframe` (no `_PyCFrame` any more), and the code
+/// object's members from `_co_firsttraceable` on, which moved.
 const PY313: CpythonLayout = CpythonLayout {
     thread: ThreadLayout {
         frame: 72,
         cframe_current: 0,
     },
-    frame: FrameLayout {
-        code: 0,
-        back: 8,
-        instr: 56,
-        owner: 70,
-        is_entry: 0,
-    },
     code: CodeLayout {
-        firstlineno: 68,
-        filename: 112,
-        name: 120,
-        linetable: 136,
-        version: 92,
         firsttraceable: 184,
         code_adaptive: 200,
+        ..PY312.code
     },
-    object: OBJECT,
-    str_: STR_312_314,
-    bytes: BYTES,
+    ..PY312
 };
 
+/// 3.14: 3.13's layout but for the frame's `owner` and the code object's members from
+/// `_co_firsttraceable` on, which moved.
 const PY314: CpythonLayout = CpythonLayout {
-    thread: ThreadLayout {
-        frame: 72,
-        cframe_current: 0,
-    },
     frame: FrameLayout {
-        code: 0,
-        back: 8,
-        instr: 56,
         owner: 74,
-        is_entry: 0,
+        ..PY313.frame
     },
     code: CodeLayout {
-        firstlineno: 68,
-        filename: 112,
-        name: 120,
-        linetable: 136,
-        version: 92,
         firsttraceable: 192,
         code_adaptive: 208,
+        ..PY313.code
     },
-    object: OBJECT,
-    str_: STR_312_314,
-    bytes: BYTES,
+    ..PY313
 };

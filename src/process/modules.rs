@@ -12,6 +12,7 @@
 //! module is loaded; a module `dlclose`d while a stale table still names it is not read
 //! unless a return address on some stack points into its old range.
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 /// One loaded module as the writer needs it for symbolization.
@@ -151,7 +152,20 @@ pub fn libraries_loaded() -> u64 {
 
 fn loader_counters() -> (u64, u64) {
     let mut counts = (0u64, 0u64);
-    unsafe extern "C" fn cb(
+    each_loaded_object(|info| {
+        counts = (info.dlpi_adds, info.dlpi_subs);
+        // The counters are the same in every record: the first one is enough.
+        ControlFlow::Break(())
+    });
+    counts
+}
+
+/// Calls `visit` on each object the loader has loaded (the executable, the libraries, the
+/// loader itself), in the loader's order, until `visit` breaks: one `dl_iterate_phdr` walk,
+/// under the loader's lock. Visits nothing when the loader's records are smaller than
+/// `libc::dl_phdr_info` (an older loader: every record has that size).
+fn each_loaded_object<F: FnMut(&libc::dl_phdr_info) -> ControlFlow<()>>(mut visit: F) {
+    unsafe extern "C" fn cb<F: FnMut(&libc::dl_phdr_info) -> ControlFlow<()>>(
         info: *mut libc::dl_phdr_info,
         size: libc::size_t,
         data: *mut libc::c_void,
@@ -159,16 +173,17 @@ fn loader_counters() -> (u64, u64) {
         if size < std::mem::size_of::<libc::dl_phdr_info>() {
             return 1;
         }
-        // SAFETY: the loader passes a valid info; `data` is our `counts`.
-        unsafe {
-            let c = &mut *(data as *mut (u64, u64));
-            *c = ((*info).dlpi_adds, (*info).dlpi_subs);
+        // SAFETY: the loader passes a valid info for the duration of the call; `data` is
+        // the `visit` that `each_loaded_object` passed, borrowed for the walk.
+        let (visit, info) = unsafe { (&mut *(data as *mut F), &*info) };
+        match visit(info) {
+            ControlFlow::Continue(()) => 0,
+            ControlFlow::Break(()) => 1,
         }
-        1 // stop after the first module: the counters are the same in every entry
     }
-    // SAFETY: `cb` matches the callback type and only writes `counts`.
-    unsafe { libc::dl_iterate_phdr(Some(cb), &mut counts as *mut _ as *mut libc::c_void) };
-    counts
+    // SAFETY: `cb::<F>` matches the callback type and only calls `visit`, which outlives
+    // the walk.
+    unsafe { libc::dl_iterate_phdr(Some(cb::<F>), &mut visit as *mut F as *mut libc::c_void) };
 }
 
 /// Raw facts about one module, collected inside the loader's callback.
@@ -181,81 +196,62 @@ struct Collected {
     loads: Vec<(u64, u64)>,
 }
 
-struct CollectState {
-    mods: Vec<Collected>,
-    adds: u64,
-    subs: u64,
+/// One loaded object's path, ranges and unwind header, from its loader record; `None`
+/// when it has no executable segment.
+fn collect(info: &libc::dl_phdr_info) -> Option<Collected> {
+    let path = if info.dlpi_name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the loader's record names the object with a NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let base = info.dlpi_addr;
+    let mut c = Collected {
+        path,
+        base,
+        exec: None,
+        eh_frame_hdr: None,
+        loads: Vec::new(),
+    };
+    let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() {
+        &[]
+    } else {
+        // SAFETY: program headers are `dlpi_phnum` entries at `dlpi_phdr`, valid while the
+        // record is.
+        unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
+    };
+    for ph in phdrs {
+        let start = base.wrapping_add(ph.p_vaddr);
+        let end = start.wrapping_add(ph.p_memsz);
+        match ph.p_type {
+            libc::PT_LOAD => {
+                c.loads.push((start, end));
+                if ph.p_flags & libc::PF_X != 0 {
+                    c.exec = Some(match c.exec {
+                        None => (start, end),
+                        Some((s, e)) => (s.min(start), e.max(end)),
+                    });
+                }
+            }
+            libc::PT_GNU_EH_FRAME => c.eh_frame_hdr = Some((start, end)),
+            _ => {}
+        }
+    }
+    c.exec.is_some().then_some(c)
 }
 
 fn build() -> ModuleTable {
-    let mut st = CollectState {
-        mods: Vec::new(),
-        adds: 0,
-        subs: 0,
-    };
-    unsafe extern "C" fn cb(
-        info: *mut libc::dl_phdr_info,
-        size: libc::size_t,
-        data: *mut libc::c_void,
-    ) -> libc::c_int {
-        if size < std::mem::size_of::<libc::dl_phdr_info>() {
-            return 0;
-        }
-        // SAFETY: the loader passes a valid info for the duration of the call; `data` is
-        // our `CollectState`; program headers are `dlpi_phnum` entries at `dlpi_phdr`.
-        unsafe {
-            let st = &mut *(data as *mut CollectState);
-            let info = &*info;
-            st.adds = info.dlpi_adds;
-            st.subs = info.dlpi_subs;
-            let path = if info.dlpi_name.is_null() {
-                String::new()
-            } else {
-                std::ffi::CStr::from_ptr(info.dlpi_name)
-                    .to_string_lossy()
-                    .into_owned()
-            };
-            let base = info.dlpi_addr;
-            let mut c = Collected {
-                path,
-                base,
-                exec: None,
-                eh_frame_hdr: None,
-                loads: Vec::new(),
-            };
-            let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() {
-                &[]
-            } else {
-                std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize)
-            };
-            for ph in phdrs {
-                let start = base.wrapping_add(ph.p_vaddr);
-                let end = start.wrapping_add(ph.p_memsz);
-                match ph.p_type {
-                    libc::PT_LOAD => {
-                        c.loads.push((start, end));
-                        if ph.p_flags & libc::PF_X != 0 {
-                            c.exec = Some(match c.exec {
-                                None => (start, end),
-                                Some((s, e)) => (s.min(start), e.max(end)),
-                            });
-                        }
-                    }
-                    libc::PT_GNU_EH_FRAME => c.eh_frame_hdr = Some((start, end)),
-                    _ => {}
-                }
-            }
-            if c.exec.is_some() {
-                st.mods.push(c);
-            }
-        }
-        0
-    }
-    // SAFETY: `cb` matches the callback type and only touches `st`.
-    unsafe { libc::dl_iterate_phdr(Some(cb), &mut st as *mut _ as *mut libc::c_void) };
+    let mut collected = Vec::new();
+    let (mut adds, mut subs) = (0, 0);
+    each_loaded_object(|info| {
+        (adds, subs) = (info.dlpi_adds, info.dlpi_subs);
+        collected.extend(collect(info));
+        ControlFlow::Continue(())
+    });
 
     let own_pc = own_marker as *const () as usize as u64;
-    let mut collected = st.mods;
     collected.sort_by_key(|c| c.exec.map_or(0, |e| e.0));
     // Drop overlaps (should not happen) so that lookups stay unambiguous.
     let mut last_end = 0u64;
@@ -294,8 +290,8 @@ fn build() -> ModuleTable {
         own,
         #[cfg(target_arch = "x86_64")]
         unwinder,
-        adds: st.adds,
-        subs: st.subs,
+        adds,
+        subs,
     }
 }
 

@@ -68,7 +68,7 @@ pub struct Scope {
     slurm_job: Option<String>,
 }
 
-/// Parent links followed at most, looking for an ancestor in the caller's session.
+/// Parent links followed at most when looking for an ancestor.
 const MAX_ANCESTORS: usize = 64;
 
 impl Scope {
@@ -91,20 +91,7 @@ impl Scope {
         let Some(mine) = self.session else {
             return false;
         };
-        let mut at = pid;
-        for _ in 0..MAX_ANCESTORS {
-            let Some(f) = stat_fields(&PathBuf::from(format!("/proc/{at}"))) else {
-                return false;
-            };
-            if f.session == mine {
-                return true;
-            }
-            if f.ppid <= 1 {
-                return false;
-            }
-            at = f.ppid;
-        }
-        false
+        in_lineage(pid, |f| f.session == mine)
     }
 
     pub fn describe(&self) -> String {
@@ -168,12 +155,19 @@ pub fn recording_descendants(uid: u32, pid: u32) -> Vec<u32> {
 
 /// Whether `ancestor` is `pid`'s parent, grandparent, ...
 fn descends_from(pid: u32, ancestor: u32) -> bool {
+    in_lineage(pid, |f| f.ppid == ancestor)
+}
+
+/// Whether `found` holds for the stat fields of `pid` or of one of its ancestors, following
+/// parent links up to init (at most [`MAX_ANCESTORS`] of them). False when a process on the
+/// way cannot be read.
+fn in_lineage(pid: u32, found: impl Fn(&StatFields) -> bool) -> bool {
     let mut at = pid;
     for _ in 0..MAX_ANCESTORS {
         let Some(f) = stat_fields(&PathBuf::from(format!("/proc/{at}"))) else {
             return false;
         };
-        if f.ppid == ancestor {
+        if found(&f) {
             return true;
         }
         if f.ppid <= 1 {

@@ -828,84 +828,73 @@ fn check_history(snap: &Snapshot, device: i64, trace: &[TraceEntry], out: &mut S
             push(out, dev, Some(i), kind, msg);
         }
     }
-    for (&a, s) in &st.segs {
-        match last.segs.get(&a) {
-            None => push(
-                out,
-                dev,
-                None,
-                K::FinalStateMismatch,
-                format!(
-                    "segment [{a:#x}, +{}) is live after the history but not in `segments`",
-                    s.size
-                ),
-            ),
-            Some(t) if t.size != s.size || t.mapped != s.mapped => push(
-                out,
-                dev,
-                None,
-                K::FinalStateMismatch,
-                format!(
-                    "segment {a:#x}: the history ends with size {} (mapped: {}), `segments` has {} (expandable: {})",
-                    s.size, s.mapped, t.size, t.mapped
-                ),
-            ),
-            Some(_) => {}
-        }
+    use Mismatch::{Differs, OnlyReplayed, OnlyStated};
+    let segments = mismatches(&st.segs, &last.segs, |s, t| {
+        s.size == t.size && s.mapped == t.mapped
+    })
+    .map(|(a, m)| match m {
+        OnlyReplayed(s) => format!(
+            "segment [{a:#x}, +{}) is live after the history but not in `segments`",
+            s.size
+        ),
+        Differs(s, t) => format!(
+            "segment {a:#x}: the history ends with size {} (mapped: {}), `segments` has {} (expandable: {})",
+            s.size, s.mapped, t.size, t.mapped
+        ),
+        OnlyStated(t) => format!(
+            "segment [{a:#x}, +{}) is in `segments` but not live after the history",
+            t.size
+        ),
+    });
+    let blocks = mismatches(&st.blocks, &last.blocks, Blk::eq).map(|(a, m)| match m {
+        OnlyReplayed(b) => format!(
+            "block [{a:#x}, +{}) is live after the history but not active in `segments`",
+            b.size
+        ),
+        Differs(b, t) => format!(
+            "block {a:#x}: the history ends with {} bytes (pending free: {}), `segments` has requested_size {} (pending free: {})",
+            b.size, b.pending_free, t.size, t.pending_free
+        ),
+        OnlyStated(t) => format!(
+            "active block [{a:#x}, +{}) in `segments` is not live after the history",
+            t.size
+        ),
+    });
+    for msg in segments.chain(blocks) {
+        push(out, dev, None, K::FinalStateMismatch, msg);
     }
-    for (&a, t) in &last.segs {
-        if !st.segs.contains_key(&a) {
-            push(
-                out,
-                dev,
-                None,
-                K::FinalStateMismatch,
-                format!(
-                    "segment [{a:#x}, +{}) is in `segments` but not live after the history",
-                    t.size
-                ),
-            );
-        }
-    }
-    for (&a, b) in &st.blocks {
-        match last.blocks.get(&a) {
-            None => push(
-                out,
-                dev,
-                None,
-                K::FinalStateMismatch,
-                format!(
-                    "block [{a:#x}, +{}) is live after the history but not active in `segments`",
-                    b.size
-                ),
-            ),
-            Some(t) if t != b => push(
-                out,
-                dev,
-                None,
-                K::FinalStateMismatch,
-                format!(
-                    "block {a:#x}: the history ends with {} bytes (pending free: {}), `segments` has requested_size {} (pending free: {})",
-                    b.size, b.pending_free, t.size, t.pending_free
-                ),
-            ),
-            Some(_) => {}
-        }
-    }
-    for (&a, t) in &last.blocks {
-        if !st.blocks.contains_key(&a) {
-            push(
-                out,
-                dev,
-                None,
-                K::FinalStateMismatch,
-                format!(
-                    "active block [{a:#x}, +{}) in `segments` is not live after the history",
-                    t.size
-                ),
-            );
-        }
-    }
+}
+
+/// One address where the state the history ends in and the one `segments` states disagree.
+enum Mismatch<'a, V> {
+    /// Live after the history, absent from `segments`.
+    OnlyReplayed(&'a V),
+    /// At the same address on both sides (replayed, stated), but different.
+    Differs(&'a V, &'a V),
+    /// In `segments`, not live after the history.
+    OnlyStated(&'a V),
+}
+
+/// The addresses where `replayed` (what is live after the history) and `stated` (what
+/// `segments` says) disagree, `same` telling whether two entries at one address agree:
+/// those of `replayed` first, then those only in `stated`, each in address order.
+fn mismatches<'a, V>(
+    replayed: &'a BTreeMap<i64, V>,
+    stated: &'a BTreeMap<i64, V>,
+    same: impl Fn(&V, &V) -> bool,
+) -> impl Iterator<Item = (i64, Mismatch<'a, V>)> {
+    let in_replayed = replayed
+        .iter()
+        .filter_map(move |(&a, r)| match stated.get(&a) {
+            None => Some((a, Mismatch::OnlyReplayed(r))),
+            Some(s) if !same(r, s) => Some((a, Mismatch::Differs(r, s))),
+            Some(_) => None,
+        });
+    let only_stated = stated
+        .iter()
+        .filter(move |(a, _)| !replayed.contains_key(a))
+        .map(|(&a, s)| (a, Mismatch::OnlyStated(s)));
+    in_replayed.chain(only_stated)
 }
 
 #[cfg(test)]

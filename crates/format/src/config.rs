@@ -239,17 +239,11 @@ impl Config {
         };
 
         cfg.disabled = p.flag(var::DISABLE, cfg.disabled);
-        if let Some(v) = p.text(var::FOLDER) {
-            match validate_folder(&v) {
-                Ok(()) => cfg.folder = v,
-                Err(msg) => p.bad(var::FOLDER, &v, &msg),
-            }
+        if let Some(v) = p.checked_text(var::FOLDER, validate_folder) {
+            cfg.folder = v;
         }
-        if let Some(v) = p.text(var::FILENAME) {
-            match validate_filename(&v) {
-                Ok(()) => cfg.filename = v,
-                Err(msg) => p.bad(var::FILENAME, &v, &msg),
-            }
+        if let Some(v) = p.checked_text(var::FILENAME, validate_filename) {
+            cfg.filename = v;
         }
         cfg.overwrite = p.flag(var::OVERWRITE, cfg.overwrite);
         cfg.max_entries = p.count(var::MAX_ENTRIES, cfg.max_entries as u64, 1, 1 << 40) as usize;
@@ -308,19 +302,13 @@ impl Config {
                 ),
             }
         }
-        if let Some(v) = p.text(var::STATS) {
-            match validate_stats_path(&v) {
-                Ok(()) => cfg.stats = Some(v),
-                Err(msg) => p.bad(var::STATS, &v, &msg),
-            }
+        if let Some(v) = p.checked_text(var::STATS, validate_stats_path) {
+            cfg.stats = Some(v);
         }
         cfg.at_crash = p.flag(var::AT_CRASH, cfg.at_crash);
         cfg.crash_wait = p.wait(var::CRASH_WAIT, cfg.crash_wait, MAX_CRASH_WAIT);
-        if let Some(v) = p.text(var::REMOTE) {
-            match validate_remote(&v) {
-                Ok(()) => cfg.remote = Some(v),
-                Err(msg) => p.bad(var::REMOTE, &v, &msg),
-            }
+        if let Some(v) = p.checked_text(var::REMOTE, validate_remote) {
+            cfg.remote = Some(v);
         }
         cfg.remote_only = p.flag(var::REMOTE_ONLY, cfg.remote_only);
         cfg.remote_wait = p.wait(var::REMOTE_WAIT, cfg.remote_wait, MAX_REMOTE_WAIT);
@@ -354,6 +342,23 @@ impl<F: Fn(&str) -> Option<OsString>> Parser<'_, F> {
             }
         };
         Some(value.trim().to_string()).filter(|v| !v.is_empty())
+    }
+
+    /// The variable's value (as [`text`](Self::text)) when `validate` accepts it; a refused
+    /// one is reported with `validate`'s message and gives `None`.
+    fn checked_text(
+        &mut self,
+        name: &'static str,
+        validate: fn(&str) -> Result<(), String>,
+    ) -> Option<String> {
+        let v = self.text(name)?;
+        match validate(&v) {
+            Ok(()) => Some(v),
+            Err(msg) => {
+                self.bad(name, &v, &msg);
+                None
+            }
+        }
     }
 
     fn bad(&mut self, name: &'static str, value: &str, accepted: &str) {

@@ -210,6 +210,22 @@ pub struct TraceEntry {
     pub user_metadata: Option<Arc<str>>,
 }
 
+impl TraceEntry {
+    /// An entry of `action` with every other field empty (0 or `None`), to be filled in.
+    pub fn new(action: Action) -> Self {
+        TraceEntry {
+            action,
+            addr: 0,
+            size: 0,
+            stream: 0,
+            time_us: 0,
+            stack: None,
+            device_free: None,
+            user_metadata: None,
+        }
+    }
+}
+
 /// A value in `allocator_settings` or memsnap's own metadata: JSON-like, no BigInt.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Meta {

@@ -8,7 +8,7 @@
 //! of the segment); and it keeps that whole free block when the rest is too small to be
 //! split off. Everything else (segments, addresses, states) is what the allocator said.
 
-use super::{Action, Live, State, TraceRec, TraceStack};
+use super::{Action, Live, State, TraceRec, TraceStack, keys_in};
 use crate::channel::event::{Api, PoolId};
 use crate::process::allocator_route;
 use crate::writer::stacks::RawStackId;
@@ -175,20 +175,10 @@ impl State {
     /// `segment_map` from the allocator: the mappings just recorded in `[addr, addr+size)`
     /// extend one of its expandable segments. False when none is there.
     pub fn cache_segment_map(&mut self, device: i32, addr: u64, size: u64) -> bool {
-        let end = addr.saturating_add(size);
-        let mut claimed = false;
-        for d in 0..self.devices.len() {
-            let starts: Vec<u64> = self.devices[d]
-                .mappings
-                .range(addr..end)
-                .map(|(&a, _)| a)
-                .collect();
-            for start in starts {
-                if let Some(live) = self.devices[d].mappings.remove(&start) {
-                    self.claim(d as i32, start, live, true);
-                    claimed = true;
-                }
-            }
+        let mappings = self.take_mappings(addr, addr.saturating_add(size));
+        let claimed = !mappings.is_empty();
+        for (d, start, live) in mappings {
+            self.claim(d, start, live, true);
         }
         if !claimed {
             let _ = device;
@@ -407,26 +397,12 @@ impl State {
         else {
             return false;
         };
-        let device = d as i32;
         let Some(seg) = self.devices[d].cache.segments.remove(&addr) else {
             return false;
         };
-        self.close_blocks_in(device, addr, addr + seg.live.size, time_us);
-        let dev = self.device(device);
-        dev.cache.reserved_bytes -= seg.live.size;
-        dev.events += 1;
-        self.push(
-            device,
-            TraceRec {
-                action: Action::SegmentFree,
-                addr,
-                size: seg.live.size,
-                stream: if stream == 0 { seg.live.stream } else { stream },
-                time_us,
-                stack: TraceStack::new(stack.or(seg.live.stack)),
-                api,
-            },
-        );
+        let stream = if stream == 0 { seg.live.stream } else { stream };
+        let action = Action::SegmentFree;
+        self.release_cache_segment(d as i32, addr, seg, action, api, stream, time_us, stack);
         true
     }
 
@@ -441,51 +417,57 @@ impl State {
     ) -> bool {
         let mut found = false;
         for d in 0..self.devices.len() {
-            let starts: Vec<u64> = self.devices[d]
-                .cache
-                .segments
-                .range(addr..end)
-                .map(|(&a, _)| a)
-                .collect();
+            let starts = keys_in(&self.devices[d].cache.segments, addr..end);
             for start in starts {
                 let Some(seg) = self.devices[d].cache.segments.remove(&start) else {
                     continue;
                 };
                 found = true;
-                let device = d as i32;
-                let seg_end = start + seg.live.size;
-                self.close_blocks_in(device, start, seg_end, time_us);
-                let dev = self.device(device);
-                dev.cache.reserved_bytes -= seg.live.size;
-                dev.events += 1;
-                self.push(
-                    device,
-                    TraceRec {
-                        action: Action::SegmentUnmap,
-                        addr: start,
-                        size: seg.live.size,
-                        stream: 0,
-                        time_us,
-                        stack: TraceStack::new(stack.or(seg.live.stack)),
-                        api: Api::CuMemUnmap,
-                    },
-                );
+                let (action, api) = (Action::SegmentUnmap, Api::CuMemUnmap);
+                self.release_cache_segment(d as i32, start, seg, action, api, 0, time_us, stack);
                 self.handle_unmapped(seg.live.handle);
             }
         }
         found
     }
 
+    /// A segment of the caching allocator, taken out of its table, goes back to CUDA: the
+    /// blocks still live in it are closed, its bytes leave `reserved`, and `action`
+    /// (`segment_free` or `segment_unmap`) is written for it.
+    #[allow(clippy::too_many_arguments)] // one per field of the trace entry
+    fn release_cache_segment(
+        &mut self,
+        device: i32,
+        addr: u64,
+        seg: CacheSegment,
+        action: Action,
+        api: Api,
+        stream: u64,
+        time_us: u64,
+        stack: Option<RawStackId>,
+    ) {
+        self.close_blocks_in(device, addr, addr + seg.live.size, time_us);
+        let dev = self.device(device);
+        dev.cache.reserved_bytes -= seg.live.size;
+        dev.events += 1;
+        self.push(
+            device,
+            TraceRec {
+                action,
+                addr,
+                size: seg.live.size,
+                stream,
+                time_us,
+                stack: TraceStack::new(stack.or(seg.live.stack)),
+                api,
+            },
+        );
+    }
+
     /// Blocks still live in a range that is going back to CUDA: their frees were never
     /// reported. Closed, and counted.
     fn close_blocks_in(&mut self, device: i32, start: u64, end: u64, time_us: u64) {
-        let stale: Vec<u64> = self
-            .device(device)
-            .cache
-            .blocks
-            .range(start..end)
-            .map(|(&a, _)| a)
-            .collect();
+        let stale = keys_in(&self.device(device).cache.blocks, start..end);
         for addr in stale {
             self.anomalies.cache_mismatches += 1;
             self.cache_block_free_completed(device, addr, time_us, None);

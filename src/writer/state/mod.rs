@@ -489,53 +489,44 @@ impl State {
     /// `cuMemUnmap` of a range covering one or more whole mappings.
     pub fn unmap(&mut self, addr: u64, size: u64, time_us: u64, stack: Option<RawStackId>) {
         let end = addr.saturating_add(size.max(1));
-        let mut found = false;
-        for d in 0..self.devices.len() {
-            let starts: Vec<u64> = self.devices[d]
-                .mappings
-                .range(addr..end)
-                .map(|(&a, _)| a)
-                .collect();
-            for start in starts {
-                let Some(live) = self.devices[d].mappings.remove(&start) else {
-                    continue;
-                };
-                found = true;
-                self.emit_free(
-                    d as i32,
-                    start,
-                    &live,
-                    Api::CuMemUnmap,
-                    0,
-                    time_us,
-                    stack.or(live.stack),
-                    Action::SegmentUnmap,
-                );
-                self.devices[d].events += 1;
-                self.sub_live(d as i32, live.size);
-                self.handle_unmapped(live.handle);
-            }
+        let mappings = self.take_mappings(addr, end);
+        let found = !mappings.is_empty();
+        for (d, start, live) in mappings {
+            self.emit_free(
+                d,
+                start,
+                &live,
+                Api::CuMemUnmap,
+                0,
+                time_us,
+                stack.or(live.stack),
+                Action::SegmentUnmap,
+            );
+            self.device(d).events += 1;
+            self.sub_live(d, live.size);
+            self.handle_unmapped(live.handle);
         }
-        let host: Vec<u64> = self
-            .host_mappings
-            .range(addr..end)
-            .map(|(&a, _)| a)
-            .collect();
-        for a in &host {
-            self.host_mappings.remove(a);
-        }
-        let imported: Vec<u64> = self
-            .imported_mappings
-            .range(addr..end)
-            .map(|(&a, _)| a)
-            .collect();
-        for a in &imported {
-            self.imported_mappings.remove(a);
-        }
+        let host = remove_range(&mut self.host_mappings, addr..end);
+        let imported = remove_range(&mut self.imported_mappings, addr..end);
         let found = found | self.unmap_cache_segments(addr, end, time_us, stack);
-        if !found && host.is_empty() && imported.is_empty() {
+        if !found && !host && !imported {
             self.anomalies.unknown_unmaps += 1;
         }
+    }
+
+    /// Takes out every device's mappings that start in `[addr, end)`: (device, start,
+    /// mapping), device by device, each in address order.
+    fn take_mappings(&mut self, addr: u64, end: u64) -> Vec<(i32, u64, Live)> {
+        let mut taken = Vec::new();
+        for (d, dev) in self.devices.iter_mut().enumerate() {
+            let starts: Vec<u64> = dev.mappings.range(addr..end).map(|(&a, _)| a).collect();
+            for start in starts {
+                if let Some(live) = dev.mappings.remove(&start) {
+                    taken.push((d as i32, start, live));
+                }
+            }
+        }
+        taken
     }
 
     #[allow(clippy::too_many_arguments)] // one field per column of the `oom` event
@@ -616,6 +607,21 @@ impl State {
     pub fn managed_bytes(&self) -> u64 {
         self.managed.values().map(|l| l.size).sum()
     }
+}
+
+/// The keys of `map` that lie in `range`, collected, so that the map can change while
+/// they are visited.
+fn keys_in<V>(map: &BTreeMap<u64, V>, range: std::ops::Range<u64>) -> Vec<u64> {
+    map.range(range).map(|(&k, _)| k).collect()
+}
+
+/// Removes the entries of `map` whose keys lie in `range`; whether there were any.
+fn remove_range(map: &mut BTreeMap<u64, u64>, range: std::ops::Range<u64>) -> bool {
+    let keys = keys_in(map, range);
+    for k in &keys {
+        map.remove(k);
+    }
+    !keys.is_empty()
 }
 
 #[cfg(test)]

@@ -159,6 +159,15 @@ fn number(key: &str, v: &str) -> Result<u64, String> {
         .map_err(|_| format!("{key}: `{v}` is not a whole number"))
 }
 
+/// `key`'s value, a whole number of MiB, in bytes; refused below `min_mb`.
+fn mib_at_least(key: &str, v: &str, min_mb: u64) -> Result<u64, String> {
+    let mb = number(key, v)?;
+    if mb < min_mb {
+        return Err(format!("{key} must be >= {min_mb}"));
+    }
+    Ok(mb.saturating_mul(MIB))
+}
+
 fn boolean(key: &str, v: &str) -> Result<bool, String> {
     match v {
         "True" | "true" => Ok(true),
@@ -218,25 +227,12 @@ impl Settings {
                     }
                 }
                 "max_split_size_mb" => {
-                    let mb = number(&key, &c.value(&key)?)?;
-                    if mb < LARGE_BUFFER / MIB {
-                        return Err(format!(
-                            "max_split_size_mb must be >= {}",
-                            LARGE_BUFFER / MIB
-                        ));
-                    }
-                    s.max_split_size = mb.saturating_mul(MIB);
+                    s.max_split_size = mib_at_least(&key, &c.value(&key)?, LARGE_BUFFER / MIB)?;
                 }
                 "max_non_split_rounding_mb" => {
                     newer(&key)?;
-                    let mb = number(&key, &c.value(&key)?)?;
-                    if mb < LARGE_BUFFER / MIB {
-                        return Err(format!(
-                            "max_non_split_rounding_mb must be >= {}",
-                            LARGE_BUFFER / MIB
-                        ));
-                    }
-                    s.max_non_split_rounding = mb.saturating_mul(MIB);
+                    s.max_non_split_rounding =
+                        mib_at_least(&key, &c.value(&key)?, LARGE_BUFFER / MIB)?;
                 }
                 "large_segment_size_mb" => {
                     newer(&key)?;

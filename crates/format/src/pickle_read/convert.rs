@@ -314,16 +314,7 @@ impl Converter<'_> {
         if let Some(n) = self.event_no(v) {
             // Move the entry out (no clone); remember where it went for a shared reference.
             let n = n as usize;
-            let placeholder = TraceEntry {
-                action: Action::Oom,
-                addr: 0,
-                size: 0,
-                stream: 0,
-                time_us: 0,
-                stack: None,
-                device_free: None,
-                user_metadata: None,
-            };
+            let placeholder = TraceEntry::new(Action::Oom);
             let idx = n.checked_sub(self.consumed).ok_or("bad event index")?;
             let e = self.events.get_mut(idx).ok_or("bad event index")?;
             let entry = std::mem::replace(e, placeholder);

@@ -20,16 +20,7 @@ pub(super) fn event_from_dict(
     v: Val,
 ) -> std::result::Result<TraceEntry, String> {
     let d = p.dict(v).ok_or("not a dict")?;
-    let mut e = TraceEntry {
-        action: Action::Other(String::new()),
-        addr: 0,
-        size: 0,
-        stream: 0,
-        time_us: 0,
-        stack: None,
-        device_free: None,
-        user_metadata: None,
-    };
+    let mut e = TraceEntry::new(Action::Other(String::new()));
     let mut frames = None;
     let mut has_action = false;
     for &(k, val) in d {
