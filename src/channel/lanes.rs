@@ -835,6 +835,31 @@ mod tests {
         assert!(unsafe { Lanes::try_push(&cursor, &ev) });
     }
 
+    /// A thread that sends events 1 to `events`, the lanes held (`Recorder::hold_lanes`)
+    /// once its first event claimed its lane; and its thread id.
+    fn producer_held_after_its_first_event(
+        rec: &'static Recorder,
+        events: u64,
+    ) -> (std::thread::JoinHandle<()>, i32) {
+        let lane_claimed = Arc::new(Barrier::new(2));
+        let held = lane_claimed.clone();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let producer = std::thread::spawn(move || {
+            // SAFETY: no arguments, no memory touched.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            send(rec, 1); // claims the thread's lane
+            held.wait();
+            held.wait();
+            for time in 2..=events {
+                send(rec, time);
+            }
+        });
+        lane_claimed.wait();
+        rec.hold_lanes();
+        lane_claimed.wait();
+        (producer, tid_rx.recv().unwrap())
+    }
+
     /// A thread held while it records waits until the writer lets go, and a hold that
     /// never ends holds it [`MAX_HELD_WAIT`] at most: it records on, nothing lost.
     #[test]
@@ -842,21 +867,9 @@ mod tests {
         const EVENTS: u64 = 3 * MIN_LANE_SHARE;
         for let_go in [true, false] {
             let rec = channel(8192);
-            let lane_claimed = Arc::new(Barrier::new(2));
-            let held = lane_claimed.clone();
-            let producer = std::thread::spawn(move || {
-                send(rec, 1); // claims the thread's lane
-                held.wait();
-                held.wait();
-                for time in 2..=EVENTS {
-                    send(rec, time);
-                }
-            });
-            lane_claimed.wait();
-            rec.hold_lanes();
             let waits_before = rec.counters.queue_waits.load(Relaxed);
             let began = std::time::Instant::now();
-            lane_claimed.wait();
+            let (producer, _) = producer_held_after_its_first_event(rec, EVENTS);
             if let_go {
                 while rec.counters.queue_waits.load(Relaxed) == waits_before {
                     std::thread::yield_now();
@@ -905,25 +918,9 @@ mod tests {
     fn a_quiet_let_go_wakes_the_held_threads_at_the_writers_next_pass() {
         const EVENTS: u64 = 4 * LOOK_EVERY;
         let rec = channel(8192);
-        let lane_claimed = Arc::new(Barrier::new(2));
-        let held = lane_claimed.clone();
-        let tid = Arc::new(std::sync::atomic::AtomicI32::new(0));
-        let producer_tid = tid.clone();
-        let producer = std::thread::spawn(move || {
-            // SAFETY: no arguments, no memory touched.
-            producer_tid.store(unsafe { libc::gettid() }, Relaxed);
-            send(rec, 1); // claims the thread's lane
-            held.wait();
-            held.wait();
-            for time in 2..=EVENTS {
-                send(rec, time);
-            }
-        });
-        lane_claimed.wait();
-        rec.lanes.hold();
-        lane_claimed.wait();
+        let (producer, tid) = producer_held_after_its_first_event(rec, EVENTS);
         // Until the producer sleeps in its wait for the hold to end.
-        let stat = format!("/proc/self/task/{}/stat", tid.load(Relaxed));
+        let stat = format!("/proc/self/task/{tid}/stat");
         let asleep = || {
             let text = std::fs::read_to_string(&stat).unwrap_or_default();
             text.rsplit_once(") ")
