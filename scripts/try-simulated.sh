@@ -27,16 +27,12 @@ OUT=${MEMSNAP_TRY_DIR:-$PWD/memsnap-try}
 mkdir -p "$OUT/bin" "$OUT/include"
 OUT=$(cd "$OUT" && pwd)
 
-# The library and the CLI built as the wheel's build (setup.py) builds them, one package at a
-# time: a dependency's features are then those of its own package, and a build done by
-# `pip install .` or scripts/build-wheel.sh is reused instead of made again.
 if [ -x target/release/memsnap ] && [ -f target/release/libmemsnap.so ]; then
-    echo "== cargo build --release of the library and the CLI (up to date in seconds unless sources changed)"
+    echo "== cargo build --release --workspace (up to date in seconds unless sources changed)"
 else
-    echo "== cargo build --release of the library and the CLI (a first build: 4 to 8 minutes on 2 cores)"
+    echo "== cargo build --release --workspace (a first build: 4 to 8 minutes on 2 cores)"
 fi
-cargo rustc --release --lib --crate-type cdylib
-cargo build --release -p memsnap-cli
+cargo build --release --workspace
 echo "== building the simulated CUDA driver and runtime into $OUT/fake-cuda"
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
 
