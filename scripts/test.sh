@@ -37,7 +37,7 @@ stage() { # stage NAME: ends the running stage, if any, and starts NAME ("" for 
 }
 
 # What the later stages download waits on the network more than on the CPU, so it runs in
-# the background while Rust compiles, and is waited for before the first test runs: the
+# the background while the debug build compiles, and is waited for before the first test runs: the
 # real PyTorch (scripts/real-torch/setup.sh: its wheel, about 530 MB, and its requirements
 # from PyPI), the object-store tests' servers and client (tests/remote.rs: moto and
 # azure-storage-blob from PyPI, Azurite from npm; installed once under target/tmp) and the
@@ -67,17 +67,18 @@ fetch() {
         bash scripts/build-wheel.sh --tools-only || true
     fi
 }
-set -m # (the background job in a process group of its own, ended whole if this script stops early)
-fetch > "$LOG/fetch.txt" 2>&1 &
-FETCH=$!
-set +m
-
 stage fmt
 echo "== cargo fmt --check"
 cargo fmt --check
 stage clippy
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# Started once cargo has made target/ (with its CACHEDIR.TAG, by which `memsnap run` knows a
+# clone's build: crates/cli/src/run.rs), while the debug build compiles.
+set -m # (the background job in a process group of its own, ended whole if this script stops early)
+fetch > "$LOG/fetch.txt" 2>&1 &
+FETCH=$!
+set +m
 stage build
 echo "== cargo build (the preload tests need target/debug/libmemsnap.so and memsnap)"
 cargo build --workspace --all-targets
