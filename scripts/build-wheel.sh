@@ -3,13 +3,14 @@
 # file, target/wheels/memsnap-<version>-py3-none-manylinux_2_<N>_x86_64.whl, which installs
 # with pip on machines without Rust.
 #
-#   bash scripts/build-wheel.sh
+#   bash scripts/build-wheel.sh [--tools-only]
 #
 # Needs cargo and python3 with venv. The build tools (python/requirements-build.txt) go into
 # target/wheel-tools, made once and reused. cargo builds the release profile into target/,
 # so a later `cargo build --release` reuses it. auditwheel then checks every ELF file of the
 # wheel against the manylinux policies (symbol versions of glibc and libgcc_s, linked
 # libraries) and tags it with the oldest glibc it runs on; this prints that tag.
+# --tools-only: makes target/wheel-tools and stops (scripts/test.sh, while it compiles).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -22,6 +23,7 @@ if ! cmp -s "$REQUIREMENTS" "$TOOLS/requirements-build.txt" 2>/dev/null; then
     "$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQUIREMENTS"
     cp "$REQUIREMENTS" "$TOOLS/requirements-build.txt"
 fi
+[ "${1:-}" != --tools-only ] || exit 0
 
 RAW=target/python-build/wheel
 rm -rf "$RAW" target/wheels
