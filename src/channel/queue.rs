@@ -464,14 +464,13 @@ impl Recorder {
         self.lanes.wake_if_due();
     }
 
-    /// Writer side, as it ends: waits until no thread holds the lanes (`limit` at most),
-    /// then wakes the held threads. Cold.
-    pub fn wake_held_once_let_go(&self, limit: Duration) {
+    /// Writer side, as it ends: waits until no thread holds the lanes, `limit` at most.
+    /// Cold.
+    pub fn wait_until_let_go(&self, limit: Duration) {
         let start = std::time::Instant::now();
         while self.lanes.held() && start.elapsed() < limit {
             std::thread::sleep(WAIT_STEP);
         }
-        self.lanes.wake_if_due();
     }
 
     /// Writer side: whether its busy passes are starved of processor time.

@@ -69,12 +69,11 @@ pub fn run(rec: &'static Recorder, cfg: Config) {
     }
     // The thread that waited for the exit snapshot goes on to end the process; if it held
     // the lanes, it lets go quietly and the wake is done here, so that it does not wait
-    // behind the threads it woke.
-    rec.wake_held_once_let_go(LAST_LET_GO);
+    // behind the threads it woke. One that lets go only after this wake wakes them itself
+    // (`Recorder::wait_for`: each side stores, fences, then loads what the other stored).
+    rec.wait_until_let_go(LAST_LET_GO);
     rec.writer_alive.store(false, Release);
     EXIT_DONE.store(true, Release);
-    // A thread that waited for the last snapshot may have let go quietly meanwhile (see
-    // `Recorder::wait_for`: each side stores, fences, then loads).
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     rec.wake_held_if_due();
 }
@@ -267,8 +266,8 @@ impl Writer {
                     self.serve_reads();
                 }
             }
-            self.serving.pass_ends(pass, applied >= REQUEST_LOOK);
-            self.rec.note_writer_starved(self.serving.is_starved());
+            let starved = self.serving.pass_ends(pass, applied >= REQUEST_LOOK);
+            self.rec.note_writer_starved(starved);
             self.serve_reads();
             self.maintain_stacks();
             if let Flow::Exit = self.serve_requests() {

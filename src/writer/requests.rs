@@ -48,7 +48,7 @@ const STARVED_AFTER: Duration = Duration::from_millis(5);
 #[derive(Default)]
 pub(super) struct Serving {
     /// When serving began, and the writer thread's processor time then.
-    since: Option<(Instant, Duration)>,
+    since: Option<CpuWatch>,
     /// Whether the writer holds the lanes (one hold of its own, ended by `end_serving`).
     holding: bool,
     /// Whether the last pass was busy: the next one is measured.
@@ -59,33 +59,46 @@ pub(super) struct Serving {
     starved: bool,
 }
 
-/// A pass of the writer's loop being measured: when it began, and the thread's processor
-/// time then.
-pub(super) struct PassStart(Option<(Instant, Duration)>);
+/// A pass of the writer's loop being measured (see [`Serving::pass_begins`]).
+pub(super) struct PassStart(Option<CpuWatch>);
 
 impl Serving {
     /// A pass of the writer's loop begins: measured only after a busy pass (an idle
     /// writer does not pay for the clock's system call).
     pub(super) fn pass_begins(&self) -> PassStart {
-        PassStart(
-            self.last_pass_busy
-                .then(|| (Instant::now(), thread_cpu_time())),
-        )
+        PassStart(self.last_pass_busy.then(CpuWatch::start))
     }
 
-    /// Whether the writer's last measured busy pass was starved.
-    pub(super) fn is_starved(&self) -> bool {
-        self.starved
-    }
-
-    /// The pass begun at `start` ended, busy or not.
-    pub(super) fn pass_ends(&mut self, start: PassStart, busy: bool) {
+    /// The pass begun at `start` ended, busy or not; returns whether the writer is starved.
+    pub(super) fn pass_ends(&mut self, start: PassStart, busy: bool) -> bool {
         if !busy {
             self.starved = false;
-        } else if let PassStart(Some((began, cpu_then))) = start {
-            self.starved = thread_cpu_time().saturating_sub(cpu_then) * 2 < began.elapsed();
+        } else if let PassStart(Some(watch)) = start {
+            self.starved = watch.ran_under_half();
         }
         self.last_pass_busy = busy;
+        self.starved
+    }
+}
+
+/// Wall-clock time and the calling thread's processor time since a start.
+#[derive(Clone, Copy)]
+struct CpuWatch {
+    began: Instant,
+    cpu_then: Duration,
+}
+
+impl CpuWatch {
+    fn start() -> CpuWatch {
+        CpuWatch {
+            began: Instant::now(),
+            cpu_then: thread_cpu_time(),
+        }
+    }
+
+    /// Whether the thread ran for less than half the time since the start (a system call).
+    fn ran_under_half(&self) -> bool {
+        thread_cpu_time().saturating_sub(self.cpu_then) * 2 < self.began.elapsed()
     }
 }
 
@@ -106,7 +119,7 @@ impl Writer {
         if self.serving.since.is_some() {
             return false;
         }
-        self.serving.since = Some((Instant::now(), thread_cpu_time()));
+        self.serving.since = Some(CpuWatch::start());
         if self.serving.starved {
             self.hold_lanes();
         }
@@ -117,13 +130,10 @@ impl Writer {
     /// enough to call every few dozen events: a clock read while serving, and the thread's
     /// processor time (a system call) only past [`STARVED_AFTER`] and until it holds.
     pub(super) fn hold_if_starved(&mut self) {
-        let Some((began, cpu_then)) = self.serving.since else {
+        let Some(watch) = self.serving.since else {
             return;
         };
-        let wall = began.elapsed();
-        if wall >= STARVED_AFTER
-            && !self.serving.holding
-            && thread_cpu_time().saturating_sub(cpu_then) * 2 < wall
+        if watch.began.elapsed() >= STARVED_AFTER && !self.serving.holding && watch.ran_under_half()
         {
             self.hold_lanes();
         }
