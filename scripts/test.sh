@@ -94,7 +94,8 @@ stage "cargo test"
 echo "== cargo test"
 status=0
 why=() # --why PREFIX=REASON for scripts/test-tally.py: tests left out for a missing tool
-cargo test --workspace --no-fail-fast 2>&1 | tee "$LOG/test.log" || status=1
+# `cargo test --workspace`, three test binaries at a time (scripts/test-binaries.py says why).
+python3 scripts/test-binaries.py 2>&1 | tee "$LOG/test.log" || status=1
 # The capture-stats diagnostic build (a cargo feature no other build has: src/capture/stats.rs):
 # it must pass clippy too, and its counters' tests run alone and one at a time, since the counters are
 # process-wide. The feature includes bench-hooks: the switch that lets every thread pass
@@ -150,7 +151,8 @@ stage "real PyTorch"
 echo "== the real PyTorch on the simulated driver: scripts/real-torch/setup.sh (run above), then tests/real_torch.rs"
 if [ "$(cat "$LOG/real-torch-setup.status")" = 0 ]; then
     tail -n 1 "$LOG/real-torch-setup.txt"
-    cargo test --test real_torch -- --ignored 2>&1 | tee "$LOG/real-torch.log" || status=1
+    # Three at a time: two at a time left a third of the processors idle.
+    cargo test --test real_torch -- --ignored --test-threads=3 2>&1 | tee "$LOG/real-torch.log" || status=1
 else
     tail -n 5 "$LOG/real-torch-setup.txt"
     echo "the real PyTorch could not be set up (above): its tests ignored"
