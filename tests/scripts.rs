@@ -126,14 +126,34 @@ fn try_simulated_runs_a_c_and_a_python_file_and_says_where_the_snapshots_are() {
     // One folder for both: the simulated driver is built once.
     let out_dir = dir.path().join("try");
     for (file, args, files) in [(&c, &[][..], 1), (&py, &["x", "y"][..], 2)] {
-        let out = Command::new("bash")
+        let mut script = Command::new("bash");
+        script
             .arg(root().join("scripts/try-simulated.sh"))
             .arg(file)
             .args(args)
             .env("MEMSNAP_TRY_DIR", &out_dir)
-            .env_remove("LD_PRELOAD")
-            .output()
-            .expect("bash scripts/try-simulated.sh");
+            .env_remove("LD_PRELOAD");
+        // Run as from a user's shell, without what cargo sets for this test (its package's
+        // name and folder, OUT_DIR): build scripts that watch those variables (ring's) would
+        // otherwise run again, and the release build the wheel's build made be compiled anew.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name == "OUT_DIR"
+                || [
+                    "CARGO_PKG_",
+                    "CARGO_MANIFEST_",
+                    "CARGO_CRATE_",
+                    "CARGO_BIN_",
+                    "CARGO_PRIMARY_",
+                ]
+                .iter()
+                .any(|p| name.starts_with(p))
+                || name == "CARGO_TARGET_TMPDIR"
+            {
+                script.env_remove(&*name);
+            }
+        }
+        let out = script.output().expect("bash scripts/try-simulated.sh");
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stdout}\n{stderr}");
