@@ -35,11 +35,18 @@ fn the_readme_and_the_reference_pages_keep_their_length() {
         ("docs/BENCHMARKS.md", 400),
         ("docs/HOT-PATH.md", 400),
     ] {
-        assert!(lines(page) <= most, "{page}: {} lines, at most {most}", lines(page));
+        assert!(
+            lines(page) <= most,
+            "{page}: {} lines, at most {most}",
+            lines(page)
+        );
     }
     let mut pages = Vec::new();
     files_under(&root().join("docs"), "md", &mut pages);
-    let words: usize = pages.iter().map(|p| read(p).split_whitespace().count()).sum();
+    let words: usize = pages
+        .iter()
+        .map(|p| read(p).split_whitespace().count())
+        .sum();
     assert!(
         words <= 45_000,
         "docs/*.md: {words} words, at most 45,000: take out what a reference page need not hold"
@@ -67,21 +74,35 @@ fn no_source_file_is_over_1200_lines_and_no_benchmark_lives_in_src() {
         .iter()
         .filter(|p| p.file_name().unwrap().to_string_lossy().contains("bench"))
         .collect();
-    assert!(benches.is_empty(), "benchmarks live in benches/: {benches:?}");
+    assert!(
+        benches.is_empty(),
+        "benchmarks live in benches/: {benches:?}"
+    );
 }
 
 /// `{package}|{features}` lines of the dependencies that `cargo tree` resolves for one
 /// selection of packages (`-p memsnap`, `--workspace`, ...), the workspace's own left out.
 fn resolved(selection: &[&str]) -> Option<Vec<String>> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["tree", "--locked", "--offline", "-e", "normal,build", "--prefix", "none"])
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-e",
+            "normal,build",
+            "--prefix",
+            "none",
+        ])
         .args(["-f", "{p}|{f}"])
         .args(selection)
         .current_dir(root())
         .output()
         .ok()?;
     if !out.status.success() {
-        eprintln!("cargo tree {selection:?}: {}", String::from_utf8_lossy(&out.stderr));
+        eprintln!(
+            "cargo tree {selection:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         return None;
     }
     let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
