@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # Instructions memsnap executes per recorded event, counted exactly by callgrind on the
 # simulated driver: figures that load on the machine cannot move, for comparing two builds
-# of the hot path. (Wall-clock costs are scripts/bench-hooks.sh's job.) Three routes, each in
+# of the hot path. (Wall-clock costs are benches/hooks.sh's job.) Three routes, each in
 # every stack mode:
 #
-#  1. C caller, cudaMallocAsync / cudaFreeAsync: scripts/bench/hook_cost.c (runtime compiled
+#  1. C caller, cudaMallocAsync / cudaFreeAsync: benches/programs/hook_cost.c (runtime compiled
 #     in, 34 native frames at cudaMallocAsync, 6 call sites in rotation, 256 sizes).
 #     Callgrind counts the instructions inside cudaMallocAsync and cudaFreeAsync, memsnap's
 #     wrappers and everything they call included, divided by the calls made; "over not
 #     loaded" subtracts the same program without memsnap.
-#  2. Python caller, the same calls through ctypes: scripts/bench/hook_cost.py (12 Python
+#  2. Python caller, the same calls through ctypes: benches/python/hook_cost.py (12 Python
 #     frames at the call, under the interpreter's and libffi's native frames).
-#  2b. C caller with a training step's stack shape: scripts/bench/step_shape.c (54 native
+#  2b. C caller with a training step's stack shape: benches/programs/step_shape.c (54 native
 #     frames at cudaMallocAsync; consecutive allocations differ in their inner 12-22 frames,
 #     one of 450 paths each time, as a real step's do: the walk unwinds about 20 frames and
 #     reuses the outer 35 of the previous walk). Route "step".
 #  3. PyTorch's caching allocator, the trace tracker (src/pytorch/mod.rs): the stand-in of
-#     tests/fake_torch driven from C (scripts/bench/tracker_cost.c, 34 native frames at the
-#     allocation) and from Python (scripts/bench/tracker_cost.py, 12 Python frames). Each
+#     tests/fake_torch driven from C (benches/programs/tracker_cost.c, 34 native frames at the
+#     allocation) and from Python (benches/python/tracker_cost.py, 12 Python frames). Each
 #     trace entry is one call of memsnap's tracker; the table gives the instructions memsnap
 #     adds per entry, by entry: BlockAlloc (standin_malloc), FreeRequested (standin_free;
 #     the block stays pending on a side stream) and FreeCompleted (standin_process_events),
@@ -45,13 +45,13 @@
 #     hooks (cudaMallocAsync / cudaFreeAsync) record, and the driver calls the runtime makes
 #     underneath, through the driver entry points it looked up (cuGetProcAddress), reach
 #     memsnap's driver hooks, which pass them through. What memsnap's own instructions run
-#     and miss, per pair, counted instruction by instruction (scripts/bench/
+#     and miss, per pair, counted instruction by instruction (benches/python/
 #     lines_by_instruction.py; the hooks' inclusive counts are not usable there: see the route).
 #  4b. Route "tracker-cache": the same count for PyTorch's caching allocator, the tracker of
 #     route 3 driven from C, after two warm-up rounds, with EVICT bytes written before each
 #     block allocation (outside it): cache lines missed per BlockAlloc entry (inside
 #     standin_malloc), with memsnap minus without it.
-#  4c. Route "python-cache": the same count for a Python caller (scripts/bench/cold_hook.py
+#  4c. Route "python-cache": the same count for a Python caller (benches/python/cold_hook.py
 #     --one: 10 Python frames deep, through ctypes; a C loop writes EVICT bytes before each
 #     cudaMallocAsync + cudaFreeAsync pair, after 40,000 warm pairs, and only that loop is
 #     collected, by callgrind's client requests; needs valgrind's headers): the lines the Python walk and the rest of the hook miss, per
@@ -61,7 +61,7 @@
 # `Writer::apply` per event applied (routes 1 and 2). Each run's exit snapshot must show
 # every event with its stack (0 dropped, 0 stackless), else the row says VOID.
 #
-#   bash scripts/bench-hook-instructions.sh [LIB ...]   (default: this build's release library;
+#   bash benches/hook-instructions.sh [LIB ...]   (default: this build's release library;
 #                                                        needs valgrind; ~3 min per library)
 #   ROUTES="c step python tracker cache runtime-cache tracker-cache python-cache" (default the first four), ITERATIONS (C, 3000), ITERATIONS_CACHE (cache: 40, x 5 runs),
 #   ROUNDS_CACHE (tracker-cache: rounds of 64 blocks after 2 warm-up rounds, 5),
@@ -75,13 +75,13 @@ command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get ins
 [ $# -eq 0 ] && cargo build --release --lib --quiet
 OUT=target/bench-hooks
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
-cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" scripts/bench/hook_cost.c \
+cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" benches/programs/hook_cost.c \
     -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
-cc -std=gnu11 -O2 -g -o "$OUT/hook_cost_runtime" scripts/bench/hook_cost.c \
+cc -std=gnu11 -O2 -g -o "$OUT/hook_cost_runtime" benches/programs/hook_cost.c \
     -L"$OUT/fake-cuda/lib" -lcudart -ldl -lpthread
-cc -std=gnu11 -O2 -g -o "$OUT/step_shape" scripts/bench/step_shape.c \
+cc -std=gnu11 -O2 -g -o "$OUT/step_shape" benches/programs/step_shape.c \
     -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
-cc -std=gnu11 -O2 -g -o "$OUT/tracker_cost" scripts/bench/tracker_cost.c \
+cc -std=gnu11 -O2 -g -o "$OUT/tracker_cost" benches/programs/tracker_cost.c \
     -L"$OUT/fake-cuda/lib" -lcudart -ldl -lpthread
 export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDART=$PWD/$OUT/fake-cuda/lib/libcudart.so.13
 export STANDIN_LIB=$PWD/$OUT/fake-cuda/torch/lib/libc10_cuda.so
@@ -124,7 +124,7 @@ inclusive() { inclusive_events "$1" "$2" "" | awk '{ print $1 }'; }
 total() { callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { v = $1; gsub(",", "", v); if (v == ".") v = 0; print v; done = 1 }'; }
 
 # "<recorded> <dropped> <stackless>" of a run's folder, or "missing - -"
-counts() { "$PY" scripts/bench/snapshot_counts.py "$1" 2>/dev/null || echo "missing - -"; }
+counts() { "$PY" benches/python/snapshot_counts.py "$1" 2>/dev/null || echo "missing - -"; }
 
 # run_cg DIR CONFIG LIB TOGGLE CMD...: callgrind over CMD, memsnap preloaded unless CONFIG is
 # baseline (CONFIG: STACKS or STACKS/all for MEMSNAP_CONTEXT=all); prints CMD's stdout.
@@ -180,7 +180,7 @@ cold_pairs_table() {
     done
 }
 
-echo "command: bash scripts/bench-hook-instructions.sh ${*:-}"
+echo "command: bash benches/hook-instructions.sh ${*:-}"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m); $(valgrind --version); python: $($PY --version 2>&1)"
 echo "memsnap: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (+ uncommitted src changes)')"
 
@@ -190,13 +190,13 @@ for route in $ROUTES; do
         # In the shared runtime cudaMallocAsync is a jump to malloc_async (callgrind sees no
         # call of its own): count that.
         if [ "$route" = c ]; then
-            cmd=("$OUT/hook_cost" "$ITERATIONS" "$C_DEPTH"); what="C caller (scripts/bench/hook_cost.c)"
+            cmd=("$OUT/hook_cost" "$ITERATIONS" "$C_DEPTH"); what="C caller (benches/programs/hook_cost.c)"
             f_malloc=cudaMallocAsync; f_free=cudaFreeAsync
         elif [ "$route" = step ]; then
-            cmd=("$OUT/step_shape" "$ITERATIONS" 30); what="C caller, a training step's stack shape (scripts/bench/step_shape.c)"
+            cmd=("$OUT/step_shape" "$ITERATIONS" 30); what="C caller, a training step's stack shape (benches/programs/step_shape.c)"
             f_malloc=cudaMallocAsync; f_free=cudaFreeAsync
         else
-            cmd=("$PY" scripts/bench/hook_cost.py "$PY_ITERATIONS"); what="Python caller through ctypes (scripts/bench/hook_cost.py)"
+            cmd=("$PY" benches/python/hook_cost.py "$PY_ITERATIONS"); what="Python caller through ctypes (benches/python/hook_cost.py)"
             f_malloc=malloc_async; f_free=cuMemFreeAsync # cudaFreeAsync: a jump, inlined free_async
         fi
         echo
@@ -239,11 +239,11 @@ for route in $ROUTES; do
             if [ "$caller" = C ]; then
                 cmd=("$OUT/tracker_cost" "${ROUNDS:-100}" 26); what="native frames at the allocation"
             else
-                cmd=("$PY" scripts/bench/tracker_cost.py "${ROUNDS:-30}"); what="Python frames at the allocation"
+                cmd=("$PY" benches/python/tracker_cost.py "${ROUNDS:-30}"); what="Python frames at the allocation"
             fi
             echo
-            ext=c; [ "$caller" = Python ] && ext=py
-            echo "**PyTorch tracker, $caller caller** (scripts/bench/tracker_cost.$ext): instructions memsnap adds per trace entry (with it minus without it)"
+            program=benches/programs/tracker_cost.c; [ "$caller" = Python ] && program=benches/python/tracker_cost.py
+            echo "**PyTorch tracker, $caller caller** ($program): instructions memsnap adds per trace entry (with it minus without it)"
             echo
             echo "| library | memsnap | BlockAlloc | FreeRequested | FreeCompleted | dropped | stackless |"
             echo "|---|---|---|---|---|---|---|"
@@ -289,7 +289,7 @@ for route in $ROUTES; do
         rounds=${ROUNDS_CACHE:-5}
         cmd=("$OUT/tracker_cost" "$rounds" 26 "$STANDIN_LIB" "$evict")
         echo
-        echo "**PyTorch tracker with cold caches** (scripts/bench/tracker_cost.c, $evict bytes written before each block allocation; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): per BlockAlloc entry (standin_malloc), with memsnap minus without it"
+        echo "**PyTorch tracker with cold caches** (benches/programs/tracker_cost.c, $evict bytes written before each block allocation; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): per BlockAlloc entry (standin_malloc), with memsnap minus without it"
         echo
         echo "| library | memsnap | instructions over not loaded | D1 misses over not loaded (read + write) | LL misses over not loaded (read + write) | dropped | stackless |"
         echo "|---|---|---|---|---|---|---|"
@@ -322,7 +322,7 @@ for route in $ROUTES; do
     cache)
         evict=${EVICT:-4194304}
         echo
-        echo "**C caller with cold caches** (scripts/bench/hook_cost.c, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): cache lines missed per call, inside cudaMallocAsync / cudaFreeAsync"
+        echo "**C caller with cold caches** (benches/programs/hook_cost.c, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): cache lines missed per call, inside cudaMallocAsync / cudaFreeAsync"
         echo
         cold_pairs_table $(( ${ITERATIONS_CACHE:-40} * 5 )) cudaMallocAsync cudaFreeAsync cold_loop \
             "$OUT/hook_cost" "${ITERATIONS_CACHE:-40}" "$C_DEPTH" "$evict"
@@ -330,13 +330,13 @@ for route in $ROUTES; do
         echo "($C_DEPTH nested calls: $(( C_DEPTH + 8 )) native frames at cudaMallocAsync; ${ITERATIONS_CACHE:-40} x 5 pairs collected.)"
         ;;
     runtime-cache)
-        # Counted instruction by instruction (scripts/bench/lines_by_instruction.py): the
+        # Counted instruction by instruction (benches/python/lines_by_instruction.py): the
         # hooks' inclusive counts are not usable here, callgrind taking the runtime's own
         # cudaMallocAsync, called from memsnap's of the same name, for a recursion.
         evict=${EVICT:-4194304}
         pairs=$(( ${ITERATIONS_CACHE:-40} * 5 ))
         echo
-        echo "**C caller through the shared runtime, cold caches** (scripts/bench/hook_cost.c linked to the simulated libcudart, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): what memsnap's own instructions run and miss per allocation-free pair"
+        echo "**C caller through the shared runtime, cold caches** (benches/programs/hook_cost.c linked to the simulated libcudart, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): what memsnap's own instructions run and miss per allocation-free pair"
         echo
         echo "| library | memsnap | instructions per pair | D1 misses per pair: read | written | LL misses per pair: read | written | dropped | stackless |"
         echo "|---|---|---|---|---|---|---|---|---|"
@@ -345,7 +345,7 @@ for route in $ROUTES; do
                 dir=$(mktemp -d "$WORK/run.XXXXXX")
                 CG_CACHE=1 CG_INSTR=1 run_cg "$dir" "$config" "$lib" cold_loop \
                     "$OUT/hook_cost_runtime" "${ITERATIONS_CACHE:-40}" "$C_DEPTH" "$evict" >/dev/null
-                row=$("$PY" scripts/bench/lines_by_instruction.py "$dir/cg" "$lib" "$pairs" \
+                row=$("$PY" benches/python/lines_by_instruction.py "$dir/cg" "$lib" "$pairs" \
                     --events Ir,D1mr,D1mw,DLmr,DLmw | awk '{ printf "%d | %s | %s | %s | %s", $1, $2, $3, $4, $5 }')
                 read -r recorded dropped stackless < <(counts "$dir")
                 if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
@@ -361,13 +361,13 @@ for route in $ROUTES; do
         evict=${EVICT:-4194304}
         pairs=${PAIRS_CACHE:-200}
         echo
-        echo "**Python caller with cold caches** (scripts/bench/cold_hook.py --one: 10 Python frames deep through ctypes, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): cache lines missed inside cudaMallocAsync / cudaFreeAsync"
+        echo "**Python caller with cold caches** (benches/python/cold_hook.py --one: 10 Python frames deep through ctypes, $evict bytes written before each pair; simulated I1 32 KiB, D1 48 KiB, LL 2 MiB): cache lines missed inside cudaMallocAsync / cudaFreeAsync"
         echo
         # (cudaMallocAsync: its inner malloc_async; cudaFreeAsync: a jump to the driver's
         # cuMemFreeAsync, as in route python. Collection starts off; the helper's cold loop
         # turns it on and off itself.)
         cold_pairs_table "$pairs" malloc_async cuMemFreeAsync "" \
-            --collect-atstart=no "$PY" scripts/bench/cold_hook.py --one "$pairs" $(( evict / 1024 ))
+            --collect-atstart=no "$PY" benches/python/cold_hook.py --one "$pairs" $(( evict / 1024 ))
         echo
         echo "(10 Python frames at the call, under the interpreter's and libffi's native frames; $pairs pairs collected after 40,000 warm ones.)"
         ;;

@@ -3,27 +3,27 @@
 # CUDA runtime's cudaMallocAsync/cudaFreeAsync in a training-loop-like pattern (a window of
 # 16 live allocations, free the oldest + allocate a new one per iteration, sizes from a fixed
 # set of 256 in a deterministic pseudo-random order, 6 call sites in rotation), without
-# memsnap and with it in each stack mode. From C (runtime compiled in, scripts/bench/hook_cost.c)
-# and from Python through ctypes (scripts/bench/hook_cost.py); the stack depths are measured
+# memsnap and with it in each stack mode. From C (runtime compiled in, benches/programs/hook_cost.c)
+# and from Python through ctypes (benches/python/hook_cost.py); the stack depths are measured
 # by the programs and printed.
 #
 # Every preloaded run writes its exit snapshot into a folder of its own; the table reports
 # what the snapshots say was recorded, dropped and left without a stack, and a configuration
 # that lost anything in any run gets "VOID (...)" instead of a cost figure.
 #
-#   bash scripts/bench-hooks.sh    (Markdown tables; ROUNDS=3 by default, ~20 s per round on 2 cores)
+#   bash benches/hooks.sh    (Markdown tables; ROUNDS=3 by default, ~20 s per round on 2 cores)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --workspace --quiet
 OUT=target/bench-hooks
 bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
-cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" scripts/bench/hook_cost.c \
+cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" benches/programs/hook_cost.c \
     -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
 LIB=$PWD/target/release/libmemsnap.so
 export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDART=$PWD/$OUT/fake-cuda/lib/libcudart.so.13
 unset LD_PRELOAD $(env | grep -o '^MEMSNAP_[A-Z_]*' || true)
 PY=${PYTHON:-python3}
-COUNTS=scripts/bench/snapshot_counts.py
+COUNTS=benches/python/snapshot_counts.py
 RUNS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/memsnap-bench-hooks.XXXXXX")
 trap 'rm -rf "$RUNS_DIR"' EXIT
 
@@ -51,7 +51,7 @@ run() {
     echo "$3 $2" >"$RUNS_DIR/about" # frames calls
 }
 
-echo "command: ROUNDS=${ROUNDS:-3} bash scripts/bench-hooks.sh"
+echo "command: ROUNDS=${ROUNDS:-3} bash benches/hooks.sh"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "python: $($PY --version 2>&1)  memsnap: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src crates/format 2>/dev/null || echo ' (+ uncommitted src changes)'), release build"
 echo
@@ -68,7 +68,7 @@ for caller in C Python; do
     if [ "$caller" = C ]; then
         cmd=("$OUT/hook_cost" 200000 26); what="runtime compiled in"; frames="native frames at cudaMallocAsync"
     else
-        cmd=("$PY" scripts/bench/hook_cost.py 100000); what="through ctypes"; frames="Python frames at the ctypes call"
+        cmd=("$PY" benches/python/hook_cost.py 100000); what="through ctypes"; frames="Python frames at the ctypes call"
     fi
     results=$RUNS_DIR/$caller.runs
     : >"$results"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Instructions a training step, memsnap against PyTorch's own recorder, counted by callgrind:
-# the twin of scripts/gpu/step_time.py (the step time users feel) that the machine's load
+# the twin of benches/gpu/step_time.py (the step time users feel) that the machine's load
 # cannot move, run without a GPU on the simulated CUDA driver.
 #
-#   bash scripts/bench-real-torch-step.sh [LIB...]
+#   bash benches/real-torch-step.sh [LIB...]
 #
 # LIB: a libmemsnap.so with its symbols (memsnap's writer thread is told apart by its
 # function names); without one the script builds one (`cargo build --release --lib
@@ -15,7 +15,7 @@
 # AdamW) on the simulated driver, where kernels and cuBLAS compute nothing: what is counted is
 # the step's host side (Python, autograd, the dispatcher, the allocator, memsnap or the
 # recorder), which sets the step time of such a model on a GPU. Each configuration is one
-# process under callgrind (scripts/bench/real_torch_step.py): 5 steps uncounted, STEPS (4)
+# process under callgrind (benches/python/real_torch_step.py): 5 steps uncounted, STEPS (4)
 # counted. Rows: the caching allocator without memsnap, with memsnap (stacks STACKS, default
 # "none python all"), with PyTorch's recorder (python, all; context "all", as step_time.py runs
 # it); tensor mode (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) without and with memsnap.
@@ -27,7 +27,7 @@
 # that does nothing but be called at every Python call (what Python stacks kept by the
 # interpreter instead of read at each allocation would cost, before any work): `sys.monitoring`
 # calling C functions at each function's start and return (Python 3.12 and later), and the
-# frame-evaluation function of scripts/bench/frame_eval_hook.c, which keeps a stack of the
+# frame-evaluation function of benches/programs/frame_eval_hook.c, which keeps a stack of the
 # frames; and prints the Python calls a step. Needs valgrind with its headers, cc, readelf, nm,
 # and PyPI for the first run; PYTHON (python3) picks the interpreter. Takes about 6 minutes on
 # the 2-core VM (8 with the hooks).
@@ -36,8 +36,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 STEPS=${STEPS:-4}
 STACKS=${STACKS:-none python all}
-NAME=bench-real-torch-step
-. "$ROOT/scripts/bench/real_torch_env.sh"
+NAME=benches/real-torch-step.sh
+. "$ROOT/benches/support/real_torch_env.sh"
 for lib in "${LIBS[@]}"; do
     nm "$lib" 2>/dev/null | grep 'memsnap..writer' >/dev/null \
         || { echo "$NAME: $lib has no symbols (its writer thread could not be told apart): give the unstripped build" >&2; exit 2; }
@@ -50,12 +50,12 @@ count() {
     mkdir -p "$WORK/$name/snapshots"
     env "$@" PYTHONHASHSEED=0 MEMSNAP_FOLDER="$WORK/$name/snapshots" valgrind --tool=callgrind \
         --instr-atstart=no --separate-threads=yes --callgrind-out-file="$WORK/$name/cg.%p" \
-        "$PY" scripts/bench/real_torch_step.py "$WORK/helper.so" "$mode" "$stacks" "$STEPS" \
+        "$PY" benches/python/real_torch_step.py "$WORK/helper.so" "$mode" "$stacks" "$STEPS" \
         > "$WORK/$name/out.txt" 2> "$WORK/$name/valgrind.txt" \
         || { echo "$NAME: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
     python3 - "$WORK/$name" "$name" <<'PY'
 import json, sys
-sys.path.insert(0, "scripts/bench")
+sys.path.insert(0, "benches/python")
 import real_torch_rows
 folder, name = sys.argv[1], sys.argv[2]
 result = json.loads([l for l in open(f"{folder}/out.txt") if l.startswith("RESULT ")][-1][7:])
@@ -68,7 +68,7 @@ PY
 count_configurations "python all"
 if [ "${INTERPRETER_HOOKS:-0}" = 1 ]; then
     include=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-    cc -O2 -fPIC -shared -I"$include" -o "$WORK/frame_eval_hook.so" scripts/bench/frame_eval_hook.c
+    cc -O2 -fPIC -shared -I"$include" -o "$WORK/frame_eval_hook.so" benches/programs/frame_eval_hook.c
     if "$PY" -c 'import sys; sys.exit(not hasattr(sys, "monitoring"))'; then
         count hook-monitoring monitoring -
     fi
@@ -77,7 +77,7 @@ fi
 
 python3 - "$WORK" "$STEPS" "${LIBS[@]}" <<'PY'
 import sys
-sys.path.insert(0, "scripts/bench")
+sys.path.insert(0, "benches/python")
 import real_torch_rows
 work, steps, libs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 labels = real_torch_rows.labels(libs)

@@ -4,7 +4,7 @@
 # cost,cost-async) that the machine's load cannot move, run without a GPU on the simulated
 # CUDA driver.
 #
-#   bash scripts/bench-real-torch.sh [LIB...]
+#   bash benches/real-torch.sh [LIB...]
 #
 # LIB: a libmemsnap.so built with --features bench-hooks; without one the script builds one
 # (`cargo build --release --lib --features bench-hooks --target-dir target/gpu`). With two
@@ -13,7 +13,7 @@
 # The real PyTorch (the CUDA wheel of PyTorch ${TORCH_VERSION:-2.11.0}, about 530 MB,
 # downloaded once) runs on the simulated driver (scripts/real-torch/setup.sh, into
 # ${REAL_TORCH_DIR:-target/real-torch}). Each configuration is one process under callgrind
-# (scripts/bench/real_torch_count.py): a loop of tensors 12 Python frames deep, ITERATIONS
+# (benches/python/real_torch_count.py): a loop of tensors 12 Python frames deep, ITERATIONS
 # (2,000) allocations a block, each replacing (freeing) an earlier tensor, in BLOCKS (2) pairs
 # of alternating blocks, recording on and off: memsnap's by its pass-through switch, the
 # recorder's by torch.cuda.memory._record_memory_history. Two routes: PyTorch's caching
@@ -44,11 +44,11 @@ cd "$ROOT"
 ITERATIONS=${ITERATIONS:-2000}
 BLOCKS=${BLOCKS:-2}
 STACKS=${STACKS:-none python all}
-NAME=bench-real-torch
+NAME=benches/real-torch.sh
 PASS_THROUGH=1 # (recording is switched inside each process)
 # (LIBS checked, the real PyTorch set up, PY, WORK and the callgrind helper: shared with
-# scripts/bench-real-torch-step.sh.)
-. "$ROOT/scripts/bench/real_torch_env.sh"
+# benches/real-torch-step.sh.)
+. "$ROOT/benches/support/real_torch_env.sh"
 
 # count NAME MODE STACKS [ENV...]: one process under callgrind; leaves NAME/row.json.
 count() {
@@ -59,12 +59,12 @@ count() {
     # between processes, and a block of one process can be set against another's.)
     env "$@" PYTHONHASHSEED=0 MEMSNAP_FOLDER="$WORK/$name/snapshots" valgrind --tool=callgrind \
         --instr-atstart=no --separate-threads=yes --callgrind-out-file="$WORK/$name/cg.%p" \
-        "$PY" scripts/bench/real_torch_count.py "$WORK/helper.so" "$mode" "$stacks" "$ITERATIONS" "$BLOCKS" \
+        "$PY" benches/python/real_torch_count.py "$WORK/helper.so" "$mode" "$stacks" "$ITERATIONS" "$BLOCKS" \
         > "$WORK/$name/out.txt" 2> "$WORK/$name/valgrind.txt" \
-        || { echo "bench-real-torch: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
+        || { echo "$NAME: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
     python3 - "$WORK/$name" "$name" <<'PY'
 import glob, json, re, sys
-sys.path.insert(0, "scripts/bench")
+sys.path.insert(0, "benches/python")
 import real_torch_rows
 folder, name = sys.argv[1], sys.argv[2]
 result = json.loads([l for l in open(f"{folder}/out.txt") if l.startswith("RESULT ")][-1][7:])
@@ -84,7 +84,7 @@ count_configurations "none python all"
 
 python3 - "$WORK" "$ITERATIONS" "${LIBS[@]}" <<'PY'
 import statistics, sys
-sys.path.insert(0, "scripts/bench")
+sys.path.insert(0, "benches/python")
 import real_torch_rows
 work, n, libs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 labels = real_torch_rows.labels(libs)

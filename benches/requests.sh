@@ -5,7 +5,7 @@
 # (a request figure from a run that lost events is void). From the request to the file (dump,
 # signal, oom) or to the process's end (exit, term).
 #
-#   bash scripts/bench-requests.sh        (RUNS=5 by default; LIB=... another build; FAKE_CUDA=...
+#   bash benches/requests.sh        (RUNS=5 by default; LIB=... another build; FAKE_CUDA=...
 #                                          below; THREADS="64" some thread counts only;
 #                                          prints a Markdown table)
 set -euo pipefail
@@ -23,7 +23,7 @@ BIN=$FAKE/bin/load
 RUNS=${RUNS:-5}
 export LD_LIBRARY_PATH=$FAKE/lib FAKE_CUDA_CAPACITY=80G MEMSNAP_STACKS=all MEMSNAP_QUIET=1
 
-echo "command: bash scripts/bench-requests.sh (RUNS=$RUNS)"
+echo "command: bash benches/requests.sh (RUNS=$RUNS)"
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo " (+ uncommitted changes)")"
 echo
@@ -44,7 +44,7 @@ for threads in ${THREADS:-2 8 32 64}; do
                 times+=("$(sed -n "s/^result ${mode}_ms=//p" <<<"$out")")
             fi
             # The exit snapshot (dump and oom runs write one too) holds the whole run.
-            read -r rec drop stk < <(python3 scripts/bench/snapshot_counts.py "$dir" || echo "0 0 0")
+            read -r rec drop stk < <(python3 benches/python/snapshot_counts.py "$dir" || echo "0 0 0")
             recorded=$rec dropped=$((dropped + drop)) stackless=$((stackless + stk))
             rm -rf "$dir"
         done

@@ -311,7 +311,7 @@ pub mod debug {
     use crate::lifecycle::debug;
 
     /// With `on` non-zero, the calling thread's CUDA calls pass through memsnap unrecorded
-    /// until it is called again with 0 (`scripts/gpu/hook_cost_torch.py` times the same
+    /// until it is called again with 0 (`benches/gpu/hook_cost_torch.py` times the same
     /// loop both ways in one process with it).
     #[unsafe(no_mangle)]
     pub extern "C" fn memsnap_debug_pass_through(on: libc::c_int) {

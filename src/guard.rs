@@ -100,7 +100,7 @@ fn every_thread_passing_through() -> bool {
 
 /// Benchmarks only: [`set_pass_through`] for every thread of the process at once, so that
 /// a training step, whose backward pass allocates on autograd's own threads, can be timed
-/// recorded and not recorded in one process (`scripts/gpu/step_time.py`). Calls already
+/// recorded and not recorded in one process (`benches/gpu/step_time.py`). Calls already
 /// inside a hook finish as they started.
 #[cfg(feature = "bench-hooks")]
 pub fn set_pass_through_every_thread(on: bool) {

@@ -6,7 +6,7 @@
 //! The requests' timings are bounded loosely ([`REQUEST_BOUND_MS`]): these tests share two
 //! cores with the rest of the suite and run the unoptimized library. What they rule out is
 //! the old failure (a request dropped from a full queue: a 30-60 s wait and no file). The
-//! figures themselves (tens of milliseconds) are measured by `scripts/bench-requests.sh`
+//! figures themselves (tens of milliseconds) are measured by `benches/requests.sh`
 //! and kept in docs/BENCHMARKS.md.
 
 mod common;

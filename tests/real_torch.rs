@@ -222,7 +222,7 @@ fn real_torch_expandable_segments_blocks_match_pytorchs_own_snapshot() {
 #[test]
 #[ignore = "needs the real PyTorch: scripts/test.sh sets it up and runs this"]
 fn real_torch_training_step_blocks_match_pytorchs_own_snapshot() {
-    // A transformer's training step (scripts/gpu/step_time.py's: 4 encoder layers, bf16
+    // A transformer's training step (benches/gpu/step_time.py's: 4 encoder layers, bf16
     // autocast, AdamW; autograd frees on its own thread), with and without expandable
     // segments: after a forward pass, with the activations autograd keeps, and after the
     // optimizer step, PyTorch's snapshot and memsnap's agree block for block.

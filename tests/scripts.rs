@@ -1,7 +1,7 @@
 //! The newcomer's scripts: `scripts/test-tally.py` (the closing lines of scripts/test.sh)
 //! and `scripts/try-simulated.sh` (your own C or Python file on the simulated driver); and
 //! the stand-ins `scripts/real-torch/stubs.py` writes for the libraries a PyTorch wheel
-//! links (scripts/bench-real-torch.sh: the real PyTorch on the simulated driver), tried on a
+//! links (benches/real-torch.sh: the real PyTorch on the simulated driver), tried on a
 //! wheel-shaped folder built here.
 //!
 //! The try-simulated test builds the release profile (what the script does), so plain

@@ -19,7 +19,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# This folder, the benchmarks' Python helpers (benches/python) and the helpers the GPU
+# checks share with the benchmarks (scripts/gpu).
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "python"), os.path.join(HERE, "..", "..", "scripts", "gpu")]
 import snaputil as su  # noqa: E402
 from snaputil import log  # noqa: E402
 

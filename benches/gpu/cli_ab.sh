@@ -2,7 +2,7 @@
 # Two builds of `memsnap summary` on the same generated files, alternating runs: the
 # before/after figure for a reader change on this machine. Best of 5, wall time and RSS.
 #
-#   bash scripts/gpu/cli_ab.sh OLD_BINARY NEW_BINARY
+#   bash benches/gpu/cli_ab.sh OLD_BINARY NEW_BINARY
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 OLD=$1 NEW=$2

@@ -5,8 +5,8 @@
 # generated 1 GB file (about 3 minutes to generate; `_memory_viz` runs once on it). Wall
 # time and peak RSS from wait4, best of 3. Prints a Markdown table, a row at a time.
 #
-#   bash scripts/gpu/cli_vs_memviz.sh
-#   BIG=1 bash scripts/gpu/cli_vs_memviz.sh
+#   bash benches/gpu/cli_vs_memviz.sh
+#   BIG=1 bash benches/gpu/cli_vs_memviz.sh
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 W=$(mktemp -d /tmp/memsnap-cli.XXXXXX)

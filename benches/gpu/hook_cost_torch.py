@@ -15,7 +15,7 @@ Every configuration runs in its own process; rounds alternate all of them (order
 every other round), and each figure is the best over all its runs (each run: best of 5 timed
 loops). Every memsnap run writes its exit snapshot into a folder of its own, and the table
 reports what the snapshot says was recorded, dropped and left without a stack (read with
-scripts/bench/snapshot_counts.py); a configuration that lost anything in any run, or whose
+benches/python/snapshot_counts.py); a configuration that lost anything in any run, or whose
 snapshot accounts for fewer events than the loop made, prints VOID instead of a figure.
 Recorder runs check that the recorder kept trace entries with frames.
 
@@ -29,11 +29,11 @@ the report gives per-event differences within each process (median and range ove
 the kernel exposes the loop thread's instruction counter (perf_event_open), instructions per
 iteration are reported as well.
 
-    python3 scripts/gpu/hook_cost_torch.py --lib target/release/libmemsnap.so
+    python3 benches/gpu/hook_cost_torch.py --lib target/release/libmemsnap.so
         [--rounds 3] [--iterations 20000] [--memsnap-context alloc|all] [--json FILE]
         [--also-lib before=OLD/libmemsnap.so]   (another build's MEMSNAP_STACKS=all row, same rounds)
-    python3 scripts/gpu/hook_cost_torch.py drive LIBMEMSNAP     (older spelling of --lib)
-    python3 scripts/gpu/hook_cost_torch.py                      (one measurement, this process's
+    python3 benches/gpu/hook_cost_torch.py drive LIBMEMSNAP     (older spelling of --lib)
+    python3 benches/gpu/hook_cost_torch.py                      (one measurement, this process's
                                                                  environment; prints JSON)
 """
 import argparse
@@ -47,7 +47,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+# This folder, the benchmarks' Python helpers (benches/python) and the helpers the GPU
+# checks share with the benchmarks (scripts/gpu).
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "python"), os.path.join(HERE, "..", "..", "scripts", "gpu")]
 from snapshot_counts import Tally, read_counts  # noqa: E402
 
 ASYNC = "backend:cudaMallocAsync"

@@ -2,7 +2,7 @@
  * call, so that the hot path spends its budget where it is cheap (docs/HOT-PATH.md,
  * "Where the nanoseconds go").
  *
- *   cc -O2 -o hot_parts scripts/gpu/hot_parts.c -ldl -lpthread && ./hot_parts [rounds=7]
+ *   cc -O2 -o hot_parts benches/gpu/hot_parts.c -ldl -lpthread && ./hot_parts [rounds=7]
  *
  * Pieces: the wall clock through the vDSO (CLOCK_REALTIME, CLOCK_MONOTONIC, the coarse
  * clock), the time-stamp counter (rdtsc), the driver's cuCtxGetDevice and cuCtxGetCurrent

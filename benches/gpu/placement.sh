@@ -6,7 +6,7 @@
 # ("smt"), sit on two cores of one NUMA node ("node"), or on two nodes ("far"), as far as the
 # machine has them (lscpu says). Prints the topology and one cost table per placement.
 #
-#   bash scripts/gpu/placement.sh LIB CLI OUT [ROUNDS=1]
+#   bash benches/gpu/placement.sh LIB CLI OUT [ROUNDS=1]
 set -uo pipefail
 LIB=$1 CLI=$2 OUT=$3 ROUNDS=${4:-1}
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

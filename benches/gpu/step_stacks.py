@@ -1,7 +1,7 @@
 """What one memsnap event costs inside a real training step, and what its stack capture did
-there: the in-process companion of scripts/gpu/step_time.py.
+there: the in-process companion of benches/gpu/step_time.py.
 
-    python3 scripts/gpu/step_stacks.py --lib target/gpu-bin/final/libmemsnap.so \\
+    python3 benches/gpu/step_stacks.py --lib target/gpu-bin/final/libmemsnap.so \\
         [--stats-lib target/gpu-bin/stats/libmemsnap.so [--stats-lib-b OTHER_STATS.so]
         [--stats-rounds 3] [--stats-stacks none,python,all]] --out $OUT [--cycles 30] [--block 4]
         [--routes tensor,default] [--stacks none,python,all] [--lib-b OTHER.so --label-b NAME]
@@ -59,8 +59,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+# This folder, the benchmarks' Python helpers (benches/python) and the helpers the GPU
+# checks share with the benchmarks (scripts/gpu).
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "python"), os.path.join(HERE, "..", "..", "scripts", "gpu")]
 from hook_cost_torch import ASYNC, SAFE_ENV  # noqa: E402
 from snapshot_counts import read_counts  # noqa: E402
 from snaputil import memsnap_dump  # noqa: E402

@@ -1,7 +1,7 @@
 """The figure users feel: the step time of a small transformer's training step with memsnap
 recording, against the same allocator without memsnap and against PyTorch's own recorder.
 
-    python3 scripts/gpu/step_time.py --lib target/gpu-bin/libmemsnap.so --cli target/gpu-bin/memsnap \\
+    python3 benches/gpu/step_time.py --lib target/gpu-bin/libmemsnap.so --cli target/gpu-bin/memsnap \\
         --out $OUT [--budget-s 520] [--cycles 60] [--block 5] [--warmup 30] [--memsnap-context alloc|all]
         [--isolate] (every other thread of each process, memsnap's writer included, off the stepping
         thread's core and its SMT siblings)
@@ -9,9 +9,9 @@ recording, against the same allocator without memsnap and against PyTorch's own 
         modes: fewer processes a round, so more rounds in the same time; each route keeps its
         process without memsnap, and the default route PyTorch's recorder for the stacks kept)
         [--dtype bf16|fp32] [--layers 4] [--d-model 512] [--heads 8] [--batch 16] [--seq 256] [--vocab 8192]
-    python3 scripts/gpu/step_time.py --merge OUT1/step_time.json OUT2/step_time.json --out DIR
+    python3 benches/gpu/step_time.py --merge OUT1/step_time.json OUT2/step_time.json --out DIR
         (the rounds of several runs, e.g. several device commands of at most 600 s each, as one)
-    python3 scripts/gpu/step_time.py --dry-run --out /tmp/step-time-dry
+    python3 benches/gpu/step_time.py --dry-run --out /tmp/step-time-dry
         (no GPU, no torch, no preload: a fake step that busy-waits about 2 ms, with jitter and a
         drift all processes share, and fake snapshots; runs the whole orchestration, the checks
         and the statistics in about 15 s)
@@ -64,7 +64,7 @@ the budget stops after the cycle in progress and keeps its complete cycles.
 
 Checks (a configuration that fails one in any round prints VOID or ERROR instead of figures;
 a memsnap process whose --lib lacks the pass-through switch is an ERROR):
-every memsnap process's exit snapshot, read with scripts/bench/snapshot_counts.py, must exist
+every memsnap process's exit snapshot, read with benches/python/snapshot_counts.py, must exist
 and say 0 dropped, 0 stackless and more than 0 events recorded, and its
 memsnap.torch_allocator line must start with "blocks" in the default route (the tracker
 attached: blocks recorded) and "tensors" in tensor mode; tensor-mode processes must run
@@ -91,7 +91,7 @@ check, the summaries; rewritten after each round) and OUT/step_time.md, the Mark
 printed on stdout; progress goes to stderr. Reading it: "overhead" is what users feel on this
 step, with its interval; the per-process spread says how far processes of one configuration
 differ (the pairing removes the drift they share, not that); "ns/event" turns the overhead
-into a cost per allocator event, comparable with scripts/gpu/hook_cost_torch.py and the cost
+into a cost per allocator event, comparable with benches/gpu/hook_cost_torch.py and the cost
 case of scripts/gpu/torch_blocks.py.
 """
 import argparse
@@ -112,8 +112,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+# This folder, the benchmarks' Python helpers (benches/python) and the helpers the GPU
+# checks share with the benchmarks (scripts/gpu).
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "python"), os.path.join(HERE, "..", "..", "scripts", "gpu")]
 from hook_cost_torch import ASYNC, SAFE_ENV  # noqa: E402
 from snapshot_counts import Tally, read_counts  # noqa: E402
 from pinning import core_of, pin_main_thread  # noqa: E402

@@ -1,8 +1,8 @@
 /* The least a Python stack kept by the interpreter costs: a frame-evaluation function (PEP
  * 523) that pushes each frame the interpreter evaluates on a per-thread stack, evaluates it
- * with CPython's own function, and pops it. No memsnap: scripts/bench/real_torch_step.py's
+ * with CPython's own function, and pops it. No memsnap: benches/python/real_torch_step.py's
  * `frame-eval` mode installs it before the step runs (INTERPRETER_HOOKS=1 bash
- * scripts/bench-real-torch-step.sh), to count what such a hook costs every Python call. Built
+ * benches/real-torch-step.sh), to count what such a hook costs every Python call. Built
  * against the running interpreter's headers (CPython 3.11 and later: frames are
  * `_PyInterpreterFrame`s). */
 #include <Python.h>

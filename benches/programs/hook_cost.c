@@ -14,7 +14,7 @@
  * line) before each iteration, outside the CUDA calls, so that what the calls read comes
  * from farther out in the cache hierarchy, as between two events of a real training step;
  * those runs go through cold_loop instead of timed_loop (the same frame depth), for a
- * profiler to collect them alone (scripts/bench-hook-instructions.sh, CACHE=1).
+ * profiler to collect them alone (benches/hook-instructions.sh, CACHE=1).
  *
  * Prints one line: "<best-of-5 ns per iteration> <CUDA calls made> <native frames>", where
  * CUDA calls made counts every successful cudaMallocAsync and cudaFreeAsync of the process

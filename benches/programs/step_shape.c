@@ -3,7 +3,7 @@
  *
  * hook_cost.c allocates from 6 call sites under one fixed stack, so the native walk of each
  * allocation reuses all but the innermost frames of the previous one. In a real step
- * (scripts/gpu/step_stacks.py on a transformer's training step) consecutive allocations come
+ * (benches/gpu/step_stacks.py on a transformer's training step) consecutive allocations come
  * from different operators: about 450 distinct stacks a step, 48-50 native frames each, and a
  * walk unwinds 17-19 frames before it meets the previous walk's (it reuses the outer 36).
  * This program gives its allocations that shape: an outer part of OUTER nested frames, the

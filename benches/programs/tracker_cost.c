@@ -1,6 +1,6 @@
 /* tracker_cost.c: what memsnap's PyTorch trace tracker costs per trace entry, on the PyTorch
  * 2.11 stand-in (tests/fake_torch, built by scripts/build-fake-cuda.sh), for
- * scripts/bench-hook-instructions.sh (callgrind counts the tracker's instructions).
+ * benches/hook-instructions.sh (callgrind counts the tracker's instructions).
  *
  *   tracker_cost ROUNDS DEPTH [LIBC10_CUDA [EVICT_BYTES]]
  *
@@ -19,7 +19,7 @@
  * first walks), then ROUNDS rounds in cold_rounds, which write that many bytes (one store per
  * 64-byte line) before each standin_malloc call, outside it: the work a real step does
  * between two allocations, which pushes the tracker's lines out of the nearer caches (the
- * route "tracker-cache" of scripts/bench-hook-instructions.sh collects cold_rounds alone and
+ * route "tracker-cache" of benches/hook-instructions.sh collects cold_rounds alone and
  * counts the lines the tracker misses). The counts printed are then cold_rounds' own.
  *
  * Prints one line: "<tracker calls under standin_malloc> <under standin_free> <under

@@ -3,7 +3,7 @@ two events has pushed what the capture reads out of the nearer caches, as in a r
 step, where a tight loop of captures keeps all of it in the first-level cache. Compares two
 or more builds, interleaved run by run.
 
-    python3 scripts/bench/cold_capture.py [--rounds 5] [--evict 0,1024,4096] [--stacks python,all]
+    python3 benches/python/cold_capture.py [--rounds 5] [--evict 0,1024,4096] [--stacks python,all]
         [--iterations 3000] LIB.so [LIB.so ...]
 
 A LIB is a libmemsnap.so built with `--features bench-hooks`: its
@@ -15,7 +15,7 @@ through ctypes (the GIL released, as PyTorch's CUDA calls) and a C function 8 fr
 median over rounds of the mean per capture, with the lowest and highest round.
 
 Instruction counts do not see any of this (a cache miss is one instruction); this timing is
-paired with `bash scripts/bench-hook-instructions.sh` in docs/BENCHMARKS.md.
+paired with `bash benches/hook-instructions.sh` in docs/BENCHMARKS.md.
 """
 import ctypes
 import os

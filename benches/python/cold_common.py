@@ -1,4 +1,4 @@
-"""What scripts/bench/cold_capture.py and cold_hook.py share: their Python caller's depth, their
+"""What benches/python/cold_capture.py and cold_hook.py share: their Python caller's depth, their
 arguments and the C helper each compiles."""
 import argparse
 import os

@@ -6,16 +6,16 @@ between two events of a real training step. Only the two calls are timed, after 
 40,000 pairs and a pause (past a lane's first lap, the writer caught up). Compares builds,
 interleaved process by process, against the same loop without memsnap.
 
-    python3 scripts/bench/cold_hook.py [--rounds 5] [--evict 0,4096] [--stacks none,python]
+    python3 benches/python/cold_hook.py [--rounds 5] [--evict 0,4096] [--stacks none,python]
         [--iterations 3000] LIB.so [LIB.so ...]
-    python3 scripts/bench/cold_hook.py --one PAIRS KIB
+    python3 benches/python/cold_hook.py --one PAIRS KIB
         (one process with whatever LD_PRELOAD and MEMSNAP_* it was given: the warm-up, then
         PAIRS pairs with KIB written before each; run under valgrind --tool=callgrind
         --collect-atstart=no, only those pairs are collected)
 
 Needs a C compiler (cc) and the simulated runtime: `bash scripts/build-fake-cuda.sh DIR`,
 then FAKE_CUDART=DIR/lib/libcudart.so.13 and LD_LIBRARY_PATH=DIR/lib in the environment
-(scripts/bench-hook-instructions.sh builds it in target/bench-hooks/fake-cuda). Each figure:
+(benches/hook-instructions.sh builds it in target/bench-hooks/fake-cuda). Each figure:
 ns per pair (one allocation with its stack, one free without) over the same loop in a
 process without memsnap, median over rounds (lowest..highest round). Every memsnap process's
 exit snapshot must say 0 dropped and 0 stackless, else its figure is VOID.
@@ -142,7 +142,7 @@ def main():
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
         # One process, the caller of its own run, helper built here: what
-        # scripts/bench-hook-instructions.sh runs under callgrind (route python-cache).
+        # benches/hook-instructions.sh runs under callgrind (route python-cache).
         tmp, helper = compile_helper("cold_hook", C_SOURCE)
         try:
             if ctypes.CDLL(helper).collect_toggles() != 1:

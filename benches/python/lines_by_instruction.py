@@ -1,6 +1,6 @@
 """Cache lines (or any callgrind event) counted instruction by instruction inside one library.
 
-    python3 scripts/bench/lines_by_instruction.py CALLGRIND_OUT LIBRARY PER [--events D1mr,D1mw]
+    python3 benches/python/lines_by_instruction.py CALLGRIND_OUT LIBRARY PER [--events D1mr,D1mw]
         [--list]
 
 CALLGRIND_OUT must come from `valgrind --tool=callgrind --dump-instr=yes` (with

@@ -1,4 +1,4 @@
-"""One process of scripts/bench-real-torch.sh: the real PyTorch's caching allocator in a loop
+"""One process of benches/real-torch.sh: the real PyTorch's caching allocator in a loop
 of cached tensors, 12 Python frames deep (the loop of scripts/gpu/torch_blocks.py's cost
 case), recorded and not recorded in alternating blocks, each block's instructions counted by
 callgrind (run under `valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes`).
@@ -25,7 +25,7 @@ import platform
 import sys
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "gpu"))
 from torch_blocks import cost_loop, memsnap_counts, recorder_on  # noqa: E402  (the GPU benchmark's own)
 
 warnings.filterwarnings("ignore")  # the simulated device is no architecture PyTorch was built for

@@ -1,4 +1,4 @@
-"""What scripts/bench-real-torch.sh and scripts/bench-real-torch-step.sh share when they read
+"""What benches/real-torch.sh and benches/real-torch-step.sh share when they read
 their processes' rows (WORK/NAME/row.json, one a configuration): the rows, the libraries'
 labels, the routes, each route's row names in order, and the check that voids a memsnap row."""
 import glob

@@ -1,5 +1,5 @@
-"""One process of scripts/bench-real-torch-step.sh: the transformer training step of
-scripts/gpu/step_time.py (scripts/gpu/transformer_step.py's TorchWorkload, imported: the same
+"""One process of benches/real-torch-step.sh: the transformer training step of
+benches/gpu/step_time.py (scripts/gpu/transformer_step.py's TorchWorkload, imported: the same
 model, batch, autocast and optimizer) on the real PyTorch and the simulated driver, counted by
 callgrind on every thread
 (run under `valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes`).
@@ -14,7 +14,7 @@ in one more step after the counted ones. monitoring and frame-eval: no memsnap, 
 installed before the first step, to count what a hook on every Python call costs (the way
 to Python stacks without walking the frames at each allocation): monitoring, `sys.monitoring`
 (Python 3.12 and later) calling C functions of the interpreter's at each function's start and
-return; frame-eval, the frame-evaluation function of scripts/bench/frame_eval_hook.c (the
+return; frame-eval, the frame-evaluation function of benches/programs/frame_eval_hook.c (the
 library built from it named by FRAME_EVAL_HOOK), which keeps a stack of the frames. HELPER_SO:
 callgrind's client requests (start, stop). The step runs 5 times uncounted (the cache filled,
 every stack already sent), then STEPS times counted. The counts are per thread, each thread's
@@ -41,7 +41,7 @@ import sys
 import threading
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "gpu"))
 from transformer_step import TorchWorkload, add_workload_args  # noqa: E402
 from torch_blocks import memsnap_counts  # noqa: E402
 

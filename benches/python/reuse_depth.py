@@ -1,8 +1,8 @@
 """How many native frames each walk would have to unwind if it could reuse frames from any of
 the last R walks instead of only the previous one: an estimate from a snapshot's stacks.
 
-    python3 scripts/bench/reuse_depth.py SNAPSHOT.pickle [R ...]   (default R: 1 2 4 ... 512)
-    python3 scripts/bench/reuse_depth.py --paths SNAPSHOT.pickle [W]  (default W: 450)
+    python3 benches/python/reuse_depth.py SNAPSHOT.pickle [R ...]   (default R: 1 2 4 ... 512)
+    python3 benches/python/reuse_depth.py --paths SNAPSHOT.pickle [W]  (default W: 450)
 
 The native walk (src/capture/native/) unwinds a stack's frames from the innermost until it
 meets the previous walk in the same unwinder state, then takes the rest from it. A snapshot
@@ -18,7 +18,7 @@ of stacks that would unwind none, and the median.
 frame and the path outside it) needs for these stacks: the distinct outer parts of the
 stacks' native frames (each frame with all the frames outside it), over the whole snapshot
 and per window of W consecutive stacks (a training step's worth: 450 in the transformer of
-scripts/gpu/step_time.py). A frame at the same place reached with another stack pointer is
+benches/gpu/step_time.py). A frame at the same place reached with another stack pointer is
 a node of its own in the walk, which a snapshot cannot show: a lower bound.
 """
 import pickle

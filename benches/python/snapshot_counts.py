@@ -1,6 +1,6 @@
 """What a benchmark run actually recorded, read from the snapshot it wrote: the shared
-check that keeps hook-cost benchmarks honest (scripts/bench-hooks.sh,
-scripts/gpu/hook_cost_torch.py).
+check that keeps hook-cost benchmarks honest (benches/hooks.sh,
+benches/gpu/hook_cost_torch.py).
 
 A measured run with libmemsnap.so preloaded writes its exit snapshot (MEMSNAP_AT_EXIT=1,
 the default) into a folder of its own; the newest *.pickle there carries memsnap's metadata

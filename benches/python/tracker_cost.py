@@ -1,6 +1,6 @@
 """tracker_cost.py: tracker_cost.c's rounds from Python, through ctypes into the PyTorch
 stand-in ($STANDIN_LIB), 12 Python frames deep at the call (counted by the script), for
-scripts/bench-hook-instructions.sh. The interpreter is the caller, as in PyTorch: each
+benches/hook-instructions.sh. The interpreter is the caller, as in PyTorch: each
 standin_malloc / standin_free / standin_process_events is one phase that callgrind collects
 alone.
 

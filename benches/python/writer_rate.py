@@ -2,7 +2,7 @@
 runs every library once per configuration, each in its own process, interleaved, so that a
 burst of load elsewhere hits all of them; prints the median and the spread over rounds.
 
-    python3 scripts/bench/writer_rate.py [--rounds 5] [--events 4000000] [--route R] LIB.so [LIB.so ...]
+    python3 benches/python/writer_rate.py [--rounds 5] [--events 4000000] [--route R] LIB.so [LIB.so ...]
 
 A LIB is a libmemsnap.so built with `--features bench-hooks` (its memsnap_debug_bench_writer
 entry points are what `cargo bench --bench writer` calls: benches/in_library/writer_drain.rs). The
@@ -12,7 +12,7 @@ and frees requested (with stacks) and frees completed (without), inside 64 segme
 library from before commit 9e004ed has no such entry point). "Writer alone" is the same events
 drained in bursts from a filled queue (the one producer thread is slower than the writer); a
 library from before 2026-11-26 has no such figure (0). One run:
-`python3 scripts/bench/writer_rate.py --one LIB EVENTS FRAMES STACKS [ROUTE]`.
+`python3 benches/python/writer_rate.py --one LIB EVENTS FRAMES STACKS [ROUTE]`.
 """
 import argparse
 import ctypes

@@ -1,4 +1,4 @@
-# Sourced by scripts/bench-real-torch.sh and scripts/bench-real-torch-step.sh (bash, set -euo
+# Sourced by benches/real-torch.sh and benches/real-torch-step.sh (bash, set -euo
 # pipefail, in the repository's root, with ROOT and NAME, the calling script's name, set and
 # the script's arguments, libmemsnap.so builds, still in "$@"). Checks valgrind and the
 # libraries (LIBS: the arguments, made absolute, or target/gpu's bench-hooks build, built

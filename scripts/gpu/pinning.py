@@ -1,7 +1,7 @@
 """Pinning a measuring thread: one core for the thread that times, every other thread of its
 process (memsnap's writer, PyTorch's and CUDA's threads) kept off that core.
 
-Used by step_time.py (the stepping thread, after its warm-up) and torch_blocks.py's cost
+Used by benches/gpu/step_time.py (the stepping thread, after its warm-up) and torch_blocks.py's cost
 cases (the loop's thread, with --isolate): a thread that the scheduler moves, or that shares
 its core with the writer draining the events it records, measures the machine's weather
 along with memsnap's cost.

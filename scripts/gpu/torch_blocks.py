@@ -20,7 +20,7 @@ change) and writes one JSON record; the driver prints a table and writes results
   few times; then the comparison above, and every segment's segment_pool_id in memsnap's
   snapshot equal to PyTorch's (at least one private pool there); `memsnap summary` of
   memsnap's snapshot prints a `private   pool (a, b): ...` line for each private pool.
-- step: the same comparison in a real training step (step_time.py's transformer): after the
+- step: the same comparison in a real training step (benches/gpu/step_time.py's transformer): after the
   forward pass of a fourth step, with the activations autograd keeps live, and after its
   optimizer step.
 - leak: a training loop whose evaluation pass runs without no_grad and keeps its outputs;
@@ -51,7 +51,7 @@ change) and writes one JSON record; the driver prints a table and writes results
   ratio is taken against the recorder rows of the cost case of the same rounds (run both).
   Checked as above, with "tensors" on the allocator line and PyTorch on its cudaMallocAsync
   backend. This is the paired-block median of tensor mode that
-  scripts/gpu/hook_cost_torch.py's best-of-five loops give only as a best.
+  benches/gpu/hook_cost_torch.py's best-of-five loops give only as a best.
 """
 import argparse
 import ctypes

@@ -1,6 +1,6 @@
-"""The transformer training step that scripts/gpu/step_time.py times (its docstring,
-"Workload", says what the step is), for every script that runs it: step_time.py,
-step_stacks.py, torch_blocks.py's step case and scripts/bench/real_torch_step.py.
+"""The transformer training step that benches/gpu/step_time.py times (its docstring,
+"Workload", says what the step is), for every script that runs it: benches/gpu/step_time.py,
+benches/gpu/step_stacks.py, torch_blocks.py's step case and benches/python/real_torch_step.py.
 
 Imports torch only when a TorchWorkload is built, so the drivers load this without it.
 """

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# memsnap on a real GPU: every case of docs/VALIDATION.md, then the overhead bench.
+# memsnap on a real GPU: every case of docs/VALIDATION.md, then the overhead bench
+# (benches/gpu/bench_overhead.py, run as a program: nothing here imports from benches/).
 #
 #   OUT=/some/folder bash scripts/gpu/validate.sh        (from the repo root, on the GPU machine)
 #
@@ -31,6 +32,7 @@ BENCH_S=${BENCH_S:-170}
 H_RESERVE=45 # seconds kept for h_memviz at the end of the cases
 PY=${PYTHON:-python3}
 G=scripts/gpu
+B=benches/gpu
 # NVLink multicast stays off on the lent machines (it can take shared GPUs out of service).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 unset LD_PRELOAD
@@ -113,7 +115,7 @@ main() {
     echo
     echo "######## overhead bench (budget ${left}s) $(date -u +%H:%M:%S)"
     if [ "$left" -ge 40 ]; then
-      timeout -k 10 $((left + 30)) "$PY" $G/bench_overhead.py driver --lib "$LIB" --work "$WORK/bench" \
+      timeout -k 10 $((left + 30)) "$PY" $B/bench_overhead.py driver --lib "$LIB" --work "$WORK/bench" \
         --result "$WORK/bench.json" --budget "$left"
       echo "bench exit status $?"
     else

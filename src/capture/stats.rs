@@ -5,7 +5,7 @@
 //!
 //! Hot when compiled in: one relaxed atomic add per counted quantity per capture, the
 //! reason it is not in the builds whose cost is measured. Read by
-//! `memsnap_debug_capture_stats` (`scripts/gpu/step_stacks.py` reports them per event).
+//! `memsnap_debug_capture_stats` (`benches/gpu/step_stacks.py` reports them per event).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn capture_stats_the_gpu_script_names_every_counter_in_order() {
-        let script = include_str!("../../scripts/gpu/step_stacks.py");
+        let script = include_str!("../../benches/gpu/step_stacks.py");
         let named: Vec<String> = between(script, "STAT_NAMES = [", "]")
             .split(',')
             .map(|n| n.trim().trim_matches('"').to_string())

@@ -29,7 +29,7 @@ fn debug_args(stacks: libc::c_int, max_frames: libc::c_int) -> (Stacks, usize) {
 /// Benchmark entry point: with `on` non-zero, the calling thread's CUDA calls pass through
 /// memsnap unrecorded until it is called again with 0 (see `guard::set_pass_through`).
 /// The record then misses what the thread did meanwhile, so a benchmark must free in each
-/// phase what it allocated there; `scripts/gpu/hook_cost_torch.py` times the same loop
+/// phase what it allocated there; `benches/gpu/hook_cost_torch.py` times the same loop
 /// both ways in one process with it.
 #[inline(always)]
 pub fn pass_through(on: libc::c_int) {
@@ -38,7 +38,7 @@ pub fn pass_through(on: libc::c_int) {
 
 /// Benchmark entry point: [`pass_through`] for every thread of the process at once
 /// (`guard::set_pass_through_every_thread`), with the same warning: a benchmark must free
-/// in each phase what it allocated there. `scripts/gpu/step_time.py` times a training step
+/// in each phase what it allocated there. `benches/gpu/step_time.py` times a training step
 /// both ways in one process with it.
 #[inline(always)]
 pub fn pass_through_every_thread(on: libc::c_int) {

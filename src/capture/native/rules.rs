@@ -46,7 +46,7 @@ const RULE_WAYS: usize = 8;
 /// Sets of the rule cache: 4,096 rules in all, about 80 KiB a thread.
 ///
 /// A direct-mapped cache of 1,024 rules was enough for loops that allocate from a few
-/// call sites, but in a real training step (scripts/gpu/step_stacks.py: a transformer's
+/// call sites, but in a real training step (benches/gpu/step_stacks.py: a transformer's
 /// forward, backward and optimizer step, about 450 stacks a step) the addresses of the
 /// frames a walk unwinds evicted each other: 0.8-1.1 misses per walk, each one deriving
 /// the rule with framehop again (docs/HOT-PATH.md, "Rule cache").
