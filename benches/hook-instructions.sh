@@ -71,25 +71,20 @@
 #   ROUNDS (tracker rounds of 64 blocks, C 100, Python 30), PYTHON (python3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. benches/support/common.sh
 command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
 [ $# -eq 0 ] && cargo build --release --lib --quiet
 OUT=target/bench-hooks
-bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
-cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" benches/programs/hook_cost.c \
-    -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
+bench_simulated_driver "$OUT"
 cc -std=gnu11 -O2 -g -o "$OUT/hook_cost_runtime" benches/programs/hook_cost.c \
     -L"$OUT/fake-cuda/lib" -lcudart -ldl -lpthread
 cc -std=gnu11 -O2 -g -o "$OUT/step_shape" benches/programs/step_shape.c \
     -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
 cc -std=gnu11 -O2 -g -o "$OUT/tracker_cost" benches/programs/tracker_cost.c \
     -L"$OUT/fake-cuda/lib" -lcudart -ldl -lpthread
-export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDART=$PWD/$OUT/fake-cuda/lib/libcudart.so.13
 export STANDIN_LIB=$PWD/$OUT/fake-cuda/torch/lib/libc10_cuda.so
-unset LD_PRELOAD $(env | grep -o '^MEMSNAP_[A-Z_]*' || true)
-PY=${PYTHON:-python3}
-# The interpreter itself, not a launcher script (pyenv's shims): valgrind follows the process
-# it starts, and only that one.
-PY=$("$PY" -c 'import sys; print(sys.executable)')
+bench_clean_env
+PY=$(bench_python)
 ITERATIONS=${ITERATIONS:-3000}
 C_DEPTH=${C_DEPTH:-26}
 PY_ITERATIONS=${PY_ITERATIONS:-1000}
@@ -124,7 +119,7 @@ inclusive() { inclusive_events "$1" "$2" "" | awk '{ print $1 }'; }
 total() { callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { v = $1; gsub(",", "", v); if (v == ".") v = 0; print v; done = 1 }'; }
 
 # "<recorded> <dropped> <stackless>" of a run's folder, or "missing - -"
-counts() { "$PY" benches/python/snapshot_counts.py "$1" 2>/dev/null || echo "missing - -"; }
+counts() { "$PY" "$BENCH_COUNTS" "$1" 2>/dev/null || echo "missing - -"; }
 
 # run_cg DIR CONFIG LIB TOGGLE CMD...: callgrind over CMD, memsnap preloaded unless CONFIG is
 # baseline (CONFIG: STACKS or STACKS/all for MEMSNAP_CONTEXT=all); prints CMD's stdout.
@@ -151,7 +146,7 @@ cold_pairs_table() {
     local pairs=$1 f_malloc=$2 f_free=$3 toggle=$4; shift 4
     echo "| library | memsnap | instructions per pair | D1 misses per pair (read + write) | LL misses per pair (read + write) | D1 misses per event over not loaded | LL misses per event over not loaded | dropped | stackless |"
     echo "|---|---|---|---|---|---|---|---|---|"
-    local base_d1= base_ll= config lib dir ir d1 ll name recorded dropped stackless over_d1 over_ll
+    local base_d1= base_ll= config lib dir ir d1 ll name recorded dropped stackless over_d1 over_ll void
     local ir_m d1r_m d1w_m llr_m llw_m ir_f d1r_f d1w_f llr_f llw_f
     for config in baseline none python native all; do
         for lib in "${LIBS[@]}"; do
@@ -172,17 +167,16 @@ cold_pairs_table() {
             read -r recorded dropped stackless < <(counts "$dir")
             over_d1=$(awk -v a="$d1" -v b="$base_d1" 'BEGIN { printf "%.2f", (a - b) / 2 }')
             over_ll=$(awk -v a="$ll" -v b="$base_ll" 'BEGIN { printf "%.2f", (a - b) / 2 }')
-            if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
-                over_d1="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"; over_ll=
-            fi
+            void=$(bench_void "$recorded" "$dropped" "$stackless")
+            [ -z "$void" ] || { over_d1=$void; over_ll=; }
             echo "| $name | MEMSNAP_STACKS=$config | $ir | $d1 | $ll | $over_d1 | $over_ll | $dropped | $stackless |"
         done
     done
 }
 
 echo "command: bash benches/hook-instructions.sh ${*:-}"
-echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m); $(valgrind --version); python: $($PY --version 2>&1)"
-echo "memsnap: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' (+ uncommitted src changes)')"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(bench_machine); $(valgrind --version); python: $($PY --version 2>&1)"
+echo "memsnap: $(bench_commit src)"
 
 for route in $ROUTES; do
     case $route in
@@ -223,9 +217,8 @@ for route in $ROUTES; do
                 writer=$(( $(inclusive "$dir/cg" memsnap::writer::Writer::apply) / calls ))
                 read -r recorded dropped stackless < <(counts "$dir")
                 over=$(( (per_malloc + per_free - base_malloc - base_free) / 2 ))
-                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ] || [ "$recorded" -lt "$calls" ]; then
-                    over="VOID (recorded $recorded of $calls, dropped $dropped, stackless $stackless)"
-                fi
+                void=$(bench_void "$recorded" "$dropped" "$stackless" "$calls")
+                [ -z "$void" ] || over=$void
                 echo "| $name | MEMSNAP_STACKS=$config | $per_malloc | $per_free | $over | $writer | $dropped | $stackless |"
             done
         done
@@ -267,9 +260,8 @@ for route in $ROUTES; do
                         esac
                         row+=("$(( ($(total "$dir/cg") - ${base[$phase]}) / n ))")
                         read -r recorded dropped stackless < <(counts "$dir")
-                        if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
-                            void="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"
-                        fi
+                        lost=$(bench_void "$recorded" "$dropped" "$stackless")
+                        [ -z "$lost" ] || void=$lost
                     done
                     label="MEMSNAP_STACKS=${config%/*}"
                     [ "$config" != "${config%/*}" ] && label="$label, MEMSNAP_CONTEXT=all"
@@ -310,9 +302,8 @@ for route in $ROUTES; do
                 over_ir=$(( (ir - ir_b) / n_malloc ))
                 over_d1=$(over "$d1r" "$d1w" "$d1r_b" "$d1w_b"); over_ll=$(over "$llr" "$llw" "$llr_b" "$llw_b")
                 read -r recorded dropped stackless < <(counts "$dir")
-                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
-                    over_d1="VOID (recorded $recorded, dropped $dropped, stackless $stackless)"; over_ll=
-                fi
+                void=$(bench_void "$recorded" "$dropped" "$stackless")
+                [ -z "$void" ] || { over_d1=$void; over_ll=; }
                 echo "| ${lib#"$PWD"/} | MEMSNAP_STACKS=$config | $over_ir | $over_d1 | $over_ll | $dropped | $stackless |"
             done
         done
@@ -348,9 +339,8 @@ for route in $ROUTES; do
                 row=$("$PY" benches/python/lines_by_instruction.py "$dir/cg" "$lib" "$pairs" \
                     --events Ir,D1mr,D1mw,DLmr,DLmw | awk '{ printf "%d | %s | %s | %s | %s", $1, $2, $3, $4, $5 }')
                 read -r recorded dropped stackless < <(counts "$dir")
-                if [ "$recorded" = missing ] || [ "$dropped" != 0 ] || [ "$stackless" != 0 ]; then
-                    row="VOID (recorded $recorded, dropped $dropped, stackless $stackless) | | | |"
-                fi
+                void=$(bench_void "$recorded" "$dropped" "$stackless")
+                [ -z "$void" ] || row="$void | | | |"
                 echo "| ${lib#"$PWD"/} | MEMSNAP_STACKS=$config | $row | $dropped | $stackless |"
             done
         done

@@ -14,16 +14,13 @@
 #   bash benches/hooks.sh    (Markdown tables; ROUNDS=3 by default, ~20 s per round on 2 cores)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. benches/support/common.sh
 cargo build --release --workspace --quiet
 OUT=target/bench-hooks
-bash scripts/build-fake-cuda.sh "$OUT/fake-cuda" >/dev/null
-cc -std=gnu11 -O2 -g -o "$OUT/hook_cost" benches/programs/hook_cost.c \
-    -DFAKE_CUDART_STATIC tests/fake_cuda/fake_cudart.c -ldl -lpthread
+bench_simulated_driver "$OUT"
 LIB=$PWD/target/release/libmemsnap.so
-export LD_LIBRARY_PATH=$PWD/$OUT/fake-cuda/lib FAKE_CUDART=$PWD/$OUT/fake-cuda/lib/libcudart.so.13
-unset LD_PRELOAD $(env | grep -o '^MEMSNAP_[A-Z_]*' || true)
-PY=${PYTHON:-python3}
-COUNTS=benches/python/snapshot_counts.py
+bench_clean_env
+PY=$(bench_python)
 RUNS_DIR=$(mktemp -d "${TMPDIR:-/tmp}/memsnap-bench-hooks.XXXXXX")
 trap 'rm -rf "$RUNS_DIR"' EXIT
 
@@ -43,7 +40,7 @@ run() {
         out=$(LD_PRELOAD=$LIB MEMSNAP_STACKS=$stacks MEMSNAP_CONTEXT=$context \
               MEMSNAP_AT_EXIT=1 MEMSNAP_QUIET=1 MEMSNAP_FOLDER=$dir "$@" 2>"$err") \
             || { cat "$err" >&2; exit 1; }
-        counts=$("$PY" "$COUNTS" "$dir" || true) # "missing" (or a failed read) voids the row
+        counts=$("$PY" "$BENCH_COUNTS" "$dir" || true) # "missing" (or a failed read) voids the row
         rm -rf "$dir"
     fi
     set -- $out # ns calls frames
@@ -52,8 +49,8 @@ run() {
 }
 
 echo "command: ROUNDS=${ROUNDS:-3} bash benches/hooks.sh"
-echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "python: $($PY --version 2>&1)  memsnap: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- src crates/format 2>/dev/null || echo ' (+ uncommitted src changes)'), release build"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(bench_machine)"
+echo "python: $($PY --version 2>&1)  memsnap: $(bench_commit src crates/format), release build"
 echo
 ROUNDS=${ROUNDS:-3}
 echo "Per iteration: one cudaFreeAsync (oldest of 16 live) + one cudaMallocAsync, size from a"
@@ -98,6 +95,6 @@ for caller in C Python; do
             per_event=$verdict
         fi
         echo "| $caller | $label | $ns | $per_event | $recorded | $dropped | $stackless |"
-    done < <("$PY" "$COUNTS" tally <"$results")
+    done < <("$PY" "$BENCH_COUNTS" tally <"$results")
     echo
 done

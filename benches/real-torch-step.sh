@@ -37,6 +37,9 @@ cd "$ROOT"
 STEPS=${STEPS:-4}
 STACKS=${STACKS:-none python all}
 NAME=benches/real-torch-step.sh
+# (counted_process's program: real_torch_step.py's arguments after MODE STACKS)
+PROGRAM=(benches/python/real_torch_step.py)
+PROGRAM_ARGS=("$STEPS")
 . "$ROOT/benches/support/real_torch_env.sh"
 for lib in "${LIBS[@]}"; do
     nm "$lib" 2>/dev/null | grep 'memsnap..writer' >/dev/null \
@@ -45,24 +48,8 @@ done
 
 # count NAME MODE STACKS [ENV...]: one process under callgrind; leaves NAME/row.json.
 count() {
-    local name=$1 mode=$2 stacks=$3
-    shift 3
-    mkdir -p "$WORK/$name/snapshots"
-    env "$@" PYTHONHASHSEED=0 MEMSNAP_FOLDER="$WORK/$name/snapshots" valgrind --tool=callgrind \
-        --instr-atstart=no --separate-threads=yes --callgrind-out-file="$WORK/$name/cg.%p" \
-        "$PY" benches/python/real_torch_step.py "$WORK/helper.so" "$mode" "$stacks" "$STEPS" \
-        > "$WORK/$name/out.txt" 2> "$WORK/$name/valgrind.txt" \
-        || { echo "$NAME: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
-    python3 - "$WORK/$name" "$name" <<'PY'
-import json, sys
-sys.path.insert(0, "benches/python")
-import real_torch_rows
-folder, name = sys.argv[1], sys.argv[2]
-result = json.loads([l for l in open(f"{folder}/out.txt") if l.startswith("RESULT ")][-1][7:])
-writer, step = real_torch_rows.thread_totals(folder)  # no dumps here: one file a thread
-json.dump({"name": name, "step": step / result["steps"], "writer": writer / result["steps"], **result},
-          open(f"{folder}/row.json", "w"))
-PY
+    counted_process "$@"
+    python3 benches/python/real_torch_rows.py step "$WORK/$1" "$1"
 }
 
 count_configurations "python all"

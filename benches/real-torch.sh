@@ -45,6 +45,9 @@ ITERATIONS=${ITERATIONS:-2000}
 BLOCKS=${BLOCKS:-2}
 STACKS=${STACKS:-none python all}
 NAME=benches/real-torch.sh
+# (counted_process's program: real_torch_count.py's arguments after MODE STACKS)
+PROGRAM=(benches/python/real_torch_count.py)
+PROGRAM_ARGS=("$ITERATIONS" "$BLOCKS")
 PASS_THROUGH=1 # (recording is switched inside each process)
 # (LIBS checked, the real PyTorch set up, PY, WORK and the callgrind helper: shared with
 # benches/real-torch-step.sh.)
@@ -52,32 +55,8 @@ PASS_THROUGH=1 # (recording is switched inside each process)
 
 # count NAME MODE STACKS [ENV...]: one process under callgrind; leaves NAME/row.json.
 count() {
-    local name=$1 mode=$2 stacks=$3
-    shift 3
-    mkdir -p "$WORK/$name/snapshots"
-    # (The same hash seed in every process: the interpreter's own instructions then do not move
-    # between processes, and a block of one process can be set against another's.)
-    env "$@" PYTHONHASHSEED=0 MEMSNAP_FOLDER="$WORK/$name/snapshots" valgrind --tool=callgrind \
-        --instr-atstart=no --separate-threads=yes --callgrind-out-file="$WORK/$name/cg.%p" \
-        "$PY" benches/python/real_torch_count.py "$WORK/helper.so" "$mode" "$stacks" "$ITERATIONS" "$BLOCKS" \
-        > "$WORK/$name/out.txt" 2> "$WORK/$name/valgrind.txt" \
-        || { echo "$NAME: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
-    python3 - "$WORK/$name" "$name" <<'PY'
-import glob, json, re, sys
-sys.path.insert(0, "benches/python")
-import real_torch_rows
-folder, name = sys.argv[1], sys.argv[2]
-result = json.loads([l for l in open(f"{folder}/out.txt") if l.startswith("RESULT ")][-1][7:])
-counted = {}
-for path in glob.glob(f"{folder}/cg.*.*-01"):  # the loop's thread, one file per dump
-    text = open(path).read()
-    block = re.search(r"^desc: Trigger: Client Request: (\S+)", text, re.M).group(1)
-    counted[block] = int(re.search(r"^summary: (\d+)", text, re.M).group(1))
-# The writer thread dumps nothing on request: its file of the process's end holds everything it
-# did while counted (the discarded on block and every on block recorded; it idles in the others).
-writer, _ = real_torch_rows.thread_totals(folder)
-json.dump({"name": name, "counted": counted, "writer": writer, **result}, open(f"{folder}/row.json", "w"))
-PY
+    counted_process "$@"
+    python3 benches/python/real_torch_rows.py loop "$WORK/$1" "$1"
 }
 
 count_configurations "none python all"

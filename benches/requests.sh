@@ -10,6 +10,7 @@
 #                                          prints a Markdown table)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. benches/support/common.sh
 [ -n "${LIB:-}" ] || cargo build --release --workspace --quiet
 OUT=target/bench-requests
 mkdir -p "$OUT"
@@ -24,8 +25,8 @@ RUNS=${RUNS:-5}
 export LD_LIBRARY_PATH=$FAKE/lib FAKE_CUDA_CAPACITY=80G MEMSNAP_STACKS=all MEMSNAP_QUIET=1
 
 echo "command: bash benches/requests.sh (RUNS=$RUNS)"
-echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo " (+ uncommitted changes)")"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  machine: $(bench_machine)"
+echo "commit: $(bench_commit)"
 echo
 echo "| threads allocating | request | ms: median | ms: max | events recorded (last run) | dropped | stackless |"
 echo "|---|---|---|---|---|---|---|"
@@ -44,7 +45,7 @@ for threads in ${THREADS:-2 8 32 64}; do
                 times+=("$(sed -n "s/^result ${mode}_ms=//p" <<<"$out")")
             fi
             # The exit snapshot (dump and oom runs write one too) holds the whole run.
-            read -r rec drop stk < <(python3 benches/python/snapshot_counts.py "$dir" || echo "0 0 0")
+            read -r rec drop stk < <(python3 "$BENCH_COUNTS" "$dir" || echo "0 0 0")
             recorded=$rec dropped=$((dropped + drop)) stackless=$((stackless + stk))
             rm -rf "$dir"
         done

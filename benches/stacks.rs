@@ -111,24 +111,14 @@ fn main() {
     assert!(out.status.success());
 
     // Without Python or libffi: this binary calls the C recursion directly.
-    let depth: i32 = std::env::var("BENCH_NATIVE_DEPTH")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(24);
+    let depth: i32 = support::setting("BENCH_NATIVE_DEPTH", 24);
     let iters: u64 = iters.parse().unwrap_or(100_000);
     type Bench = unsafe extern "C" fn(i32, i32, u64, *mut u64) -> u64;
     type Deep = unsafe extern "C" fn(i32, Bench, i32, i32, u64, *mut u64) -> u64;
-    // SAFETY: loading the libraries built above; the symbols have these C signatures.
+    let b = support::symbol_in(&so, c"memsnap_debug_bench_capture");
+    let d = support::symbol_in(&clib, c"bench_deep");
+    // SAFETY: the symbols of the libraries built above have these C signatures.
     let (bench, deep) = unsafe {
-        let open = |p: &std::path::Path| {
-            let c = std::ffi::CString::new(p.to_str().expect("utf-8 path")).expect("path");
-            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
-            assert!(!h.is_null(), "dlopen {}", p.display());
-            h
-        };
-        let b = libc::dlsym(open(&so), c"memsnap_debug_bench_capture".as_ptr());
-        let d = libc::dlsym(open(&clib), c"bench_deep".as_ptr());
-        assert!(!b.is_null() && !d.is_null());
         (
             std::mem::transmute::<*mut libc::c_void, Bench>(b),
             std::mem::transmute::<*mut libc::c_void, Deep>(d),

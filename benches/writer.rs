@@ -20,10 +20,7 @@ fn main() {
         return;
     }
     type Bench = unsafe extern "C" fn(u64, u32, u32, *mut u64) -> u64;
-    let events: u64 = std::env::var("BENCH_EVENTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000_000);
+    let events: u64 = support::setting("BENCH_EVENTS", 10_000_000);
     println!(
         "| route | events | native frames per stack | distinct stacks | stacks interned | stacks sent in full | events/s applied (one core) | ns per event | writer alone: events/s drained in bursts from a filled queue | resident memory growth |"
     );

@@ -500,16 +500,22 @@ def instruction_table(res, fig):
     return lines
 
 
-def gpu_line(run):
+def gpu_and_driver():
+    """(the first GPU's name, the driver's version) as nvidia-smi says, or None."""
     try:
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=20)
         if q.returncode == 0 and q.stdout.strip():
             name, _, driver = q.stdout.strip().splitlines()[0].partition(",")
-            return f"{name.strip()}, driver {driver.strip()}"
+            return name.strip(), driver.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return run.get("gpu", "GPU ?")
+    return None
+
+
+def gpu_line(run):
+    found = gpu_and_driver()
+    return f"{found[0]}, driver {found[1]}" if found else run.get("gpu", "GPU ?")
 
 
 def main(argv):

@@ -115,7 +115,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # This folder, the benchmarks' Python helpers (benches/python) and the helpers the GPU
 # checks share with the benchmarks (scripts/gpu).
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "python"), os.path.join(HERE, "..", "..", "scripts", "gpu")]
-from hook_cost_torch import ASYNC, SAFE_ENV  # noqa: E402
+from hook_cost_torch import ASYNC, SAFE_ENV, gpu_and_driver  # noqa: E402
 from snapshot_counts import Tally, read_counts  # noqa: E402
 from pinning import core_of, pin_main_thread  # noqa: E402
 from transformer_step import PASS_SYMBOL, RECORDER_MAX_ENTRIES, TorchWorkload, add_workload_args  # noqa: E402
@@ -659,14 +659,9 @@ def machine(a):
             out["clocksource"] = f.read().strip()
     except OSError:
         out["clocksource"] = None
-    try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
-        if q.returncode == 0 and q.stdout.strip():
-            name, _, driver = q.stdout.strip().splitlines()[0].partition(",")
-            out.update(gpu=name.strip(), driver=driver.strip())
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    found = gpu_and_driver()
+    if found:
+        out.update(gpu=found[0], driver=found[1])
     if not a.dry_run:
         with open(a.lib, "rb") as f:
             out["lib"] = {"path": a.lib, "bytes": os.path.getsize(a.lib), "sha256": hashlib.sha256(f.read()).hexdigest()}

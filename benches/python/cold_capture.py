@@ -20,11 +20,10 @@ paired with `bash benches/hook-instructions.sh` in docs/BENCHMARKS.md.
 import ctypes
 import os
 import shutil
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cold_common import arguments, compile_helper, python_deep  # noqa: E402
+from cold_common import arguments, compile_helper, median_range, python_deep  # noqa: E402
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -64,10 +63,7 @@ def main():
                 for lib, fn in order:
                     ns = python_deep(10, lambda: deep(8, fn, STACKS[stacks], 0, a.iterations, kib * 1024))
                     runs[lib].append(ns / a.iterations)
-            cells = []
-            for lib, _ in entries:
-                v = sorted(runs[lib])
-                cells.append(f"{statistics.median(v):.1f} ({v[0]:.1f}..{v[-1]:.1f})")
+            cells = [median_range(runs[lib]) for lib, _ in entries]
             print(f"| {stacks} | {kib} | " + " | ".join(cells) + " |", flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
 

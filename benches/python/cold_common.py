@@ -1,8 +1,9 @@
 """What benches/python/cold_capture.py and cold_hook.py share: their Python caller's depth, their
-arguments and the C helper each compiles."""
+arguments, the C helper each compiles and how a figure's rounds are shown."""
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,3 +39,9 @@ def compile_helper(name, source):
         f.write(source)
     subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-o", lib, src], check=True)
     return tmp, lib
+
+
+def median_range(values):
+    """A figure's rounds as "median (lowest..highest)", in ns to a tenth."""
+    v = sorted(values)
+    return f"{statistics.median(v):.1f} ({v[0]:.1f}..{v[-1]:.1f})"

@@ -32,7 +32,7 @@ import time
 WARM_UP_PAIRS = 40_000
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from cold_common import arguments, compile_helper, python_deep  # noqa: E402
+from cold_common import arguments, compile_helper, median_range, python_deep  # noqa: E402
 from snapshot_counts import read_counts  # noqa: E402
 
 C_SOURCE = r"""
@@ -178,8 +178,7 @@ def main():
                 if any(x is None for x in v):
                     cells.append("VOID (lost events or stacks)")
                     continue
-                v = sorted(v)
-                cells.append(f"{statistics.median(v):.1f} ({v[0]:.1f}..{v[-1]:.1f})")
+                cells.append(median_range(v))
             print(f"| {stacks} | {kib} | {statistics.median(base):.1f} | " + " | ".join(cells) + " |",
                   flush=True)
     shutil.rmtree(tmp, ignore_errors=True)

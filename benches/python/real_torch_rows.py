@@ -1,10 +1,14 @@
 """What benches/real-torch.sh and benches/real-torch-step.sh share when they read
-their processes' rows (WORK/NAME/row.json, one a configuration): the rows, the libraries'
-labels, the routes, each route's row names in order, and the check that voids a memsnap row."""
+their processes' rows (WORK/NAME/row.json, one a configuration): each row made from its
+process's files, the rows, the libraries' labels, the routes, each route's row names in order,
+and the check that voids a memsnap row.
+    python3 real_torch_rows.py loop|step WORK/NAME NAME   -> WORK/NAME/row.json (write_row)
+"""
 import glob
 import json
 import os
 import re
+import sys
 
 # (heading, the prefix of its rows' names, what memsnap's allocator line must start with)
 ROUTES = (("caching allocator", "", "blocks"), ("tensor mode", "tensor-", "tensors"))
@@ -27,6 +31,30 @@ def thread_totals(folder):
         else:
             others += totals
     return writer, others
+
+
+def write_row(kind, folder, name):
+    """FOLDER/row.json for one process: the JSON of its last `RESULT ` line (out.txt) with, for
+    real-torch.sh's `loop`, the instructions of each block the loop's thread counted, and for
+    real-torch-step.sh's `step`, a step's instructions on the step's threads; both with the
+    writer thread's."""
+    result = json.loads([line for line in open(f"{folder}/out.txt") if line.startswith("RESULT ")][-1][7:])
+    if kind == "loop":
+        counted = {}
+        for path in glob.glob(f"{folder}/cg.*.*-01"):  # the loop's thread, one file per dump
+            text = open(path).read()
+            block = re.search(r"^desc: Trigger: Client Request: (\S+)", text, re.M).group(1)
+            counted[block] = int(re.search(r"^summary: (\d+)", text, re.M).group(1))
+        # The writer thread dumps nothing on request: its file of the process's end holds
+        # everything it did while counted (the discarded on block and every on block recorded;
+        # it idles in the others).
+        writer, _ = thread_totals(folder)
+        row = {"name": name, "counted": counted, "writer": writer, **result}
+    else:
+        writer, step = thread_totals(folder)  # no dumps here: one file a thread
+        row = {"name": name, "step": step / result["steps"], "writer": writer / result["steps"], **result}
+    with open(f"{folder}/row.json", "w") as f:
+        json.dump(row, f)
 
 
 def load(work):
@@ -60,3 +88,9 @@ def recorder_pairs(rows, labels):
             ours, theirs = rows.get(f"memsnap-{stacks}{label}"), rows.get(f"recorder-{stacks}")
             if ours and theirs and ours.get("over", 0) > 0 and "over" in theirs:
                 yield label, stacks, ours, theirs
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] not in ("loop", "step"):
+        sys.exit(__doc__)
+    write_row(*sys.argv[1:])

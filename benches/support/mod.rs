@@ -1,6 +1,7 @@
-//! What the benches share: the `--bench` check, the release build of `libmemsnap.so` with
-//! the `bench-hooks` feature (its `memsnap_debug_*` entry points), and opening one of them.
-//! Cold (bench tooling, not the library).
+//! What the Cargo benches share: the `--bench` check, their `BENCH_*` settings, the release
+//! build of `libmemsnap.so` with the `bench-hooks` feature (its `memsnap_debug_*` entry
+//! points), and opening one of them. Cold (bench tooling, not the library). The shell,
+//! Python and GPU benchmarks' helpers are beside this file (benches/README.md).
 #![allow(dead_code)] // each bench uses a subset
 
 use std::path::PathBuf;
@@ -14,6 +15,14 @@ pub fn benchmarking(name: &str) -> bool {
         println!("{name} bench: run with `cargo bench --bench {name}`");
     }
     on
+}
+
+/// The bench's own setting `name` (`BENCH_*`), or `default` when it is unset or unreadable.
+pub fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Builds the release library with `--features bench-hooks` and returns its path. It goes
@@ -45,9 +54,13 @@ pub fn release_library() -> PathBuf {
 
 /// The address of `symbol` in the release library (built first).
 pub fn entry_point(symbol: &std::ffi::CStr) -> *mut libc::c_void {
-    let so = release_library();
+    symbol_in(&release_library(), symbol)
+}
+
+/// The address of `symbol` in the shared library `so`, opened with `dlopen`.
+pub fn symbol_in(so: &std::path::Path, symbol: &std::ffi::CStr) -> *mut libc::c_void {
     let c = std::ffi::CString::new(so.to_str().expect("utf-8 path")).expect("path");
-    // SAFETY: loading the library just built; a NUL-terminated name for dlsym.
+    // SAFETY: loading a library the bench built; a NUL-terminated name for dlsym.
     let b = unsafe {
         let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW);
         assert!(!h.is_null(), "dlopen {}", so.display());

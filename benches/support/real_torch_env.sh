@@ -5,7 +5,9 @@
 # here; with PASS_THROUGH=1, that each has the bench-hooks switch), sets up the real PyTorch
 # (REAL_TORCH_DIR, TORCH_VERSION, PYTHON) and its environment with no MEMSNAP_* setting of
 # the caller's, and leaves PY (the interpreter itself), WORK (a folder removed at exit),
-# WORK/helper.so (callgrind's client requests as C functions) and count_configurations.
+# WORK/helper.so (callgrind's client requests as C functions), counted_process (with the
+# caller's PROGRAM and PROGRAM_ARGS) and count_configurations.
+. "$ROOT/benches/support/common.sh"
 DIR=${REAL_TORCH_DIR:-$ROOT/target/real-torch}
 LIBS=("$@")
 [ $# -gt 0 ] || LIBS=("$ROOT/target/gpu/release/libmemsnap.so")
@@ -23,13 +25,10 @@ for i in "${!LIBS[@]}"; do
         || { echo "$NAME: $lib has no memsnap_debug_pass_through (build it with --features bench-hooks)" >&2; exit 2; }
 done
 PYTHON=$PYTHON bash scripts/real-torch/setup.sh "$DIR" "${TORCH_VERSION:-2.11.0}" >&2
-# Only the settings each row names: none of the caller's.
-unset LD_PRELOAD $(env | grep -o '^MEMSNAP_[A-Z_]*' || true)
+bench_clean_env
 # shellcheck disable=SC1091
 . "$DIR/env.sh"
-# The interpreter itself, not a launcher script (pyenv's shims): valgrind follows the process
-# it starts, and a shell script in between would be counted instead.
-PY=$("$PYTHON" -c 'import sys; print(sys.executable)')
+PY=$(bench_python)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cat > "$WORK/helper.c" <<'C'
@@ -40,6 +39,23 @@ void counted_zero(void) { CALLGRIND_ZERO_STATS; }
 void counted_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
 C
 cc -O2 -fPIC -shared -o "$WORK/helper.so" "$WORK/helper.c"
+
+# counted_process NAME MODE STACKS [ENV...]: one process of the calling script's PROGRAM
+# (given WORK/helper.so MODE STACKS, then PROGRAM_ARGS) under callgrind with ENV, counting from
+# its client request on, each thread apart: WORK/NAME/cg.PID*, out.txt (its output),
+# valgrind.txt and snapshots/ (memsnap's folder). A process that fails ends the script.
+counted_process() {
+    local name=$1 mode=$2 stacks=$3
+    shift 3
+    mkdir -p "$WORK/$name/snapshots"
+    # (The same hash seed in every process: the interpreter's own instructions then do not move
+    # between processes, and a block of one process can be set against another's.)
+    env "$@" PYTHONHASHSEED=0 MEMSNAP_FOLDER="$WORK/$name/snapshots" valgrind --tool=callgrind \
+        --instr-atstart=no --separate-threads=yes --callgrind-out-file="$WORK/$name/cg.%p" \
+        "$PY" "${PROGRAM[@]}" "$WORK/helper.so" "$mode" "$stacks" "${PROGRAM_ARGS[@]}" \
+        > "$WORK/$name/out.txt" 2> "$WORK/$name/valgrind.txt" \
+        || { echo "$NAME: $name failed:" >&2; tail -n 20 "$WORK/$name/valgrind.txt" >&2; exit 1; }
+}
 
 # count_configurations RECORDER_STACKS: the calling script's `count NAME MODE STACKS [ENV...]`
 # for every configuration: each route (PyTorch's caching allocator; tensor mode, named
