@@ -559,14 +559,13 @@ mod tests {
             rec.note_writer_starved(starved);
             let looks = AtomicU32::new(0);
             let saw_held = AtomicBool::new(false);
-            let last_look = std::sync::Mutex::new(std::time::Instant::now());
+            let last_look = std::cell::Cell::new(std::time::Instant::now());
             let overslept = AtomicBool::new(false);
             let answered = rec.wait_for(
                 || {
                     saw_held.fetch_or(rec.lanes_held(), Relaxed);
-                    let mut last = last_look.lock().unwrap();
-                    overslept.fetch_or(last.elapsed() >= WAIT_STEP * 4, Relaxed);
-                    *last = std::time::Instant::now();
+                    let now = std::time::Instant::now();
+                    overslept.fetch_or(now - last_look.replace(now) >= WAIT_STEP * 4, Relaxed);
                     looks.fetch_add(1, Relaxed) == 3
                 },
                 Duration::from_secs(5),
