@@ -382,8 +382,13 @@ pub fn unsent_list(path: &Path) -> Option<u32> {
     rest.rsplit_once('-')?.1.parse().ok()
 }
 
+// The collector off (loading makes millions of containers, none of them cyclic) and the JSON
+// written in one piece: `json.dump` to a pipe wrote it in thousands of small pieces, and took
+// 9 s for a 5 MB snapshot (60 MB of JSON) where this takes 2 s, the same bytes.
 const PICKLE_TO_JSON: &str = r#"
-import json, math, pickle, sys
+import gc, json, math, pickle, sys
+
+gc.disable()
 
 def plain(o):
     if isinstance(o, dict):
@@ -398,7 +403,7 @@ def plain(o):
 
 with open(sys.argv[1], "rb") as f:
     data = pickle.load(f)
-json.dump(plain(data), sys.stdout)
+sys.stdout.write(json.dumps(plain(data)))
 "#;
 
 /// Runs the repository's Python script `script` (a path from the repository root) on
