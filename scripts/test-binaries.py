@@ -30,10 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 Binary = namedtuple("Binary", "package version manifest kind name source executable")
 
-# The binaries that take longest on two cores (35 to 80 s each: a build of the library with
-# the bench-hooks feature, processes that run many programs, a 60-second wait), started first
+# The binaries that take longest on two cores (25 to 75 s each: a build of the library with
+# the bench-hooks feature, a 60-second wait, processes that run many programs), started first
 # so that none of them is left running alone at the end. Any other order is correct too.
-LONGEST_FIRST = ("stacks_python", "frames_kept", "remote", "preload", "signals", "hostile")
+LONGEST_FIRST = ("stacks_python", "remote", "frames_kept", "hostile", "signals", "preload")
 
 
 def test_binaries():
