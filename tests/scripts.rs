@@ -136,20 +136,18 @@ fn try_simulated_runs_a_c_and_a_python_file_and_says_where_the_snapshots_are() {
         // Run as from a user's shell, without what cargo sets for this test (its package's
         // name and folder, OUT_DIR): build scripts that watch those variables (ring's) would
         // otherwise run again, and the release build the wheel's build made be compiled anew.
+        const SET_BY_CARGO: [&str; 7] = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+            "CARGO_PRIMARY_",
+            "CARGO_TARGET_TMPDIR",
+            "OUT_DIR",
+        ];
         for (name, _) in std::env::vars_os() {
             let name = name.to_string_lossy();
-            if name == "OUT_DIR"
-                || [
-                    "CARGO_PKG_",
-                    "CARGO_MANIFEST_",
-                    "CARGO_CRATE_",
-                    "CARGO_BIN_",
-                    "CARGO_PRIMARY_",
-                ]
-                .iter()
-                .any(|p| name.starts_with(p))
-                || name == "CARGO_TARGET_TMPDIR"
-            {
+            if SET_BY_CARGO.iter().any(|set| name.starts_with(set)) {
                 script.env_remove(&*name);
             }
         }
